@@ -1,0 +1,37 @@
+"""edgeinfer: run GGUF language models on our own native kernels."""
+from .errors import (
+    ContextOverflowError,
+    EdgeInferError,
+    GGUFError,
+    InvalidTokenError,
+    ModelNotFoundError,
+    NativeError,
+    TemplateError,
+    TokenizerError,
+    UnsupportedArchitectureError,
+    UnsupportedTypeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "load", "Engine", "__version__",
+    "EdgeInferError", "GGUFError", "UnsupportedArchitectureError", "UnsupportedTypeError",
+    "TokenizerError", "InvalidTokenError", "ContextOverflowError", "TemplateError",
+    "NativeError", "ModelNotFoundError",
+]
+
+
+def load(path, **kwargs):
+    """Loads a GGUF model (a path or a known model name) and returns an Engine."""
+    from .engine.engine import Engine
+
+    return Engine.load(path, **kwargs)
+
+
+def __getattr__(name):
+    if name == "Engine":
+        from .engine.engine import Engine
+
+        return Engine
+    raise AttributeError(name)
