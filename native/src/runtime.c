@@ -1,31 +1,200 @@
-/* Placeholder: the lead replaces this with the model, runtime and forward pass. */
+/* Runtime: the thread pool, scratch buffers and the fixed KV ring, all
+ * allocated once at creation; nothing here allocates while generating. */
+#include "runtime.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.h"
-#include "kernels.h"
+
+enum { MAX_THREADS = 256, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
+
+static void *alloc_zeroed(size_t bytes, size_t *total) {
+    *total += bytes;
+    /* 64-byte alignment keeps SIMD loads on cache lines. */
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_runtime **out) {
+    if (!m || !p || !out) return ei_fail(EI_ERR_INVALID_ARG, "runtime_create: null argument");
+    *out = NULL;
+    if (!m->finalized) return ei_fail(EI_ERR_STATE, "runtime_create: model not finalized");
+    ei_runtime_params prm = *p;
+    if (prm.n_threads <= 0) prm.n_threads = ei_physical_cores();
+    if (prm.n_threads > MAX_THREADS) return ei_fail(EI_ERR_INVALID_ARG, "n_threads=%d > %d", prm.n_threads, MAX_THREADS);
+    if (prm.n_slots < 1 || prm.n_slots > MAX_SLOTS) return ei_fail(EI_ERR_INVALID_ARG, "n_slots=%d out of range", prm.n_slots);
+    if (prm.n_ctx < 1 || prm.n_ctx > MAX_CTX) return ei_fail(EI_ERR_INVALID_ARG, "n_ctx=%d out of range", prm.n_ctx);
+    if (prm.n_sink < 0 || prm.n_sink >= prm.n_ctx)
+        return ei_fail(EI_ERR_INVALID_ARG, "n_sink=%d must be in [0, n_ctx=%d)", prm.n_sink, prm.n_ctx);
+    if (prm.max_batch < 1 || prm.max_batch > MAX_BATCH) return ei_fail(EI_ERR_INVALID_ARG, "max_batch=%d out of range", prm.max_batch);
+    if (prm.kv_type != EI_TYPE_F16) return ei_fail(EI_ERR_UNSUPPORTED, "kv_type %d: only F16 KV is implemented", prm.kv_type);
+    int isa = prm.isa == EI_ISA_BEST ? ei_cpu_best_isa() : prm.isa;
+    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d is not supported on this CPU", isa);
+
+    const ei_model_config *c = &m->cfg;
+    ei_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: out of memory");
+    rt->m = m;
+    rt->p = prm;
+    rt->isa = isa;
+
+    size_t kv_elems = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx * c->head_dim;
+    size_t kv_total = 0, scratch = 0;
+    rt->k = alloc_zeroed(kv_elems * sizeof(uint16_t), &kv_total);
+    rt->v = alloc_zeroed(kv_elems * sizeof(uint16_t), &kv_total);
+    rt->cell_pos = alloc_zeroed((size_t)prm.n_slots * prm.n_ctx * sizeof(int32_t), &scratch);
+    rt->n_used = alloc_zeroed((size_t)prm.n_slots * sizeof(int32_t), &scratch);
+
+    size_t B = (size_t)prm.max_batch, d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim;
+    size_t kvd = (size_t)c->n_head_kv * c->head_dim, ff = (size_t)c->n_ff;
+    size_t widest = EI_MAX(EI_MAX(d, ff), qd);
+    rt->x = alloc_zeroed(B * d * sizeof(float), &scratch);
+    rt->xn = alloc_zeroed(B * d * sizeof(float), &scratch);
+    rt->q = alloc_zeroed(B * qd * sizeof(float), &scratch);
+    rt->kc = alloc_zeroed(B * kvd * sizeof(float), &scratch);
+    rt->vc = alloc_zeroed(B * kvd * sizeof(float), &scratch);
+    rt->att = alloc_zeroed(B * qd * sizeof(float), &scratch);
+    rt->gate = alloc_zeroed(B * ff * sizeof(float), &scratch);
+    rt->up = alloc_zeroed(B * ff * sizeof(float), &scratch);
+    rt->act = alloc_zeroed(B * ((widest + EI_QA_BLOCK - 1) / EI_QA_BLOCK) * sizeof(ei_q8a), &scratch);
+    rt->scores = alloc_zeroed((size_t)prm.n_threads * prm.n_ctx * sizeof(float), &scratch);
+    size_t half = (size_t)(c->rope_dim / 2 > 0 ? c->rope_dim / 2 : 1);
+    rt->rope_cos = alloc_zeroed(B * half * sizeof(float), &scratch);
+    rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
+    rt->out_rows = alloc_zeroed(B * d * sizeof(float), &scratch);
+    rt->kv_bytes = kv_total;
+    rt->scratch_bytes = scratch;
+
+    if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
+        !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->rope_cos ||
+        !rt->rope_sin || !rt->out_rows) {
+        ei_runtime_free(rt);
+        return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate %zu bytes of KV + %zu of scratch",
+                       kv_total, scratch);
+    }
+    for (size_t i = 0; i < (size_t)prm.n_slots * prm.n_ctx; i++) rt->cell_pos[i] = -1;
+    rt->pool = ei_pool_create(prm.n_threads);
+    if (!rt->pool) {
+        ei_runtime_free(rt);
+        return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot start %d threads", prm.n_threads);
+    }
+    *out = rt;
+    return EI_OK;
+}
+
+void ei_runtime_free(ei_runtime *rt) {
+    if (!rt) return;
+    ei_pool_free(rt->pool);
+    void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
+                    rt->gate, rt->up, rt->act, rt->scores, rt->rope_cos, rt->rope_sin, rt->out_rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(rt);
+}
+
+size_t ei_runtime_kv_bytes(const ei_runtime *rt) { return rt ? rt->kv_bytes : 0; }
+size_t ei_runtime_scratch_bytes(const ei_runtime *rt) { return rt ? rt->scratch_bytes : 0; }
+
+ei_status ei_runtime_clear_slot(ei_runtime *rt, int slot) {
+    return ei_runtime_forget_from(rt, slot, 0);
+}
+
+ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) {
+    if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "null runtime");
+    if (slot < 0 || slot >= rt->p.n_slots) return ei_fail(EI_ERR_RANGE, "slot %d out of [0, %d)", slot, rt->p.n_slots);
+    if (pos < 0) return ei_fail(EI_ERR_RANGE, "position %d is negative", pos);
+    int32_t *cp = rt->cell_pos + (size_t)slot * rt->p.n_ctx;
+    int32_t used = 0;
+    for (int32_t c = 0; c < rt->n_used[slot]; c++) {
+        if (cp[c] >= pos) cp[c] = -1;
+        if (cp[c] >= 0) used = c + 1;
+    }
+    rt->n_used[slot] = used;
+    return EI_OK;
+}
+
+/* ---- parallel matmul ---- */
+
+enum { ROWS_PER_CHUNK = 16 };
+
+typedef struct {
+    const ei_mm_job *jobs;
+    int n_jobs;
+    int isa;
+    const float *x;
+    const ei_q8a *qx;
+    int64_t n_cols, n_tok;
+    int64_t chunk_end[4];   /* cumulative chunk counts per job */
+    atomic_llong next;
+} mm_task;
+
+static void mm_worker(void *raw, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    mm_task *t = raw;
+    int64_t total = t->chunk_end[t->n_jobs - 1];
+    for (;;) {
+        int64_t chunk = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (chunk >= total) break;
+        int j = 0;
+        while (chunk >= t->chunk_end[j]) j++;
+        int64_t first = j ? t->chunk_end[j - 1] : 0;
+        const ei_weight *w = t->jobs[j].w;
+        int64_t r0 = (chunk - first) * ROWS_PER_CHUNK, r1 = EI_MIN(r0 + ROWS_PER_CHUNK, w->ne1);
+        int q8 = ei_type_uses_q8a(w->type);
+        const void *act = q8 ? (const void *)t->qx : (const void *)t->x;
+        int64_t stride = q8 ? (int64_t)(t->n_cols / EI_QA_BLOCK) * (int64_t)sizeof(ei_q8a)
+                            : t->n_cols * (int64_t)sizeof(float);
+        ei_matmul_rows(w->type, t->isa, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
+    }
+}
+
+static void quantize_rows(int isa, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out) {
+    int64_t nb = n_cols / EI_QA_BLOCK;
+    for (int64_t t = 0; t < n_tok; t++) ei_quantize_act(isa, x + t * n_cols, n_cols, out + t * nb);
+}
+
+void ei_parallel_matmul(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_tok) {
+    mm_task t = {.jobs = jobs, .n_jobs = n_jobs, .isa = rt->isa, .x = x, .qx = rt->act,
+                 .n_cols = jobs[0].w->ne0, .n_tok = n_tok};
+    int need_q8 = 0;
+    int64_t acc = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        need_q8 |= ei_type_uses_q8a(jobs[j].w->type);
+        acc += (jobs[j].w->ne1 + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+        t.chunk_end[j] = acc;
+    }
+    if (need_q8) quantize_rows(rt->isa, x, n_tok, t.n_cols, rt->act);
+    atomic_init(&t.next, 0);
+    ei_pool_run(rt->pool, mm_worker, &t);
+}
 
 ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int64_t n_cols,
                            const float *x, int64_t n_tok, float *y, int n_threads) {
-    (void)type; (void)isa; (void)w; (void)n_rows; (void)n_cols; (void)x; (void)n_tok; (void)y; (void)n_threads;
-    return ei_fail(EI_ERR_UNSUPPORTED, "not yet");
+    if (!w || !x || !y || n_rows < 1 || n_cols < 1 || n_tok < 1 || n_threads < 1 || n_threads > MAX_THREADS)
+        return ei_fail(EI_ERR_INVALID_ARG, "kernel_matmul: bad arguments");
+    if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
+    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
+    if (ei_row_bytes(type, n_cols) <= 0)
+        return ei_fail(EI_ERR_UNSUPPORTED, "type %d cannot hold rows of %lld", type, (long long)n_cols);
+    if (ei_type_uses_q8a(type) && n_cols % EI_QA_BLOCK)
+        return ei_fail(EI_ERR_INVALID_ARG, "n_cols=%lld not a multiple of %d", (long long)n_cols, EI_QA_BLOCK);
+    ei_weight wt = {.data = w, .type = type, .ne0 = n_cols, .ne1 = n_rows};
+    ei_mm_job job = {.w = &wt, .y = y};
+    ei_runtime rt = {.isa = isa};
+    size_t dummy = 0;
+    rt.act = alloc_zeroed((size_t)n_tok * (size_t)(n_cols / EI_QA_BLOCK + 1) * sizeof(ei_q8a), &dummy);
+    rt.pool = ei_pool_create(n_threads);
+    if (!rt.act || !rt.pool) {
+        free(rt.act);
+        ei_pool_free(rt.pool);
+        return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_matmul: out of memory");
+    }
+    ei_parallel_matmul(&rt, &job, 1, x, n_tok);
+    free(rt.act);
+    ei_pool_free(rt.pool);
+    return EI_OK;
 }
-ei_status ei_model_create(const ei_model_config *cfg, ei_model **out) { (void)cfg; (void)out; return EI_ERR_UNSUPPORTED; }
-ei_status ei_model_set_tensor(ei_model *m, int layer, int role, const void *data, int type, int64_t ne0, int64_t ne1) {
-    (void)m; (void)layer; (void)role; (void)data; (void)type; (void)ne0; (void)ne1; return EI_ERR_UNSUPPORTED; }
-ei_status ei_model_finalize(ei_model *m) { (void)m; return EI_ERR_UNSUPPORTED; }
-void ei_model_free(ei_model *m) { (void)m; }
-ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_runtime **out) { (void)m; (void)p; (void)out; return EI_ERR_UNSUPPORTED; }
-void ei_runtime_free(ei_runtime *rt) { (void)rt; }
-size_t ei_runtime_kv_bytes(const ei_runtime *rt) { (void)rt; return 0; }
-size_t ei_runtime_scratch_bytes(const ei_runtime *rt) { (void)rt; return 0; }
-ei_status ei_runtime_clear_slot(ei_runtime *rt, int slot) { (void)rt; (void)slot; return EI_ERR_UNSUPPORTED; }
-ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) { (void)rt; (void)slot; (void)pos; return EI_ERR_UNSUPPORTED; }
-ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots, const int32_t *pos,
-                     const int32_t *cells, int32_t n_out, const int32_t *out_rows, float *logits) {
-    (void)rt; (void)n_tokens; (void)tokens; (void)slots; (void)pos; (void)cells; (void)n_out; (void)out_rows; (void)logits;
-    return EI_ERR_UNSUPPORTED; }
-/* Kernel stubs until native/src/quants*.c land. */
-int ei_cpu_best_isa(void) { return 0; }
-int ei_isa_supported(int isa) { return isa == 0; }
-const char *ei_isa_name(int isa) { (void)isa; return "scalar"; }
-ei_status ei_type_block(int type, int32_t *be, int32_t *bb) { (void)type; (void)be; (void)bb; return EI_ERR_UNSUPPORTED; }
-ei_status ei_kernel_dequantize(int type, int isa, const void *src, float *dst, int64_t n) { (void)type; (void)isa; (void)src; (void)dst; (void)n; return EI_ERR_UNSUPPORTED; }
-ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const float *x, float *out) { (void)type; (void)isa; (void)n; (void)row; (void)x; (void)out; return EI_ERR_UNSUPPORTED; }

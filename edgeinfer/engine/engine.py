@@ -1,0 +1,222 @@
+"""Engine: the one public object apps use (`edgeinfer.load(...)`)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ContextOverflowError, EdgeInferError, InvalidTokenError
+from ..gguf.reader import GGUFFile
+from ..model.config import ModelConfig
+from ..model.native_model import NativeModel
+from ..model.runtime import NativeRuntime
+from .chat_template import ChatTemplate
+from .generation import Completion, Generation
+from .kv import KVRing
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("edgeinfer")
+
+DEVICES = ("cpu", "auto", "cuda")
+
+
+class Engine:
+    """A loaded model: tokenizer, chat template, native weights and a fixed KV ring.
+
+    Thread-safe: each generation holds one of `n_slots` KV slots (others wait for
+    a free one) and every native step runs under one lock, so concurrent callers
+    are serialised step by step and never corrupt each other's state.
+    """
+
+    def __init__(self, path: Path, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer,
+                 template: ChatTemplate, runtime: NativeRuntime, ring: KVRing):
+        self.path = path
+        self.gguf = gguf
+        self.config = cfg
+        self.tokenizer = tokenizer
+        self.template = template
+        self.runtime = runtime
+        self.ring = ring
+        self.n_ctx = ring.capacity
+        self._step_lock = threading.Lock()
+        self._free_slots: queue.Queue[int] = queue.Queue()
+        for s in range(ring.n_slots):
+            self._free_slots.put(s)
+        # One logits row per slot: concurrent sequences never share an output buffer.
+        self._slot_logits = np.empty((ring.n_slots, 1, cfg.n_vocab), dtype=np.float32)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",
+             n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
+             isa: str = "best") -> "Engine":
+        from ..models import resolve_model
+
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+        if device == "cuda":
+            raise EdgeInferError("device='cuda': this build has no CUDA backend; use device='cpu'")
+        if not isinstance(n_ctx, int) or n_ctx < 8:
+            raise ValueError(f"n_ctx must be an int >= 8, got {n_ctx!r}")
+        if not isinstance(n_slots, int) or n_slots < 1:
+            raise ValueError(f"n_slots must be an int >= 1, got {n_slots!r}")
+        path = Path(resolve_model(str(path)))
+        gguf = GGUFFile(path)
+        cfg = ModelConfig.from_gguf(gguf)
+        tokenizer = Tokenizer.from_metadata(gguf.metadata)
+        template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
+        native = NativeModel(gguf, cfg)
+        runtime = NativeRuntime(native, n_threads=n_threads, n_slots=n_slots, n_ctx=n_ctx,
+                                n_sink=min(n_sink, n_ctx // 4), max_batch=max_batch, isa=isa)
+        ring = KVRing(n_slots, n_ctx, n_sink=min(n_sink, n_ctx // 4), overflow=overflow)
+        log.info("loaded %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name, cfg.arch,
+                 cfg.n_layer, runtime.kv_bytes / 2**20, n_slots, n_ctx)
+        return cls(path, gguf, cfg, tokenizer, template, runtime, ring)
+
+    # ------------------------------------------------------------------ tokens
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return self.tokenizer.decode(self._check_ids(ids), skip_special=skip_special)
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        n = self.config.n_vocab
+        out = []
+        for i in ids:
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
+                raise InvalidTokenError(f"token id {i!r} is outside the vocabulary [0, {n})")
+            out.append(int(i))
+        return out
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        if self.ring.overflow == "stop" and len(ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt of {len(ids)} tokens does not fit the context of {self.n_ctx} "
+                f"(at least one cell must stay free for generation)")
+        return ids
+
+    # ------------------------------------------------------------------ model calls
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits [len(ids), n_vocab] of a fresh sequence."""
+        ids = self._check_ids(ids)
+        if not ids:
+            raise ValueError("logits() needs at least one token")
+        if len(ids) > self.n_ctx:
+            raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
+        out = np.empty((len(ids), self.config.n_vocab), dtype=np.float32)
+        with self._slot_for([]) as slot:
+            self._reset_slot(slot)
+            for start in range(0, len(ids), self.runtime.max_batch):
+                chunk = ids[start:start + self.runtime.max_batch]
+                self._step(slot, chunk, out_rows=np.arange(len(chunk), dtype=np.int32),
+                           logits=out[start:start + len(chunk)])
+            self._reset_slot(slot)
+        return out
+
+    def generate(self, prompt: str | Sequence[int], **params: Any) -> Completion:
+        return self._generation(self._prompt_ids(prompt), params).result()
+
+    def stream(self, prompt: str | Sequence[int], **params: Any) -> Generation:
+        """Iterates over text pieces as they are generated (never half a UTF-8 character)."""
+        return self._generation(self._prompt_ids(prompt), params)
+
+    def chat(self, messages: list[dict], **params: Any) -> Completion:
+        return self.generate(self._chat_ids(messages), **params)
+
+    def stream_chat(self, messages: list[dict], **params: Any) -> Generation:
+        return self.stream(self._chat_ids(messages), **params)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def _chat_ids(self, messages: list[dict]) -> list[int]:
+        # The template writes BOS itself where the model wants it; special tokens are parsed.
+        return self.tokenize(self.apply_chat_template(messages), add_special=False)
+
+    def _generation(self, ids: list[int], params: dict) -> Generation:
+        return Generation(self, ids, SamplingParams.from_dict(params))
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> dict:
+        cfg = self.config
+        types: dict[str, int] = {}
+        n_params = 0
+        for t in self.gguf.tensors.values():
+            types[t.type_name] = types.get(t.type_name, 0) + 1
+            n_params += t.n_elements
+        return {
+            "path": str(self.path), "arch": cfg.arch, "name": self.gguf.metadata.get("general.name", ""),
+            "n_params": n_params, "file_bytes": self.path.stat().st_size, "tensor_types": types,
+            "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_head_kv": cfg.n_head_kv,
+            "n_ff": cfg.n_ff, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_ctx": self.n_ctx,
+            "n_slots": self.ring.n_slots, "n_sink": self.ring.n_sink, "overflow": self.ring.overflow,
+            "kv_bytes": self.runtime.kv_bytes, "scratch_bytes": self.runtime.scratch_bytes,
+            "n_threads": self.runtime.n_threads, "isa": self.runtime.isa_name, "device": "cpu",
+            "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
+        }
+
+    def close(self) -> None:
+        """Frees native memory now rather than at garbage collection."""
+        self.runtime = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ slots and steps
+    @contextlib.contextmanager
+    def _slot_for(self, prompt_ids: list[int]) -> Iterator[int]:
+        slot = self._free_slots.get()
+        try:
+            yield slot
+        finally:
+            self._free_slots.put(slot)
+
+    def _reset_slot(self, slot: int) -> None:
+        with self._step_lock:
+            self.ring.truncate(slot, 0)
+            self.runtime.clear_slot(slot)
+
+    def _step(self, slot: int, tokens: list[int], out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
+        with self._step_lock:
+            pos, cells = self.ring.reserve(slot, tokens)
+            n = len(tokens)
+            return self.runtime.forward(np.asarray(tokens, dtype=np.int32), np.full(n, slot, dtype=np.int32),
+                                        pos, cells, out_rows, logits)
+
+    def _prefill(self, slot: int, ids: list[int]) -> tuple[np.ndarray, int]:
+        """Feeds the prompt, reusing the slot's common prefix; returns last logits and tokens reused."""
+        with self._step_lock:
+            keep = min(self.ring.common_prefix(slot, ids), len(ids) - 1)
+            self.ring.truncate(slot, keep)
+            self.runtime.forget_from(slot, keep)
+        rest = ids[keep:]
+        i = 0
+        logits = None
+        while i < len(rest):
+            limit = self.ring.max_chunk(slot) or len(rest)
+            n = min(len(rest) - i, self.runtime.max_batch, max(1, limit))
+            last = i + n == len(rest)
+            out_rows = np.array([n - 1], dtype=np.int32) if last else np.empty(0, dtype=np.int32)
+            logits = self._step(slot, rest[i:i + n], out_rows, self._slot_logits[slot] if last else None)
+            i += n
+        return logits[0].copy(), keep
+
+    def _decode(self, slot: int, token: int) -> np.ndarray:
+        return self._step(slot, [token], np.zeros(1, dtype=np.int32), self._slot_logits[slot])[0]
+
+    def _has_room(self, slot: int) -> bool:
+        room = self.ring.room(slot)
+        return room is None or room > 0

@@ -1,0 +1,199 @@
+/* One forward step over a batch of tokens from any slots: all layers in one call. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "attention.h"
+#include "common.h"
+#include "runtime.h"
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+static void rmsnorm_rows(const ei_runtime *rt, float *out, const float *x, const ei_weight *w, int64_t n_tok) {
+    int64_t d = rt->m->cfg.n_embd;
+    for (int64_t t = 0; t < n_tok; t++) rmsnorm(out + t * d, x + t * d, w->data, d, rt->m->cfg.rms_eps);
+}
+
+/* cos/sin of pos * theta^(-2i/rope_dim), computed in double: positions can be large. */
+static void rope_tables(ei_runtime *rt, const int32_t *pos, int64_t n_tok) {
+    const ei_model_config *c = &rt->m->cfg;
+    int half = c->rope_dim / 2;
+    for (int64_t t = 0; t < n_tok; t++) {
+        for (int i = 0; i < half; i++) {
+            double freq = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim);
+            double a = (double)pos[t] * freq;
+            rt->rope_cos[t * half + i] = (float)cos(a);
+            rt->rope_sin[t * half + i] = (float)sin(a);
+        }
+    }
+}
+
+static void rope_head(const ei_model_config *c, float *v, const float *cs, const float *sn) {
+    int half = c->rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        int i0 = c->rope_neox ? i : 2 * i;
+        int i1 = c->rope_neox ? i + half : 2 * i + 1;
+        float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * cs[i] - x1 * sn[i];
+        v[i1] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+static void add_bias(float *y, const ei_weight *b, int64_t n_tok, int64_t n) {
+    if (!b->data) return;
+    const float *bias = b->data;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < n; i++) y[t * n + i] += bias[i];
+}
+
+/* RoPE on q and k, then K/V of every token into its ring cell (f16). */
+static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *slots, const int32_t *pos,
+                     const int32_t *cells) {
+    const ei_model_config *c = &rt->m->cfg;
+    int hd = c->head_dim, half = c->rope_dim / 2;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *cs = rt->rope_cos + t * half, *sn = rt->rope_sin + t * half;
+        for (int h = 0; h < c->n_head; h++) rope_head(c, rt->q + (t * c->n_head + h) * hd, cs, sn);
+        for (int h = 0; h < c->n_head_kv; h++) {
+            float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
+            rope_head(c, kh, cs, sn);
+            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cells[t] * hd;
+            for (int i = 0; i < hd; i++) {
+                rt->k[off + i] = ei_fp32_to_fp16(kh[i]);
+                rt->v[off + i] = ei_fp32_to_fp16(vh[i]);
+            }
+        }
+        size_t cell = (size_t)slots[t] * rt->p.n_ctx + cells[t];
+        if (layer == 0) {
+            rt->cell_pos[cell] = pos[t];
+            if (rt->n_used[slots[t]] <= cells[t]) rt->n_used[slots[t]] = cells[t] + 1;
+        }
+    }
+}
+
+typedef struct {
+    ei_runtime *rt;
+    int layer;
+    int64_t n_tok;
+    const int32_t *slots, *pos;
+    atomic_llong next;
+} attn_task;
+
+static void attn_worker(void *raw, int ith, int nth) {
+    (void)nth;
+    attn_task *t = raw;
+    ei_runtime *rt = t->rt;
+    const ei_model_config *c = &rt->m->cfg;
+    int hd = c->head_dim, group = c->n_head / c->n_head_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *scores = rt->scores + (size_t)ith * rt->p.n_ctx;
+    int64_t total = t->n_tok * c->n_head;
+    for (;;) {
+        int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (item >= total) break;
+        int64_t tok = item / c->n_head;
+        int h = (int)(item % c->n_head), slot = t->slots[tok];
+        size_t off = ei_kv_offset(rt, slot, t->layer, h / group);
+        ei_attend_head(rt->isa, rt->q + item * hd, rt->k + off, rt->v + off,
+                       rt->cell_pos + (size_t)slot * rt->p.n_ctx, rt->n_used[slot], t->pos[tok], hd, scale,
+                       scores, rt->att + item * hd);
+    }
+}
+
+static void swiglu(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static void add_into(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static ei_status embed(ei_runtime *rt, const int32_t *tokens, int64_t n_tok) {
+    const ei_weight *e = &rt->m->tok_embd;
+    ei_dequant_fn deq = ei_get_dequant(e->type, rt->isa);
+    if (!deq) deq = ei_get_dequant(e->type, EI_ISA_SCALAR);
+    if (!deq) return ei_fail(EI_ERR_UNSUPPORTED, "no dequantizer for token_embd type %d", e->type);
+    int64_t row = ei_row_bytes(e->type, e->ne0);
+    for (int64_t t = 0; t < n_tok; t++)
+        deq((const uint8_t *)e->data + row * tokens[t], rt->x + t * e->ne0, e->ne0);
+    return EI_OK;
+}
+
+static ei_status check_batch(const ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                             const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
+                             const float *logits) {
+    if (n_tokens < 1 || n_tokens > rt->p.max_batch)
+        return ei_fail(EI_ERR_RANGE, "batch of %d tokens outside [1, max_batch=%d]", n_tokens, rt->p.max_batch);
+    if (!tokens || !slots || !pos || !cells) return ei_fail(EI_ERR_INVALID_ARG, "forward: null batch array");
+    if (n_out < 0 || n_out > n_tokens || (n_out > 0 && (!out_rows || !logits)))
+        return ei_fail(EI_ERR_INVALID_ARG, "forward: bad output rows (n_out=%d)", n_out);
+    for (int32_t i = 0; i < n_tokens; i++) {
+        if (tokens[i] < 0 || tokens[i] >= rt->m->cfg.n_vocab)
+            return ei_fail(EI_ERR_RANGE, "token id %d at batch index %d outside [0, %d)", tokens[i], i,
+                           rt->m->cfg.n_vocab);
+        if (slots[i] < 0 || slots[i] >= rt->p.n_slots)
+            return ei_fail(EI_ERR_RANGE, "slot %d outside [0, %d)", slots[i], rt->p.n_slots);
+        if (cells[i] < 0 || cells[i] >= rt->p.n_ctx)
+            return ei_fail(EI_ERR_RANGE, "cell %d outside [0, %d)", cells[i], rt->p.n_ctx);
+        if (pos[i] < 0) return ei_fail(EI_ERR_RANGE, "position %d is negative", pos[i]);
+    }
+    for (int32_t j = 0; j < n_out; j++)
+        if (out_rows[j] < 0 || out_rows[j] >= n_tokens)
+            return ei_fail(EI_ERR_RANGE, "output row %d outside [0, %d)", out_rows[j], n_tokens);
+    return EI_OK;
+}
+
+ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                     const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
+                     float *logits) {
+    if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "forward: null runtime");
+    ei_status st = check_batch(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits);
+    if (st != EI_OK) return st;
+    const ei_model *m = rt->m;
+    const ei_model_config *c = &m->cfg;
+    int64_t T = n_tokens, d = c->n_embd;
+    int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
+
+    if ((st = embed(rt, tokens, T)) != EI_OK) return st;
+    rope_tables(rt, pos, T);
+    for (int l = 0; l < c->n_layer; l++) {
+        const ei_layer *L = &m->layers[l];
+        rmsnorm_rows(rt, rt->xn, rt->x, &L->attn_norm, T);
+        ei_mm_job qkv[3] = {{&L->wq, rt->q}, {&L->wk, rt->kc}, {&L->wv, rt->vc}};
+        ei_parallel_matmul(rt, qkv, 3, rt->xn, T);
+        add_bias(rt->q, &L->bq, T, qd);
+        add_bias(rt->kc, &L->bk, T, kvd);
+        add_bias(rt->vc, &L->bv, T, kvd);
+        store_kv(rt, l, T, slots, pos, cells);
+
+        attn_task at = {.rt = rt, .layer = l, .n_tok = T, .slots = slots, .pos = pos};
+        atomic_init(&at.next, 0);
+        ei_pool_run(rt->pool, attn_worker, &at);
+
+        ei_mm_job o = {&L->wo, rt->xn};
+        ei_parallel_matmul(rt, &o, 1, rt->att, T);
+        add_into(rt->x, rt->xn, T * d);
+
+        rmsnorm_rows(rt, rt->xn, rt->x, &L->ffn_norm, T);
+        ei_mm_job gu[2] = {{&L->w_gate, rt->gate}, {&L->w_up, rt->up}};
+        ei_parallel_matmul(rt, gu, 2, rt->xn, T);
+        swiglu(rt->gate, rt->up, T * c->n_ff);
+        ei_mm_job down = {&L->w_down, rt->xn};
+        ei_parallel_matmul(rt, &down, 1, rt->gate, T);
+        add_into(rt->x, rt->xn, T * d);
+    }
+    if (n_out == 0) return EI_OK;
+    for (int32_t j = 0; j < n_out; j++)
+        rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->output_norm.data, d, c->rms_eps);
+    ei_mm_job head = {ei_model_output(m), logits};
+    ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
+    return EI_OK;
+}

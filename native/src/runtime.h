@@ -1,0 +1,43 @@
+/* Runtime internals shared by runtime.c (allocation, KV bookkeeping) and forward.c. */
+#ifndef EI_RUNTIME_H
+#define EI_RUNTIME_H
+#include "kernels.h"
+#include "model.h"
+#include "threadpool.h"
+
+struct ei_runtime {
+    const ei_model *m;
+    ei_runtime_params p;
+    int isa;
+    ei_pool *pool;
+
+    /* The KV arena, allocated once: [slot][layer][kv_head][cell][head_dim], f16. */
+    uint16_t *k, *v;
+    int32_t *cell_pos;   /* [slot][cell]: position held, -1 when empty */
+    int32_t *n_used;     /* [slot]: cells [0, n_used) may hold something */
+    size_t kv_bytes;
+
+    /* Scratch for max_batch tokens, allocated once. */
+    float *x, *xn, *q, *kc, *vc, *att, *gate, *up;
+    ei_q8a *act;         /* quantized activations, max(n_embd, n_ff, q_dim) wide */
+    float *scores;       /* [n_threads][n_ctx] attention scores */
+    float *rope_cos, *rope_sin;  /* [max_batch][rope_dim / 2] */
+    float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
+    size_t scratch_bytes;
+};
+
+/* Offset (in elements) of cell 0 of (slot, layer, kv_head) in the K or V arena. */
+static inline size_t ei_kv_offset(const struct ei_runtime *rt, int slot, int layer, int kvh) {
+    const ei_model_config *c = &rt->m->cfg;
+    return ((((size_t)slot * c->n_layer + layer) * c->n_head_kv + kvh) * rt->p.n_ctx) * c->head_dim;
+}
+
+/* y[t, r] = W[r] . x[t] for up to three weights sharing one input, across the pool. */
+typedef struct {
+    const ei_weight *w;
+    float *y;            /* [n_tok][w->ne1] */
+} ei_mm_job;
+
+void ei_parallel_matmul(struct ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x,
+                        int64_t n_tok);
+#endif

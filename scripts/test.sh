@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The one command that installs edgeinfer with its test oracles and runs the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+PYTHON="$PY" bash scripts/install_oracles.sh
+"$PY" -m edgeinfer pull >/dev/null   # the real model, cached after the first fetch
+"$PY" -m pytest -q "$@"
