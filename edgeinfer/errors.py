@@ -39,3 +39,7 @@ class NativeError(EdgeInferError, RuntimeError):
 
 class ModelNotFoundError(EdgeInferError, FileNotFoundError):
     """A model path or known-model name that does not resolve to a file."""
+
+
+class SamplingParamsError(EdgeInferError, ValueError):
+    """A sampling parameter is out of range or of the wrong type (temperature, top_p, ...)."""

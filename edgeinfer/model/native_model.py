@@ -11,6 +11,7 @@ GLOBAL_ROLES = {
     "token_embd.weight": lib.EI_T_TOKEN_EMBD,
     "output_norm.weight": lib.EI_T_OUTPUT_NORM,
     "output.weight": lib.EI_T_OUTPUT,
+    "rope_freqs.weight": lib.EI_T_ROPE_FREQS,
 }
 LAYER_ROLES = {
     "attn_norm.weight": lib.EI_T_ATTN_NORM,
@@ -39,7 +40,7 @@ class NativeModel:
         c.n_layer, c.n_embd, c.n_head, c.n_head_kv = cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv
         c.head_dim, c.n_ff, c.n_vocab = cfg.head_dim, cfg.n_ff, cfg.n_vocab
         c.rope_dim, c.rope_neox = cfg.rope_dim, int(cfg.rope_neox)
-        c.rope_theta, c.rms_eps = cfg.rope_theta, cfg.rms_eps
+        c.rope_theta, c.rope_freq_scale, c.rms_eps = cfg.rope_theta, cfg.rope_freq_scale, cfg.rms_eps
         out = ffi.new("ei_model **")
         check(lib.ei_model_create(c, out), "model_create")
         self.handle = ffi.gc(out[0], lib.ei_model_free)

@@ -92,6 +92,7 @@ typedef struct {
     int32_t rope_dim;      /* dimensions rotated per head (<= head_dim) */
     int32_t rope_neox;     /* 0: pairs (2i, 2i+1) as llama; 1: pairs (i, i+d/2) as qwen2 */
     float rope_theta;
+    float rope_freq_scale; /* linear RoPE scaling: positions are multiplied by it (1 = none) */
     float rms_eps;
 } ei_model_config;
 
@@ -100,6 +101,7 @@ typedef enum {
     EI_T_TOKEN_EMBD = 0,
     EI_T_OUTPUT_NORM = 1,
     EI_T_OUTPUT = 2,          /* optional: absent -> tied to token_embd */
+    EI_T_ROPE_FREQS = 3,      /* optional: per-frequency divisors, rope_dim/2 floats (Llama 3.1) */
     EI_T_ATTN_NORM = 10,
     EI_T_ATTN_Q = 11,
     EI_T_ATTN_K = 12,

@@ -25,8 +25,8 @@ ei_status ei_model_create(const ei_model_config *cfg, ei_model **out) {
         return ei_fail(EI_ERR_INVALID_ARG, "head_dim=%d must be even and <= 1024", cfg->head_dim);
     if (cfg->rope_dim < 0 || cfg->rope_dim > cfg->head_dim || cfg->rope_dim % 2)
         return ei_fail(EI_ERR_INVALID_ARG, "rope_dim=%d must be even and <= head_dim", cfg->rope_dim);
-    if (!(cfg->rms_eps > 0) || !(cfg->rope_theta > 0))
-        return ei_fail(EI_ERR_INVALID_ARG, "rms_eps and rope_theta must be positive");
+    if (!(cfg->rms_eps > 0) || !(cfg->rope_theta > 0) || !(cfg->rope_freq_scale > 0))
+        return ei_fail(EI_ERR_INVALID_ARG, "rms_eps, rope_theta and rope_freq_scale must be positive");
     ei_model *m = calloc(1, sizeof *m);
     if (!m) return ei_fail(EI_ERR_OUT_OF_MEMORY, "model_create: out of memory");
     m->layers = calloc((size_t)cfg->n_layer, sizeof(ei_layer));
@@ -42,6 +42,7 @@ static ei_weight *slot_for(ei_model *m, int layer, int role) {
         case EI_T_TOKEN_EMBD: return &m->tok_embd;
         case EI_T_OUTPUT_NORM: return &m->output_norm;
         case EI_T_OUTPUT: return &m->output;
+        case EI_T_ROPE_FREQS: return &m->rope_freqs;
         default: return NULL;
         }
     }
@@ -106,6 +107,7 @@ ei_status ei_model_finalize(ei_model *m) {
     CHECK(&m->tok_embd, "token_embd", -1, d, c->n_vocab, 1, 0);
     CHECK(&m->output_norm, "output_norm", -1, d, 1, 1, 1);
     CHECK(&m->output, "output", -1, d, c->n_vocab, 0, 0);
+    CHECK(&m->rope_freqs, "rope_freqs", -1, c->rope_dim / 2, 1, 0, 1);
     for (int l = 0; l < c->n_layer; l++) {
         ei_layer *L = &m->layers[l];
         CHECK(&L->attn_norm, "attn_norm", l, d, 1, 1, 1);

@@ -15,7 +15,7 @@ typedef struct {
 
 struct ei_model {
     ei_model_config cfg;
-    ei_weight tok_embd, output_norm, output;
+    ei_weight tok_embd, output_norm, output, rope_freqs;
     ei_layer *layers;
     int finalized;
 };

@@ -1,0 +1,252 @@
+/* AVX-512 (F/BW/VL/DQ + VNNI) dot products, two 32-element blocks per 512-bit
+ * register with vpdpbusd (u8 x s8 -> int32). Activation quantization and
+ * dequantization reuse the AVX2 kernels (kernels.c points the table there).
+ *
+ * vpdpbusd needs an unsigned left operand, so signed weights q are fed as the
+ * unsigned q + o and o * sum(y) is subtracted (same integer result). */
+#include "quants_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+static inline AX float h2f(const uint8_t *p) { return _cvtsh_ss(ei_ld16(p)); }
+
+static inline AX __m512i cat256(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* lanes 0..7 = s0, lanes 8..15 = s1 */
+static inline AX __m512 scale2(float s0, float s1) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
+}
+
+static inline AX __m256i act_q(const ei_q8a *a) { return _mm256_loadu_si256((const __m256i *)a->q); }
+static inline AX __m512i act_q2(const ei_q8a *a) { return cat256(act_q(a), act_q(a + 1)); }
+
+/* 16 packed bytes -> 32 bytes: low nibbles then high nibbles */
+static inline AX __m256i nibbles32(const uint8_t *p) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)p);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+static inline AX __m512i dp(__m512i u, __m512i s) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s); }
+static inline AX __m256i dp256(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+
+static inline AX float hsum8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline AX float hsum(__m512 acc, __m256 acc8) {
+    __m256 s = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    return hsum8(_mm256_add_ps(s, acc8));
+}
+
+/* ---------------- float weights ---------------- */
+
+AX float ei_dot_f32_avx512(int64_t n, const void *row, const void *act) {
+    const float *w = (const float *)row, *x = (const float *)act;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w + i), _mm512_maskz_loadu_ps(k, x + i), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+AX float ei_dot_f16_avx512(int64_t n, const void *row, const void *act) {
+    const uint16_t *w = (const uint16_t *)row;
+    const float *x = (const float *)act;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i))), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i + 16))),
+                             _mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, w + i)), _mm512_maskz_loadu_ps(k, x + i), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+AX float ei_dot_bf16_avx512(int64_t n, const void *row, const void *act) {
+    const uint16_t *w = (const uint16_t *)row;
+    const float *x = (const float *)act;
+    __m512 a0 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512i v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, w + i)), 16);
+        a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(v), _mm512_maskz_loadu_ps(k, x + i), a0);
+    }
+    return _mm512_reduce_add_ps(a0);
+}
+
+/* ---------------- 32-block types, two blocks per step ---------------- */
+
+AX float ei_dot_q8_0_avx512(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const int64_t nb = n / QK;
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 acc8 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, b += 2 * Q8_0_BYTES, a += 2) {
+        const __m512i q = cat256(_mm256_loadu_si256((const __m256i *)(b + 2)),
+                                 _mm256_loadu_si256((const __m256i *)(b + Q8_0_BYTES + 2)));
+        const __m512i y = act_q2(a);
+        const __m512i s = _mm512_sub_epi32(dp(_mm512_xor_si512(q, off), y), dp(off, y));
+        acc = _mm512_fmadd_ps(scale2(h2f(b) * a[0].d, h2f(b + Q8_0_BYTES) * a[1].d), _mm512_cvtepi32_ps(s), acc);
+    }
+    if (i < nb) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2)), y = act_q(a);
+        const __m256i o = _mm512_castsi512_si256(off);
+        const __m256i s = _mm256_sub_epi32(dp256(_mm256_xor_si256(q, o), y), dp256(o, y));
+        acc8 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), _mm256_cvtepi32_ps(s), acc8);
+    }
+    return hsum(acc, acc8);
+}
+
+/* Shared body of the 4/5-bit 32-blocks: Q(b) gives the unsigned 256-bit values
+ * of the block at b, OFF the offset subtracted (0, 8 or 16), HAS_M whether
+ * the block carries a min (at b + 2). */
+#define DOT32_BODY(BYTES, Q, OFF, HAS_M)                                                          \
+    const uint8_t *b = (const uint8_t *)row;                                                      \
+    const ei_q8a *a = (const ei_q8a *)act;                                                        \
+    const int64_t nb = n / QK;                                                                    \
+    const __m512i off = _mm512_set1_epi8(OFF);                                                    \
+    __m512 acc = _mm512_setzero_ps();                                                             \
+    __m256 acc8 = _mm256_setzero_ps();                                                            \
+    float summ = 0.0f;                                                                            \
+    int64_t i = 0;                                                                                \
+    for (; i + 2 <= nb; i += 2, b += 2 * (BYTES), a += 2) {                                       \
+        const __m512i q = cat256(Q(b), Q(b + (BYTES)));                                           \
+        const __m512i y = act_q2(a);                                                              \
+        __m512i s = dp(q, y);                                                                     \
+        if (OFF) s = _mm512_sub_epi32(s, dp(off, y));                                             \
+        acc = _mm512_fmadd_ps(scale2(h2f(b) * a[0].d, h2f(b + (BYTES)) * a[1].d), _mm512_cvtepi32_ps(s), acc); \
+        if (HAS_M) summ += h2f(b + 2) * a[0].s + h2f(b + (BYTES) + 2) * a[1].s;                   \
+    }                                                                                             \
+    if (i < nb) {                                                                                 \
+        const __m256i y = act_q(a);                                                               \
+        __m256i s = dp256(Q(b), y);                                                               \
+        if (OFF) s = _mm256_sub_epi32(s, dp256(_mm512_castsi512_si256(off), y));                  \
+        acc8 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), _mm256_cvtepi32_ps(s), acc8);       \
+        if (HAS_M) summ += h2f(b + 2) * a->s;                                                     \
+    }                                                                                             \
+    return hsum(acc, acc8) + summ;
+
+/* bit i of qh -> 16 in byte i */
+static inline AX __m256i qh16(uint32_t qh) { return _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(16)); }
+
+#define Q_Q4_0(p) nibbles32((p) + 2)
+#define Q_Q4_1(p) nibbles32((p) + 4)
+#define Q_Q5_0(p) _mm256_or_si256(nibbles32((p) + 6), qh16(ei_ld32((p) + 2)))
+#define Q_Q5_1(p) _mm256_or_si256(nibbles32((p) + 8), qh16(ei_ld32((p) + 4)))
+
+AX float ei_dot_q4_0_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q4_0_BYTES, Q_Q4_0, 8, 0) }
+AX float ei_dot_q4_1_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q4_1_BYTES, Q_Q4_1, 0, 1) }
+AX float ei_dot_q5_0_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q5_0_BYTES, Q_Q5_0, 16, 0) }
+AX float ei_dot_q5_1_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q5_1_BYTES, Q_Q5_1, 0, 1) }
+
+/* ---------------- K-quants: 256-element super-blocks ---------------- */
+
+AX float ei_dot_q4_k_avx512(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc = _mm512_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+        const float d = h2f(b), dmin = h2f(b + 2);
+        const uint8_t *scales = b + 4, *qs = b + 16;
+        for (int p = 0; p < 4; p++, a += 2) {
+            uint8_t sc0, m0, sc1, m1;
+            ei_k_scale_min(2 * p, scales, &sc0, &m0);
+            ei_k_scale_min(2 * p + 1, scales, &sc1, &m1);
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+            const __m512i q = _mm512_and_si512(cat256(x, _mm256_srli_epi16(x, 4)), m4);
+            const __m512i s = dp(q, act_q2(a));
+            acc = _mm512_fmadd_ps(scale2((d * (float)sc0) * a[0].d, (d * (float)sc1) * a[1].d),
+                                  _mm512_cvtepi32_ps(s), acc);
+            summ += (dmin * (float)m0) * a[0].s + (dmin * (float)m1) * a[1].s;
+        }
+    }
+    return _mm512_reduce_add_ps(acc) - summ;
+}
+
+AX float ei_dot_q5_k_avx512(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(16);
+    __m512 acc = _mm512_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+        const float d = h2f(b), dmin = h2f(b + 2);
+        const uint8_t *scales = b + 4, *qs = b + 48;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        for (int p = 0; p < 4; p++, a += 2) {
+            uint8_t sc0, m0, sc1, m1;
+            ei_k_scale_min(2 * p, scales, &sc0, &m0);
+            ei_k_scale_min(2 * p + 1, scales, &sc1, &m1);
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+            const uint64_t k0 = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * p))));
+            const uint64_t k1 = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * p + 1))));
+            __m512i q = _mm512_and_si512(cat256(x, _mm256_srli_epi16(x, 4)), m4);
+            q = _mm512_or_si512(q, _mm512_maskz_mov_epi8((__mmask64)(k0 | (k1 << 32)), b4));
+            const __m512i s = dp(q, act_q2(a));
+            acc = _mm512_fmadd_ps(scale2((d * (float)sc0) * a[0].d, (d * (float)sc1) * a[1].d),
+                                  _mm512_cvtepi32_ps(s), acc);
+            summ += (dmin * (float)m0) * a[0].s + (dmin * (float)m1) * a[1].s;
+        }
+    }
+    return _mm512_reduce_add_ps(acc) - summ;
+}
+
+AX float ei_dot_q6_k_avx512(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3), k32 = _mm512_set1_epi8(32);
+    /* int8 scales s0..s3 -> int32 lanes s0 x4, s1 x4, s2 x4, s3 x4 */
+    const __m128i sidx = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
+        const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
+        const float d = h2f(b + 208);
+        for (int j = 0; j < 8; j += 2, a += 2) {
+            /* activation blocks j, j+1 (j even): 64 contiguous ql bytes, one nibble
+             * shift; qh bits 2k and 2k+2 of the same 32 bytes */
+            const int h = j >> 2, k = j & 3;
+            __m512i lo = _mm512_loadu_si512((const void *)(ql + 64 * h));
+            lo = _mm512_and_si512(_mm512_srl_epi16(lo, _mm_cvtsi32_si128(4 * (k >> 1))), m4);
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            __m512i hi = cat256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k)),
+                                _mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k + 2)));
+            hi = _mm512_slli_epi16(_mm512_and_si512(hi, m2), 4);
+            const __m512i q = _mm512_or_si512(lo, hi);
+            const __m512i y = act_q2(a);
+            const __m512i s = _mm512_sub_epi32(dp(q, y), dp(k32, y)); /* 4-element sums of (q-32)*y */
+            const __m512i s32 = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)ei_ld32(sc + 2 * j)), sidx));
+            const __m512i t = _mm512_mullo_epi32(s, s32);
+            acc = _mm512_fmadd_ps(scale2(d * a[0].d, d * a[1].d), _mm512_cvtepi32_ps(t), acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* Same rounding as the AVX2 version (which is identical to the scalar one). */
+AX void ei_quantize_act_avx512(const float *x, int64_t n, ei_q8a *out) { ei_quantize_act_avx2(x, n, out); }
+
+#endif /* __x86_64__ */

@@ -1,0 +1,347 @@
+/* Scalar reference kernels: the oracle every SIMD kernel is checked against.
+ *
+ * Dequantization rounds exactly as gguf.quants does in float32 (no FMA).
+ * Dot products: integer inner products inside each 32-element activation
+ * block, float across blocks:
+ *   Q8_0/Q4_0/Q5_0: sum_b (d_w * d_a) * isum_b
+ *   Q4_1/Q5_1:      sum_b (d_w * d_a) * isum_b + m_w * s_a
+ *   Q4_K/Q5_K:      sum_j ((d * sc_j) * d_a) * isum_j - (dmin * m_j) * s_a
+ *   Q6_K:           sum_b (d * d_a) * (sc_lo * isum_lo + sc_hi * isum_hi)
+ */
+#include <math.h>
+
+#include "quants_impl.h"
+
+/* ---------------- dequantization ---------------- */
+
+EI_NO_CONTRACT void ei_deq_f32_scalar(const void *src, float *dst, int64_t n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+EI_NO_CONTRACT void ei_deq_f16_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *s = (const uint8_t *)src;
+    for (int64_t i = 0; i < n; i++) dst[i] = ei_h2f(ei_ld16(s + 2 * i));
+}
+
+EI_NO_CONTRACT void ei_deq_bf16_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *s = (const uint8_t *)src;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = (uint32_t)ei_ld16(s + 2 * i) << 16;
+        memcpy(dst + i, &b, 4);
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q4_0_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, dst += QK) {
+        const float d = ei_h2f(ei_ld16(b));
+        const uint8_t *qs = b + 2;
+        for (int j = 0; j < 16; j++) {
+            dst[j] = d * (float)((qs[j] & 15) - 8);
+            dst[j + 16] = d * (float)((qs[j] >> 4) - 8);
+        }
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q4_1_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, dst += QK) {
+        const float d = ei_h2f(ei_ld16(b)), m = ei_h2f(ei_ld16(b + 2));
+        const uint8_t *qs = b + 4;
+        for (int j = 0; j < 16; j++) {
+            dst[j] = d * (float)(qs[j] & 15) + m;
+            dst[j + 16] = d * (float)(qs[j] >> 4) + m;
+        }
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q5_0_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, dst += QK) {
+        const float d = ei_h2f(ei_ld16(b));
+        const uint32_t qh = ei_ld32(b + 2);
+        const uint8_t *qs = b + 6;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
+            int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            dst[j] = d * (float)(lo - 16);
+            dst[j + 16] = d * (float)(hi - 16);
+        }
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q5_1_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, dst += QK) {
+        const float d = ei_h2f(ei_ld16(b)), m = ei_h2f(ei_ld16(b + 2));
+        const uint32_t qh = ei_ld32(b + 4);
+        const uint8_t *qs = b + 8;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
+            int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            dst[j] = d * (float)lo + m;
+            dst[j + 16] = d * (float)hi + m;
+        }
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q8_0_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, dst += QK) {
+        const float d = ei_h2f(ei_ld16(b));
+        const int8_t *qs = (const int8_t *)(b + 2);
+        for (int j = 0; j < QK; j++) dst[j] = (float)qs[j] * d;
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q4_k_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
+        const uint8_t *scales = b + 4, *qs = b + 16;
+        for (int j = 0; j < 8; j++, dst += 32) {
+            uint8_t sc, m;
+            ei_k_scale_min(j, scales, &sc, &m);
+            const float dl = d * (float)sc, ml = dmin * (float)m;
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);
+            for (int l = 0; l < 32; l++) dst[l] = dl * (float)((q[l] >> shift) & 15) - ml;
+        }
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q5_k_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
+        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+        for (int j = 0; j < 8; j++, dst += 32) {
+            uint8_t sc, m;
+            ei_k_scale_min(j, scales, &sc, &m);
+            const float dl = d * (float)sc, ml = dmin * (float)m;
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);
+            for (int l = 0; l < 32; l++) {
+                int v = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+                dst[l] = dl * (float)v - ml;
+            }
+        }
+    }
+}
+
+/* 6-bit value of element e (0..255) of a Q6_K block, unsigned (0..63). */
+static inline int q6k_u(const uint8_t *ql, const uint8_t *qh, int e) {
+    int h = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    int lo = (ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 15;
+    int hi = (qh[32 * h + l] >> (2 * k)) & 3;
+    return lo | (hi << 4);
+}
+
+EI_NO_CONTRACT void ei_deq_q6_k_scalar(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES, dst += QKK) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = ei_h2f(ei_ld16(b + 208));
+        for (int s = 0; s < 16; s++) {
+            const float dl = d * (float)sc[s];
+            for (int l = 0; l < 16; l++) {
+                int e = 16 * s + l;
+                dst[e] = dl * (float)(q6k_u(ql, qh, e) - 32);
+            }
+        }
+    }
+}
+
+/* ---------------- activation quantization ---------------- */
+
+void ei_quantize_act_scalar(const float *x, int64_t n, ei_q8a *out) {
+    for (int64_t i = 0; i < n / QK; i++, x += QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            /* round half to even (the current rounding mode), as cvtps2dq does */
+            long v = lrintf(x[j] * id);
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            out[i].q[j] = (int8_t)v;
+            sum += (int)v;
+        }
+        out[i].d = d;
+        out[i].s = d * (float)sum;
+    }
+}
+
+/* ---------------- dot products ---------------- */
+
+float ei_dot_f32_scalar(int64_t n, const void *row, const void *act) {
+    const float *w = (const float *)row, *x = (const float *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += w[i] * x[i];
+    return acc;
+}
+
+float ei_dot_f16_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *w = (const uint8_t *)row;
+    const float *x = (const float *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += ei_h2f(ei_ld16(w + 2 * i)) * x[i];
+    return acc;
+}
+
+float ei_dot_bf16_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *w = (const uint8_t *)row;
+    const float *x = (const float *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = (uint32_t)ei_ld16(w + 2 * i) << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        acc += f * x[i];
+    }
+    return acc;
+}
+
+float ei_dot_q8_0_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, a++) {
+        const int8_t *q = (const int8_t *)(b + 2);
+        int isum = 0;
+        for (int j = 0; j < QK; j++) isum += q[j] * a->q[j];
+        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum;
+    }
+    return acc;
+}
+
+float ei_dot_q4_0_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, a++) {
+        const uint8_t *qs = b + 2;
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += ((qs[j] & 15) - 8) * a->q[j] + ((qs[j] >> 4) - 8) * a->q[j + 16];
+        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum;
+    }
+    return acc;
+}
+
+float ei_dot_q4_1_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, a++) {
+        const uint8_t *qs = b + 4;
+        int isum = 0;
+        for (int j = 0; j < 16; j++) isum += (qs[j] & 15) * a->q[j] + (qs[j] >> 4) * a->q[j + 16];
+        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum + ei_h2f(ei_ld16(b + 2)) * a->s;
+    }
+    return acc;
+}
+
+float ei_dot_q5_0_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, a++) {
+        const uint32_t qh = ei_ld32(b + 2);
+        const uint8_t *qs = b + 6;
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
+            int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            isum += (lo - 16) * a->q[j] + (hi - 16) * a->q[j + 16];
+        }
+        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum;
+    }
+    return acc;
+}
+
+float ei_dot_q5_1_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, a++) {
+        const uint32_t qh = ei_ld32(b + 4);
+        const uint8_t *qs = b + 8;
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
+            int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            isum += lo * a->q[j] + hi * a->q[j + 16];
+        }
+        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum + ei_h2f(ei_ld16(b + 2)) * a->s;
+    }
+    return acc;
+}
+
+float ei_dot_q4_k_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
+        const uint8_t *scales = b + 4, *qs = b + 16;
+        for (int j = 0; j < 8; j++, a++) {
+            uint8_t sc, m;
+            ei_k_scale_min(j, scales, &sc, &m);
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);
+            int isum = 0;
+            for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 15) * a->q[l];
+            acc += ((d * (float)sc) * a->d) * (float)isum - (dmin * (float)m) * a->s;
+        }
+    }
+    return acc;
+}
+
+float ei_dot_q5_k_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
+        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+        for (int j = 0; j < 8; j++, a++) {
+            uint8_t sc, m;
+            ei_k_scale_min(j, scales, &sc, &m);
+            const uint8_t *q = qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);
+            int isum = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+                isum += v * a->q[l];
+            }
+            acc += ((d * (float)sc) * a->d) * (float)isum - (dmin * (float)m) * a->s;
+        }
+    }
+    return acc;
+}
+
+float ei_dot_q6_k_scalar(int64_t n, const void *row, const void *act) {
+    const uint8_t *b = (const uint8_t *)row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = ei_h2f(ei_ld16(b + 208));
+        for (int j = 0; j < 8; j++, a++) {
+            int lo = 0, hi = 0;
+            for (int l = 0; l < 16; l++) {
+                lo += (q6k_u(ql, qh, 32 * j + l) - 32) * a->q[l];
+                hi += (q6k_u(ql, qh, 32 * j + 16 + l) - 32) * a->q[16 + l];
+            }
+            acc += (d * a->d) * (float)(sc[2 * j] * lo + sc[2 * j + 1] * hi);
+        }
+    }
+    return acc;
+}

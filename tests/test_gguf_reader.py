@@ -1,0 +1,344 @@
+"""The validated GGUF reader: the real model against the `gguf` package, the tiny valid file,
+every malformed corpus file (GGUFError and nothing else, quickly), and random mutations."""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer.errors import GGUFError, ModelNotFoundError
+from edgeinfer.gguf import (
+    COMPUTE_TYPES,
+    GGML_TYPES,
+    GGMLType,
+    GGUFFile,
+    GGUFValueType,
+    ggml_type_info,
+)
+from edgeinfer.gguf import reader as reader_mod
+from edgeinfer.model.config import ModelConfig
+
+from gguf_corpus import (
+    ARRAY,
+    FLOAT32,
+    FLOAT64,
+    INT8,
+    STRING,
+    UINT8,
+    UINT16,
+    UINT32,
+    UINT64,
+    malformed_corpus,
+    tiny_llama,
+)
+
+gguf = pytest.importorskip("gguf")
+
+MALFORMED = dict(malformed_corpus())
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gguf_corpus")
+
+
+def _write(directory, name: str, data: bytes):
+    p = directory / (name.replace("/", "_")[:120] + ".gguf")
+    p.write_bytes(data)
+    return p
+
+
+# ----------------------------------------------------------------- type table
+
+def test_type_table_matches_gguf_package():
+    from gguf.constants import GGML_QUANT_SIZES
+
+    for t, (bs, ts) in GGML_QUANT_SIZES.items():
+        info = GGML_TYPES[int(t)]
+        assert (info.name, info.block_size, info.type_size) == (t.name, bs, ts)
+    assert set(GGML_TYPES) == {int(t) for t in GGML_QUANT_SIZES}
+    assert {t.name for t in COMPUTE_TYPES} == {
+        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
+    assert GGMLType.Q4_K == 12 and GGMLType.BF16 == 30
+    with pytest.raises(GGUFError, match="removed"):
+        ggml_type_info(4)
+
+
+# ----------------------------------------------------------------- the real model
+
+@pytest.fixture(scope="module")
+def real(smollm2_path):
+    f = GGUFFile(smollm2_path)
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module")
+def oracle(smollm2_path):
+    return gguf.GGUFReader(str(smollm2_path))
+
+
+def test_real_model_opens_fast(smollm2_path):
+    best = min(_timed_open(smollm2_path) for _ in range(2))
+    assert best < 0.5, f"opening the model took {best:.3f}s"
+
+
+def _timed_open(path) -> float:
+    t0 = time.perf_counter()
+    with GGUFFile(path) as f:
+        assert len(f.metadata["tokenizer.ggml.tokens"]) == 49152
+    return time.perf_counter() - t0
+
+
+def test_real_model_tensors_match_gguf_package(real, oracle):
+    assert real.version == 3 and real.alignment == oracle.alignment == 32
+    assert real.data_offset == oracle.data_offset
+    assert list(real.tensors) == [t.name for t in oracle.tensors]
+    for rt in oracle.tensors:
+        t = real.tensors[rt.name]
+        assert t.type == int(rt.tensor_type), rt.name
+        assert t.type_name == rt.tensor_type.name
+        assert t.shape == tuple(int(x) for x in rt.shape), rt.name
+        assert t.n_elements == int(rt.n_elements)
+        assert t.nbytes == int(rt.n_bytes)
+        assert t.offset == int(rt.data_offset)
+        assert t.data.dtype == np.uint8 and t.data.shape == (t.nbytes,)
+    # bytes equal for a sample of tensors of every type
+    seen = set()
+    for rt in oracle.tensors:
+        if rt.tensor_type in seen:
+            continue
+        seen.add(rt.tensor_type)
+        t = real.tensors[rt.name]
+        assert hashlib.sha256(t.data).digest() == hashlib.sha256(rt.data.tobytes()).digest()
+
+
+def test_real_model_metadata_matches_gguf_package(real, oracle):
+    keys = [k for k in oracle.fields if not k.startswith("GGUF.")]
+    assert list(real.metadata) == keys
+    for k in keys:
+        expected = oracle.fields[k].contents()
+        got = real.metadata[k]
+        if isinstance(got, np.ndarray):
+            got = got.tolist()
+        assert got == expected, k
+    assert real.get("general.architecture", kind=str) == "llama"
+    assert real.get("llama.block_count", kind=int) == 30
+    assert real.field_type("llama.block_count") == (GGUFValueType.UINT32, None)
+    assert real.field_type("tokenizer.ggml.token_type") == (GGUFValueType.ARRAY, GGUFValueType.INT32)
+    tt = real.get("tokenizer.ggml.token_type", kind=np.ndarray)
+    assert tt.dtype == np.dtype("<i4") and tt.shape == (49152,)
+    assert not tt.flags.writeable and not tt.flags.owndata   # a view of the map
+
+
+def test_real_model_data_is_zero_copy(real):
+    t = real.tensors["token_embd.weight"]
+    d = t.data
+    assert not d.flags.owndata and not d.flags.writeable
+    base = real._buf
+    assert d.ctypes.data - base.ctypes.data == t.offset
+    assert np.shares_memory(d, base)
+
+
+# ----------------------------------------------------------------- the tiny valid files
+
+TINY_VARIANTS = {
+    "llama": dict(),
+    "llama_tied": dict(tied=True),
+    "llama_v2": dict(version=2),
+    "llama_align64": dict(alignment=64),
+    "llama_align1": dict(alignment=1),
+    "qwen2": dict(arch="qwen2"),
+}
+
+
+@pytest.mark.parametrize("variant", list(TINY_VARIANTS))
+def test_tiny_valid_opens_and_matches_gguf_package(tmp_path, variant):
+    b = tiny_llama(**TINY_VARIANTS[variant])
+    data = b.build()
+    p = _write(tmp_path, variant, data)
+    with GGUFFile(p) as f:
+        oracle = gguf.GGUFReader(str(p))
+        assert f.alignment == (TINY_VARIANTS[variant].get("alignment") or 32)
+        assert f.data_offset == b.layout["data_offset"] == oracle.data_offset
+        assert f.version == TINY_VARIANTS[variant].get("version", 3)
+        assert [t.name for t in oracle.tensors] == list(f.tensors)
+        for rt in oracle.tensors:
+            t = f.tensors[rt.name]
+            assert (t.type, t.shape, t.offset, t.nbytes) == (
+                int(rt.tensor_type), tuple(int(x) for x in rt.shape), int(rt.data_offset),
+                int(rt.n_bytes))
+            assert bytes(t.data) == rt.data.tobytes()
+        for k, field in oracle.fields.items():
+            if k.startswith("GGUF."):
+                continue
+            got = f.metadata[k]
+            got = got.tolist() if isinstance(got, np.ndarray) else got
+            exp = field.contents()
+            if isinstance(exp, float):
+                assert got == pytest.approx(exp)
+            else:
+                assert got == exp, k
+        assert f.metadata["tokenizer.ggml.tokens"][31:34] == ["日本", "🙂", "th"]
+        assert f.metadata["tokenizer.ggml.add_bos_token"] is True
+        ModelConfig.from_gguf(f)
+
+
+def test_typed_getter(tmp_path):
+    p = _write(tmp_path, "tiny", tiny_llama().build())
+    with GGUFFile(p) as f:
+        assert f.get("llama.block_count", kind=int) == 2
+        assert isinstance(f.get("llama.rope.freq_base", kind=float), float)
+        assert f.get("tokenizer.ggml.add_bos_token", kind=bool) is True
+        assert f.get("general.tags", kind=list) == ["a", "b"]
+        assert f.get("tokenizer.ggml.token_type", kind=list)[:4] == [3, 3, 3, 1]
+        assert f.get("nope", 5, kind=int) == 5
+        assert f.get("nope", None) is None
+        assert "llama.block_count" in f and "nope" not in f
+        with pytest.raises(GGUFError, match=r"'nope'.*missing"):
+            f.get("nope", kind=int)
+        with pytest.raises(GGUFError, match=r"'llama.block_count' has type UINT32, expected str"):
+            f.get("llama.block_count", kind=str)
+        with pytest.raises(GGUFError, match=r"'general.architecture' has type STRING, expected int"):
+            f.get("general.architecture", kind=int)
+        with pytest.raises(GGUFError, match=r"has type BOOL, expected int"):
+            f.get("tokenizer.ggml.add_bos_token", kind=int)
+        with pytest.raises(GGUFError, match=r"ARRAY\[STRING\], expected ndarray"):
+            f.get("tokenizer.ggml.tokens", kind=np.ndarray)
+        with pytest.raises(GGUFError, match=r"UINT32, expected float"):
+            f.get("llama.block_count", kind=float)
+
+
+def test_metadata_scalar_types_roundtrip(tmp_path):
+    b = tiny_llama()
+    b.add("x.u8", UINT8, 255).add("x.i8", INT8, -128).add("x.u16", UINT16, 65535)
+    b.add("x.u64", UINT64, 2**64 - 1).add("x.f64", FLOAT64, 1.5).add("x.empty", ARRAY, [], STRING)
+    b.add("x.emptynum", ARRAY, [], FLOAT32).add("x.str", STRING, "")
+    b.add("x.bools", ARRAY, [1, 0, 2], 7)
+    p = _write(tmp_path, "types", b.build())
+    with GGUFFile(p) as f:
+        md = f.metadata
+        assert (md["x.u8"], md["x.i8"], md["x.u16"], md["x.u64"], md["x.f64"]) == (
+            255, -128, 65535, 2**64 - 1, 1.5)
+        assert md["x.empty"] == [] and md["x.str"] == ""
+        assert md["x.emptynum"].shape == (0,)
+        assert md["x.bools"].tolist() == [True, False, True]
+
+
+def test_close_and_context_manager(tmp_path):
+    p = _write(tmp_path, "tiny", tiny_llama().build())
+    f = GGUFFile(p)
+    t = f.tensors["token_embd.weight"]
+    held = t.data  # a view kept past close stays valid (the map lives while it does)
+    f.close()
+    assert f.closed
+    with pytest.raises(GGUFError, match="closed"):
+        _ = t.data
+    assert held.sum() >= 0
+    f.close()  # idempotent
+    with GGUFFile(p) as g:
+        assert not g.closed
+    assert g.closed
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelNotFoundError):
+        GGUFFile(tmp_path / "nope.gguf")
+    with pytest.raises(GGUFError):
+        GGUFFile(tmp_path)  # a directory
+
+
+def test_string_limits_are_enforced(tmp_path, monkeypatch):
+    p = _write(tmp_path, "tiny", tiny_llama().build())
+    monkeypatch.setattr(reader_mod, "MAX_STRING_COUNT", 30)
+    with pytest.raises(GGUFError, match="more than 30 strings"):
+        GGUFFile(p)
+    monkeypatch.setattr(reader_mod, "MAX_STRING_COUNT", 1 << 22)
+    monkeypatch.setattr(reader_mod, "MAX_STRING_BYTES", 100)
+    with pytest.raises(GGUFError, match="bytes of strings"):
+        GGUFFile(p)
+
+
+def test_errors_are_exported():
+    assert issubclass(edgeinfer.GGUFError, ValueError)
+
+
+# ----------------------------------------------------------------- the malformed corpus
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_raises_gguf_error(corpus_dir, case):
+    p = _write(corpus_dir, case, MALFORMED[case])
+    t0 = time.perf_counter()
+    with pytest.raises(GGUFError) as ei:
+        GGUFFile(p)
+    dt = time.perf_counter() - t0
+    assert dt < 1.0, f"{case}: took {dt:.3f}s"
+    assert str(p) in str(ei.value)   # the message names the file
+
+
+def test_malformed_corpus_is_broad():
+    names = set(MALFORMED)
+    for prefix in ("bad_magic", "version_", "tensor_count_", "kv_count_", "key_length",
+                   "string_array_length", "truncated_at_", "truncated_data_at_",
+                   "unknown_value_type", "tensor_type_", "n_dims_", "dim0_zero",
+                   "shape_overflow", "offset_past_end", "misaligned_offset", "alignment_",
+                   "overlapping", "duplicate_key", "duplicate_tensor_name", "wrong_type_",
+                   "special_token_out_of_range", "utf8_", "nested_array"):
+        assert any(n.startswith(prefix) for n in names), prefix
+
+
+# ----------------------------------------------------------------- fuzz
+
+_BIG = [2**64 - 1, 2**63, 2**63 - 1, 2**32, 0, 5]
+
+
+def _mutations(data: bytes, header_end: int, n: int, seed: int = 1234):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        buf = bytearray(data)
+        kind = i % 5
+        if kind == 0:       # flip 1..4 random bits in the header
+            for _ in range(rng.integers(1, 5)):
+                pos = int(rng.integers(0, header_end))
+                buf[pos] ^= 1 << int(rng.integers(0, 8))
+        elif kind == 1:     # random byte anywhere
+            pos = int(rng.integers(0, len(buf)))
+            buf[pos] = int(rng.integers(0, 256))
+        elif kind == 2:     # overwrite 8 header bytes with a big value
+            pos = int(rng.integers(0, header_end - 8))
+            buf[pos:pos + 8] = _BIG[int(rng.integers(0, len(_BIG)))].to_bytes(8, "little")
+        elif kind == 3:     # truncate
+            buf = buf[: int(rng.integers(0, len(buf)))]
+        else:               # truncate and flip
+            cut = int(rng.integers(header_end // 2, len(buf)))
+            buf = buf[:cut]
+            pos = int(rng.integers(0, min(cut, header_end)))
+            buf[pos] ^= 0xFF
+        yield bytes(buf)
+
+
+def test_fuzz_mutations_open_or_gguf_error(tmp_path):
+    b = tiny_llama()
+    data = b.build()
+    header_end = b.layout["header_end"]
+    p = tmp_path / "fuzz.gguf"
+    outcomes = {"ok": 0, "error": 0}
+    for i, mutated in enumerate(_mutations(data, header_end, 300)):
+        p.write_bytes(mutated)
+        t0 = time.perf_counter()
+        try:
+            with GGUFFile(p) as f:
+                try:
+                    ModelConfig.from_gguf(f)
+                except GGUFError:
+                    pass
+                for t in f.tensors.values():
+                    assert t.data.shape == (t.nbytes,)
+            outcomes["ok"] += 1
+        except GGUFError:
+            outcomes["error"] += 1
+        assert time.perf_counter() - t0 < 1.0, f"mutation {i} took too long"
+    assert outcomes["ok"] > 0 and outcomes["error"] > 0, outcomes
