@@ -421,6 +421,10 @@ def list_models(
                f"  cached   {r['cached'] or 'no (edgeinfer pull ' + r['name'] + ')'}\n")
 
 
+from .cli_convert import register as _register_convert  # noqa: E402  (convert, eval)
+_register_convert(app)
+
+
 def main() -> None:  # pragma: no cover - `python -m edgeinfer.cli`
     app()
 

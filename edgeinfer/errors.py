@@ -43,3 +43,7 @@ class ModelNotFoundError(EdgeInferError, FileNotFoundError):
 
 class SamplingParamsError(EdgeInferError, ValueError):
     """A sampling parameter is out of range or of the wrong type (temperature, top_p, ...)."""
+
+
+class ConversionError(EdgeInferError, ValueError):
+    """A checkpoint, adapter or conversion option that `edgeinfer convert` cannot use."""

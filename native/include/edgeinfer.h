@@ -157,6 +157,17 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens,
                      const int32_t *slots, const int32_t *pos, const int32_t *cells,
                      int32_t n_out, const int32_t *out_rows, float *logits);
 
+/* ==== Quantization for the converter (native/src/quantize.c; owner: convert) ==== */
+/* Bytes of one row of n_cols elements of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K); n_cols must be a multiple of the type's block size. */
+ei_status ei_quantize_row_bytes(int type, int64_t n_cols, int64_t *out);
+/* dst = n_rows rows of n_cols float32 values from src, quantized to `type` (GGUF block
+ * layout, rows contiguous), using up to n_threads threads (<= 0: physical cores). Q8_0,
+ * Q4_0, Q4_1, Q5_0, Q5_1 are bit-exact with the gguf package's quants.quantize. */
+ei_status ei_quantize_rows(int type, const float *src, void *dst, int64_t n_rows, int64_t n_cols,
+                           int n_threads);
+/* ==== end of quantization ==== */
+
 #ifdef __cplusplus
 }
 #endif

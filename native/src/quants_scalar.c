@@ -335,10 +335,13 @@ float ei_dot_q6_k_scalar(int64_t n, const void *row, const void *act) {
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = ei_h2f(ei_ld16(b + 208));
         for (int j = 0; j < 8; j++, a++) {
+            /* activation block j: elements 32j..32j+31 (see quants_impl.h) */
+            const int h = j >> 2, k = j & 3, sl = 4 * (k >> 1), sh = 2 * k;
+            const uint8_t *L = ql + 64 * h + 32 * (k & 1), *H = qh + 32 * h;
             int lo = 0, hi = 0;
             for (int l = 0; l < 16; l++) {
-                lo += (q6k_u(ql, qh, 32 * j + l) - 32) * a->q[l];
-                hi += (q6k_u(ql, qh, 32 * j + 16 + l) - 32) * a->q[16 + l];
+                lo += ((((L[l] >> sl) & 15) | (((H[l] >> sh) & 3) << 4)) - 32) * a->q[l];
+                hi += ((((L[l + 16] >> sl) & 15) | (((H[l + 16] >> sh) & 3) << 4)) - 32) * a->q[l + 16];
             }
             acc += (d * a->d) * (float)(sc[2 * j] * lo + sc[2 * j + 1] * hi);
         }

@@ -40,7 +40,8 @@ static void *worker_main(void *raw) {
     worker_arg arg = *(worker_arg *)raw;
     free(raw);
     ei_pool *p = arg.pool;
-    unsigned seen = atomic_load(&p->generation);
+    /* Generation 0 is the state at creation: a dispatch may bump it before this thread runs. */
+    unsigned seen = 0;
     for (;;) {
         unsigned gen;
         int rounds = 0;

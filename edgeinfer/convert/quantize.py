@@ -1,0 +1,56 @@
+"""Python side of quantization: float32 rows -> GGUF block bytes through the native
+quantizers (native/src/quantize.c)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import EdgeInferError
+from ..gguf.types import GGMLType, ggml_type_name
+
+__all__ = ["QUANTIZABLE_TYPES", "quantize", "row_nbytes", "can_quantize"]
+
+#: Types the native quantizer can produce.
+QUANTIZABLE_TYPES = frozenset({
+    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
+    GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+})
+_BLOCK = {GGMLType.F32: 1, GGMLType.F16: 1, GGMLType.BF16: 1, GGMLType.Q4_K: 256,
+          GGMLType.Q5_K: 256, GGMLType.Q6_K: 256}
+
+
+def block_elems(type_id: int) -> int:
+    return _BLOCK.get(GGMLType(type_id), 32)
+
+
+def can_quantize(type_id: int, n_cols: int) -> bool:
+    """Whether rows of n_cols elements can be stored as type_id."""
+    return int(type_id) in QUANTIZABLE_TYPES and n_cols > 0 and n_cols % block_elems(type_id) == 0
+
+
+def row_nbytes(type_id: int, n_cols: int) -> int:
+    from .._native import check, ffi, lib
+
+    out = ffi.new("int64_t *")
+    check(lib.ei_quantize_row_bytes(int(type_id), int(n_cols), out), "ei_quantize_row_bytes")
+    return int(out[0])
+
+
+def quantize(x: np.ndarray, type_id: int, n_threads: int = 0) -> np.ndarray:
+    """Quantizes a float array (rows = last axis) to `type_id`; returns uint8 bytes with shape
+    (rows, row_bytes). Values are converted to float32 first."""
+    from .._native import check, ffi, lib
+
+    type_id = int(type_id)
+    if type_id not in QUANTIZABLE_TYPES:
+        raise EdgeInferError(f"cannot quantize to {ggml_type_name(type_id)}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n_cols = int(x.shape[-1]) if x.ndim else 1
+    n_rows = x.size // n_cols if n_cols else 0
+    if not can_quantize(type_id, n_cols):
+        raise EdgeInferError(f"rows of {n_cols} elements cannot be stored as "
+                             f"{ggml_type_name(type_id)} (block size {block_elems(type_id)})")
+    rb = row_nbytes(type_id, n_cols)
+    out = np.empty((n_rows, rb), dtype=np.uint8)
+    check(lib.ei_quantize_rows(type_id, ffi.from_buffer("float[]", x), ffi.from_buffer(out),
+                               n_rows, n_cols, int(n_threads)), "ei_quantize_rows")
+    return out

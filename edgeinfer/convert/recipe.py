@@ -1,0 +1,124 @@
+"""Output types and the per-tensor type recipe (llama.cpp's rules for its file types).
+
+Rules, for a 2-D weight (1-D tensors -- norms, biases, rope factors -- are always F32):
+* the output head (or, with tied embeddings, token_embd) is Q6_K for every quantized type
+  except Q8_0 (which keeps Q8_0), or Q8_0 when its rows are not a multiple of 256;
+* q4_k_m / q5_k_m: attn_v and ffn_down are Q6_K on the first and last eighth of the layers
+  and every third layer between (llama.cpp's `use_more_bits`);
+* a K-quant whose row length is not a multiple of 256 falls back as llama.cpp does:
+  Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (and to F16 if even that does not fit);
+* `--keep PATTERN=TYPE` (shell-style glob on the GGUF tensor name) overrides any of this.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from ..errors import ConversionError
+from ..gguf.types import GGMLType as T
+from .quantize import block_elems, can_quantize
+
+__all__ = ["FileType", "FILE_TYPES", "parse_keep", "Recipe"]
+
+
+@dataclass(frozen=True)
+class FileType:
+    name: str
+    base: T
+    llama_ftype: int          # general.file_type (llama.cpp's LLAMA_FTYPE_*)
+    more_bits: bool = False   # the _M recipes
+
+
+FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
+    FileType("f32", T.F32, 0),
+    FileType("f16", T.F16, 1),
+    FileType("bf16", T.BF16, 32),
+    FileType("q8_0", T.Q8_0, 7),
+    FileType("q4_0", T.Q4_0, 2),
+    FileType("q4_1", T.Q4_1, 3),
+    FileType("q5_0", T.Q5_0, 8),
+    FileType("q5_1", T.Q5_1, 9),
+    FileType("q4_k_m", T.Q4_K, 15, more_bits=True),
+    FileType("q5_k_m", T.Q5_K, 17, more_bits=True),
+    FileType("q6_k", T.Q6_K, 18),
+)}
+_FLOAT = {T.F32, T.F16, T.BF16}
+_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_TYPE_NAMES = {t.name.lower(): t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0,
+                                           T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)}
+
+
+def parse_file_type(name: str) -> FileType:
+    ft = FILE_TYPES.get(name.lower())
+    if ft is None:
+        raise ConversionError(f"unknown output type {name!r}; choose one of "
+                              f"{', '.join(FILE_TYPES)}")
+    return ft
+
+
+def parse_keep(specs: list[str] | None) -> list[tuple[str, T]]:
+    out = []
+    for s in specs or []:
+        pat, sep, typ = s.rpartition("=")
+        if not sep or not pat:
+            raise ConversionError(f"--keep {s!r}: expected PATTERN=TYPE, e.g. 'blk.0.*=q8_0'")
+        t = _TYPE_NAMES.get(typ.strip().lower())
+        if t is None:
+            raise ConversionError(f"--keep {s!r}: unknown type {typ!r}; choose one of "
+                                  f"{', '.join(_TYPE_NAMES)}")
+        out.append((pat.strip(), t))
+    return out
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+_BLK = re.compile(r"^blk\.(\d+)\.")
+
+
+class Recipe:
+    def __init__(self, ftype: FileType, n_layer: int, has_output: bool,
+                 keep: list[tuple[str, T]] | None = None):
+        self.ftype = ftype
+        self.n_layer = n_layer
+        self.has_output = has_output
+        self.keep = keep or []
+        self.keep_hits: dict[str, int] = {p: 0 for p, _ in self.keep}
+
+    def choose(self, name: str, shape: tuple[int, ...]) -> T:
+        """The GGML type of GGUF tensor `name` with GGML shape `shape` (ne0 first)."""
+        if len(shape) < 2:
+            return T.F32
+        nx = shape[0]
+        for pat, t in reversed(self.keep):   # the last matching --keep wins
+            if fnmatch.fnmatchcase(name, pat):
+                self.keep_hits[pat] += 1
+                if not can_quantize(t, nx):
+                    raise ConversionError(f"--keep {pat}={t.name.lower()}: tensor {name!r} has "
+                                          f"rows of {nx}, not a multiple of the "
+                                          f"{t.name} block size {block_elems(t)}")
+                return t
+        base = self.ftype.base
+        if base in _FLOAT:
+            return base
+        t = base
+        is_head = name == "output.weight" or (not self.has_output and name == "token_embd.weight")
+        if is_head:
+            if nx % 256:
+                t = T.Q8_0
+            elif base != T.Q8_0:
+                t = T.Q6_K
+        elif self.ftype.more_bits and (".attn_v." in name or ".ffn_down." in name):
+            m = _BLK.match(name)
+            if m and use_more_bits(int(m.group(1)), self.n_layer):
+                t = T.Q6_K
+        if t in _FALLBACK and nx % 256:
+            t = _FALLBACK[t]
+        if not can_quantize(t, nx):
+            t = T.F16
+        return t
+
+    def unused_keeps(self) -> list[str]:
+        return [p for p, n in self.keep_hits.items() if n == 0]

@@ -1,0 +1,297 @@
+"""Tokenizer metadata for GGUF (`tokenizer.ggml.*`, `tokenizer.chat_template`) from a
+Hugging Face checkpoint:
+
+* `tokenizer.model` (SentencePiece, parsed here without the sentencepiece package) ->
+  model "llama": pieces, scores, token types, add_space_prefix;
+* otherwise `tokenizer.json` with a byte-level BPE model -> model "gpt2": tokens, merges,
+  token types and the pre-tokenizer name llama.cpp knows the same regexes by.
+
+Special tokens and add_bos/add_eos come from tokenizer_config.json (then tokenizer.json's
+post-processor, config.json and generation_config.json); the chat template from
+tokenizer_config.json or chat_template.jinja / chat_template.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+from ..errors import ConversionError
+from .checkpoint import Checkpoint, read_json
+
+__all__ = ["tokenizer_metadata", "PRE_TOKENIZERS"]
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Hugging Face Split regexes -> llama.cpp pre-tokenizer names
+_LLAMA3_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLIT_NAMES = {_LLAMA3_RX: "llama-bpe", _QWEN2_RX: "qwen2"}
+PRE_TOKENIZERS = ("gpt-2 (ByteLevel)", "smollm (Digits + ByteLevel)",
+                  "llama-bpe (Llama 3 Split + ByteLevel)", "qwen2 (Qwen2 Split + ByteLevel)")
+
+
+# ------------------------------------------------------------------ helpers
+def _token_text(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):
+        return v["content"]
+    return None
+
+
+def _pre_name(tj: dict) -> str:
+    pre = tj.get("pre_tokenizer")
+    items = []
+    if isinstance(pre, dict):
+        items = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [p.get("type") for p in items]
+    if kinds == ["ByteLevel"] and items[0].get("use_regex", True):
+        return "gpt-2"
+    if (kinds == ["Digits", "ByteLevel"] and items[0].get("individual_digits")
+            and items[1].get("use_regex", True)):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and not items[1].get("use_regex", True):
+        rx = (items[0].get("pattern") or {}).get("Regex")
+        if rx in _SPLIT_NAMES and items[0].get("behavior") == "Isolated":
+            return _SPLIT_NAMES[rx]
+    raise ConversionError(
+        f"tokenizer.json: pre-tokenizer {json.dumps(pre)[:300]} has no llama.cpp equivalent "
+        f"this converter knows; supported: {', '.join(PRE_TOKENIZERS)}")
+
+
+def _post_adds(tj: dict, tok_id: int | None) -> bool | None:
+    """Whether tokenizer.json's post-processor puts token `tok_id` around a single text."""
+    pp = tj.get("post_processor")
+    if not isinstance(pp, dict) or tok_id is None:
+        return None
+    procs = pp.get("processors", []) if pp.get("type") == "Sequence" else [pp]
+    for p in procs:
+        if p.get("type") == "TemplateProcessing":
+            ids = set()
+            for item in p.get("single", []):
+                st = item.get("SpecialToken") if isinstance(item, dict) else None
+                if st:
+                    tok = (p.get("special_tokens") or {}).get(st["id"], {})
+                    ids.update(tok.get("ids", []))
+            return tok_id in ids
+    return None
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ConversionError("tokenizer.model: corrupt protobuf (bad varint)")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """Yields (field number, wire type, value) of one protobuf message."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, pos = _varint(buf, pos)
+        elif wt == 1:
+            v, pos = buf[pos:pos + 8], pos + 8
+        elif wt == 2:
+            n, pos = _varint(buf, pos)
+            v, pos = buf[pos:pos + n], pos + n
+        elif wt == 5:
+            v, pos = buf[pos:pos + 4], pos + 4
+        else:
+            raise ConversionError(f"tokenizer.model: corrupt protobuf (wire type {wt})")
+        if pos > len(buf):
+            raise ConversionError("tokenizer.model: corrupt protobuf (truncated)")
+        yield num, wt, v
+
+
+def _int32(v: int) -> int:
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _parse_spm(path: str) -> dict:
+    with open(path, "rb") as fh:
+        data = fh.read()
+    pieces, trainer, norm = [], {}, {}
+    for num, wt, v in _fields(data):
+        if num == 1 and wt == 2:
+            p = {"piece": "", "score": 0.0, "type": NORMAL}
+            for n2, w2, v2 in _fields(v):
+                if n2 == 1 and w2 == 2:
+                    p["piece"] = v2.decode("utf-8")
+                elif n2 == 2 and w2 == 5:
+                    p["score"] = struct.unpack("<f", v2)[0]
+                elif n2 == 3 and w2 == 0:
+                    p["type"] = v2
+            pieces.append(p)
+        elif num == 2 and wt == 2:
+            for n2, w2, v2 in _fields(v):
+                if w2 == 0:
+                    trainer[n2] = _int32(v2)
+        elif num == 3 and wt == 2:
+            for n2, w2, v2 in _fields(v):
+                if w2 == 0:
+                    norm[n2] = v2
+                elif w2 == 2 and n2 == 1:
+                    norm["name"] = v2.decode("utf-8", "replace")
+    if not pieces:
+        raise ConversionError(f"{path}: no pieces: not a SentencePiece model")
+    return {"pieces": pieces, "model_type": trainer.get(3, 1),
+            "unk": trainer.get(40, 0), "bos": trainer.get(41, 1), "eos": trainer.get(42, 2),
+            "pad": trainer.get(43, -1), "add_dummy_prefix": bool(norm.get(3, 1))}
+
+
+def _chat_template(ckpt: Checkpoint, tcfg: dict) -> str | None:
+    t = tcfg.get("chat_template")
+    if isinstance(t, list):
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        t = named.get("default") or next(iter(named.values()), None)
+    if isinstance(t, str) and t:
+        return t
+    p = ckpt.file("chat_template.jinja")
+    if p:
+        with open(p, encoding="utf-8") as fh:
+            return fh.read()
+    j = ckpt.json_file("chat_template.json")
+    if isinstance(j, dict) and isinstance(j.get("chat_template"), str):
+        return j["chat_template"]
+    return None
+
+
+# ------------------------------------------------------------------ main entry
+def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, str | None]]:
+    """(key, value, value type) triples of the tokenizer metadata for a model of n_vocab."""
+    tcfg = ckpt.json_file("tokenizer_config.json") or {}
+    spm_path = ckpt.file("tokenizer.model")
+    tj_path = ckpt.file("tokenizer.json")
+    kv: list[tuple[str, Any, str | None]] = []
+    text_to_id: dict[str, int] = {}
+    if spm_path:
+        spm = _parse_spm(spm_path)
+        tokens = [p["piece"] for p in spm["pieces"]]
+        scores = [float(p["score"]) for p in spm["pieces"]]
+        types = [int(p["type"]) for p in spm["pieces"]]
+        # added tokens beyond the SentencePiece vocabulary
+        added = []
+        if tj_path:
+            added = [(a["id"], a["content"], a.get("special", False))
+                     for a in read_json(tj_path, "tokenizer.json").get("added_tokens", [])]
+        elif ckpt.file("added_tokens.json"):
+            added = [(i, c, True) for c, i in ckpt.json_file("added_tokens.json").items()]
+        for i, content, special in sorted(added):
+            if i < len(tokens):
+                if tokens[i] != content:
+                    raise ConversionError(f"added token {content!r} has id {i}, which "
+                                          f"tokenizer.model gives to {tokens[i]!r}")
+                continue
+            while len(tokens) < i:
+                tokens.append(f"[PAD{len(tokens)}]"); scores.append(-1000.0)
+                types.append(UNUSED)
+            tokens.append(content); scores.append(-1000.0)
+            types.append(CONTROL if special else USER_DEFINED)
+        model = "llama"
+        special_ids = {"bos": spm["bos"], "eos": spm["eos"], "unk": spm["unk"],
+                       "pad": spm["pad"]}
+        default_bos = True
+        kv.append(("tokenizer.ggml.add_space_prefix", spm["add_dummy_prefix"], "BOOL"))
+        tj = read_json(tj_path, "tokenizer.json") if tj_path else {}
+    elif tj_path:
+        tj = read_json(tj_path, "tokenizer.json")
+        m = tj.get("model") or {}
+        if m.get("type") != "BPE" or not isinstance(m.get("vocab"), dict):
+            raise ConversionError(f"{tj_path}: tokenizer model {m.get('type')!r} is not "
+                                  f"supported (byte-level BPE tokenizer.json, or a "
+                                  f"SentencePiece tokenizer.model)")
+        if m.get("byte_fallback"):
+            raise ConversionError(f"{tj_path}: SentencePiece-style BPE (byte_fallback) needs "
+                                  f"the checkpoint's tokenizer.model")
+        pre = _pre_name(tj)
+        vocab = m["vocab"]
+        size = max([*vocab.values(), *(a["id"] for a in tj.get("added_tokens", []))]) + 1
+        tokens = [None] * size
+        types = [NORMAL] * size
+        for t, i in vocab.items():
+            tokens[i] = t
+        for a in tj.get("added_tokens", []):
+            tokens[a["id"]] = a["content"]
+            types[a["id"]] = CONTROL if a.get("special") else USER_DEFINED
+        for i, t in enumerate(tokens):
+            if t is None:
+                tokens[i] = f"[PAD{i}]"
+                types[i] = USER_DEFINED
+        merges = []
+        for mg in m.get("merges", []):
+            merges.append(mg if isinstance(mg, str) else " ".join(mg))
+        scores = None
+        model = "gpt2"
+        kv.append(("tokenizer.ggml.pre", pre, "STRING"))
+        kv.append(("tokenizer.ggml.merges", merges, "STRING"))
+        special_ids = {}
+        default_bos = False
+    else:
+        raise ConversionError(f"{ckpt.dir}: no tokenizer (tokenizer.json or tokenizer.model)")
+
+    if len(tokens) > n_vocab:
+        raise ConversionError(f"the tokenizer has {len(tokens)} tokens but the model's "
+                              f"vocab_size is {n_vocab}")
+    while len(tokens) < n_vocab:
+        tokens.append(f"[PAD{len(tokens)}]")
+        types.append(USER_DEFINED if model == "gpt2" else UNUSED)
+        if scores is not None:
+            scores.append(-1000.0)
+    for i, t in enumerate(tokens):
+        text_to_id.setdefault(t, i)
+
+    # special tokens: tokenizer_config.json, then config.json / generation_config.json
+    for role in ("bos", "eos", "unk", "pad"):
+        text = _token_text(tcfg.get(f"{role}_token"))
+        if text is not None:
+            if text not in text_to_id:
+                raise ConversionError(f"tokenizer_config.json: {role}_token {text!r} is not in "
+                                      f"the vocabulary")
+            special_ids[role] = text_to_id[text]
+    for src in (ckpt.config, ckpt.json_file("generation_config.json") or {}):
+        for role in ("bos", "eos", "pad"):
+            v = src.get(f"{role}_token_id")
+            if isinstance(v, list):
+                v = v[0] if v else None
+            if isinstance(v, int) and special_ids.get(role, -1) < 0:
+                special_ids[role] = v
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
+                      ("unk", "unknown_token_id"), ("pad", "padding_token_id")):
+        v = special_ids.get(role)
+        if isinstance(v, int) and 0 <= v < n_vocab:
+            kv.append((f"tokenizer.ggml.{key}", v, "UINT32"))
+
+    add_bos = tcfg.get("add_bos_token")
+    if not isinstance(add_bos, bool):
+        add_bos = _post_adds(tj, special_ids.get("bos"))
+    if add_bos is None:
+        add_bos = default_bos
+    add_eos = tcfg.get("add_eos_token")
+    if not isinstance(add_eos, bool):
+        add_eos = bool(_post_adds(tj, special_ids.get("eos")) and special_ids.get("eos")
+                       != special_ids.get("bos"))
+    kv += [("tokenizer.ggml.add_bos_token", bool(add_bos), "BOOL"),
+           ("tokenizer.ggml.add_eos_token", bool(add_eos), "BOOL")]
+
+    head = [("tokenizer.ggml.model", model, "STRING"),
+            ("tokenizer.ggml.tokens", tokens, "STRING")]
+    if scores is not None:
+        head.append(("tokenizer.ggml.scores", scores, "FLOAT32"))
+    head.append(("tokenizer.ggml.token_type", types, "INT32"))
+    tmpl = _chat_template(ckpt, tcfg)
+    tail = [("tokenizer.chat_template", tmpl, "STRING")] if tmpl else []
+    return head + kv + tail

@@ -1,0 +1,220 @@
+"""Native quantizers (native/src/quantize.c): legacy types bit-exact with gguf.quants,
+K-quants as accurate as llama.cpp's quantizer on the same tensors, and the q4_k_m / q*_0
+recipes choosing the same per-tensor types as llama.cpp's llama_model_quantize."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from edgeinfer.convert.quantize import can_quantize, quantize, row_nbytes
+from edgeinfer.convert.recipe import FILE_TYPES, Recipe, parse_keep, use_more_bits
+from edgeinfer.errors import ConversionError, EdgeInferError, NativeError
+from edgeinfer.gguf import GGUFFile
+from edgeinfer.gguf.types import GGMLType as T
+from edgeinfer.gguf.types import GGUFValueType as V
+from edgeinfer.gguf.writer import GGUFWriter
+
+gguf = pytest.importorskip("gguf", reason="the gguf package is the quantization oracle")
+GQ = gguf.GGMLQuantizationType
+
+
+def _samples():
+    rng = np.random.default_rng(1234)
+    out = {
+        "normal": rng.standard_normal((48, 512)).astype(np.float32),
+        "weights": (rng.standard_normal((32, 256)) * 0.02).astype(np.float32),
+        "heavy_tail": (rng.standard_t(2, (32, 512)) * 0.05).astype(np.float32),
+        "positive": np.abs(rng.standard_normal((16, 256))).astype(np.float32),
+        "negative": -np.abs(rng.standard_normal((16, 256))).astype(np.float32),
+        "tiny": (rng.standard_normal((8, 256)) * 1e-6).astype(np.float32),
+        "huge": (rng.standard_normal((8, 256)) * 1e4).astype(np.float32),
+        "grid": (rng.integers(-8, 8, (16, 256)) * 0.25).astype(np.float32),
+        "zeros": np.zeros((4, 256), np.float32),
+    }
+    s = out["grid"].copy()
+    s[:, 7] = -s[:, 3]            # equal magnitudes of both signs in one block
+    out["ties"] = s
+    c = np.zeros((4, 256), np.float32)
+    c[0] = 0.5
+    c[1, 17] = -3.0
+    c[2, ::2] = 1.0
+    out["sparse_const"] = c
+    return out
+
+
+SAMPLES = _samples()
+EXACT = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.F16, T.BF16]
+
+
+@pytest.mark.parametrize("qtype", EXACT, ids=lambda t: t.name)
+@pytest.mark.parametrize("sample", sorted(SAMPLES))
+def test_bit_exact_with_gguf_quants(qtype, sample):
+    x = SAMPLES[sample]
+    ours = quantize(x, qtype)
+    ref = gguf.quants.quantize(x, GQ(int(qtype))).view(np.uint8).reshape(ours.shape)
+    mismatch = np.argwhere(ours != ref)
+    assert mismatch.size == 0, f"first differing byte (row, col): {mismatch[0].tolist()}"
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0], ids=lambda t: t.name)
+def test_roundtrip_error_is_small(qtype):
+    x = SAMPLES["normal"]
+    y = gguf.quants.dequantize(quantize(x, qtype), GQ(int(qtype)))
+    nmse = float(np.mean((y - x) ** 2) / np.mean(x ** 2))
+    limit = {T.Q4_K: 0.01, T.Q5_K: 0.003, T.Q6_K: 0.001, T.Q8_0: 1e-4, T.Q4_0: 0.015}[qtype]
+    assert nmse < limit
+    z = gguf.quants.dequantize(quantize(SAMPLES["zeros"], qtype), GQ(int(qtype)))
+    assert np.all(z == 0)
+
+
+def test_threads_do_not_change_bytes():
+    x = np.random.default_rng(5).standard_normal((300, 512)).astype(np.float32)
+    for qt in (T.Q4_K, T.Q6_K, T.Q4_0):
+        assert np.array_equal(quantize(x, qt, n_threads=1), quantize(x, qt, n_threads=4))
+
+
+def test_bad_arguments():
+    assert row_nbytes(T.Q4_K, 512) == 2 * 144
+    assert not can_quantize(T.Q4_K, 96) and can_quantize(T.Q8_0, 96)
+    with pytest.raises(EdgeInferError):
+        quantize(np.zeros((2, 96), np.float32), T.Q4_K)     # rows not a multiple of 256
+    with pytest.raises(EdgeInferError):
+        quantize(np.zeros((2, 64), np.float32), T.IQ2_XXS)  # unsupported type
+    from edgeinfer._native import check, ffi, lib
+    out = ffi.new("int64_t *")
+    with pytest.raises(NativeError):
+        check(lib.ei_quantize_row_bytes(int(T.Q4_K), 100, out))
+    with pytest.raises(NativeError):
+        check(lib.ei_quantize_rows(int(T.Q8_0), ffi.NULL, ffi.NULL, 1, 32, 1))
+
+
+# ------------------------------------------------------------------ llama.cpp comparisons
+def _synth_model(path, n_embd=256, n_ff=512, n_layer=2, n_vocab=256, tied=False, seed=0):
+    """An F32 llama GGUF with weight-like random tensors (per-row scales, outliers)."""
+    from edgeinfer.engine.tokenizer import _BYTE_TO_CHAR
+
+    rng = np.random.default_rng(seed)
+
+    def w(rows, cols):
+        x = rng.standard_normal((rows, cols)).astype(np.float32) * 0.02
+        x *= np.exp(rng.standard_normal((rows, 1)) * 0.5).astype(np.float32)
+        x[rng.random((rows, cols)) < 0.002] *= 20
+        return x
+
+    t = {"token_embd.weight": w(n_vocab, n_embd)}
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = np.ones(n_embd, np.float32)
+        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t[p + n + ".weight"] = w(n_embd, n_embd)
+        t[p + "ffn_norm.weight"] = np.ones(n_embd, np.float32)
+        t[p + "ffn_gate.weight"] = w(n_ff, n_embd)
+        t[p + "ffn_up.weight"] = w(n_ff, n_embd)
+        t[p + "ffn_down.weight"] = w(n_embd, n_ff)
+    t["output_norm.weight"] = np.ones(n_embd, np.float32)
+    if not tied:
+        t["output.weight"] = w(n_vocab, n_embd)
+    with GGUFWriter(path) as wr:
+        wr.add_kv("general.architecture", "llama")
+        wr.add_kv("general.file_type", 0)
+        for k, v in (("block_count", n_layer), ("context_length", 256),
+                     ("embedding_length", n_embd), ("feed_forward_length", n_ff),
+                     ("attention.head_count", 4), ("attention.head_count_kv", 4),
+                     ("rope.dimension_count", n_embd // 4), ("vocab_size", n_vocab)):
+            wr.add_kv("llama." + k, v)
+        wr.add_kv("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        wr.add_kv("tokenizer.ggml.model", "gpt2")
+        wr.add_kv("tokenizer.ggml.pre", "gpt-2")
+        wr.add_kv("tokenizer.ggml.tokens", [_BYTE_TO_CHAR[b] for b in range(256)],
+                  V.ARRAY, V.STRING)
+        wr.add_kv("tokenizer.ggml.token_type", np.ones(256, np.int32))
+        wr.add_kv("tokenizer.ggml.merges", ["a b"], V.ARRAY, V.STRING)
+        for n, x in t.items():
+            wr.add_tensor_info(n, x.shape[::-1], T.F32)
+        wr.write_header()
+        for n, x in t.items():
+            wr.write_tensor_data(n, x)
+    return t
+
+
+def _llama_quantize(src, dst, ftype: int, pure: bool):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp is the K-quant oracle")
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = ftype
+    p.pure = pure
+    p.nthread = 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                          ctypes.byref(p)) == 0
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    d = tmp_path_factory.mktemp("synth")
+    return d, _synth_model(d / "f32.gguf")
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("qtype,ftype", [(T.Q4_K, 15), (T.Q5_K, 17), (T.Q6_K, 18)],
+                         ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_kquant_rmse_within_5pct_of_llama_cpp(synth, qtype, ftype):
+    d, tensors = synth
+    out = d / f"{qtype.name}.gguf"
+    _llama_quantize(d / "f32.gguf", out, ftype, pure=True)
+    with GGUFFile(out) as f:
+        for name, x in tensors.items():
+            if x.ndim < 2:
+                continue
+            ti = f.tensors[name]
+            assert ti.type == qtype
+            ref = gguf.quants.dequantize(np.array(ti.data).reshape(x.shape[0], -1), GQ(int(qtype)))
+            ours = gguf.quants.dequantize(quantize(x, qtype), GQ(int(qtype)))
+            rmse_ref = float(np.sqrt(np.mean((ref - x) ** 2)))
+            rmse_ours = float(np.sqrt(np.mean((ours - x) ** 2)))
+            assert rmse_ours <= 1.05 * rmse_ref, (name, rmse_ours, rmse_ref)
+
+
+# llama.cpp's LLAMA_FTYPE ids for the file types we share
+_FTYPES = {"q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q4_k_m": 15, "q5_k_m": 17,
+           "q6_k": 18}
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("shape", [(256, 512, 8, False), (192, 320, 10, True)],
+                         ids=["rows256_untied", "rows192_tied"])
+def test_recipe_matches_llama_cpp(tmp_path, shape):
+    n_embd, n_ff, n_layer, tied = shape
+    tensors = _synth_model(tmp_path / "f32.gguf", n_embd=n_embd, n_ff=n_ff, n_layer=n_layer,
+                           n_vocab=256, tied=tied)
+    for name, ftype in _FTYPES.items():
+        out = tmp_path / f"{name}.gguf"
+        _llama_quantize(tmp_path / "f32.gguf", out, ftype, pure=False)
+        recipe = Recipe(FILE_TYPES[name], n_layer, has_output=not tied)
+        with GGUFFile(out) as f:
+            assert f.get("general.file_type") == FILE_TYPES[name].llama_ftype
+            for tname, x in tensors.items():
+                want = f.tensors[tname].type
+                got = recipe.choose(tname, x.shape[::-1])
+                assert got == want, f"{name} {tname}: ours {got.name}, llama.cpp {T(want).name}"
+        out.unlink()
+
+
+def test_use_more_bits_and_keep():
+    n = 32
+    more = [i for i in range(n) if use_more_bits(i, n)]
+    assert more[:4] == [0, 1, 2, 3] and more[-4:] == [28, 29, 30, 31] and 6 in more and 5 not in more
+    r = Recipe(FILE_TYPES["q4_k_m"], n, True, parse_keep(["blk.0.*=q8_0", "output.weight=f16"]))
+    assert r.choose("blk.0.ffn_up.weight", (256, 512)) == T.Q8_0
+    assert r.choose("output.weight", (256, 1000)) == T.F16
+    assert r.choose("blk.5.attn_v.weight", (256, 256)) == T.Q4_K
+    assert r.choose("blk.6.attn_v.weight", (256, 256)) == T.Q6_K
+    assert r.choose("blk.6.attn_q.weight", (576, 576)) == T.Q5_0     # fallback
+    assert r.choose("blk.6.attn_norm.weight", (256,)) == T.F32
+    assert not r.unused_keeps()
+    for bad in (["nonsense"], ["x=q3_k"], ["=q8_0"]):
+        with pytest.raises(ConversionError):
+            parse_keep(bad)
+    with pytest.raises(ConversionError):
+        Recipe(FILE_TYPES["q4_0"], 2, True, parse_keep(["blk.*=q4_k"])).choose(
+            "blk.0.attn_q.weight", (64, 64))
