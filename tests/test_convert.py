@@ -22,6 +22,8 @@ pytest.importorskip("sentencepiece")
 
 import tiny_checkpoints  # noqa: E402
 
+torch.set_num_threads(1)
+
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
 from edgeinfer.errors import ConversionError, UnsupportedArchitectureError  # noqa: E402
 from edgeinfer.gguf import GGUFFile  # noqa: E402
@@ -303,7 +305,10 @@ def test_interrupted_write_leaves_no_file(tiny, tmp_path, monkeypatch):
 
 
 def _copy(tiny, kind, tmp_path):
-    d = tmp_path / f"bad_{kind}"
+    i = 0
+    while (tmp_path / f"bad_{kind}_{i}").exists():
+        i += 1
+    d = tmp_path / f"bad_{kind}_{i}"
     shutil.copytree(tiny[kind], d)
     return d
 

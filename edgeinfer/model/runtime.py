@@ -57,3 +57,12 @@ class NativeRuntime:
 
     def forget_from(self, slot: int, pos: int) -> None:
         check(lib.ei_runtime_forget_from(self.handle, slot, pos), "forget_from")
+
+    PROFILE_STAGES = ("embed", "norm", "qkv", "rope_kv", "attention", "attn_out", "ffn_up", "ffn_act",
+                      "ffn_down", "head")
+
+    def profile(self, reset: bool = False) -> dict[str, float]:
+        """Seconds spent in each stage of the forward pass so far."""
+        buf = ffi.new("double[]", len(self.PROFILE_STAGES))
+        n = lib.ei_runtime_profile(self.handle, buf, len(self.PROFILE_STAGES), int(reset))
+        return {name: float(buf[i]) for i, name in enumerate(self.PROFILE_STAGES[:n])}

@@ -142,6 +142,14 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
 void ei_runtime_free(ei_runtime *rt);
 size_t ei_runtime_kv_bytes(const ei_runtime *rt);
 size_t ei_runtime_scratch_bytes(const ei_runtime *rt);
+
+/* Seconds spent per stage of the forward pass since creation (or the last reset):
+ * out[i] for i < min(n, EI_PROF_COUNT), in the order of ei_prof_stage. */
+typedef enum {
+    EI_PROF_EMBED = 0, EI_PROF_NORM, EI_PROF_QKV, EI_PROF_ROPE_KV, EI_PROF_ATTENTION, EI_PROF_ATTN_OUT,
+    EI_PROF_FFN_UP, EI_PROF_FFN_ACT, EI_PROF_FFN_DOWN, EI_PROF_HEAD, EI_PROF_COUNT
+} ei_prof_stage;
+int ei_runtime_profile(ei_runtime *rt, double *out, int n, int reset);
 /* Empties a slot's cells. */
 ei_status ei_runtime_clear_slot(ei_runtime *rt, int slot);
 /* Forgets a slot's cells holding positions >= pos (for prefix reuse). */

@@ -2,10 +2,24 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "attention.h"
 #include "common.h"
 #include "runtime.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Adds the time since *t to stage s and restarts the clock (a few ns per call). */
+static inline void lap(ei_runtime *rt, int s, double *t) {
+    double n = now_s();
+    rt->prof[s] += n - *t;
+    *t = n;
+}
 
 static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0;
@@ -164,38 +178,50 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
     int64_t T = n_tokens, d = c->n_embd;
     int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
 
+    double t = now_s();
     if ((st = embed(rt, tokens, T)) != EI_OK) return st;
     rope_tables(rt, pos, T);
+    lap(rt, EI_PROF_EMBED, &t);
     for (int l = 0; l < c->n_layer; l++) {
         const ei_layer *L = &m->layers[l];
         rmsnorm_rows(rt, rt->xn, rt->x, &L->attn_norm, T);
+        lap(rt, EI_PROF_NORM, &t);
         ei_mm_job qkv[3] = {{&L->wq, rt->q}, {&L->wk, rt->kc}, {&L->wv, rt->vc}};
         ei_parallel_matmul(rt, qkv, 3, rt->xn, T);
         add_bias(rt->q, &L->bq, T, qd);
         add_bias(rt->kc, &L->bk, T, kvd);
         add_bias(rt->vc, &L->bv, T, kvd);
+        lap(rt, EI_PROF_QKV, &t);
         store_kv(rt, l, T, slots, pos, cells);
+        lap(rt, EI_PROF_ROPE_KV, &t);
 
         attn_task at = {.rt = rt, .layer = l, .n_tok = T, .slots = slots, .pos = pos};
         atomic_init(&at.next, 0);
         ei_pool_run(rt->pool, attn_worker, &at);
+        lap(rt, EI_PROF_ATTENTION, &t);
 
         ei_mm_job o = {&L->wo, rt->xn};
         ei_parallel_matmul(rt, &o, 1, rt->att, T);
         add_into(rt->x, rt->xn, T * d);
+        lap(rt, EI_PROF_ATTN_OUT, &t);
 
         rmsnorm_rows(rt, rt->xn, rt->x, &L->ffn_norm, T);
+        lap(rt, EI_PROF_NORM, &t);
         ei_mm_job gu[2] = {{&L->w_gate, rt->gate}, {&L->w_up, rt->up}};
         ei_parallel_matmul(rt, gu, 2, rt->xn, T);
+        lap(rt, EI_PROF_FFN_UP, &t);
         swiglu(rt->gate, rt->up, T * c->n_ff);
+        lap(rt, EI_PROF_FFN_ACT, &t);
         ei_mm_job down = {&L->w_down, rt->xn};
         ei_parallel_matmul(rt, &down, 1, rt->gate, T);
         add_into(rt->x, rt->xn, T * d);
+        lap(rt, EI_PROF_FFN_DOWN, &t);
     }
     if (n_out == 0) return EI_OK;
     for (int32_t j = 0; j < n_out; j++)
         rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->output_norm.data, d, c->rms_eps);
     ei_mm_job head = {ei_model_output(m), logits};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
+    lap(rt, EI_PROF_HEAD, &t);
     return EI_OK;
 }

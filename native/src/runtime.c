@@ -98,6 +98,14 @@ void ei_runtime_free(ei_runtime *rt) {
 size_t ei_runtime_kv_bytes(const ei_runtime *rt) { return rt ? rt->kv_bytes : 0; }
 size_t ei_runtime_scratch_bytes(const ei_runtime *rt) { return rt ? rt->scratch_bytes : 0; }
 
+int ei_runtime_profile(ei_runtime *rt, double *out, int n, int reset) {
+    if (!rt || (n > 0 && !out)) return 0;
+    int k = EI_MIN(n, EI_PROF_COUNT);
+    for (int i = 0; i < k; i++) out[i] = rt->prof[i];
+    if (reset) memset(rt->prof, 0, sizeof rt->prof);
+    return k;
+}
+
 ei_status ei_runtime_clear_slot(ei_runtime *rt, int slot) {
     return ei_runtime_forget_from(rt, slot, 0);
 }

@@ -24,6 +24,7 @@ struct ei_runtime {
     float *rope_cos, *rope_sin;  /* [max_batch][rope_dim / 2] */
     float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
     size_t scratch_bytes;
+    double prof[EI_PROF_COUNT];   /* seconds per stage */
 };
 
 /* Offset (in elements) of cell 0 of (slot, layer, kv_head) in the K or V arena. */

@@ -1,0 +1,130 @@
+"""`edgeinfer eval`: perplexity / KL / top-1 of a model against a reference, and the GGUF
+writer it depends on (files read back by the gguf package and by our reader)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from edgeinfer.errors import EdgeInferError, GGUFError  # noqa: E402
+from edgeinfer.eval import compare_logits, evaluate, format_table  # noqa: E402
+from edgeinfer.gguf import GGUFFile  # noqa: E402
+from edgeinfer.gguf.types import GGMLType as T  # noqa: E402
+from edgeinfer.gguf.types import GGUFValueType as V  # noqa: E402
+from edgeinfer.gguf.writer import GGUFWriter  # noqa: E402
+
+
+def test_compare_logits_math():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((70, 50)).astype(np.float32)
+    ids = list(rng.integers(0, 50, 70))
+    kl, top, nr, nm = compare_logits(a, a.copy(), ids)
+    assert np.allclose(kl, 0, atol=1e-12) and top.all() and np.allclose(nr, nm)
+    b = a + rng.standard_normal(a.shape).astype(np.float32)
+    kl, top, nr, nm = compare_logits(a, b, ids)
+    la = a - np.log(np.exp(a.astype(np.float64)).sum(-1, keepdims=True))
+    lb = b - np.log(np.exp(b.astype(np.float64)).sum(-1, keepdims=True))
+    want = (np.exp(la) * (la - lb)).sum(-1)
+    assert np.allclose(kl, want, rtol=1e-5, atol=1e-9)
+    assert np.allclose(nr, [-la[i, ids[i + 1]] for i in range(69)], rtol=1e-5)
+    assert top.mean() < 1
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import tiny_checkpoints
+    from edgeinfer.convert import convert_checkpoint
+    d = tmp_path_factory.mktemp("eval")
+    src = tiny_checkpoints.build("qwen2", d / "ckpt")
+    ref, q = d / "f16.gguf", d / "q4_0.gguf"
+    convert_checkpoint(str(src), str(ref), "f16")
+    convert_checkpoint(str(src), str(q), "q4_0")
+    return ref, q
+
+
+def test_evaluate_figures(pair):
+    from texts import TEXTS
+    ref, q = pair
+    same = evaluate(str(ref), str(ref), TEXTS["story"], ctx=96)
+    assert same.kl_mean < 1e-9 and same.top1 == 1.0 and same.ppl_model == same.ppl_reference
+    r = evaluate(str(q), str(ref), TEXTS["story"], ctx=96)
+    assert r.n_windows >= 2 and r.n_tokens > 96
+    assert 0 < r.kl_mean <= r.kl_p99 <= r.kl_max and r.kl_mean < 0.05
+    assert 0.5 < r.top1 <= 1 and r.ppl_model > 1
+    assert r.size_model < r.size_reference
+    table = format_table(r)
+    assert "perplexity" in table and "top-1" in table
+    json.dumps(r.to_dict())
+
+
+def test_evaluate_errors(pair, tmp_path):
+    ref, q = pair
+    with pytest.raises(EdgeInferError):
+        evaluate(str(q), str(ref), "", ctx=64)
+    with pytest.raises(EdgeInferError):
+        evaluate(str(tmp_path / "missing.gguf"), str(ref), "some text", ctx=64)
+
+
+# ------------------------------------------------------------------ writer
+def test_writer_roundtrip(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    p = tmp_path / "w.gguf"
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((3, 64)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    with GGUFWriter(p) as w:
+        w.add_kv("general.architecture", "llama")
+        w.add_kv("u32", 7)
+        w.add_kv("i64", -5)
+        w.add_kv("f32", 0.5)
+        w.add_kv("flag", True)
+        w.add_kv("f64", 1.25, V.FLOAT64)
+        w.add_kv("strs", ["a", "bé", ""], V.ARRAY, V.STRING)
+        w.add_kv("ints", np.arange(4, dtype=np.int32))
+        w.add_tensor_info("a", (64, 3), T.F32)
+        w.add_tensor_info("b", (5,), T.F32)
+        w.write_header()
+        w.write_tensor_data("a", a)
+        w.write_tensor_data("b", b)
+    with GGUFFile(p) as f:
+        assert f.get("u32") == 7 and f.get("i64") == -5 and f.get("flag") is True
+        assert f.get("f32") == 0.5 and f.get("f64") == 1.25
+        assert list(f.get("strs")) == ["a", "bé", ""]
+        assert list(f.get("ints")) == [0, 1, 2, 3]
+        assert np.array_equal(np.array(f.tensors["a"].data).view(np.float32).reshape(3, 64), a)
+        assert f.tensors["b"].offset % 32 == 0
+    r = gguf.GGUFReader(str(p))
+    assert np.array_equal(r.get_tensor(1).data, b)
+
+
+def test_writer_failures_leave_nothing(tmp_path):
+    p = tmp_path / "w.gguf"
+    with pytest.raises(GGUFError):
+        with GGUFWriter(p) as w:
+            w.add_tensor_info("a", (32, 2), T.Q8_0)
+            w.add_tensor_info("b", (32,), T.F32)
+            w.write_header()
+            w.write_tensor_data("b", np.zeros(32, np.float32))     # out of order
+    with pytest.raises(GGUFError):
+        with GGUFWriter(p) as w:
+            w.add_tensor_info("a", (32, 2), T.Q8_0)
+            w.write_header()
+            w.write_tensor_data("a", np.zeros(10, np.uint8))        # wrong size
+    with pytest.raises(GGUFError):
+        with GGUFWriter(p) as w:
+            w.add_tensor_info("a", (32,), T.F32)
+            w.write_header()                                        # never written
+    with pytest.raises(GGUFError):
+        GGUFWriter(p).add_tensor_info("a", (30, 2), T.Q8_0)          # not a block multiple
+    with pytest.raises(GGUFError):
+        w = GGUFWriter(p)
+        w.add_kv("k", 1)
+        w.add_kv("k", 2)
+    assert os.listdir(tmp_path) == []
