@@ -399,7 +399,7 @@ def test_kernel_matmul(matmul_terminates, name):
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     tid = TYPES[name][0]
     for isa in ISAS:
-        for n_tok in (1, 4):
+        for n_tok in (1, 4, 7):
             x = rng.standard_normal((n_tok, n)).astype(np.float32)
             for thr in (1, 2, 3):
                 y = np.zeros((n_tok, n_rows), np.float32)

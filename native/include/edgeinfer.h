@@ -74,6 +74,12 @@ ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const flo
 ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int64_t n_cols,
                            const float *x, int64_t n_tok, float *y, int n_threads);
 
+/* out[j * hd ..] for query heads j < g: softmax(q_j . K / sqrt(hd)) V over the
+ * n_cells f16 rows of K and V whose cell_pos is in [0, pos], computed exactly as
+ * the forward pass does (fixed chunks of cells, partials merged in order). */
+ei_status ei_kernel_attention(int isa, const float *q, int g, const uint16_t *k, const uint16_t *v,
+                              const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out);
+
 /* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
 typedef enum {
     EI_ARCH_LLAMA = 0,

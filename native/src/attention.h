@@ -1,11 +1,30 @@
-/* Attention over a slot's KV ring: f16 K/V, f32 query and accumulation. */
+/* Attention over a slot's KV ring: f16 K/V, f32 queries and accumulation.
+ *
+ * The cells of a slot are cut into fixed chunks of EI_ATTN_CHUNK cells. Each
+ * chunk yields a partial softmax (max, sum, weighted V) for every query head
+ * of a GQA group; partials are merged in chunk order. The chunking depends
+ * only on the cell count, never on the batch or the thread count, so a
+ * token's result is the same however it is scheduled (batch invariance),
+ * while a single decoded token still spreads over all threads. */
 #ifndef EI_ATTENTION_H
 #define EI_ATTENTION_H
 #include <stdint.h>
 
-/* out[0..hd) = sum_c softmax(scale * q.K[c])_c * V[c] over the cells c < n_cells
- * with 0 <= cell_pos[c] <= pos. scores needs n_cells floats. Cells are visited
- * in index order whatever the batch, so results are batch-invariant. */
-void ei_attend_head(int isa, const float *q, const uint16_t *k, const uint16_t *v, const int32_t *cell_pos,
-                    int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *out);
+#define EI_ATTN_CHUNK 256
+
+/* Partial result of one chunk for one query head: m (max score), s (sum of
+ * exp(score - m)), then o[hd] = sum exp(score - m) * V. m = -inf if no cell
+ * of the chunk is visible. */
+#define EI_ATTN_PART_FLOATS(hd) ((hd) + 2)
+
+/* Query heads q[j * hd ...], j < g, all reading the same K/V (one GQA group).
+ * Cells [c0, c1) with 0 <= cell_pos[c] <= pos are visible. scores needs
+ * g * (c1 - c0) floats; part gets g partials of EI_ATTN_PART_FLOATS(hd). */
+void ei_attend_chunk(int isa, const float *q, int g, const uint16_t *k, const uint16_t *v,
+                     const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
+                     float *scores, float *part);
+
+/* out[hd] = the normalized attention output from n_chunks partials of one head
+ * (part_stride floats apart), merged in order. */
+void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out);
 #endif

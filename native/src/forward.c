@@ -92,32 +92,78 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
     }
 }
 
+/* Attention for tokens [t0, t1) of the batch, in two passes over the pool:
+ * partial softmaxes per (token, kv head, chunk of cells), then per (token,
+ * head) the merge of its chunks in order. */
 typedef struct {
     ei_runtime *rt;
     int layer;
-    int64_t n_tok;
+    int64_t t0, t1;
+    int32_t n_chunks;
     const int32_t *slots, *pos;
     atomic_llong next;
 } attn_task;
 
-static void attn_worker(void *raw, int ith, int nth) {
+static void attn_chunk_worker(void *raw, int ith, int nth) {
     (void)nth;
     attn_task *t = raw;
     ei_runtime *rt = t->rt;
     const ei_model_config *c = &rt->m->cfg;
-    int hd = c->head_dim, group = c->n_head / c->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *scores = rt->scores + (size_t)ith * rt->p.n_ctx;
-    int64_t total = t->n_tok * c->n_head;
+    const int hd = c->head_dim, group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = rt->scores + (size_t)ith * group * EI_ATTN_CHUNK;
+    const int64_t per_tok = (int64_t)c->n_head_kv * t->n_chunks;
+    const int64_t total = (t->t1 - t->t0) * per_tok;
     for (;;) {
-        int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (item >= total) break;
-        int64_t tok = item / c->n_head;
-        int h = (int)(item % c->n_head), slot = t->slots[tok];
-        size_t off = ei_kv_offset(rt, slot, t->layer, h / group);
-        ei_attend_head(rt->isa, rt->q + item * hd, rt->k + off, rt->v + off,
-                       rt->cell_pos + (size_t)slot * rt->p.n_ctx, rt->n_used[slot], t->pos[tok], hd, scale,
-                       scores, rt->att + item * hd);
+        const int64_t lt = item / per_tok, tok = t->t0 + lt;
+        const int kvh = (int)(item % per_tok / t->n_chunks), chunk = (int)(item % t->n_chunks);
+        const int slot = t->slots[tok];
+        /* partials laid out [token][kv head][chunk][head of the group] */
+        float *part = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
+        const int32_t c0 = chunk * EI_ATTN_CHUNK, c1 = EI_MIN(c0 + EI_ATTN_CHUNK, rt->n_used[slot]);
+        if (c0 >= c1) {
+            for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
+            continue;
+        }
+        const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
+        ei_attend_chunk(rt->isa, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
+                        rt->v + off, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd, scale,
+                        scores, part);
+    }
+}
+
+static void attn_merge_worker(void *raw, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    attn_task *t = raw;
+    ei_runtime *rt = t->rt;
+    const ei_model_config *c = &rt->m->cfg;
+    const int hd = c->head_dim, group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
+    const int64_t total = (t->t1 - t->t0) * c->n_head;
+    for (;;) {
+        const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (item >= total) break;
+        const int64_t lt = item / c->n_head;
+        const int h = (int)(item % c->n_head), kvh = h / group, j = h % group;
+        const float *parts = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks) * group + j) * pf;
+        ei_attend_merge(parts, t->n_chunks, (int64_t)group * pf, hd, rt->att + (t->t0 * c->n_head + item) * hd);
+    }
+}
+
+static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *slots, const int32_t *pos) {
+    int32_t used = 0;
+    for (int64_t i = 0; i < n_tok; i++) used = EI_MAX(used, rt->n_used[slots[i]]);
+    attn_task t = {.rt = rt, .layer = layer, .slots = slots, .pos = pos,
+                   .n_chunks = (used + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK};
+    for (int64_t t0 = 0; t0 < n_tok; t0 += rt->attn_tokens) {
+        t.t0 = t0;
+        t.t1 = EI_MIN(n_tok, t0 + rt->attn_tokens);
+        atomic_init(&t.next, 0);
+        ei_pool_run(rt->pool, attn_chunk_worker, &t);
+        atomic_init(&t.next, 0);
+        ei_pool_run(rt->pool, attn_merge_worker, &t);
     }
 }
 
@@ -195,9 +241,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         store_kv(rt, l, T, slots, pos, cells);
         lap(rt, EI_PROF_ROPE_KV, &t);
 
-        attn_task at = {.rt = rt, .layer = l, .n_tok = T, .slots = slots, .pos = pos};
-        atomic_init(&at.next, 0);
-        ei_pool_run(rt->pool, attn_worker, &at);
+        attention(rt, l, T, slots, pos);
         lap(rt, EI_PROF_ATTENTION, &t);
 
         ei_mm_job o = {&L->wo, rt->xn};

@@ -41,6 +41,29 @@ float ei_bf16_to_fp32(uint16_t h) {
     return f;
 }
 
+/* ==== NEON dispatch (issue 7; kernels in quants_neon.c) ==== */
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+ei_dequant_fn ei_neon_get_dequant(int type);
+ei_dot_fn ei_neon_get_dot(int type, int dotprod);
+void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
+/* 1 when hwcaps report the ARMv8.2 dot product (vdotq_s32); EDGEINFER_NEON_DOTPROD=0 turns it off. */
+int ei_neon_dotprod(void) {
+    static volatile int cached = -1;
+    int c = cached;
+    if (c < 0) {
+        const char *e = getenv("EDGEINFER_NEON_DOTPROD");
+        c = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) && !(e && !strcmp(e, "0"));
+        cached = c;
+    }
+    return c;
+}
+#endif
+/* ==== end NEON dispatch ==== */
+
 /* ---------------- CPU detection ---------------- */
 
 static int hw_supported(int isa) {
@@ -57,6 +80,10 @@ static int hw_supported(int isa) {
         return hw_supported(EI_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#endif
+#if defined(__aarch64__)
+    case EI_ISA_NEON: /* NEON dispatch: ASIMD is mandatory on aarch64 */
+        return 1;
 #endif
     default:
         return 0;
@@ -83,12 +110,14 @@ int ei_cpu_best_isa(void) {
     int best = EI_ISA_SCALAR;
     if (hw_supported(EI_ISA_AVX512)) best = EI_ISA_AVX512;
     else if (hw_supported(EI_ISA_AVX2)) best = EI_ISA_AVX2;
+    else if (hw_supported(EI_ISA_NEON)) best = EI_ISA_NEON; /* NEON dispatch */
     const char *cap = getenv("EDGEINFER_ISA");
     if (cap && *cap) {
         int lim = -1;
         if (!strcmp(cap, "scalar")) lim = EI_ISA_SCALAR;
         else if (!strcmp(cap, "avx2")) lim = EI_ISA_AVX2;
         else if (!strcmp(cap, "avx512")) lim = EI_ISA_AVX512;
+        else if (!strcmp(cap, "neon")) lim = EI_ISA_NEON; /* NEON dispatch */
         if (lim >= 0 && lim < best) best = lim;
     }
     cached = best;
@@ -155,6 +184,9 @@ int64_t ei_row_bytes(int type, int64_t n) {
 ei_dequant_fn ei_get_dequant(int type, int isa) {
     const type_info *t = find_type(type);
     isa = resolve_isa(isa);
+#if defined(__aarch64__)
+    if (t && isa == EI_ISA_NEON) return ei_neon_get_dequant(type); /* NEON dispatch */
+#endif
     if (!t || isa < 0 || isa > EI_ISA_AVX512) return NULL;
     return t->deq[isa];
 }
@@ -162,12 +194,21 @@ ei_dequant_fn ei_get_dequant(int type, int isa) {
 ei_dot_fn ei_get_dot(int type, int isa) {
     const type_info *t = find_type(type);
     isa = resolve_isa(isa);
+#if defined(__aarch64__)
+    if (t && isa == EI_ISA_NEON) return ei_neon_get_dot(type, ei_neon_dotprod()); /* NEON dispatch */
+#endif
     if (!t || isa < 0 || isa > EI_ISA_AVX512) return NULL;
     return t->dot[isa];
 }
 
 void ei_quantize_act(int isa, const float *x, int64_t n, ei_q8a *out) {
     isa = resolve_isa(isa);
+#if defined(__aarch64__)
+    if (isa == EI_ISA_NEON) { /* NEON dispatch */
+        ei_quantize_act_neon(x, n, out);
+        return;
+    }
+#endif
 #if defined(__x86_64__)
     if (isa == EI_ISA_AVX512) {
         ei_quantize_act_avx512(x, n, out);
@@ -194,10 +235,42 @@ void ei_matmul_rows(int type, int isa, const void *w, int64_t n_cols, int64_t r0
     /* Rows outer, tokens inner: a weight row is read from memory once and stays
      * in L1 while every token uses it. Each (row, token) value is one call of
      * the same dot function, so a token's result never depends on the batch. */
+    ei_dot4_fn dot4 = ei_get_dot4(type, isa);
+    int64_t t0 = 0;
+    if (dot4) {
+        /* Groups of four tokens share each expanded weight block; the rows of this
+         * chunk stay in L1 while the token groups go by. */
+        float out[4];
+        for (; t0 + 4 <= n_tok; t0 += 4) {
+            const uint8_t *a4 = A + t0 * act_stride;
+            for (int64_t r = r0; r < r1; r++) {
+                dot4(n_cols, W + r * rb, a4, act_stride, out);
+                for (int k = 0; k < 4; k++) y[(t0 + k) * ldy + r] = out[k];
+            }
+        }
+    }
     for (int64_t r = r0; r < r1; r++) {
         const void *row = W + r * rb;
-        for (int64_t t = 0; t < n_tok; t++) y[t * ldy + r] = dot(n_cols, row, A + t * act_stride);
+        for (int64_t t = t0; t < n_tok; t++) y[t * ldy + r] = dot(n_cols, row, A + t * act_stride);
     }
+}
+
+ei_dot4_fn ei_get_dot4(int type, int isa) {
+#if defined(__x86_64__)
+    if (isa != EI_ISA_AVX512 || !ei_isa_supported(EI_ISA_AVX512)) return NULL;
+    switch (type) {
+    case EI_TYPE_Q4_0: return ei_dot4_q4_0_avx512;
+    case EI_TYPE_Q4_1: return ei_dot4_q4_1_avx512;
+    case EI_TYPE_Q5_0: return ei_dot4_q5_0_avx512;
+    case EI_TYPE_Q5_1: return ei_dot4_q5_1_avx512;
+    case EI_TYPE_Q8_0: return ei_dot4_q8_0_avx512;
+    default: return NULL;
+    }
+#else
+    (void)type;
+    (void)isa;
+    return NULL;
+#endif
 }
 
 /* ---------------- public kernel API ---------------- */
@@ -217,7 +290,7 @@ static ei_status check_common(const type_info **tp, int *isap, int type, int isa
     if (isa != EI_ISA_BEST && (isa < EI_ISA_SCALAR || isa > EI_ISA_NEON))
         return ei_fail(EI_ERR_INVALID_ARG, "%s: unknown isa %d", what, isa);
     int r = resolve_isa(isa);
-    if (r < 0 || r > EI_ISA_AVX512)
+    if (r < 0 || (r > EI_ISA_AVX512 && r != EI_ISA_NEON)) /* NEON dispatch: NEON allowed */
         return ei_fail(EI_ERR_UNSUPPORTED, "%s: isa %s is not supported on this CPU", what,
                        ei_isa_name(isa));
     if (n < 0 || n % t->block)
@@ -234,7 +307,7 @@ ei_status ei_kernel_dequantize(int type, int isa, const void *src, float *dst, i
     ei_status st = check_common(&t, &r, type, isa, n, "dequantize");
     if (st) return st;
     if (n > 0 && (!src || !dst)) return ei_fail(EI_ERR_INVALID_ARG, "dequantize: null pointer");
-    if (n > 0) t->deq[r](src, dst, n);
+    if (n > 0) ei_get_dequant(type, r)(src, dst, n); /* via ei_get_dequant: NEON dispatch */
     return EI_OK;
 }
 
@@ -249,7 +322,7 @@ ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const flo
         return EI_OK;
     }
     if (!t->q8a) {
-        *out = t->dot[r](n, row, x);
+        *out = ei_get_dot(type, r)(n, row, x); /* NEON dispatch */
         return EI_OK;
     }
     if (n % EI_QA_BLOCK) /* cannot happen: quantized blocks are multiples of 32 */
@@ -264,7 +337,7 @@ ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const flo
         if (!qa) return ei_fail(EI_ERR_OUT_OF_MEMORY, "dot: cannot allocate %lld activation blocks", (long long)nb);
     }
     ei_quantize_act(r, x, n, qa);
-    *out = t->dot[r](n, row, qa);
+    *out = ei_get_dot(type, r)(n, row, qa); /* NEON dispatch */
     if (qa != stackbuf) free(qa);
     return EI_OK;
 }

@@ -24,9 +24,14 @@ typedef void (*ei_dequant_fn)(const void *src, float *dst, int64_t n);
 /* act is const ei_q8a * or const float * depending on ei_type_uses_q8a(type). */
 typedef float (*ei_dot_fn)(int64_t n, const void *row, const void *act);
 
+/* Four tokens at once: out[t] = dot(row, act + t * act_stride) for t < 4, each
+ * bit-identical to what the type's ei_dot_fn gives for that token alone. */
+typedef void (*ei_dot4_fn)(int64_t n, const void *row, const void *act, int64_t act_stride, float *out);
+
 /* NULL when the type or ISA is not supported (ISA not compiled or not on this CPU). */
 ei_dequant_fn ei_get_dequant(int type, int isa);
 ei_dot_fn ei_get_dot(int type, int isa);
+ei_dot4_fn ei_get_dot4(int type, int isa);   /* NULL: use ei_get_dot per token */
 
 /* Bytes of one row of n elements (n a multiple of the block size), 0 if invalid. */
 int64_t ei_row_bytes(int type, int64_t n);

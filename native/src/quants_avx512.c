@@ -6,6 +6,8 @@
  * unsigned q + o and o * sum(y) is subtracted (same integer result). */
 #include "quants_impl.h"
 
+#include <math.h>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -119,6 +121,45 @@ AX float ei_dot_q8_0_avx512(int64_t n, const void *row, const void *act) {
     return hsum(acc, acc8);
 }
 
+/* Q8_0 for four tokens: the arithmetic of ei_dot_q8_0_avx512 per token. */
+AX void ei_dot4_q8_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) {
+    const uint8_t *b = (const uint8_t *)row;
+    const int64_t nb = n / QK;
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    const __m256i o = _mm512_castsi512_si256(off);
+    const ei_q8a *a[4];
+    __m512 acc[4];
+    __m256 acc8[4];
+    for (int t = 0; t < 4; t++) {
+        a[t] = (const ei_q8a *)((const uint8_t *)act + t * stride);
+        acc[t] = _mm512_setzero_ps();
+        acc8[t] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, b += 2 * Q8_0_BYTES) {
+        const __m512i qx = _mm512_xor_si512(cat256(_mm256_loadu_si256((const __m256i *)(b + 2)),
+                                                   _mm256_loadu_si256((const __m256i *)(b + Q8_0_BYTES + 2))), off);
+        const float d0 = h2f(b), d1 = h2f(b + Q8_0_BYTES);
+        for (int t = 0; t < 4; t++) {
+            const ei_q8a *at = a[t] + i;
+            const __m512i y = act_q2(at);
+            const __m512i s = _mm512_sub_epi32(dp(qx, y), dp(off, y));
+            acc[t] = _mm512_fmadd_ps(scale2(d0 * at[0].d, d1 * at[1].d), _mm512_cvtepi32_ps(s), acc[t]);
+        }
+    }
+    if (i < nb) {
+        const __m256i qx = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), o);
+        const float d0 = h2f(b);
+        for (int t = 0; t < 4; t++) {
+            const ei_q8a *at = a[t] + i;
+            const __m256i y = act_q(at);
+            const __m256i s = _mm256_sub_epi32(dp256(qx, y), dp256(o, y));
+            acc8[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * at->d), _mm256_cvtepi32_ps(s), acc8[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) out[t] = hsum(acc[t], acc8[t]);
+}
+
 /* Shared body of the 4/5-bit 32-blocks: one block per 256-bit vpdpbusd, two
  * independent accumulators. (512-bit registers holding two blocks measured no
  * faster on Zen 4, whose 512-bit ops are double-pumped, and need cross-lane
@@ -143,8 +184,8 @@ AX float ei_dot_q8_0_avx512(int64_t n, const void *row, const void *act) {
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a[0].d), _mm256_cvtepi32_ps(s0), acc0);    \
         acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b + (BYTES)) * a[1].d), _mm256_cvtepi32_ps(s1), acc1); \
         if (HAS_M) {                                                                              \
-            summ0 += h2f(b + 2) * a[0].s;                                                         \
-            summ1 += h2f(b + (BYTES) + 2) * a[1].s;                                               \
+            summ0 = fmaf(h2f(b + 2), a[0].s, summ0);                                              \
+            summ1 = fmaf(h2f(b + (BYTES) + 2), a[1].s, summ1);                                    \
         }                                                                                         \
     }                                                                                             \
     if (i < nb) {                                                                                 \
@@ -152,7 +193,7 @@ AX float ei_dot_q8_0_avx512(int64_t n, const void *row, const void *act) {
         __m256i s = dp256(Q(b), y);                                                               \
         if (OFF) s = _mm256_sub_epi32(s, dp256(off, y));                                          \
         acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), _mm256_cvtepi32_ps(s), acc0);       \
-        if (HAS_M) summ0 += h2f(b + 2) * a->s;                                                    \
+        if (HAS_M) summ0 = fmaf(h2f(b + 2), a->s, summ0);                                         \
     }                                                                                             \
     return hsum8(_mm256_add_ps(acc0, acc1)) + (summ0 + summ1);
 
@@ -163,6 +204,62 @@ static inline AX __m256i qh16(uint32_t qh) { return _mm256_maskz_mov_epi8((__mma
 #define Q_Q4_1(p) nibbles32((p) + 4)
 #define Q_Q5_0(p) _mm256_or_si256(nibbles32((p) + 6), qh16(ei_ld32((p) + 2)))
 #define Q_Q5_1(p) _mm256_or_si256(nibbles32((p) + 8), qh16(ei_ld32((p) + 4)))
+
+/* Four tokens against one weight row: the weights of each block are expanded
+ * once and used four times. Each token's arithmetic is exactly DOT32_BODY's
+ * (same accumulators, same order, explicit fma), so a token's result is
+ * bit-identical whether it is computed alone or in a group: batch invariance. */
+#define DOT32_X4_BODY(BYTES, Q, OFF, HAS_M)                                                       \
+    const uint8_t *b = (const uint8_t *)row;                                                      \
+    const int64_t nb = n / QK;                                                                    \
+    const __m256i off = _mm256_set1_epi8(OFF);                                                    \
+    const ei_q8a *a[4];                                                                           \
+    __m256 acc0[4], acc1[4];                                                                      \
+    float summ0[4], summ1[4];                                                                     \
+    for (int t = 0; t < 4; t++) {                                                                 \
+        a[t] = (const ei_q8a *)((const uint8_t *)act + t * stride);                               \
+        acc0[t] = acc1[t] = _mm256_setzero_ps();                                                  \
+        summ0[t] = summ1[t] = 0.0f;                                                               \
+    }                                                                                             \
+    int64_t i = 0;                                                                                \
+    for (; i + 2 <= nb; i += 2, b += 2 * (BYTES)) {                                               \
+        const __m256i q0 = Q(b), q1 = Q(b + (BYTES));                                             \
+        const float d0 = h2f(b), d1 = h2f(b + (BYTES));                                           \
+        const float m0 = HAS_M ? h2f(b + 2) : 0.0f, m1 = HAS_M ? h2f(b + (BYTES) + 2) : 0.0f;     \
+        for (int t = 0; t < 4; t++) {                                                             \
+            const ei_q8a *at = a[t] + i;                                                          \
+            const __m256i y0 = act_q(at), y1 = act_q(at + 1);                                     \
+            __m256i s0 = dp256(q0, y0), s1 = dp256(q1, y1);                                       \
+            if (OFF) {                                                                            \
+                s0 = _mm256_sub_epi32(s0, dp256(off, y0));                                        \
+                s1 = _mm256_sub_epi32(s1, dp256(off, y1));                                        \
+            }                                                                                     \
+            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * at[0].d), _mm256_cvtepi32_ps(s0), acc0[t]); \
+            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * at[1].d), _mm256_cvtepi32_ps(s1), acc1[t]); \
+            if (HAS_M) {                                                                          \
+                summ0[t] = fmaf(m0, at[0].s, summ0[t]);                                           \
+                summ1[t] = fmaf(m1, at[1].s, summ1[t]);                                           \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    if (i < nb) {                                                                                 \
+        const __m256i q = Q(b);                                                                   \
+        const float d0 = h2f(b), m0 = HAS_M ? h2f(b + 2) : 0.0f;                                  \
+        for (int t = 0; t < 4; t++) {                                                             \
+            const ei_q8a *at = a[t] + i;                                                          \
+            const __m256i y = act_q(at);                                                          \
+            __m256i s = dp256(q, y);                                                              \
+            if (OFF) s = _mm256_sub_epi32(s, dp256(off, y));                                      \
+            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * at->d), _mm256_cvtepi32_ps(s), acc0[t]); \
+            if (HAS_M) summ0[t] = fmaf(m0, at->s, summ0[t]);                                      \
+        }                                                                                         \
+    }                                                                                             \
+    for (int t = 0; t < 4; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + (summ0[t] + summ1[t]);
+
+AX void ei_dot4_q4_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q4_0_BYTES, Q_Q4_0, 8, 0) }
+AX void ei_dot4_q4_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q4_1_BYTES, Q_Q4_1, 0, 1) }
+AX void ei_dot4_q5_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q5_0_BYTES, Q_Q5_0, 16, 0) }
+AX void ei_dot4_q5_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q5_1_BYTES, Q_Q5_1, 0, 1) }
 
 AX float ei_dot_q4_0_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q4_0_BYTES, Q_Q4_0, 8, 0) }
 AX float ei_dot_q4_1_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q4_1_BYTES, Q_Q4_1, 0, 1) }

@@ -132,5 +132,10 @@ EI_DOT_DECL(avx2)
 void ei_quantize_act_avx2(const float *x, int64_t n, ei_q8a *out);
 EI_DOT_DECL(avx512)
 void ei_quantize_act_avx512(const float *x, int64_t n, ei_q8a *out);
+void ei_dot4_q4_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q4_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q5_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q5_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q8_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
 #endif
 #endif

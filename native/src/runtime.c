@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "common.h"
 
 enum { MAX_THREADS = 256, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
@@ -61,7 +62,14 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->gate = alloc_zeroed(B * ff * sizeof(float), &scratch);
     rt->up = alloc_zeroed(B * ff * sizeof(float), &scratch);
     rt->act = alloc_zeroed(B * ((widest + EI_QA_BLOCK - 1) / EI_QA_BLOCK) * sizeof(ei_q8a), &scratch);
-    rt->scores = alloc_zeroed((size_t)prm.n_threads * prm.n_ctx * sizeof(float), &scratch);
+    size_t group = (size_t)(c->n_head / c->n_head_kv);
+    rt->scores = alloc_zeroed((size_t)prm.n_threads * group * EI_ATTN_CHUNK * sizeof(float), &scratch);
+    /* Attention partials for as many tokens as fit in ~4 MiB (at least one). */
+    size_t part_per_tok = (size_t)c->n_head * ((prm.n_ctx + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK) *
+                          EI_ATTN_PART_FLOATS(c->head_dim);
+    size_t fit = ((size_t)1 << 20) / part_per_tok;
+    rt->attn_tokens = (int32_t)EI_MAX(1, EI_MIN(fit, B));
+    rt->attn_part = alloc_zeroed((size_t)rt->attn_tokens * part_per_tok * sizeof(float), &scratch);
     size_t half = (size_t)(c->rope_dim / 2 > 0 ? c->rope_dim / 2 : 1);
     rt->rope_cos = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
@@ -70,7 +78,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->scratch_bytes = scratch;
 
     if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
-        !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->rope_cos ||
+        !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->rope_cos ||
         !rt->rope_sin || !rt->out_rows) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate %zu bytes of KV + %zu of scratch",
@@ -90,7 +98,7 @@ void ei_runtime_free(ei_runtime *rt) {
     if (!rt) return;
     ei_pool_free(rt->pool);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
-                    rt->gate, rt->up, rt->act, rt->scores, rt->rope_cos, rt->rope_sin, rt->out_rows};
+                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, rt->rope_cos, rt->rope_sin, rt->out_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(rt);
 }

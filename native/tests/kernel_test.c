@@ -1,0 +1,476 @@
+/* Native kernel tests without Python: every SIMD kernel of this machine against
+ * the scalar reference (the oracle) on random data, then a tiny end-to-end
+ * forward compared with stored reference logits.
+ *
+ *   kernel_test [--ref FILE] [--expect-dotprod 0|1]    run the checks
+ *   kernel_test --write-ref FILE                        write reference logits (scalar path)
+ *
+ * Paths under test: on aarch64 the NEON kernels, both the plain-ASIMD build and
+ * (when hwcaps report it) the dotprod build, plus the run-time dispatch; on
+ * x86-64 whichever of AVX2 / AVX-512 the CPU has. Checks: dequantization and
+ * activation quantization bit-exact, dot products NMSE <= 1e-6, matmul through
+ * the public API, forward logits vs the reference file (NMSE <= 1e-4, same
+ * argmax) and native forward vs scalar forward on this machine.
+ * Prints "N passed, M failed"; exits 1 when anything failed.
+ * Built by scripts/test_aarch64.sh (cross, static, run under qemu-aarch64);
+ * also builds natively: cc -O2 -Inative/include -Inative/src native/src/ *.c
+ * native/tests/kernel_test.c -lm -pthread. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edgeinfer.h"
+#include "kernels.h"
+
+#if defined(__aarch64__)
+ei_dequant_fn ei_neon_get_dequant(int type);
+ei_dot_fn ei_neon_get_dot(int type, int dotprod);
+void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
+int ei_neon_dotprod(void);
+#endif
+void ei_quantize_act_scalar(const float *x, int64_t n, ei_q8a *out);
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char *fmt, const char *what, const char *path, double v) {
+    if (ok) {
+        n_pass++;
+        return;
+    }
+    n_fail++;
+    printf("FAIL ");
+    printf(fmt, what, path, v);
+    printf("\n");
+}
+
+/* ---------------- deterministic random data ---------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static uint64_t rnd(void) {
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545f4914f6cdd1dULL;
+}
+/* uniform in [-1, 1), a multiple of 2^-23: exact on every machine */
+static float rnd_unit(void) { return (float)((int64_t)(rnd() >> 40) - (1 << 23)) / (float)(1 << 23); }
+
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* a random finite half: normals and subnormals, both signs */
+static uint16_t rnd_half(void) {
+    for (;;) {
+        uint16_t h = (uint16_t)rnd();
+        if (((h >> 10) & 0x1f) != 0x1f) return h;
+    }
+}
+
+typedef struct {
+    int type;
+    const char *name;
+    int block, bytes;
+} tinfo;
+
+static const tinfo TYPES[] = {
+    {EI_TYPE_F32, "f32", 1, 4},        {EI_TYPE_F16, "f16", 1, 2},        {EI_TYPE_BF16, "bf16", 1, 2},
+    {EI_TYPE_Q4_0, "q4_0", 32, 18},    {EI_TYPE_Q4_1, "q4_1", 32, 20},    {EI_TYPE_Q5_0, "q5_0", 32, 22},
+    {EI_TYPE_Q5_1, "q5_1", 32, 24},    {EI_TYPE_Q8_0, "q8_0", 32, 34},    {EI_TYPE_Q4_K, "q4_k", 256, 144},
+    {EI_TYPE_Q5_K, "q5_k", 256, 176}, {EI_TYPE_Q6_K, "q6_k", 256, 210},
+};
+#define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
+
+/* Random weights of n elements: random bytes, with every scale a sane half. */
+static void rnd_weights(const tinfo *t, uint8_t *w, int64_t n) {
+    int64_t nb = n / t->block, bytes = nb * t->bytes;
+    for (int64_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t *b = w + i * t->bytes;
+        uint16_t s1 = ei_fp32_to_fp16(0.001f + 0.05f * fabsf(rnd_unit()));
+        uint16_t s2 = ei_fp32_to_fp16(0.05f * rnd_unit());
+        switch (t->type) {
+        case EI_TYPE_F32: {
+            float f = 4.0f * rnd_unit();
+            memcpy(b, &f, 4);
+            break;
+        }
+        case EI_TYPE_F16: put16(b, rnd_half()); break;
+        case EI_TYPE_BF16: {
+            /* sign, exponent 2^-17 .. 2^16 (no overflow in a dot), any mantissa */
+            uint64_t r = rnd();
+            put16(b, (uint16_t)(((r & 1) << 15) | ((110 + (r >> 8) % 34) << 7) | ((r >> 20) & 0x7f)));
+            break;
+        }
+        case EI_TYPE_Q4_0: case EI_TYPE_Q5_0: case EI_TYPE_Q8_0: put16(b, s1); break;
+        case EI_TYPE_Q4_1: case EI_TYPE_Q5_1: case EI_TYPE_Q4_K: case EI_TYPE_Q5_K:
+            put16(b, s1);
+            put16(b + 2, s2);
+            break;
+        case EI_TYPE_Q6_K: put16(b + 208, s1); break;
+        }
+    }
+    if (t->type == EI_TYPE_F16) /* a few special halves: zeros, smallest subnormal, largest normal */
+        for (int64_t i = 0; i < n && i < 8; i++) {
+            static const uint16_t sp[8] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x7bff, 0xfbff, 0x3c00};
+            put16(w + 2 * i, sp[i]);
+        }
+}
+
+/* Random activations with a varied dynamic range per block, some blocks zero,
+ * and exact .5 ties after scaling (multiples of amax/254). */
+static void rnd_act(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_unit() * (float)(1 + (i / 32) % 7);
+    if (n >= 64)
+        for (int j = 32; j < 64; j++) x[j] = 0.0f;
+    if (n >= 128) {
+        x[96] = 127.0f;
+        for (int j = 97; j < 128; j++) x[j] = (float)((int)(rnd() % 253) - 126) + 0.5f;
+    }
+}
+
+static double nmse(const float *a, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* ---------------- the kernel paths of this machine ---------------- */
+
+typedef struct {
+    const char *name;
+    int isa;        /* for the public API and ei_quantize_act */
+    ei_dequant_fn (*deq)(int type);
+    ei_dot_fn (*dot)(int type);
+    void (*qact)(const float *, int64_t, ei_q8a *);
+} path;
+
+#if defined(__aarch64__)
+static ei_dequant_fn neon_deq(int type) { return ei_neon_get_dequant(type); }
+static ei_dot_fn neon_dot_plain(int type) { return ei_neon_get_dot(type, 0); }
+static ei_dot_fn neon_dot_dp(int type) { return ei_neon_get_dot(type, 1); }
+#endif
+#if defined(__x86_64__)
+static ei_dequant_fn avx2_deq(int type) { return ei_get_dequant(type, EI_ISA_AVX2); }
+static ei_dot_fn avx2_dot(int type) { return ei_get_dot(type, EI_ISA_AVX2); }
+static ei_dequant_fn avx512_deq(int type) { return ei_get_dequant(type, EI_ISA_AVX512); }
+static ei_dot_fn avx512_dot(int type) { return ei_get_dot(type, EI_ISA_AVX512); }
+static void qact_avx2(const float *x, int64_t n, ei_q8a *o) { ei_quantize_act(EI_ISA_AVX2, x, n, o); }
+static void qact_avx512(const float *x, int64_t n, ei_q8a *o) { ei_quantize_act(EI_ISA_AVX512, x, n, o); }
+#endif
+
+static int collect_paths(path *p) {
+    int k = 0;
+#if defined(__aarch64__)
+    p[k++] = (path){"neon", EI_ISA_NEON, neon_deq, neon_dot_plain, ei_quantize_act_neon};
+    if (ei_neon_dotprod()) p[k++] = (path){"neon+dotprod", EI_ISA_NEON, neon_deq, neon_dot_dp, ei_quantize_act_neon};
+#endif
+#if defined(__x86_64__)
+    if (ei_isa_supported(EI_ISA_AVX2)) p[k++] = (path){"avx2", EI_ISA_AVX2, avx2_deq, avx2_dot, qact_avx2};
+    if (ei_isa_supported(EI_ISA_AVX512))
+        p[k++] = (path){"avx512", EI_ISA_AVX512, avx512_deq, avx512_dot, qact_avx512};
+#endif
+    return k;
+}
+
+static void test_quantize_act(const path *p) {
+    const int64_t n = 32 * 40;
+    float *x = malloc(n * sizeof(float));
+    ei_q8a *a = malloc((n / 32) * sizeof(ei_q8a)), *b = malloc((n / 32) * sizeof(ei_q8a));
+    for (int rep = 0; rep < 4; rep++) {
+        rnd_act(x, n);
+        ei_quantize_act_scalar(x, n, a);
+        p->qact(x, n, b);
+        int same = 1;
+        for (int64_t i = 0; i < n / 32; i++)
+            same &= a[i].d == b[i].d && a[i].s == b[i].s && !memcmp(a[i].q, b[i].q, 32);
+        check(same, "%s [%s]: activation quantization differs from scalar", "quantize_act", p->name, 0);
+    }
+    free(x);
+    free(a);
+    free(b);
+}
+
+static void test_type(const tinfo *t, const path *p) {
+    const int64_t sizes_q[] = {256, 512, 4096};
+    const int64_t sizes_f[] = {1, 7, 64, 100, 4096};
+    const int is_f = t->block == 1;
+    const int64_t *sizes = is_f ? sizes_f : sizes_q;
+    const int n_sizes = is_f ? 5 : 3;
+    ei_dequant_fn dq_ref = ei_get_dequant(t->type, EI_ISA_SCALAR), dq = p->deq(t->type);
+    ei_dot_fn dot_ref = ei_get_dot(t->type, EI_ISA_SCALAR), dot = p->dot(t->type);
+    char name[64];
+    snprintf(name, sizeof name, "%s", t->name);
+    check(dq != NULL && dot != NULL, "%s [%s]: kernel missing", name, p->name, 0);
+    if (!dq || !dot) return;
+    enum { ROWS = 16 };
+    for (int si = 0; si < n_sizes; si++) {
+        const int64_t n = sizes[si];
+        const int64_t rb = n / t->block * t->bytes;
+        uint8_t *w = malloc((size_t)(rb * ROWS));
+        float *x = malloc(n * sizeof(float)), *f0 = malloc(n * sizeof(float)), *f1 = malloc(n * sizeof(float));
+        ei_q8a *qa = malloc((n / 32 + 1) * sizeof(ei_q8a));
+        float y0[ROWS], y1[ROWS];
+        rnd_weights(t, w, n * ROWS);
+        rnd_act(x, n);
+        if (!is_f) ei_quantize_act_scalar(x, n, qa);
+        const void *act = is_f ? (const void *)x : (const void *)qa;
+        int deq_same = 1;
+        for (int r = 0; r < ROWS; r++) {
+            const uint8_t *row = w + r * rb;
+            dq_ref(row, f0, n);
+            memset(f1, 0xa5, n * sizeof(float));
+            dq(row, f1, n);
+            deq_same &= !memcmp(f0, f1, n * sizeof(float));
+            y0[r] = dot_ref(n, row, act);
+            y1[r] = dot(n, row, act);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s n=%lld", t->name, (long long)n);
+        check(deq_same, "%s [%s]: dequantize not bit-exact with scalar", what, p->name, 0);
+        double e = nmse(y1, y0, ROWS);
+        check(e <= 1e-6, "%s [%s]: dot NMSE %.3g > 1e-6", what, p->name, e);
+        free(w);
+        free(x);
+        free(f0);
+        free(f1);
+        free(qa);
+    }
+}
+
+/* Public API: ei_kernel_dequantize / ei_kernel_dot / ei_kernel_matmul at this ISA vs scalar. */
+static void test_public_api(int isa, const char *pname) {
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const tinfo *t = &TYPES[ti];
+        const int64_t n = 512, rows = 40, rb = n / t->block * t->bytes;
+        uint8_t *w = malloc((size_t)(rb * rows));
+        float *x = malloc(3 * n * sizeof(float)), *d0 = malloc(n * sizeof(float)), *d1 = malloc(n * sizeof(float));
+        float *y0 = malloc(3 * rows * sizeof(float)), *y1 = malloc(3 * rows * sizeof(float));
+        rnd_weights(t, w, n * rows);
+        rnd_act(x, 3 * n);
+        char what[64];
+        snprintf(what, sizeof what, "api %s", t->name);
+        int ok = ei_kernel_dequantize(t->type, EI_ISA_SCALAR, w, d0, n) == EI_OK &&
+                 ei_kernel_dequantize(t->type, isa, w, d1, n) == EI_OK && !memcmp(d0, d1, n * sizeof(float));
+        check(ok, "%s [%s]: ei_kernel_dequantize mismatch or error", what, pname, 0);
+        float a = 0, b = 0;
+        ok = ei_kernel_dot(t->type, EI_ISA_SCALAR, n, w, x, &a) == EI_OK &&
+             ei_kernel_dot(t->type, isa, n, w, x, &b) == EI_OK;
+        double e = ok ? nmse(&b, &a, 1) : INFINITY;
+        check(e <= 1e-6, "%s [%s]: ei_kernel_dot NMSE %.3g", what, pname, e);
+        ok = ei_kernel_matmul(t->type, EI_ISA_SCALAR, w, rows, n, x, 3, y0, 1) == EI_OK &&
+             ei_kernel_matmul(t->type, isa, w, rows, n, x, 3, y1, 2) == EI_OK;
+        e = ok ? nmse(y1, y0, 3 * rows) : INFINITY;
+        check(e <= 1e-6, "%s [%s]: ei_kernel_matmul NMSE %.3g", what, pname, e);
+        free(w);
+        free(x);
+        free(d0);
+        free(d1);
+        free(y0);
+        free(y1);
+    }
+}
+
+/* ---------------- tiny end-to-end forward ---------------- */
+
+enum { L_N = 2, D = 64, NH = 4, NKV = 2, HD = 16, FF = 128, VOCAB = 96 };
+
+typedef struct {
+    void *bufs[64];
+    int n;
+} arena;
+
+static void *keep(arena *a, void *p) { return a->bufs[a->n++] = p; }
+
+/* Weight values from integers only (exact on every machine). */
+static void *make_weight(arena *ar, int type, int64_t ne0, int64_t ne1) {
+    const int64_t n = ne0 * ne1;
+    int64_t bytes = ei_row_bytes(type, ne0) * ne1;
+    uint8_t *w = keep(ar, calloc(1, (size_t)bytes));
+    const float scale = 1.0f / (float)(ne0 >= 128 ? 512 : 256); /* ~ 1/sqrt(fan_in) / 4 */
+    if (type == EI_TYPE_F32) {
+        float *f = (float *)w;
+        for (int64_t i = 0; i < n; i++) f[i] = (float)((int)(rnd() % 17) - 8) * scale;
+    } else if (type == EI_TYPE_F16) {
+        for (int64_t i = 0; i < n; i++) put16(w + 2 * i, ei_fp32_to_fp16((float)((int)(rnd() % 33) - 16) * scale * 0.5f));
+    } else if (type == EI_TYPE_Q8_0) {
+        for (int64_t b = 0; b < n / 32; b++) {
+            uint8_t *blk = w + 34 * b;
+            put16(blk, ei_fp32_to_fp16(scale * (float)(1 + rnd() % 4) / 16.0f));
+            for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)((int)(rnd() % 255) - 127);
+        }
+    } else if (type == EI_TYPE_Q4_0) {
+        for (int64_t b = 0; b < n / 32; b++) {
+            uint8_t *blk = w + 18 * b;
+            put16(blk, ei_fp32_to_fp16(scale * (float)(1 + rnd() % 4) / 2.0f));
+            for (int j = 0; j < 16; j++) blk[2 + j] = (uint8_t)rnd();
+        }
+    }
+    return w;
+}
+
+static void *make_norm(arena *ar, int64_t n) {
+    float *f = keep(ar, malloc(n * sizeof(float)));
+    for (int64_t i = 0; i < n; i++) f[i] = 1.0f + (float)((int)(rnd() % 9) - 4) / 32.0f;
+    return f;
+}
+
+#define E2E_ROWS 3
+/* Runs the fixed scenario at `isa`; writes E2E_ROWS x VOCAB logits. */
+static int run_forward(int isa, float *logits) {
+    rng_state = 0x1234567887654321ULL; /* same model whatever ran before */
+    ei_model_config cfg = {.arch = EI_ARCH_LLAMA, .n_layer = L_N, .n_embd = D, .n_head = NH, .n_head_kv = NKV,
+                           .head_dim = HD, .n_ff = FF, .n_vocab = VOCAB, .rope_dim = HD, .rope_neox = 0,
+                           .rope_theta = 10000.0f, .rope_freq_scale = 1.0f, .rms_eps = 1e-5f};
+    ei_model *m = NULL;
+    arena ar = {.n = 0};
+    int ok = ei_model_create(&cfg, &m) == EI_OK;
+#define SET(layer, role, data, type, ne0, ne1) ok = ok && ei_model_set_tensor(m, layer, role, data, type, ne0, ne1) == EI_OK
+    SET(-1, EI_T_TOKEN_EMBD, make_weight(&ar, EI_TYPE_F16, D, VOCAB), EI_TYPE_F16, D, VOCAB);
+    SET(-1, EI_T_OUTPUT_NORM, make_norm(&ar, D), EI_TYPE_F32, D, 1);
+    SET(-1, EI_T_OUTPUT, make_weight(&ar, EI_TYPE_Q8_0, D, VOCAB), EI_TYPE_Q8_0, D, VOCAB);
+    for (int l = 0; l < L_N; l++) {
+        SET(l, EI_T_ATTN_NORM, make_norm(&ar, D), EI_TYPE_F32, D, 1);
+        SET(l, EI_T_ATTN_Q, make_weight(&ar, EI_TYPE_Q4_0, D, NH * HD), EI_TYPE_Q4_0, D, NH * HD);
+        SET(l, EI_T_ATTN_K, make_weight(&ar, EI_TYPE_Q8_0, D, NKV * HD), EI_TYPE_Q8_0, D, NKV * HD);
+        SET(l, EI_T_ATTN_V, make_weight(&ar, EI_TYPE_F16, D, NKV * HD), EI_TYPE_F16, D, NKV * HD);
+        SET(l, EI_T_ATTN_OUT, make_weight(&ar, EI_TYPE_Q4_0, NH * HD, D), EI_TYPE_Q4_0, NH * HD, D);
+        SET(l, EI_T_FFN_NORM, make_norm(&ar, D), EI_TYPE_F32, D, 1);
+        SET(l, EI_T_FFN_GATE, make_weight(&ar, EI_TYPE_Q8_0, D, FF), EI_TYPE_Q8_0, D, FF);
+        SET(l, EI_T_FFN_UP, make_weight(&ar, EI_TYPE_Q4_0, D, FF), EI_TYPE_Q4_0, D, FF);
+        SET(l, EI_T_FFN_DOWN, make_weight(&ar, EI_TYPE_Q8_0, FF, D), EI_TYPE_Q8_0, FF, D);
+    }
+#undef SET
+    ok = ok && ei_model_finalize(m) == EI_OK;
+    ei_runtime *rt = NULL;
+    ei_runtime_params prm = {.n_threads = 2, .n_slots = 2, .n_ctx = 16, .n_sink = 0, .max_batch = 16,
+                             .kv_type = EI_TYPE_F16, .isa = isa};
+    ok = ok && ei_runtime_create(m, &prm, &rt) == EI_OK;
+    /* step 1: slot 0 prefills 6 tokens, slot 1 prefills 4, in one batch */
+    int32_t tok[10] = {1, 17, 42, 5, 88, 23, 9, 64, 31, 70};
+    int32_t slots[10] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1};
+    int32_t pos[10] = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3};
+    int32_t rows1[2] = {5, 9};
+    ok = ok && ei_forward(rt, 10, tok, slots, pos, pos, 2, rows1, logits) == EI_OK;
+    /* step 2: one decode token for slot 0 */
+    int32_t t2 = 50, s2 = 0, p2 = 6, r2 = 0;
+    ok = ok && ei_forward(rt, 1, &t2, &s2, &p2, &p2, 1, &r2, logits + 2 * VOCAB) == EI_OK;
+    if (!ok) printf("forward at isa %s failed: %s\n", ei_isa_name(isa), ei_last_error());
+    ei_runtime_free(rt);
+    ei_model_free(m);
+    for (int i = 0; i < ar.n; i++) free(ar.bufs[i]);
+    return ok;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static void compare_logits(const float *got, const float *ref, const char *what) {
+    double e = nmse(got, ref, E2E_ROWS * VOCAB);
+    check(e <= 1e-4, "%s [%s]: logits NMSE %.3g > 1e-4", what, "forward", e);
+    int same = 1;
+    for (int r = 0; r < E2E_ROWS; r++) same &= argmax(got + r * VOCAB, VOCAB) == argmax(ref + r * VOCAB, VOCAB);
+    check(same, "%s [%s]: argmax differs", what, "forward", 0);
+    printf("  %-34s NMSE %.3g\n", what, e);
+}
+
+static int write_ref(const char *path) {
+    static float lg[E2E_ROWS * VOCAB];
+    if (!run_forward(EI_ISA_SCALAR, lg)) return 1;
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    fprintf(f, "# edgeinfer native/tests/kernel_test.c reference logits (scalar path, %d rows x %d)\n", E2E_ROWS, VOCAB);
+    fprintf(f, "# regenerate: kernel_test --write-ref native/tests/forward_ref.txt (on x86-64)\n");
+    for (int i = 0; i < E2E_ROWS * VOCAB; i++) fprintf(f, "%.9g\n", lg[i]);
+    fclose(f);
+    printf("wrote %s\n", path);
+    return 0;
+}
+
+static int read_ref(const char *path, float *out) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    int k = 0;
+    while (fgets(line, sizeof line, f) && k < E2E_ROWS * VOCAB) {
+        if (line[0] == '#' || line[0] == '\n') continue;
+        out[k++] = strtof(line, NULL);
+    }
+    fclose(f);
+    return k == E2E_ROWS * VOCAB;
+}
+
+static void test_forward(const char *ref_path) {
+    static float scalar[E2E_ROWS * VOCAB], best[E2E_ROWS * VOCAB], ref[E2E_ROWS * VOCAB];
+    int ok = run_forward(EI_ISA_SCALAR, scalar) && run_forward(EI_ISA_BEST, best);
+    check(ok, "%s [%s]: forward failed", "e2e", "forward", 0);
+    if (!ok) return;
+    char what[64];
+    snprintf(what, sizeof what, "%s vs scalar (this machine)", ei_isa_name(ei_cpu_best_isa()));
+    compare_logits(best, scalar, what);
+    if (ref_path) {
+        int have = read_ref(ref_path, ref);
+        check(have, "%s [%s]: cannot read reference logits %s", "e2e", "forward", 0);
+        if (have) {
+            compare_logits(scalar, ref, "scalar vs stored reference");
+            snprintf(what, sizeof what, "%s vs stored reference", ei_isa_name(ei_cpu_best_isa()));
+            compare_logits(best, ref, what);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *ref = NULL;
+    int expect_dp = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--write-ref") && i + 1 < argc) return write_ref(argv[i + 1]);
+        if (!strcmp(argv[i], "--ref") && i + 1 < argc) ref = argv[++i];
+        else if (!strcmp(argv[i], "--expect-dotprod") && i + 1 < argc) expect_dp = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--ref FILE] [--expect-dotprod 0|1] | --write-ref FILE\n", argv[0]);
+            return 2;
+        }
+    }
+    path paths[4];
+    const int np = collect_paths(paths);
+    printf("best isa: %s; paths under test:", ei_isa_name(ei_cpu_best_isa()));
+    for (int i = 0; i < np; i++) printf(" %s", paths[i].name);
+    printf("\n");
+#if defined(__aarch64__)
+    check(ei_cpu_best_isa() == EI_ISA_NEON, "%s [%s]: best isa is not neon", "dispatch", "neon", 0);
+    if (expect_dp >= 0)
+        check(ei_neon_dotprod() == expect_dp, "%s [%s]: hwcaps dotprod = %.0f, not as expected", "dispatch", "neon",
+              (double)ei_neon_dotprod());
+    /* the run-time choice is the build hwcaps call for */
+    for (int ti = 0; ti < N_TYPES; ti++)
+        check(ei_get_dot(TYPES[ti].type, EI_ISA_BEST) == ei_neon_get_dot(TYPES[ti].type, ei_neon_dotprod()) &&
+                  ei_get_dequant(TYPES[ti].type, EI_ISA_BEST) == ei_neon_get_dequant(TYPES[ti].type),
+              "%s [%s]: dispatch picked another kernel", TYPES[ti].name, "neon", 0);
+#else
+    (void)expect_dp;
+#endif
+    for (int pi = 0; pi < np; pi++) {
+        rng_state = 0x9e3779b97f4a7c15ULL;
+        test_quantize_act(&paths[pi]);
+        for (int ti = 0; ti < N_TYPES; ti++) test_type(&TYPES[ti], &paths[pi]);
+        int before = n_fail;
+        test_public_api(paths[pi].isa, paths[pi].name);
+        printf("  %-14s kernels: %s\n", paths[pi].name, n_fail == before ? "ok" : "FAILED");
+    }
+    test_forward(ref);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
