@@ -84,9 +84,11 @@ static inline AV __m256 exp8(__m256 x) {
 static inline AV __m256 ld_h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 /* hd a multiple of 8, at most 256: per head, scores of the chunk, one vector
- * exp pass, then V accumulated in registers (hd / 8 accumulators). */
-static AV void chunk_avx2(const float *q, int g, const uint16_t *k, const uint16_t *v, const int32_t *cell_pos,
-                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+ * exp pass, then V accumulated in registers (hd / 8 accumulators). Inlined
+ * with a constant hd for the common head sizes so the arrays live in registers. */
+static inline __attribute__((always_inline)) AV void chunk_avx2_body(
+    const float *q, int g, const uint16_t *k, const uint16_t *v, const int32_t *cell_pos, int32_t c0, int32_t c1,
+    int32_t pos, const int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
     const int nv = hd / 8;
     for (int j = 0; j < g; j++) {
@@ -138,6 +140,15 @@ static AV void chunk_avx2(const float *q, int g, const uint16_t *k, const uint16
         for (int i = 0; i < nv; i++) _mm256_storeu_ps(pj + 2 + 8 * i, acc[i]);
         pj[0] = mx;
         pj[1] = sum;
+    }
+}
+
+static AV void chunk_avx2(const float *q, int g, const uint16_t *k, const uint16_t *v, const int32_t *cell_pos,
+                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+    switch (hd) {
+    case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
+    case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 128, scale, scores, part); break;
+    default: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part); break;
     }
 }
 #endif
