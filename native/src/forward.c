@@ -232,7 +232,8 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         const ei_layer *L = &m->layers[l];
         rmsnorm_rows(rt, rt->xn, rt->x, &L->attn_norm, T);
         lap(rt, EI_PROF_NORM, &t);
-        ei_mm_job qkv[3] = {{&L->wq, rt->q}, {&L->wk, rt->kc}, {&L->wv, rt->vc}};
+        const void **pk = rt->packed + (size_t)l * EI_PACKED_PER_LAYER;
+        ei_mm_job qkv[3] = {{&L->wq, rt->q, pk[EI_PK_Q]}, {&L->wk, rt->kc, pk[EI_PK_K]}, {&L->wv, rt->vc, pk[EI_PK_V]}};
         ei_parallel_matmul(rt, qkv, 3, rt->xn, T);
         add_bias(rt->q, &L->bq, T, qd);
         add_bias(rt->kc, &L->bk, T, kvd);
@@ -244,19 +245,19 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         attention(rt, l, T, slots, pos);
         lap(rt, EI_PROF_ATTENTION, &t);
 
-        ei_mm_job o = {&L->wo, rt->xn};
+        ei_mm_job o = {&L->wo, rt->xn, pk[EI_PK_O]};
         ei_parallel_matmul(rt, &o, 1, rt->att, T);
         add_into(rt->x, rt->xn, T * d);
         lap(rt, EI_PROF_ATTN_OUT, &t);
 
         rmsnorm_rows(rt, rt->xn, rt->x, &L->ffn_norm, T);
         lap(rt, EI_PROF_NORM, &t);
-        ei_mm_job gu[2] = {{&L->w_gate, rt->gate}, {&L->w_up, rt->up}};
+        ei_mm_job gu[2] = {{&L->w_gate, rt->gate, pk[EI_PK_GATE]}, {&L->w_up, rt->up, pk[EI_PK_UP]}};
         ei_parallel_matmul(rt, gu, 2, rt->xn, T);
         lap(rt, EI_PROF_FFN_UP, &t);
         swiglu(rt->gate, rt->up, T * c->n_ff);
         lap(rt, EI_PROF_FFN_ACT, &t);
-        ei_mm_job down = {&L->w_down, rt->xn};
+        ei_mm_job down = {&L->w_down, rt->xn, pk[EI_PK_DOWN]};
         ei_parallel_matmul(rt, &down, 1, rt->gate, T);
         add_into(rt->x, rt->xn, T * d);
         lap(rt, EI_PROF_FFN_DOWN, &t);
@@ -264,7 +265,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
     if (n_out == 0) return EI_OK;
     for (int32_t j = 0; j < n_out; j++)
         rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->output_norm.data, d, c->rms_eps);
-    ei_mm_job head = {ei_model_output(m), logits};
+    ei_mm_job head = {ei_model_output(m), logits, rt->packed[(size_t)c->n_layer * EI_PACKED_PER_LAYER]};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
     lap(rt, EI_PROF_HEAD, &t);
     return EI_OK;

@@ -8,6 +8,7 @@
 
 #include "attention.h"
 #include "common.h"
+#include "packed.h"
 
 enum { MAX_THREADS = 256, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
 
@@ -18,6 +19,53 @@ static void *alloc_zeroed(size_t bytes, size_t *total) {
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
     memset(p, 0, bytes);
     return p;
+}
+
+static const ei_weight *packable(const ei_model *m, int i) {
+    const int n = m->cfg.n_layer * EI_PACKED_PER_LAYER;
+    if (i == n) return ei_model_output(m);
+    const ei_layer *L = &m->layers[i / EI_PACKED_PER_LAYER];
+    switch (i % EI_PACKED_PER_LAYER) {
+    case EI_PK_Q: return &L->wq;
+    case EI_PK_K: return &L->wk;
+    case EI_PK_V: return &L->wv;
+    case EI_PK_O: return &L->wo;
+    case EI_PK_GATE: return &L->w_gate;
+    case EI_PK_UP: return &L->w_up;
+    default: return &L->w_down;
+    }
+}
+
+/* Packs every weight matrix the ISA's packed kernels support into one arena. */
+static ei_status pack_weights(ei_runtime *rt) {
+    const int n = rt->m->cfg.n_layer * EI_PACKED_PER_LAYER + 1;
+    size_t sizes_total = 0;
+    rt->packed = calloc((size_t)n, sizeof(void *));
+    size_t *bytes = calloc((size_t)n, sizeof(size_t));
+    if (!rt->packed || !bytes) {
+        free(bytes);
+        return EI_ERR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < n; i++) {
+        const ei_weight *w = packable(rt->m, i);
+        bytes[i] = (ei_packed_bytes(w->type, rt->isa, w->ne1, w->ne0, w->data) + 63) & ~(size_t)63;
+        sizes_total += bytes[i];
+    }
+    if (sizes_total && posix_memalign(&rt->pack_arena, 64, sizes_total) != 0) {
+        free(bytes);
+        return EI_ERR_OUT_OF_MEMORY;
+    }
+    uint8_t *at = rt->pack_arena;
+    for (int i = 0; i < n; i++) {
+        if (!bytes[i]) continue;
+        const ei_weight *w = packable(rt->m, i);
+        ei_pack(w->type, w->data, w->ne1, w->ne0, at);
+        rt->packed[i] = at;
+        at += bytes[i];
+    }
+    rt->pack_bytes = sizes_total;
+    free(bytes);
+    return EI_OK;
 }
 
 ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_runtime **out) {
@@ -85,6 +133,10 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
                        kv_total, scratch);
     }
     for (size_t i = 0; i < (size_t)prm.n_slots * prm.n_ctx; i++) rt->cell_pos[i] = -1;
+    if (pack_weights(rt) != EI_OK) {
+        ei_runtime_free(rt);
+        return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate packed weights");
+    }
     rt->pool = ei_pool_create(prm.n_threads);
     if (!rt->pool) {
         ei_runtime_free(rt);
@@ -97,6 +149,8 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
 void ei_runtime_free(ei_runtime *rt) {
     if (!rt) return;
     ei_pool_free(rt->pool);
+    free(rt->packed);
+    free(rt->pack_arena);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
                     rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, rt->rope_cos, rt->rope_sin, rt->out_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -164,7 +218,11 @@ static void mm_worker(void *raw, int ith, int nth) {
         const void *act = q8 ? (const void *)t->qx : (const void *)t->x;
         int64_t stride = q8 ? (int64_t)(t->n_cols / EI_QA_BLOCK) * (int64_t)sizeof(ei_q8a)
                             : t->n_cols * (int64_t)sizeof(float);
-        ei_matmul_rows(w->type, t->isa, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
+        if (t->jobs[j].packed)
+            ei_matmul_packed(w->type, t->isa, t->jobs[j].packed, t->n_cols, r0, r1, act, stride, t->n_tok,
+                             t->jobs[j].y, w->ne1);
+        else
+            ei_matmul_rows(w->type, t->isa, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
     }
 }
 
@@ -202,15 +260,25 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
     ei_mm_job job = {.w = &wt, .y = y};
     ei_runtime rt = {.isa = isa};
     size_t dummy = 0;
+    void *packed = NULL;
+    size_t pb = ei_packed_bytes(type, isa, n_rows, n_cols, w);
+    if (pb) {
+        packed = malloc(pb);
+        if (!packed) return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_matmul: out of memory");
+        ei_pack(type, w, n_rows, n_cols, packed);
+        job.packed = packed;
+    }
     rt.act = alloc_zeroed((size_t)n_tok * (size_t)(n_cols / EI_QA_BLOCK + 1) * sizeof(ei_q8a), &dummy);
     rt.pool = ei_pool_create(n_threads);
     if (!rt.act || !rt.pool) {
         free(rt.act);
+        free(packed);
         ei_pool_free(rt.pool);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_matmul: out of memory");
     }
     ei_parallel_matmul(&rt, &job, 1, x, n_tok);
     free(rt.act);
+    free(packed);
     ei_pool_free(rt.pool);
     return EI_OK;
 }

@@ -27,7 +27,15 @@ struct ei_runtime {
     float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
     size_t scratch_bytes;
     double prof[EI_PROF_COUNT];   /* seconds per stage */
+
+    /* Row-interleaved copies of the weights the ISA can use packed (packed.h);
+     * NULL where a weight stays in its GGUF layout. One arena holds them all. */
+    const void **packed;  /* [n_layer * EI_PACKED_PER_LAYER + 1]; the last is the output head */
+    void *pack_arena;
+    size_t pack_bytes;
 };
+
+enum { EI_PK_Q, EI_PK_K, EI_PK_V, EI_PK_O, EI_PK_GATE, EI_PK_UP, EI_PK_DOWN, EI_PACKED_PER_LAYER };
 
 /* Offset (in elements) of cell 0 of (slot, layer, kv_head) in the K or V arena. */
 static inline size_t ei_kv_offset(const struct ei_runtime *rt, int slot, int layer, int kvh) {
@@ -39,6 +47,7 @@ static inline size_t ei_kv_offset(const struct ei_runtime *rt, int slot, int lay
 typedef struct {
     const ei_weight *w;
     float *y;            /* [n_tok][w->ne1] */
+    const void *packed;  /* packed copy of w, or NULL */
 } ei_mm_job;
 
 void ei_parallel_matmul(struct ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x,

@@ -1,0 +1,123 @@
+"""`edgeinfer doctor` and `edgeinfer plan` (registered on the main app by cli.py)."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from .errors import EdgeInferError
+
+__all__ = ["doctor", "plan_cmd", "register"]
+
+
+def _errors(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (EdgeInferError, ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+    return wrapper
+
+
+def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
+    if not text:
+        return None
+    try:
+        vals = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{what}: values must be >= 1, got {text!r}")
+    return vals
+
+
+@_errors
+def doctor(
+    model: Annotated[Optional[str], typer.Argument(
+        help="Optional model (path or known name): report the largest --ctx x --slots that fits.")] = None,
+    kv: Annotated[str, typer.Option("--kv", help="KV cache type for the fit: f16 | q8_0 (planned).")] = "f16",
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Tokens per forward call.")] = 256,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads (default: physical cores).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Check this machine: CPU features and chosen kernels, CUDA, free memory, what fits."""
+    from .doctor import doctor_report, format_report
+
+    rep = doctor_report(model, kv=kv, max_batch=max_batch, n_threads=threads)
+    sys.stdout.write((json.dumps(rep, indent=2) if as_json else format_report(rep)) + "\n")
+
+
+@_errors
+def plan_cmd(
+    model: Annotated[str, typer.Argument(help="Model: a .gguf path or a known model name.")],
+    memory: Annotated[Optional[str], typer.Option(
+        "--memory", "-m", help="Memory budget: 8GB (decimal), 7.5GiB or 8G (binary), or bytes. "
+        "Default: memory available now.")] = None,
+    kv: Annotated[str, typer.Option("--kv", help="KV cache type: f16 | q8_0 (planned, not in the runtime yet).")] = "f16",
+    ctx: Annotated[Optional[str], typer.Option("--ctx", "-c", help="Contexts, comma-separated "
+                                                "(default: 512 .. the trained context).")] = None,
+    slots: Annotated[Optional[str], typer.Option("--slots", "-s", help="Slot counts, comma-separated "
+                                                  "(default 1,2,4,8).")] = None,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Tokens per forward call (engine default 256).")] = 256,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads (default: physical cores).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")] = False,
+) -> None:
+    """Memory plan: weights + KV arena + working buffers for a grid of contexts and slots."""
+    from . import plan as P
+
+    if kv not in P.KV_TYPES:
+        raise ValueError(f"--kv must be one of {', '.join(P.KV_TYPES)}, got {kv!r}")
+    if max_batch < 1:
+        raise ValueError("--max-batch must be >= 1")
+    if memory is None:
+        from .doctor import memory_report
+
+        budget = memory_report().get("available")
+        budget_src = "available now"
+    else:
+        budget = P.parse_size(memory)
+        budget_src = memory
+    m = P.model_shape(model)
+    ctxs = _ints(ctx, "--ctx") or P.default_ctxs(m)
+    slot_list = _ints(slots, "--slots") or list(P.DEFAULT_SLOTS)
+    rows = P.plan_grid(m, ctxs, slot_list, kv=kv, memory=budget, max_batch=max_batch, n_threads=threads)
+    fits = P.largest_fit(m, budget, slot_list, kv, max_batch, threads) if budget else {}
+    if as_json:
+        out = {"model": m.name, "path": m.path, "memory": budget, "kv": kv, "kv_implemented": P.KV_TYPES[kv][1],
+               "max_batch": max_batch, "rows": [r.as_dict() for r in rows],
+               "largest_ctx_by_slots": {str(k): v for k, v in fits.items()}}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    H = P.human
+    w = sys.stdout.write
+    w(f"model     {m.name}  ({m.path})\n")
+    w(f"          {m.n_layer} layers, {m.n_head_kv} KV heads x {m.head_dim}, trained context {m.n_ctx_train}\n")
+    w(f"budget    {H(budget) if budget else '?'} ({budget_src})\n")
+    w(f"weights   {H(m.weights_bytes)} (tensor bytes, memory-mapped)\n")
+    per_tok = P.kv_bytes(m, 1, 1, kv)
+    note = "" if P.KV_TYPES[kv][1] else "  [PLANNED: q8_0 KV is not implemented in the runtime yet]"
+    w(f"KV        {kv}: {H(per_tok)} per token per slot "
+      f"(2 x {m.n_layer} x {m.n_head_kv} x {m.head_dim} x {P.KV_TYPES[kv][0]:g} B){note}\n")
+    w(f"buffers   max_batch {max_batch}; overhead ~{H(P.overhead_bytes(m, 1))} (Python, tokenizer; estimate)\n\n")
+    # table: one line per (ctx, slots)
+    w(f"{'ctx':>7} {'slots':>5} {'KV':>11} {'buffers':>11} {'total':>11}  fits\n")
+    for r in rows:
+        mark = "-" if r.fits is None else ("yes" if r.fits else "NO")
+        extra = f"  ({'; '.join(r.notes)})" if r.notes else ""
+        w(f"{r.ctx:>7} {r.slots:>5} {H(r.kv_bytes):>11} {H(r.scratch):>11} {H(r.total):>11}  {mark}{extra}\n")
+    if fits:
+        w("\nlargest context that fits:\n")
+        for s, c in fits.items():
+            w(f"  --slots {s:<3} --ctx {c if c else '(none: weights + overhead exceed the budget)'}\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)
+    app.command("plan")(plan_cmd)

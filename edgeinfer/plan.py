@@ -1,0 +1,224 @@
+"""Memory planner: what a model needs for a given context and number of slots.
+
+Total = weights + KV arena + working buffers + process overhead, where
+
+* weights are the GGUF file's tensor bytes (memory-mapped; on a board with no swap
+  they must stay resident, so they count in full);
+* KV arena = 2 (K and V) x n_layers x n_kv_heads x head_dim x capacity x
+  bytes_per_element x n_slots  (../shared/design.md; f16: 2 bytes, q8_0: 34/32 bytes);
+* working buffers are what ``ei_runtime_create`` (native/src/runtime.c) allocates
+  besides the KV arena: activations for ``max_batch`` tokens, the quantized
+  activation blocks, per-thread attention scores, RoPE tables and cell bookkeeping;
+* overhead is an estimate for the Python process (interpreter, numpy, tokenizer
+  tables, one logits row per slot).
+
+``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
+``engine.runtime.scratch_bytes``) to well within 5% (tests/test_doctor_plan.py).
+q8_0 KV is shown as *planned*: the runtime does not implement it yet.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+__all__ = [
+    "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes",
+    "scratch_bytes", "overhead_bytes", "plan_one", "plan_grid", "largest_fit", "parse_size", "human",
+]
+
+# bytes per KV element; "implemented" is whether ei_runtime_create accepts it today
+KV_TYPES = {"f16": (2.0, True), "q8_0": (34 / 32, False)}
+DEFAULT_CTXS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+DEFAULT_SLOTS = (1, 2, 4, 8)
+DEFAULT_MAX_BATCH = 256          # Engine.load's default
+ATTN_CHUNK = 256                 # EI_ATTN_CHUNK (native/src/attention.h)
+Q8A_BLOCK_BYTES = 40             # sizeof(ei_q8a): float d, float s, int8 q[32]
+PROCESS_OVERHEAD = 64 * 2**20    # interpreter + numpy + typer; SmolLM2-135M measured ~61 MiB with its tokenizer
+
+
+@dataclass
+class ModelShape:
+    """What the planner needs from a model (read from GGUF metadata, no weights loaded)."""
+    name: str
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    rope_dim: int
+    weights_bytes: int
+    file_bytes: int = 0
+    path: str = ""
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+
+def model_shape(path: str | os.PathLike) -> ModelShape:
+    """Reads the shape and tensor bytes of a GGUF model (a path or a known model name)."""
+    from .gguf.reader import GGUFFile
+    from .model.config import ModelConfig
+    from .models import resolve_model
+
+    p = Path(resolve_model(str(path)))
+    g = GGUFFile(p)
+    try:
+        cfg = ModelConfig.from_gguf(g)
+        weights = sum(int(t.nbytes) for t in g.tensors.values())
+        name = str(g.metadata.get("general.name", "") or p.stem)
+    finally:
+        g.close()
+    return ModelShape(name=name, arch=cfg.arch, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
+                      n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_ff=cfg.n_ff, n_vocab=cfg.n_vocab,
+                      n_ctx_train=cfg.n_ctx_train, rope_dim=cfg.rope_dim, weights_bytes=weights,
+                      file_bytes=p.stat().st_size, path=str(p))
+
+
+def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16") -> int:
+    """The KV arena: 2 x n_layers x n_kv_heads x head_dim x capacity x bytes/element x n_slots."""
+    if kv not in KV_TYPES:
+        raise ValueError(f"kv must be one of {sorted(KV_TYPES)}, got {kv!r}")
+    per_elem = KV_TYPES[kv][0]
+    return int(round(2 * m.n_layer * m.n_head_kv * m.head_dim * ctx * per_elem * slots))
+
+
+def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_MAX_BATCH,
+                  n_threads: Optional[int] = None) -> int:
+    """Working buffers as ei_runtime_create allocates them (everything but the KV arena)."""
+    B, d, qd, kvd, ff = max_batch, m.n_embd, m.q_dim, m.kv_dim, m.n_ff
+    threads = n_threads or _physical_cores()
+    widest = max(d, ff, qd)
+    half = max(m.rope_dim // 2, 1)
+    f32 = 4
+    total = slots * ctx * 4 + slots * 4                       # cell_pos, n_used
+    total += B * d * f32 * 3                                  # x, xn, out_rows
+    total += B * qd * f32 * 2                                 # q, att
+    total += B * kvd * f32 * 2                                # kc, vc (this step's K/V before the arena)
+    total += B * ff * f32 * 2                                 # gate, up
+    total += B * ((widest + 31) // 32) * Q8A_BLOCK_BYTES      # quantized activations
+    group = max(m.n_head // max(m.n_head_kv, 1), 1)
+    total += threads * group * ATTN_CHUNK * f32               # attention scores per thread
+    # attention partials (chunked softmax): as many tokens as fit in ~4 MiB, at least one
+    part_per_tok = m.n_head * ((ctx + ATTN_CHUNK - 1) // ATTN_CHUNK) * (m.head_dim + 2)
+    attn_tokens = max(1, min((1 << 20) // part_per_tok, B))
+    total += attn_tokens * part_per_tok * f32
+    total += B * half * f32 * 2                               # rope cos, sin
+    return total
+
+
+def overhead_bytes(m: ModelShape, slots: int) -> int:
+    """Process overhead estimate: interpreter and libraries, tokenizer, logits rows."""
+    return PROCESS_OVERHEAD + slots * m.n_vocab * 4 + m.n_vocab * 200
+
+
+@dataclass
+class PlanRow:
+    ctx: int
+    slots: int
+    kv: str
+    weights: int
+    kv_bytes: int
+    scratch: int
+    overhead: int
+    total: int
+    fits: Optional[bool] = None
+    planned_only: bool = False   # the KV type is not implemented in the runtime yet
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optional[int] = None,
+             max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None) -> PlanRow:
+    kvb = kv_bytes(m, ctx, slots, kv)
+    scr = scratch_bytes(m, ctx, slots, max_batch, n_threads)
+    ovh = overhead_bytes(m, slots)
+    total = m.weights_bytes + kvb + scr + ovh
+    row = PlanRow(ctx=ctx, slots=slots, kv=kv, weights=m.weights_bytes, kv_bytes=kvb, scratch=scr,
+                  overhead=ovh, total=total, fits=None if memory is None else total <= memory,
+                  planned_only=not KV_TYPES[kv][1])
+    if m.n_ctx_train and ctx > m.n_ctx_train:
+        row.notes.append(f"ctx above the trained context ({m.n_ctx_train})")
+    return row
+
+
+def plan_grid(m: ModelShape, ctxs: Iterable[int] = DEFAULT_CTXS, slots: Iterable[int] = DEFAULT_SLOTS,
+              kv: str = "f16", memory: Optional[int] = None, max_batch: int = DEFAULT_MAX_BATCH,
+              n_threads: Optional[int] = None) -> list[PlanRow]:
+    return [plan_one(m, c, s, kv, memory, max_batch, n_threads) for c in ctxs for s in slots]
+
+
+def default_ctxs(m: ModelShape) -> list[int]:
+    """The grid's contexts: powers of two from 512 up to the trained context (included)."""
+    top = m.n_ctx_train or 4096
+    out = [c for c in DEFAULT_CTXS if c <= top]
+    if top not in out and top <= DEFAULT_CTXS[-1]:
+        out.append(top)
+    return out or [min(top, 512)]
+
+
+def largest_fit(m: ModelShape, memory: int, slots: Iterable[int] = DEFAULT_SLOTS, kv: str = "f16",
+                max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
+                ctx_cap: Optional[int] = None) -> dict[int, Optional[int]]:
+    """For each slot count, the largest context (a multiple of 256, at most the trained
+    context or ctx_cap) whose plan fits in `memory`; None when not even 256 fits."""
+    cap = ctx_cap or m.n_ctx_train or 131072
+    out: dict[int, Optional[int]] = {}
+    for s in slots:
+        lo, hi = 0, cap // 256
+        while lo < hi:   # largest k with plan(256 k) <= memory; the total grows with k
+            mid = (lo + hi + 1) // 2
+            if plan_one(m, 256 * mid, s, kv, memory, max_batch, n_threads).fits:
+                lo = mid
+            else:
+                hi = mid - 1
+        out[s] = 256 * lo if lo else None
+    return out
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'8GB' -> 8e9, '8GiB' or '8G' -> 8 x 2^30, '512MiB', '1.5T', or plain bytes."""
+    mt = _SIZE.match(str(text))
+    if not mt:
+        raise ValueError(f"cannot read a memory size from {text!r} (try 8GB, 7.5GiB, 512M)")
+    num, unit, binary, b = mt.groups()
+    value = float(num)
+    if unit:
+        power = "KMGT".index(unit.upper()) + 1
+        # "GB" is decimal; "GiB" and bare "G" are binary (as docker and ulimit read them)
+        base = 1000 if (b and not binary) else 1024
+        value *= base ** power
+    return int(value)
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
+
+
+def _physical_cores() -> int:
+    try:
+        from ._native import lib
+
+        return int(lib.ei_physical_cores())
+    except Exception:  # pragma: no cover - planning works without the native library
+        return os.cpu_count() or 1

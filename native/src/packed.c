@@ -1,0 +1,176 @@
+#include "packed.h"
+
+#include <string.h>
+
+#include "kernels.h"
+#include "quants_impl.h"
+
+#define PACK_HDR 32   /* f16 d[8] + f16 m[8] */
+
+static int quant_bytes(int type) {
+    switch (type) {
+    case EI_TYPE_Q4_0:
+    case EI_TYPE_Q4_1: return 128;
+    case EI_TYPE_Q8_0: return 256;
+    default: return 0;
+    }
+}
+
+static int src_block_bytes(int type) {
+    return type == EI_TYPE_Q4_0 ? Q4_0_BYTES : type == EI_TYPE_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES;
+}
+
+size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const void *w) {
+#if defined(__x86_64__)
+    const int qb = quant_bytes(type);
+    if (!qb || n_rows % EI_PACK_ROWS || n_cols % QK || n_rows < EI_PACK_ROWS) return 0;
+    if (isa != EI_ISA_AVX2 && isa != EI_ISA_AVX512) return 0;
+    if (!ei_isa_supported(isa)) return 0;
+    if (type == EI_TYPE_Q8_0 && isa != EI_ISA_AVX512) return 0;   /* needs vpdpbusd */
+    if (type != EI_TYPE_Q4_1) {
+        /* the implied min (-8 d or -128 d) must be exact in f16: |d| <= 511 */
+        const uint8_t *p = w;
+        const int bb = src_block_bytes(type);
+        for (int64_t i = 0; i < n_rows * (n_cols / QK); i++, p += bb) {
+            const float d = ei_h2f(ei_ld16(p));
+            if (!(d <= 511.0f && d >= -511.0f)) return 0;
+        }
+    }
+    return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / QK) * (size_t)(PACK_HDR + qb);
+#else
+    (void)type; (void)isa; (void)n_rows; (void)n_cols; (void)w;
+    return 0;
+#endif
+}
+
+void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
+    const int64_t nb = n_cols / QK;
+    const int bb = src_block_bytes(type), qb = quant_bytes(type), groups = qb / 32;
+    const uint8_t *src = w;
+    uint8_t *out = dst;
+    for (int64_t g = 0; g < n_rows / EI_PACK_ROWS; g++) {
+        for (int64_t b = 0; b < nb; b++, out += PACK_HDR + qb) {
+            uint16_t *d = (uint16_t *)out, *m = d + EI_PACK_ROWS;
+            uint8_t *q = out + PACK_HDR;
+            for (int r = 0; r < EI_PACK_ROWS; r++) {
+                const uint8_t *blk = src + ((g * EI_PACK_ROWS + r) * nb + b) * bb;
+                const uint16_t dh = ei_ld16(blk);
+                const float df = ei_h2f(dh);
+                d[r] = dh;
+                const uint8_t *qs = blk + 2;
+                if (type == EI_TYPE_Q4_1) {
+                    m[r] = ei_ld16(blk + 2);
+                    qs = blk + 4;
+                } else {
+                    m[r] = ei_fp32_to_fp16(type == EI_TYPE_Q4_0 ? -8.0f * df : -128.0f * df);
+                }
+                for (int k = 0; k < groups; k++)
+                    for (int j = 0; j < 4; j++)
+                        q[32 * k + 4 * r + j] = type == EI_TYPE_Q8_0 ? (uint8_t)(qs[4 * k + j] ^ 0x80) : qs[4 * k + j];
+            }
+        }
+    }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define T_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+
+static inline T_AVX2 __m256i dp_avx2(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+static inline T_VNNI __m256i dp_vnni(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+
+static inline T_AVX2 __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Rows 8g..8g+7 times NT tokens. The integer part is exact (no saturation for
+ * 4-bit weights with maddubs), so the AVX2 and VNNI variants give identical
+ * results, and each token's float ops are the same for NT = 1 and NT = 4. */
+#define PACKED_BODY(DP, NT, FOUR_BIT)                                                              \
+    const int qb = FOUR_BIT ? 128 : 256;                                                           \
+    const uint8_t *p = packed;                                                                     \
+    __m256 acc[NT];                                                                                \
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                     \
+    const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
+    for (int64_t b = 0; b < nb; b++, p += PACK_HDR + qb) {                                         \
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                    \
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));              \
+        __m256i w[8];                                                                              \
+        if (FOUR_BIT) {                                                                            \
+            for (int k = 0; k < 4; k++) {                                                          \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + PACK_HDR + 32 * k));   \
+                w[k] = _mm256_and_si256(v, m4);                                                    \
+                w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                          \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)(p + PACK_HDR + 32 * k)); \
+        }                                                                                          \
+        for (int t = 0; t < NT; t++) {                                                             \
+            const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                      \
+            for (int k = 0; k < 8; k += 2) {                                                       \
+                s0 = DP(s0, w[k], bcast4(a->q + 4 * k));                                           \
+                s1 = DP(s1, w[k + 1], bcast4(a->q + 4 * k + 4));                                   \
+            }                                                                                      \
+            const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));                     \
+            acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);      \
+            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), acc[t]);                            \
+        }                                                                                          \
+    }                                                                                              \
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+
+/* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
+ * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
+#define PACKED_FN(NAME, TARGET, DP, NT, FOUR_BIT)                                                  \
+    static TARGET void NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
+                            float *y, int64_t ldy) {                                               \
+        PACKED_BODY(DP, NT, FOUR_BIT)                                                              \
+    }
+
+PACKED_FN(q4_x1_avx2, T_AVX2, dp_avx2, 1, 1)
+PACKED_FN(q4_x4_avx2, T_AVX2, dp_avx2, 4, 1)
+PACKED_FN(q4_x1_vnni, T_VNNI, dp_vnni, 1, 1)
+PACKED_FN(q4_x4_vnni, T_VNNI, dp_vnni, 4, 1)
+PACKED_FN(q8_x1_vnni, T_VNNI, dp_vnni, 1, 0)
+PACKED_FN(q8_x4_vnni, T_VNNI, dp_vnni, 4, 0)
+
+typedef void (*packed_fn)(const void *, int64_t, const void *, int64_t, float *, int64_t);
+#endif
+
+void ei_matmul_packed(int type, int isa, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
+                      const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy) {
+#if defined(__x86_64__)
+    const int64_t nb = n_cols / QK;
+    const size_t group_bytes = (size_t)nb * (PACK_HDR + quant_bytes(type));
+    packed_fn x1, x4;
+    if (type == EI_TYPE_Q8_0) {
+        x1 = q8_x1_vnni;
+        x4 = q8_x4_vnni;
+    } else if (isa == EI_ISA_AVX512) {
+        x1 = q4_x1_vnni;
+        x4 = q4_x4_vnni;
+    } else {
+        x1 = q4_x1_avx2;
+        x4 = q4_x4_avx2;
+    }
+    const uint8_t *A = act;
+    int64_t t = 0;
+    for (; t + 4 <= n_tok; t += 4)
+        for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)
+            x4((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
+               y + t * ldy + r, ldy);
+    for (; t < n_tok; t++)
+        for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)
+            x1((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
+               y + t * ldy + r, ldy);
+#else
+    (void)type; (void)isa; (void)packed; (void)n_cols; (void)r0; (void)r1; (void)act; (void)act_stride;
+    (void)n_tok; (void)y; (void)ldy;
+#endif
+}

@@ -1,0 +1,40 @@
+/* Row-interleaved ("packed") weights for x86 integer dot products.
+ *
+ * A GGUF row stores its blocks one after another, so a dot product ends in a
+ * horizontal sum per row and pays per-block scalar work. Packed weights put 8
+ * rows side by side: for each 32-element block, the 8 rows' scales, then their
+ * quants in 4-byte groups, so one 32-bit lane holds one row. A broadcast of 4
+ * activation bytes times such a vector (vpdpbusd, or maddubs + madd on plain
+ * AVX2) advances all 8 rows at once, and the 8 results land in one vector that
+ * is stored as is: no horizontal sums, one scale multiply for 8 rows.
+ *
+ * Packed block for rows 8g..8g+7, block b (all little endian):
+ *   f16 d[8] | f16 m[8] | quants          x = d * q + m
+ * 4-bit types (Q4_0, Q4_1): 128 bytes, group k < 4 holds bytes qs[4k..4k+3] of
+ *   each row (low nibbles: elements 4k.., high nibbles: elements 16+4k..);
+ *   Q4_0's m = -8 d.
+ * Q8_0: 256 bytes, group k < 8 holds q[4k..4k+3] + 128 of each row (unsigned);
+ *   m = -128 d. Needs VNNI (maddubs would saturate).
+ * Rows must come in multiples of 8; the original GGUF bytes are kept for the
+ * embedding lookup and the scalar reference.
+ */
+#ifndef EI_PACKED_H
+#define EI_PACKED_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define EI_PACK_ROWS 8
+
+/* Bytes of the packed form of a [n_rows, n_cols] matrix of `type`, or 0 when it
+ * cannot be packed for this ISA (type, shape, scale range). */
+size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const void *w);
+
+/* Writes the packed form of w into dst (ei_packed_bytes bytes). */
+void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
+
+/* y[t * ldy + r] for rows [r0, r1) (multiples of 8) and tokens [0, n_tok) from
+ * packed weights and ei_q8a activations. Each (row, token) result is the same
+ * whatever n_tok and r0/r1 are. */
+void ei_matmul_packed(int type, int isa, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
+                      const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
+#endif
