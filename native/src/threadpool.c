@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -17,6 +18,9 @@
 /* Spins this many rounds before yielding, and yields this many times before
  * sleeping on the condition variable. */
 enum { SPIN_ROUNDS = 2000, YIELD_ROUNDS = 2000 };
+#define TASK_CLOSED ((uint64_t)1 << 31)
+#define TASK_COUNT ((uint64_t)TASK_CLOSED - 1)
+
 
 struct ei_pool {
     int n;
@@ -24,12 +28,22 @@ struct ei_pool {
     ei_task_fn fn;
     void *ctx;
     atomic_uint generation;
-    atomic_int pending;
+    /* generation << 32 | CLOSED | threads inside the task */
+    _Atomic uint64_t task;
     atomic_int stop;
     atomic_int sleepers;
     pthread_mutex_t mu;
     pthread_cond_t cv;
 };
+
+/* Enters the task of generation gen unless it is closed or already replaced. */
+static int join_task(ei_pool *p, unsigned gen) {
+    uint64_t cur = atomic_load(&p->task);
+    for (;;) {
+        if ((cur >> 32) != gen || (cur & TASK_CLOSED)) return 0;
+        if (atomic_compare_exchange_weak(&p->task, &cur, cur + 1)) return 1;
+    }
+}
 
 typedef struct {
     ei_pool *pool;
@@ -63,8 +77,9 @@ static void *worker_main(void *raw) {
         }
         seen = gen;
         if (atomic_load(&p->stop)) return NULL;
+        if (!join_task(p, gen)) continue;   /* too late: the caller finished without us */
         p->fn(p->ctx, arg.ith, p->n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        atomic_fetch_sub_explicit(&p->task, 1, memory_order_release);
     }
 }
 
@@ -114,16 +129,19 @@ void ei_pool_run(ei_pool *p, ei_task_fn fn, void *ctx) {
     }
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store(&p->pending, p->n - 1);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    const unsigned gen = atomic_load(&p->generation) + 1;
+    atomic_store(&p->task, (uint64_t)gen << 32);
+    atomic_store_explicit(&p->generation, gen, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
     fn(ctx, 0, p->n);
+    /* Close the task: no worker joins from now on; wait for those inside. */
+    atomic_fetch_or(&p->task, TASK_CLOSED);
     int rounds = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&p->task, memory_order_acquire) & TASK_COUNT) {
         if (++rounds < SPIN_ROUNDS) CPU_RELAX(); else sched_yield();
     }
 }

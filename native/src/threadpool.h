@@ -1,7 +1,12 @@
-/* A small persistent thread pool: one dispatch runs fn(ctx, ith, nth) on every
- * thread (the caller is thread 0) and returns when all are done. Workers spin
- * briefly between dispatches (a decode step issues a few hundred) and sleep
- * when idle, so an idle engine burns no CPU. */
+/* A small persistent thread pool: one dispatch runs fn(ctx, ith, nth) on the
+ * caller (ith 0) and on whichever workers join in time, and returns when every
+ * thread that joined has finished. Workers spin briefly between dispatches (a
+ * decode step issues a few hundred) and sleep when idle.
+ *
+ * fn must share its work dynamically (an atomic counter of chunks): a worker
+ * that is descheduled may join late and find nothing left, or not join at all,
+ * and the caller then does the work itself instead of waiting for it. On a
+ * busy machine a step degrades to one thread's speed instead of stalling. */
 #ifndef EI_THREADPOOL_H
 #define EI_THREADPOOL_H
 
