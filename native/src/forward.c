@@ -7,6 +7,7 @@
 #include "attention.h"
 #include "common.h"
 #include "runtime.h"
+#include "simd_math.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -167,11 +168,36 @@ static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *s
     }
 }
 
-static void swiglu(float *gate, const float *up, int64_t n) {
+/* gate = silu(gate) * up. The scalar loop is the reference. */
+static void swiglu_ref(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void swiglu_avx2(float *gate, const float *up, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    swiglu_ref(gate + i, up + i, n - i);
+}
+#endif
+
+static void swiglu(int isa, float *gate, const float *up, int64_t n) {
+#if defined(__x86_64__)
+    if (isa == EI_ISA_AVX2 || isa == EI_ISA_AVX512) {
+        swiglu_avx2(gate, up, n);
+        return;
+    }
+#endif
+    (void)isa;
+    swiglu_ref(gate, up, n);
 }
 
 static void add_into(float *x, const float *y, int64_t n) {
@@ -255,7 +281,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         ei_mm_job gu[2] = {{&L->w_gate, rt->gate, pk[EI_PK_GATE]}, {&L->w_up, rt->up, pk[EI_PK_UP]}};
         ei_parallel_matmul(rt, gu, 2, rt->xn, T);
         lap(rt, EI_PROF_FFN_UP, &t);
-        swiglu(rt->gate, rt->up, T * c->n_ff);
+        swiglu(rt->isa, rt->gate, rt->up, T * c->n_ff);
         lap(rt, EI_PROF_FFN_ACT, &t);
         ei_mm_job down = {&L->w_down, rt->xn, pk[EI_PK_DOWN]};
         ei_parallel_matmul(rt, &down, 1, rt->gate, T);
