@@ -412,7 +412,7 @@ def test_kernel_matmul(matmul_terminates, name):
                 assert np.array_equal(y, ref), (name, isa, n_tok, thr)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_kernel_matmul_packed_rows(name):
     """Row counts that are multiples of 8 go through the row-interleaved kernels:
     close to the per-row dot (a different float order), and a token's result is

@@ -1,16 +1,14 @@
 """Engine: the one public object apps use (`edgeinfer.load(...)`)."""
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, EdgeInferError, InvalidTokenError
+from ..errors import ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig
 from ..model.native_model import NativeModel
@@ -18,6 +16,7 @@ from ..model.runtime import NativeRuntime
 from .chat_template import ChatTemplate
 from .generation import Completion, Generation
 from .kv import KVRing
+from .scheduler import Scheduler
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -29,13 +28,13 @@ DEVICES = ("cpu", "auto", "cuda")
 class Engine:
     """A loaded model: tokenizer, chat template, native weights and a fixed KV ring.
 
-    Thread-safe: each generation holds one of `n_slots` KV slots (others wait for
-    a free one) and every native step runs under one lock, so concurrent callers
-    are serialised step by step and never corrupt each other's state.
+    Thread-safe: generations from any thread go to one scheduler (engine/scheduler.py)
+    that batches them: each step runs one native forward over every active slot, and
+    requests beyond `n_slots` wait for a free slot. Every native call runs under one lock.
     """
 
     def __init__(self, path: Path, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer,
-                 template: ChatTemplate, runtime: NativeRuntime, ring: KVRing):
+                 template: ChatTemplate, runtime: NativeRuntime, ring: KVRing, max_queue: int = 256):
         self.path = path
         self.gguf = gguf
         self.config = cfg
@@ -44,18 +43,16 @@ class Engine:
         self.runtime = runtime
         self.ring = ring
         self.n_ctx = ring.capacity
-        self._step_lock = threading.Lock()
-        self._free_slots: queue.Queue[int] = queue.Queue()
-        for s in range(ring.n_slots):
-            self._free_slots.put(s)
+        self._step_lock = threading.RLock()
         # One logits row per slot: concurrent sequences never share an output buffer.
         self._slot_logits = np.empty((ring.n_slots, 1, cfg.n_vocab), dtype=np.float32)
+        self.scheduler = Scheduler(self, max_queue=max_queue)
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",
              n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
-             isa: str = "best") -> "Engine":
+             isa: str = "best", max_queue: int = 256) -> "Engine":
         from ..models import resolve_model
 
         if device not in DEVICES:
@@ -77,7 +74,7 @@ class Engine:
         ring = KVRing(n_slots, n_ctx, n_sink=min(n_sink, n_ctx // 4), overflow=overflow)
         log.info("loaded %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name, cfg.arch,
                  cfg.n_layer, runtime.kv_bytes / 2**20, n_slots, n_ctx)
-        return cls(path, gguf, cfg, tokenizer, template, runtime, ring)
+        return cls(path, gguf, cfg, tokenizer, template, runtime, ring, max_queue=max_queue)
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -124,6 +121,8 @@ class Engine:
         return out
 
     def generate(self, prompt: str | Sequence[int], **params: Any) -> Completion:
+        """Runs to the end. `logprobs=N` (extension) also returns, per token, its log-probability
+        and the N most likely alternatives in `Completion.logprobs`."""
         return self._generation(self._prompt_ids(prompt), params).result()
 
     def stream(self, prompt: str | Sequence[int], **params: Any) -> Generation:
@@ -144,7 +143,12 @@ class Engine:
         return self.tokenize(self.apply_chat_template(messages), add_special=False)
 
     def _generation(self, ids: list[int], params: dict) -> Generation:
-        return Generation(self, ids, SamplingParams.from_dict(params))
+        params = dict(params)
+        n_logprobs = params.pop("logprobs", None)
+        if n_logprobs is not None and (isinstance(n_logprobs, bool) or not isinstance(n_logprobs, int)
+                                       or n_logprobs < 0):
+            raise SamplingParamsError(f"logprobs must be an int >= 0 (alternatives per token), got {n_logprobs!r}")
+        return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs)
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict:
@@ -166,7 +170,10 @@ class Engine:
         }
 
     def close(self) -> None:
-        """Frees native memory now rather than at garbage collection."""
+        """Cancels running generations and frees native memory now rather than at garbage collection."""
+        sched = getattr(self, "scheduler", None)
+        if sched is not None:
+            sched.close()
         self.runtime = None  # type: ignore[assignment]
 
     def __enter__(self) -> "Engine":
@@ -176,13 +183,9 @@ class Engine:
         self.close()
 
     # ------------------------------------------------------------------ slots and steps
-    @contextlib.contextmanager
-    def _slot_for(self, prompt_ids: list[int]) -> Iterator[int]:
-        slot = self._free_slots.get()
-        try:
-            yield slot
-        finally:
-            self._free_slots.put(slot)
+    def _slot_for(self, prompt_ids: list[int]):
+        """A slot taken from the scheduler for direct stepping (context manager)."""
+        return self.scheduler.lease_slot()
 
     def _reset_slot(self, slot: int) -> None:
         with self._step_lock:

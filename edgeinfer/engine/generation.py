@@ -1,17 +1,26 @@
-"""The token loop of one sequence: prefill, sample, decode, stream, stop."""
+"""The token logic of one sequence (sample, detokenize, stop) and the iterator apps consume.
+
+`SequenceState` is driven by the scheduler's engine loop: each time the sequence gets a
+row of logits it samples one token and returns the events that follow from it.
+`Generation` is the consumer side: it submits a request to the engine's scheduler and
+iterates over the text pieces that come back.
+"""
 from __future__ import annotations
 
+import math
+import queue
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from .sampling import SamplingParams
-from .tokenizer import StreamDecoder
+from .tokenizer import StreamDecoder, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .engine import Engine
+    from .scheduler import Request, Scheduler
 
 
 @dataclass
@@ -20,10 +29,12 @@ class GenerationStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens reused from the slot (prefix reuse)
-    ttft_s: float = 0.0             # call -> first token out
+    ttft_s: float = 0.0             # arrival -> first token out
     tpot_s: float = 0.0             # mean time between output tokens after the first
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0          # slot granted -> first logits
     decode_s: float = 0.0
+    queue_s: float = 0.0            # arrival -> slot granted
+    e2e_s: float = 0.0              # arrival -> finished
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -36,91 +47,191 @@ class Completion:
     tokens: list[int]
     finish_reason: str              # "stop" (EOS or stop string) | "length"
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list["TokenLogprob"] | None = None
 
+
+# --------------------------------------------------------------------------- events
+
+@dataclass
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]    # (id, logprob), most likely first
+
+
+@dataclass
+class TokenEvent:
+    token: int
+    text: str                       # text released by this token (may be "" while held back)
+    logprob: TokenLogprob | None = None
+
+
+@dataclass
+class DoneEvent:
+    finish_reason: str              # "stop" | "length" | "cancelled"
+    text: str                       # tail released at the end (held-back bytes / partial stop)
+    stats: GenerationStats
+
+
+@dataclass
+class ErrorEvent:
+    error: BaseException
+
+
+def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """Log-probability of `token` under the model's distribution (raw logits, T = 1), and the
+    `n_top` most likely alternatives — what OpenAI's `logprobs` report."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = float(np.max(x))
+    lse = m + math.log(float(np.sum(np.exp(x - m))))
+    top: list[tuple[int, float]] = []
+    if n_top > 0:
+        k = min(n_top, x.shape[0])
+        part = np.argpartition(-x, k - 1)[:k]
+        order = part[np.lexsort((part, -x[part]))]
+        top = [(int(i), float(x[i] - lse)) for i in order]
+    return TokenLogprob(token=int(token), logprob=float(x[token] - lse), top=top)
+
+
+class SequenceState:
+    """Per-sequence token loop state; not thread-safe (only the engine loop touches it)."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams,
+                 n_logprobs: int | None = None, t_arrival: float | None = None):
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.n_logprobs = n_logprobs
+        self.sampler = params.make_sampler()
+        self.stops = params.stop_matcher()
+        self.decoder = StreamDecoder(tokenizer)
+        self.eog = set() if params.ignore_eos else tokenizer.eog_ids
+        self.history = list(prompt_ids)
+        self.tokens: list[int] = []
+        self.limit = params.max_tokens
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self.t_arrival = time.perf_counter() if t_arrival is None else t_arrival
+        self.t_admit: float | None = None
+        self.t_first: float | None = None
+        self.finish_reason: str | None = None
+
+    def admitted(self, cached: int) -> None:
+        self.t_admit = time.perf_counter()
+        self.stats.cached_tokens = cached
+        self.stats.queue_s = self.t_admit - self.t_arrival
+
+    def wants_no_tokens(self) -> bool:
+        return self.limit is not None and self.limit <= 0
+
+    def on_logits(self, logits: np.ndarray, has_room: bool) -> tuple[list, int | None]:
+        """Samples one token. Returns (events, token to feed next or None when finished)."""
+        events: list = []
+        now = time.perf_counter()
+        if self.t_first is None and self.t_admit is not None:
+            self.stats.prefill_s = now - self.t_admit
+        tok = self.sampler(logits, self.history)
+        if tok in self.eog:
+            events.append(self.finish("stop"))
+            return events, None
+        lp = token_logprob(logits, tok, self.n_logprobs) if self.n_logprobs is not None else None
+        self.tokens.append(tok)
+        self.history.append(tok)
+        now = time.perf_counter()
+        if self.t_first is None:
+            self.t_first = now
+            self.stats.ttft_s = now - self.t_arrival
+        self.stats.completion_tokens = len(self.tokens)
+        piece, stopped = self.stops.feed(self.decoder.push(tok))
+        events.append(TokenEvent(tok, piece, lp))
+        if stopped:
+            events.append(self.finish("stop"))
+        elif self.limit is not None and len(self.tokens) >= self.limit:
+            events.append(self.finish("length"))
+        elif not has_room:
+            events.append(self.finish("length"))
+        return events, (None if self.finish_reason else tok)
+
+    def finish(self, reason: str) -> DoneEvent:
+        self.finish_reason = reason
+        tail = ""
+        if reason != "cancelled" and not self.stops.stopped:
+            tail, _ = self.stops.feed(self.decoder.flush())
+            tail += self.stops.flush()
+        t_end = time.perf_counter()
+        n = len(self.tokens)
+        st = self.stats
+        if self.t_first is not None:
+            st.decode_s = t_end - self.t_first
+            st.tpot_s = st.decode_s / (n - 1) if n > 1 else 0.0
+        else:
+            st.ttft_s = t_end - self.t_arrival
+        st.e2e_s = t_end - self.t_arrival
+        return DoneEvent(reason, tail, st)
+
+
+# --------------------------------------------------------------------------- consumer
 
 class Generation:
     """Iterates over text pieces; `tokens`, `finish_reason` and `stats` fill in as it goes.
 
-    Holds one KV slot from creation until exhausted or closed.
+    The request is queued on the engine's scheduler at creation and holds one KV slot
+    while it runs; `close()` (or garbage collection) cancels it and frees the slot.
     """
 
-    def __init__(self, engine: "Engine", prompt_ids: list[int], params: SamplingParams):
-        self._engine = engine
+    def __init__(self, scheduler: "Scheduler", prompt_ids: list[int], params: SamplingParams,
+                 n_logprobs: int | None = None):
         self.prompt_ids = prompt_ids
         self.params = params
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if n_logprobs is not None else None
         self.finish_reason: str | None = None
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        self._t0 = time.perf_counter()
-        self._iter = self._run()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: deque = deque()
+        self._done = False
+        self._req: "Request | None" = None
+        self._req = scheduler.submit(prompt_ids, params, self._events.put, n_logprobs=n_logprobs)
 
     def __iter__(self) -> Iterator[str]:
         return self
 
     def __next__(self) -> str:
-        return next(self._iter)
+        while True:
+            if not self._pending:
+                if self._done:
+                    raise StopIteration
+                self._pending.extend(self._events.get())
+            ev = self._pending.popleft()
+            if isinstance(ev, TokenEvent):
+                self.tokens.append(ev.token)
+                self.stats.completion_tokens = len(self.tokens)
+                if ev.logprob is not None and self.logprobs is not None:
+                    self.logprobs.append(ev.logprob)
+                if ev.text:
+                    return ev.text
+            elif isinstance(ev, DoneEvent):
+                self._done = True
+                self.finish_reason = ev.finish_reason
+                self.stats = ev.stats
+                if ev.text:
+                    return ev.text
+            elif isinstance(ev, ErrorEvent):
+                self._done = True
+                raise ev.error
 
     def close(self) -> None:
-        self._iter.close()
+        if not self._done and self._req is not None:
+            self._req.cancel()
+            self._done = True
+
+    def __del__(self) -> None:  # an abandoned stream must not hold its slot
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
 
     def result(self) -> Completion:
         """Runs to the end and returns the whole completion."""
         text = "".join(self)
         return Completion(text=text, tokens=list(self.tokens), finish_reason=self.finish_reason or "stop",
-                          stats=self.stats)
+                          stats=self.stats, logprobs=self.logprobs)
 
-    def _run(self) -> Iterator[str]:
-        eng, p = self._engine, self.params
-        sampler = p.make_sampler()
-        stops = p.stop_matcher()
-        decoder = StreamDecoder(eng.tokenizer)
-        eog = set() if p.ignore_eos else eng.tokenizer.eog_ids
-        history = list(self.prompt_ids)
-        limit = p.max_tokens
-        with eng._slot_for(self.prompt_ids) as slot:
-            t_prefill = time.perf_counter()
-            logits, cached = eng._prefill(slot, self.prompt_ids)
-            self.stats.cached_tokens = cached
-            t_last = time.perf_counter()
-            self.stats.prefill_s = t_last - t_prefill
-            t_first = None
-            while True:
-                if limit is not None and len(self.tokens) >= limit:
-                    self.finish_reason = "length"
-                    break
-                tok = sampler(logits, history)
-                if tok in eog:
-                    self.finish_reason = "stop"
-                    break
-                self.tokens.append(tok)
-                history.append(tok)
-                now = time.perf_counter()
-                if t_first is None:
-                    t_first = now
-                    self.stats.ttft_s = now - self._t0
-                self.stats.completion_tokens = len(self.tokens)
-                piece, stopped = stops.feed(decoder.push(tok))
-                if piece:
-                    yield piece
-                if stopped:
-                    self.finish_reason = "stop"
-                    break
-                if limit is not None and len(self.tokens) >= limit:
-                    self.finish_reason = "length"
-                    break
-                if not eng._has_room(slot):
-                    self.finish_reason = "length"
-                    break
-                logits = eng._decode(slot, tok)
-            if not stops.stopped:
-                tail, _ = stops.feed(decoder.flush())
-                tail += stops.flush()
-                if tail:
-                    yield tail
-            t_end = time.perf_counter()
-            n = len(self.tokens)
-            if t_first is not None:
-                self.stats.decode_s = t_end - t_first
-                self.stats.tpot_s = (t_end - t_first) / (n - 1) if n > 1 else 0.0
-            else:
-                self.stats.ttft_s = t_end - self._t0

@@ -11,14 +11,29 @@ static int quant_bytes(int type) {
     switch (type) {
     case EI_TYPE_Q4_0:
     case EI_TYPE_Q4_1: return 128;
+    case EI_TYPE_Q5_0:
+    case EI_TYPE_Q5_1: return 160;   /* nibbles as Q4, then each row's qh word */
     case EI_TYPE_Q8_0: return 256;
     default: return 0;
     }
 }
 
 static int src_block_bytes(int type) {
-    return type == EI_TYPE_Q4_0 ? Q4_0_BYTES : type == EI_TYPE_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES;
+    switch (type) {
+    case EI_TYPE_Q4_0: return Q4_0_BYTES;
+    case EI_TYPE_Q4_1: return Q4_1_BYTES;
+    case EI_TYPE_Q5_0: return Q5_0_BYTES;
+    case EI_TYPE_Q5_1: return Q5_1_BYTES;
+    default: return Q8_0_BYTES;
+    }
 }
+
+/* The implied min of types without one: x = d * (q - offset). */
+static float implied_offset(int type) {
+    return type == EI_TYPE_Q4_0 ? 8.0f : type == EI_TYPE_Q5_0 ? 16.0f : 128.0f;
+}
+
+static int has_min(int type) { return type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1; }
 
 size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const void *w) {
 #if defined(__x86_64__)
@@ -27,8 +42,8 @@ size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const 
     if (isa != EI_ISA_AVX2 && isa != EI_ISA_AVX512) return 0;
     if (!ei_isa_supported(isa)) return 0;
     if (type == EI_TYPE_Q8_0 && isa != EI_ISA_AVX512) return 0;   /* needs vpdpbusd */
-    if (type != EI_TYPE_Q4_1) {
-        /* the implied min (-8 d or -128 d) must be exact in f16: |d| <= 511 */
+    if (!has_min(type)) {
+        /* the implied min (-8 d, -16 d or -128 d) must be exact in f16: |d| <= 511 */
         const uint8_t *p = w;
         const int bb = src_block_bytes(type);
         for (int64_t i = 0; i < n_rows * (n_cols / QK); i++, p += bb) {
@@ -45,7 +60,7 @@ size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const 
 
 void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
     const int64_t nb = n_cols / QK;
-    const int bb = src_block_bytes(type), qb = quant_bytes(type), groups = qb / 32;
+    const int bb = src_block_bytes(type), qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4;
     const uint8_t *src = w;
     uint8_t *out = dst;
     for (int64_t g = 0; g < n_rows / EI_PACK_ROWS; g++) {
@@ -57,12 +72,12 @@ void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst)
                 const uint16_t dh = ei_ld16(blk);
                 const float df = ei_h2f(dh);
                 d[r] = dh;
-                const uint8_t *qs = blk + 2;
-                if (type == EI_TYPE_Q4_1) {
-                    m[r] = ei_ld16(blk + 2);
-                    qs = blk + 4;
-                } else {
-                    m[r] = ei_fp32_to_fp16(type == EI_TYPE_Q4_0 ? -8.0f * df : -128.0f * df);
+                /* after d (and m): Q5's qh word, then the quants */
+                const uint8_t *qs = blk + (has_min(type) ? 4 : 2);
+                m[r] = has_min(type) ? ei_ld16(blk + 2) : ei_fp32_to_fp16(-implied_offset(type) * df);
+                if (type == EI_TYPE_Q5_0 || type == EI_TYPE_Q5_1) {
+                    memcpy(q + 128 + 4 * r, qs, 4);
+                    qs += 4;
                 }
                 for (int k = 0; k < groups; k++)
                     for (int j = 0; j < 4; j++)
@@ -92,8 +107,8 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (no saturation for
  * 4-bit weights with maddubs), so the AVX2 and VNNI variants give identical
  * results, and each token's float ops are the same for NT = 1 and NT = 4. */
-#define PACKED_BODY(DP, NT, FOUR_BIT)                                                              \
-    const int qb = FOUR_BIT ? 128 : 256;                                                           \
+#define PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT)                                                    \
+    const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256;                                          \
     const uint8_t *p = packed;                                                                     \
     __m256 acc[NT];                                                                                \
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                     \
@@ -108,6 +123,7 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
                 w[k] = _mm256_and_si256(v, m4);                                                    \
                 w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                          \
             }                                                                                      \
+            if (FIVE_BIT) add_high_bits(w, p + PACK_HDR + 128);                                    \
         } else {                                                                                   \
             for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)(p + PACK_HDR + 32 * k)); \
         }                                                                                          \
@@ -127,18 +143,39 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
-#define PACKED_FN(NAME, TARGET, DP, NT, FOUR_BIT)                                                  \
+#define PACKED_FN(NAME, TARGET, DP, NT, FOUR_BIT, FIVE_BIT)                                        \
     static TARGET void NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
                             float *y, int64_t ldy) {                                               \
-        PACKED_BODY(DP, NT, FOUR_BIT)                                                              \
+        PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT)                                                    \
     }
 
-PACKED_FN(q4_x1_avx2, T_AVX2, dp_avx2, 1, 1)
-PACKED_FN(q4_x4_avx2, T_AVX2, dp_avx2, 4, 1)
-PACKED_FN(q4_x1_vnni, T_VNNI, dp_vnni, 1, 1)
-PACKED_FN(q4_x4_vnni, T_VNNI, dp_vnni, 4, 1)
-PACKED_FN(q8_x1_vnni, T_VNNI, dp_vnni, 1, 0)
-PACKED_FN(q8_x4_vnni, T_VNNI, dp_vnni, 4, 0)
+/* Q5: bit e of each row's qh word (one row per 32-bit lane) becomes 16 in the
+ * byte holding element e: w[k] holds elements 4k+j (qh byte k/2), w[k+4]
+ * elements 16+4k+j (qh byte 2+k/2), at bits 4(k%2)+j. */
+static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)qh_words);
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int k = 0; k < 8; k++) {
+        const int byte = k < 4 ? (k >> 1) : 2 + ((k - 4) >> 1), shift = 4 * (k & 1);
+        const __m256i ctl = _mm256_add_epi8(_mm256_set1_epi8((char)byte),
+                                            _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                                             0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+        const __m256i bits = _mm256_set1_epi32((int)(0x08040201u << shift));
+        const __m256i hit = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, ctl), bits), bits);
+        w[k] = _mm256_or_si256(w[k], _mm256_and_si256(hit, sixteen));
+    }
+}
+
+PACKED_FN(q4_x1_avx2, T_AVX2, dp_avx2, 1, 1, 0)
+PACKED_FN(q4_x4_avx2, T_AVX2, dp_avx2, 4, 1, 0)
+PACKED_FN(q4_x1_vnni, T_VNNI, dp_vnni, 1, 1, 0)
+PACKED_FN(q4_x4_vnni, T_VNNI, dp_vnni, 4, 1, 0)
+PACKED_FN(q5_x1_avx2, T_AVX2, dp_avx2, 1, 1, 1)
+PACKED_FN(q5_x4_avx2, T_AVX2, dp_avx2, 4, 1, 1)
+PACKED_FN(q5_x1_vnni, T_VNNI, dp_vnni, 1, 1, 1)
+PACKED_FN(q5_x4_vnni, T_VNNI, dp_vnni, 4, 1, 1)
+PACKED_FN(q8_x1_vnni, T_VNNI, dp_vnni, 1, 0, 0)
+PACKED_FN(q8_x4_vnni, T_VNNI, dp_vnni, 4, 0, 0)
 
 typedef void (*packed_fn)(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #endif
@@ -149,10 +186,14 @@ void ei_matmul_packed(int type, int isa, const void *packed, int64_t n_cols, int
     const int64_t nb = n_cols / QK;
     const size_t group_bytes = (size_t)nb * (PACK_HDR + quant_bytes(type));
     packed_fn x1, x4;
+    const int vnni = isa == EI_ISA_AVX512;
     if (type == EI_TYPE_Q8_0) {
         x1 = q8_x1_vnni;
         x4 = q8_x4_vnni;
-    } else if (isa == EI_ISA_AVX512) {
+    } else if (type == EI_TYPE_Q5_0 || type == EI_TYPE_Q5_1) {
+        x1 = vnni ? q5_x1_vnni : q5_x1_avx2;
+        x4 = vnni ? q5_x4_vnni : q5_x4_avx2;
+    } else if (vnni) {
         x1 = q4_x1_vnni;
         x4 = q4_x4_vnni;
     } else {

@@ -1,0 +1,378 @@
+"""Continuous batching over the fixed KV ring: one engine loop, one native forward per step.
+
+Each step builds ONE batch: the next token of every decoding sequence plus prefill chunks of
+admitted prompts (at most `max_batch` tokens in all), runs `NativeRuntime.forward` once,
+samples every sequence that got a row of logits and hands the resulting events to each
+request's sink. A finished or cancelled sequence frees its slot at once; the oldest waiting
+request takes a free slot at the start of the next step, choosing the slot that already
+holds the longest prefix of its prompt (prefix reuse).
+
+The kernels compute every token row the same way whatever else is in the batch, so a
+sequence's output does not depend on its neighbours or on how its prompt was chunked.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+
+from ..errors import EdgeInferError
+from .generation import ErrorEvent, SequenceState
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Engine
+
+log = logging.getLogger("edgeinfer")
+
+Sink = Callable[[list], None]
+
+
+class QueueFullError(EdgeInferError):
+    """The waiting queue is at its bound: the request is refused at once (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SchedulerClosedError(EdgeInferError):
+    """The scheduler is draining or closed and admits no new requests (HTTP 503)."""
+
+
+class Request:
+    """One submitted sequence. `cancel()` is safe from any thread."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, scheduler: "Scheduler", seq: SequenceState, sink: Sink):
+        self.id = next(self._ids)
+        self.seq = seq
+        self.sink = sink
+        self.slot: int | None = None
+        self.n_fed = 0                  # prompt tokens already in the slot (reused or fed)
+        self.next_token: int | None = None
+        self.cancelled = False
+        self.done = False
+        self._scheduler = scheduler
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_fed < len(self.seq.prompt_ids)
+
+    def cancel(self) -> None:
+        if not self.done and not self.cancelled:
+            self.cancelled = True
+            self._scheduler._wake()
+
+
+class Scheduler:
+    """The engine loop of one Engine. Started lazily; the thread exits after `idle_exit_s`
+    without work (and restarts on the next submit), so unused engines can be collected."""
+
+    def __init__(self, engine: "Engine", max_queue: int = 256, max_batch: int | None = None,
+                 idle_exit_s: float = 2.0):
+        self.engine = engine
+        self.n_slots = engine.ring.n_slots
+        self.max_queue = max_queue
+        self.max_batch = max(self.n_slots, min(max_batch or engine.runtime.max_batch,
+                                               engine.runtime.max_batch))
+        self.idle_exit_s = idle_exit_s
+        self._cv = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._active: list[Request] = []
+        self._free: list[int] = list(range(self.n_slots))     # least recently used first
+        self._leased: set[int] = set()
+        self._lease_waiters = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._draining = False
+        self.failed: BaseException | None = None
+        self.steps = 0
+        self.last_batch_tokens = 0
+        self._logits = np.empty((self.n_slots, engine.config.n_vocab), dtype=np.float32)
+
+    # ------------------------------------------------------------------ public
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
+               n_logprobs: int | None = None, t_arrival: float | None = None) -> Request:
+        """Queues a sequence; events reach `sink(list_of_events)` from the engine loop thread.
+
+        Raises QueueFullError when `max_queue` requests already wait for a slot, and
+        SchedulerClosedError while draining or after close."""
+        seq = SequenceState(self.engine.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
+        req = Request(self, seq, sink)
+        with self._cv:
+            if self._closed or self._draining:
+                raise SchedulerClosedError("the engine is shutting down and admits no new requests")
+            if self.failed is not None:
+                raise SchedulerClosedError(f"the engine has failed: {self.failed}")
+            if seq.wants_no_tokens():
+                req.done = True
+                sink([seq.finish("length")])
+                return req
+            # Requests about to take a free slot (at the next step) are not "waiting".
+            if len(self._waiting) - len(self._free) >= self.max_queue:
+                raise QueueFullError(f"the queue is full ({len(self._waiting)} requests waiting for "
+                                     f"{self.n_slots} slots)", retry_after_s=self._retry_after())
+            self._waiting.append(req)
+            self._ensure_thread()
+            self._cv.notify_all()
+        return req
+
+    @contextlib.contextmanager
+    def lease_slot(self) -> Iterator[int]:
+        """Takes a free slot away from the scheduler for direct use (Engine.logits)."""
+        with self._cv:
+            self._lease_waiters += 1
+            try:
+                while not self._free:
+                    self._cv.wait()
+            finally:
+                self._lease_waiters -= 1
+            slot = self._free.pop(0)
+            self._leased.add(slot)
+        try:
+            yield slot
+        finally:
+            with self._cv:
+                self._leased.discard(slot)
+                self._free.append(slot)
+                self._cv.notify_all()
+
+    def snapshot(self) -> dict:
+        """Gauges for /metrics and health."""
+        with self._cv:
+            active = list(self._active)
+            waiting = len(self._waiting)
+        ring = self.engine.ring
+        return {
+            "slots_total": self.n_slots,
+            "slots_busy": len(active) + len(self._leased),
+            "queue_length": waiting,
+            "max_queue": self.max_queue,
+            "kv_cells_used": sum(ring.cells_used(r.slot) for r in active if r.slot is not None),
+            "kv_cells_total": ring.capacity * ring.n_slots,
+            "steps": self.steps,
+        }
+
+    def in_flight(self) -> int:
+        with self._cv:
+            return len(self._active) + len(self._waiting)
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Stops admitting; waits for in-flight requests (up to timeout). True if all finished."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            self._draining = True
+            while self._active or self._waiting:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(timeout=left if left is None else min(left, 0.1))
+        return True
+
+    def close(self) -> None:
+        """Cancels everything, stops the loop thread."""
+        with self._cv:
+            self._closed = True
+            for r in list(self._waiting) + list(self._active):
+                r.cancelled = True
+            self._cv.notify_all()
+            t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=30)
+        # Anything the loop did not get to (thread never started) is finished here.
+        with self._cv:
+            left = list(self._waiting) + list(self._active)
+            self._waiting.clear()
+            self._active.clear()
+        for r in left:
+            self._finish(r, "cancelled")
+
+    # ------------------------------------------------------------------ loop
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def _retry_after(self) -> float:
+        return 1.0
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="edgeinfer-engine", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                idle_since = time.monotonic()
+                while not (self._active or self._waiting):
+                    if self._closed:
+                        self._thread = None
+                        return
+                    left = self.idle_exit_s - (time.monotonic() - idle_since)
+                    if left <= 0:
+                        self._thread = None
+                        return
+                    self._cv.wait(timeout=left)
+                finished = self._reap_cancelled()
+                self._admit()
+                batch_reqs = list(self._active)
+            for r in finished:
+                self._finish(r, "cancelled")
+            if batch_reqs:
+                try:
+                    self._step(batch_reqs)
+                except BaseException as exc:  # a native failure ends the sequences in the batch
+                    log.exception("engine step failed")
+                    self._fail(batch_reqs, exc)
+            with self._cv:
+                self._cv.notify_all()   # drain() and lease_slot() waiters
+
+    def _reap_cancelled(self) -> list[Request]:
+        """(under lock) Removes cancelled requests, frees their slots."""
+        out = []
+        if any(r.cancelled for r in self._waiting):
+            keep = deque()
+            for r in self._waiting:
+                (out if r.cancelled else keep).append(r)
+            self._waiting = keep
+        for r in [r for r in self._active if r.cancelled]:
+            self._active.remove(r)
+            self._release(r)
+            out.append(r)
+        return out
+
+    def _admit(self) -> None:
+        """(under lock) Gives free slots to waiting requests, oldest first, longest prefix."""
+        ring = self.engine.ring
+        while self._waiting and self._free and not self._closed:
+            if self._lease_waiters and len(self._free) <= self._lease_waiters:
+                break   # let a leaseholder (Engine.logits) have a slot
+            req = self._waiting.popleft()
+            ids = req.seq.prompt_ids
+            best, best_n = 0, -1
+            for i, s in enumerate(self._free):
+                n = ring.common_prefix(s, ids)
+                if n > best_n:
+                    best, best_n = i, n
+            slot = self._free.pop(best)
+            keep = min(best_n, len(ids) - 1)
+            with self.engine._step_lock:
+                ring.truncate(slot, keep)
+                self.engine.runtime.forget_from(slot, keep)
+            req.slot = slot
+            req.n_fed = keep
+            req.seq.admitted(keep)
+            self._active.append(req)
+
+    def _release(self, req: Request) -> None:
+        """(under lock) Returns the request's slot to the free list (its cells stay for reuse)."""
+        if req.slot is not None:
+            self._free.append(req.slot)
+            req.slot = None
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.done:
+            return
+        req.done = True
+        self._emit(req, [req.seq.finish(reason)])
+
+    def _emit(self, req: Request, events: list) -> None:
+        try:
+            req.sink(events)
+        except Exception:  # a consumer that went away must not stop the loop
+            log.debug("sink of request %d failed", req.id, exc_info=True)
+            req.cancelled = True
+
+    def _fail(self, reqs: list[Request], exc: BaseException) -> None:
+        with self._cv:
+            for r in reqs:
+                if r in self._active:
+                    self._active.remove(r)
+                    if r.slot is not None:
+                        self.engine.ring.truncate(r.slot, 0)
+                        with contextlib.suppress(Exception):
+                            self.engine.runtime.clear_slot(r.slot)
+                    self._release(r)
+        for r in reqs:
+            if not r.done:
+                r.done = True
+                self._emit(r, [ErrorEvent(exc)])
+
+    def _step(self, reqs: list[Request]) -> None:
+        eng = self.engine
+        ring = eng.ring
+        toks: list[int] = []
+        slots: list[int] = []
+        pos_parts: list[np.ndarray] = []
+        cell_parts: list[np.ndarray] = []
+        out_rows: list[int] = []
+        owners: list[Request] = []
+        budget = self.max_batch
+        with eng._step_lock:
+            # Decode tokens first: every running sequence advances each step.
+            for r in reqs:
+                if not r.prefilling:
+                    p, c = ring.reserve(r.slot, [r.next_token])
+                    out_rows.append(len(toks))
+                    toks.append(r.next_token)
+                    slots.append(r.slot)
+                    pos_parts.append(p)
+                    cell_parts.append(c)
+                    owners.append(r)
+                    budget -= 1
+            # Then prefill chunks with what is left of the budget.
+            for r in reqs:
+                if budget <= 0:
+                    break
+                if not r.prefilling:
+                    continue
+                ids = r.seq.prompt_ids
+                rest = len(ids) - r.n_fed
+                limit = ring.max_chunk(r.slot) or rest
+                n = min(rest, budget, max(1, limit))
+                chunk = ids[r.n_fed:r.n_fed + n]
+                p, c = ring.reserve(r.slot, chunk)
+                toks.extend(chunk)
+                slots.extend([r.slot] * n)
+                pos_parts.append(p)
+                cell_parts.append(c)
+                r.n_fed += n
+                budget -= n
+                if not r.prefilling:
+                    out_rows.append(len(toks) - 1)
+                    owners.append(r)
+            if not toks:
+                return
+            n_out = len(out_rows)
+            logits = eng.runtime.forward(
+                np.asarray(toks, dtype=np.int32), np.asarray(slots, dtype=np.int32),
+                np.concatenate(pos_parts).astype(np.int32, copy=False),
+                np.concatenate(cell_parts).astype(np.int32, copy=False),
+                np.asarray(out_rows, dtype=np.int32), self._logits[:n_out])
+            self.steps += 1
+            self.last_batch_tokens = len(toks)
+        finished: list[Request] = []
+        for i, r in enumerate(owners):
+            if r.cancelled:
+                continue        # reaped (and its slot freed) at the top of the next step
+            room = ring.room(r.slot)
+            events, nxt = r.seq.on_logits(logits[i], has_room=room is None or room > 0)
+            r.next_token = nxt
+            if nxt is None:
+                r.done = True
+                finished.append(r)
+            self._emit(r, events)
+        if finished:
+            with self._cv:
+                for r in finished:
+                    if r in self._active:
+                        self._active.remove(r)
+                        self._release(r)

@@ -1,0 +1,453 @@
+"""The aiohttp application: OpenAI routes over the engine's continuous-batching scheduler.
+
+Handlers never run the model: they validate, tokenize (on one helper thread), submit to
+`engine.scheduler` and relay its events. A client that goes away cancels its request
+(aiohttp cancels the handler on disconnect), which frees the slot at the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiohttp import web
+
+from ..engine.generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
+from ..engine.sampling import SamplingParams
+from ..engine.scheduler import QueueFullError, SchedulerClosedError
+from ..errors import EdgeInferError, InvalidTokenError, SamplingParamsError, TemplateError
+from .metrics import Metrics
+from .protocol import APIError, GenRequest, bad, parse_chat, parse_completion
+
+log = logging.getLogger("edgeinfer.server")
+
+DEFAULT_MAX_BODY = 4 * 2**20
+
+
+class ServerState:
+    """What the handlers share: the engine (None while loading), status, metrics, options."""
+
+    def __init__(self, engine=None, model_name: str | None = None, api_key: str | None = None,
+                 max_body: int = DEFAULT_MAX_BODY):
+        self.engine = engine
+        self.model_name = model_name or (engine.path.stem if engine is not None else "edgeinfer")
+        self.api_key = api_key
+        self.max_body = max_body
+        self.status = "ready" if engine is not None else "loading"
+        self.error: str | None = None
+        self.metrics = Metrics()
+        self.created = int(time.time())
+        self.in_flight = 0
+        self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeinfer-tok")
+
+    def set_engine(self, engine, model_name: str | None = None) -> None:
+        self.engine = engine
+        if model_name:
+            self.model_name = model_name
+        self.status = "ready"
+
+    def set_failed(self, message: str) -> None:
+        self.error = message
+        self.status = "failed"
+
+    def require_engine(self):
+        if self.status == "draining":
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down",
+                           headers={"Retry-After": "5"})
+        if self.status == "failed":
+            raise APIError(503, f"the model failed to load: {self.error}", type="server_error",
+                           code="model_failed")
+        if self.engine is None:
+            raise APIError(503, "the model is still loading", type="server_error", code="model_loading",
+                           headers={"Retry-After": "2"})
+        return self.engine
+
+
+STATE_KEY = web.AppKey("edgeinfer_state", ServerState)
+
+
+def _json(data: Any, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(text=json.dumps(data, ensure_ascii=False), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def error_response(e: APIError) -> web.Response:
+    return _json(e.body(), status=e.status, headers=e.headers)
+
+
+_HTTP_ERRORS = {404: ("not found", "not_found"), 405: ("method not allowed", "method_not_allowed"),
+                413: ("request body too large", "request_too_large")}
+
+
+@web.middleware
+async def _middleware(request: web.Request, handler):
+    state: ServerState = request.app[STATE_KEY]
+    info = request.match_info.route.resource
+    route = info.canonical if info is not None else "other"
+    status = 500
+    try:
+        if state.api_key is not None and request.path != "/health":
+            auth = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(auth.encode(), f"Bearer {state.api_key}".encode()):
+                raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                               type="authentication_error", code="invalid_api_key",
+                               headers={"WWW-Authenticate": "Bearer"})
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except APIError as e:
+        status = e.status
+        return error_response(e)
+    except web.HTTPException as e:
+        status = e.status
+        msg, code = _HTTP_ERRORS.get(e.status, (e.reason, None))
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        return error_response(APIError(e.status, f"{msg}: {request.method} {request.path}",
+                                       code=code, headers=headers))
+    except asyncio.CancelledError:
+        status = 499        # client closed the connection
+        raise
+    except Exception as e:  # pragma: no cover - a bug: answer 500, keep serving
+        log.exception("unhandled error on %s", request.path)
+        status = 500
+        return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
+    finally:
+        state.metrics.count_request(route, status)
+
+
+async def _read_json(request: web.Request, state: ServerState) -> Any:
+    if request.content_length is not None and request.content_length > state.max_body:
+        raise APIError(413, f"request body of {request.content_length} bytes exceeds the limit of "
+                            f"{state.max_body}", code="request_too_large")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise APIError(413, f"request body exceeds the limit of {state.max_body} bytes",
+                       code="request_too_large") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"invalid JSON body: {e}", code="invalid_json") from None
+
+
+# --------------------------------------------------------------------------- simple routes
+
+async def health(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    if state.status != "ready" or state.engine is None:
+        body = {"status": state.status}
+        if state.error:
+            body["error"] = state.error
+        return _json(body, status=503)
+    sched = state.engine.scheduler
+    if sched.failed is not None:
+        return _json({"status": "failed", "error": str(sched.failed)}, status=503)
+    snap = sched.snapshot()
+    return _json({"status": "ok", "slots_busy": snap["slots_busy"], "slots_total": snap["slots_total"],
+                  "queue_length": snap["queue_length"]})
+
+
+async def models(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    data = []
+    if state.engine is not None:
+        eng = state.engine
+        data.append({"id": state.model_name, "object": "model", "created": state.created,
+                     "owned_by": "edgeinfer",
+                     "meta": {"n_ctx": eng.n_ctx, "n_slots": eng.ring.n_slots,
+                              "n_vocab": eng.config.n_vocab, "arch": eng.config.arch}})
+    return _json({"object": "list", "data": data})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    gauges = {"edgeinfer_requests_in_flight": (state.in_flight, "HTTP generation requests being served."),
+              "edgeinfer_ready": (1 if state.status == "ready" else 0, "1 when the server can serve.")}
+    if state.engine is not None:
+        snap = state.engine.scheduler.snapshot()
+        gauges.update({
+            "edgeinfer_slots_busy": (snap["slots_busy"], "KV slots held by running sequences."),
+            "edgeinfer_slots_total": (snap["slots_total"], "KV slots in the ring."),
+            "edgeinfer_queue_length": (snap["queue_length"], "Requests waiting for a slot."),
+            "edgeinfer_queue_capacity": (snap["max_queue"], "Bound of the waiting queue."),
+            "edgeinfer_kv_cells_used": (snap["kv_cells_used"], "KV ring cells held by running sequences."),
+            "edgeinfer_kv_cells_total": (snap["kv_cells_total"], "KV ring cells in all slots."),
+            "edgeinfer_engine_steps": (snap["steps"], "Batched forward steps run so far."),
+        })
+    return web.Response(text=state.metrics.render(gauges), content_type="text/plain",
+                        headers={"X-Content-Type-Options": "nosniff"}, charset="utf-8")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    body = await _read_json(request, state)
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    content = body.get("content", body.get("prompt"))
+    if not isinstance(content, str):
+        raise bad("'content' must be a string", "content", "invalid_type")
+    add_special = body.get("add_special", True)
+    with_pieces = body.get("with_pieces", False)
+    if not isinstance(add_special, bool) or not isinstance(with_pieces, bool):
+        raise bad("'add_special' and 'with_pieces' must be booleans", code="invalid_type")
+    loop = asyncio.get_running_loop()
+    ids = await loop.run_in_executor(state.tok_pool, lambda: eng.tokenize(content, add_special=add_special))
+    if with_pieces:
+        return _json({"tokens": [{"id": i, "piece": _piece(eng, i)} for i in ids]})
+    return _json({"tokens": ids})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    body = await _read_json(request, state)
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    toks = body.get("tokens")
+    if not isinstance(toks, list):
+        raise bad("'tokens' must be a list of token ids", "tokens", "invalid_type")
+    try:
+        text = eng.detokenize(toks)
+    except InvalidTokenError as e:
+        raise bad(str(e), "tokens", "invalid_token") from None
+    return _json({"content": text})
+
+
+def _piece(eng, token: int) -> str:
+    return eng.tokenizer.token_to_bytes(token).decode("utf-8", errors="replace")
+
+
+# --------------------------------------------------------------------------- generation
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+def _prompt_ids(eng, req: GenRequest) -> list[int]:
+    try:
+        if req.kind == "chat":
+            return eng._chat_ids(req.messages)
+        if req.prompt_ids is not None:
+            return req.prompt_ids
+        return eng.tokenize(req.prompt_text)
+    except TemplateError as e:
+        raise bad(f"the chat template failed: {e}", "messages", "template_error") from None
+
+
+def _check_context(eng, req: GenRequest, n_prompt: int) -> int:
+    """The max_tokens to use; 400 naming both numbers when prompt + max_tokens do not fit."""
+    n_ctx = eng.n_ctx
+    param = "messages" if req.kind == "chat" else "prompt"
+    if n_prompt == 0:
+        raise bad("the prompt is empty (no tokens)", param, "empty_prompt")
+    slide = eng.ring.overflow == "slide"
+    if req.max_tokens is None:
+        if not slide and n_prompt >= n_ctx:
+            raise bad(f"the prompt has {n_prompt} tokens but the context holds {n_ctx}: no room to "
+                      f"generate", param, "context_length_exceeded")
+        return n_ctx if slide else n_ctx - n_prompt
+    if not slide and n_prompt + req.max_tokens > n_ctx:
+        raise bad(f"this model's context is {n_ctx} tokens, but the request needs "
+                  f"{n_prompt + req.max_tokens}: {n_prompt} in the prompt + {req.max_tokens} for the "
+                  f"completion (max_tokens)", "max_tokens", "context_length_exceeded")
+    return req.max_tokens
+
+
+async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+    t_arrival = time.perf_counter()
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    body = await _read_json(request, state)
+    req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
+    loop = asyncio.get_running_loop()
+    ids = await loop.run_in_executor(state.tok_pool, _prompt_ids, eng, req)
+    max_tokens = _check_context(eng, req, len(ids))
+    try:
+        params = SamplingParams.from_dict(req.sampling, max_tokens=max_tokens)
+    except SamplingParamsError as e:
+        raise bad(str(e), code="invalid_value") from None
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def sink(events: list) -> None:       # called on the engine loop thread
+        loop.call_soon_threadsafe(queue.put_nowait, events)
+
+    state.require_engine()                 # draining may have started while tokenizing
+    try:
+        handle = eng.scheduler.submit(ids, params, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival)
+    except QueueFullError as e:
+        raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
+                       headers={"Retry-After": str(max(1, round(e.retry_after_s)))}) from None
+    except SchedulerClosedError as e:
+        raise APIError(503, str(e), type="server_error", code="shutting_down",
+                       headers={"Retry-After": "5"}) from None
+    state.in_flight += 1
+    try:
+        ctx = _Ctx(state, eng, req, len(ids), kind)
+        if req.stream:
+            return await _stream(request, queue, ctx)
+        return await _collect(queue, ctx)
+    finally:
+        state.in_flight -= 1
+        handle.cancel()                    # no-op when finished; frees the slot otherwise
+
+
+class _Ctx:
+    def __init__(self, state: ServerState, eng, req: GenRequest, n_prompt: int, kind: str):
+        self.state, self.eng, self.req, self.n_prompt, self.kind = state, eng, req, n_prompt, kind
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = state.model_name
+        self.text_offset = 0
+
+    def usage(self, stats) -> dict:
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": stats.completion_tokens,
+                "total_tokens": self.n_prompt + stats.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+    def chat_logprobs(self, lps: list[TokenLogprob]) -> dict:
+        def entry(tok: int, lp: float) -> dict:
+            b = self.eng.tokenizer.token_to_bytes(tok)
+            return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+        return {"content": [{**entry(x.token, x.logprob), "top_logprobs": [entry(t, l) for t, l in x.top]}
+                            for x in lps], "refusal": None}
+
+    def completion_logprobs(self, lps: list[TokenLogprob]) -> dict:
+        tokens, offsets = [], []
+        for x in lps:
+            t = _piece(self.eng, x.token)
+            tokens.append(t)
+            offsets.append(self.text_offset)
+            self.text_offset += len(t)
+        return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps],
+                "top_logprobs": [{_piece(self.eng, t): l for t, l in x.top} for x in lps],
+                "text_offset": offsets}
+
+    def logprobs(self, lps: list[TokenLogprob]) -> dict | None:
+        if self.req.n_logprobs is None:
+            return None
+        return self.chat_logprobs(lps) if self.kind == "chat" else self.completion_logprobs(lps)
+
+    def done(self, ev: DoneEvent) -> None:
+        self.state.metrics.observe_generation(ev.stats, ev.finish_reason)
+
+
+def _engine_error(ev: ErrorEvent) -> APIError:
+    if isinstance(ev.error, EdgeInferError):
+        return APIError(500, f"generation failed: {ev.error}", type="server_error", code="engine_error")
+    return APIError(500, f"generation failed: {type(ev.error).__name__}: {ev.error}", type="server_error")
+
+
+async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
+    parts: list[str] = []
+    lps: list[TokenLogprob] = []
+    while True:
+        events = await queue.get()
+        for ev in events:
+            if isinstance(ev, TokenEvent):
+                parts.append(ev.text)
+                if ev.logprob is not None:
+                    lps.append(ev.logprob)
+            elif isinstance(ev, DoneEvent):
+                parts.append(ev.text)
+                ctx.done(ev)
+                text = "".join(parts)
+                if ctx.kind == "chat":
+                    choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                              "logprobs": ctx.logprobs(lps), "finish_reason": ev.finish_reason}
+                    obj = "chat.completion"
+                else:
+                    choice = {"index": 0, "text": text, "logprobs": ctx.logprobs(lps),
+                              "finish_reason": ev.finish_reason}
+                    obj = "text_completion"
+                return _json({"id": ctx.id, "object": obj, "created": ctx.created, "model": ctx.model,
+                              "choices": [choice], "usage": ctx.usage(ev.stats),
+                              "system_fingerprint": "edgeinfer"})
+            elif isinstance(ev, ErrorEvent):
+                raise _engine_error(ev)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                       "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    chat = ctx.kind == "chat"
+    inc = ctx.req.include_usage
+    base = {"id": ctx.id, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": ctx.created, "model": ctx.model, "system_fingerprint": "edgeinfer"}
+
+    def chunk(text: str | None, finish: str | None, lps: list[TokenLogprob] | None, first: bool = False) -> bytes:
+        if chat:
+            delta: dict = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": ctx.logprobs(lps) if lps else None,
+                      "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": ctx.logprobs(lps) if lps else None,
+                      "finish_reason": finish}
+        c = {**base, "choices": [choice]}
+        if inc:
+            c["usage"] = None
+        return _sse(c)
+
+    try:
+        if chat:
+            await resp.write(chunk("", None, None, first=True))
+        while True:
+            events = await queue.get()
+            out: list[bytes] = []
+            finished = False
+            for ev in events:
+                if isinstance(ev, TokenEvent):
+                    if ev.text or ev.logprob is not None:
+                        out.append(chunk(ev.text, None, [ev.logprob] if ev.logprob is not None else None))
+                elif isinstance(ev, DoneEvent):
+                    ctx.done(ev)
+                    if ev.text:
+                        out.append(chunk(ev.text, None, None))
+                    out.append(chunk(None if chat else "", ev.finish_reason, None))
+                    if inc:
+                        out.append(_sse({**base, "choices": [], "usage": ctx.usage(ev.stats)}))
+                    out.append(b"data: [DONE]\n\n")
+                    finished = True
+                elif isinstance(ev, ErrorEvent):
+                    out.append(_sse(_engine_error(ev).body()))
+                    out.append(b"data: [DONE]\n\n")
+                    finished = True
+            if out:
+                await resp.write(b"".join(out))
+            if finished:
+                break
+        await resp.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        log.debug("client went away during a stream")   # the caller cancels the request
+    return resp
+
+
+def create_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[_middleware], client_max_size=state.max_body)
+    app[STATE_KEY] = state
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    return app

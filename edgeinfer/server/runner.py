@@ -1,0 +1,172 @@
+"""Running the server: `serve()` for the CLI (signals, background model load, graceful drain)
+and `ServerThread` to embed it in an app or a test (own event loop, free loopback port)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import threading
+import time
+from typing import Callable
+
+from aiohttp import web
+
+from .app import DEFAULT_MAX_BODY, ServerState, create_app
+
+log = logging.getLogger("edgeinfer.server")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+async def _start(state: ServerState, sock: socket.socket) -> web.AppRunner:
+    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    return runner
+
+
+async def _drain(state: ServerState, runner: web.AppRunner, timeout_s: float, close_engine: bool) -> None:
+    """Stops admitting; lets in-flight requests finish up to `timeout_s`; then cancels the rest
+    (closing the connections cancels their handlers, which cancel their sequences)."""
+    state.status = "draining"
+    deadline = time.monotonic() + timeout_s
+    while state.in_flight > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if state.in_flight:
+        log.warning("drain timeout: cancelling %d request(s)", state.in_flight)
+    await runner.cleanup()
+    state.tok_pool.shutdown(wait=False)
+    if close_engine and state.engine is not None:
+        await asyncio.get_running_loop().run_in_executor(None, state.engine.close)
+
+
+class ServerThread:
+    """The server on its own thread and event loop: `with ServerThread(engine) as srv: srv.url`."""
+
+    def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 max_body: int = DEFAULT_MAX_BODY, model_name: str | None = None,
+                 drain_timeout_s: float = 10.0):
+        self.state = ServerState(engine, model_name=model_name, api_key=api_key, max_body=max_body)
+        self._sock = _bind(host, port)
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.url = f"http://{host}:{self.port}"
+        self.drain_timeout_s = drain_timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-server", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner = self._loop.run_until_complete(_start(self.state, self._sock))
+        except BaseException as e:  # pragma: no cover - reported by start()
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Graceful: finish in-flight requests (up to the drain timeout), then stop."""
+        if not self._thread.is_alive():
+            return
+        t = self.drain_timeout_s if timeout_s is None else timeout_s
+        fut = asyncio.run_coroutine_threadsafe(_drain(self.state, self._runner, t, close_engine=False),
+                                               self._loop)
+        try:
+            fut.result(timeout=t + 30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots: int = 4,
+          n_ctx: int = 2048, n_threads: int | None = None, api_key: str | None = None,
+          max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY, drain_timeout_s: float = 30.0,
+          overflow: str = "stop", max_batch: int = 256,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Blocks serving until SIGTERM / SIGINT. Listens at once; the model loads in the
+    background (/health answers 503 until it is ready, or if loading failed)."""
+    from .. import load
+    from ..models import DEFAULT_MODEL
+
+    name = model or DEFAULT_MODEL
+    state = ServerState(None, model_name=name, api_key=api_key, max_body=max_body)
+    sock = _bind(host, port)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        runner = await _start(state, sock)
+        url = f"http://{host}:{sock.getsockname()[1]}"
+        log.warning("edgeinfer serve: listening on %s (loading %s)", url, name)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread
+                pass
+
+        def _load():
+            return load(name, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow,
+                        max_batch=max_batch, max_queue=max_queue)
+
+        async def loader() -> None:
+            try:
+                eng = await loop.run_in_executor(None, _load)
+            except Exception as e:
+                log.error("loading %s failed: %s", name, e)
+                state.set_failed(f"{type(e).__name__}: {e}")
+                return
+            if state.status == "draining":
+                eng.close()
+                return
+            state.set_engine(eng, model_name=_model_id(name, eng))
+            info = eng.info()
+            log.warning("ready: %s, %d slots x %d cells, KV arena %.1f MiB, %d threads (%s)",
+                        state.model_name, info["n_slots"], info["n_ctx"], info["kv_bytes"] / 2**20,
+                        info["n_threads"], info["isa"])
+            if on_ready:
+                on_ready(url)
+
+        load_task = asyncio.create_task(loader())
+        await stop.wait()
+        log.warning("shutting down: finishing in-flight requests (up to %.0f s)", drain_timeout_s)
+        load_task.cancel()
+        await _drain(state, runner, drain_timeout_s, close_engine=True)
+        log.warning("stopped")
+
+    asyncio.run(main())
+
+
+def _model_id(name: str, eng) -> str:
+    """The id /v1/models reports: the known-model name, or the file's stem for a path."""
+    if "/" in name or name.endswith(".gguf"):
+        return eng.path.stem
+    return name

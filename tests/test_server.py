@@ -1,0 +1,346 @@
+"""`edgeinfer serve`: the OpenAI client, batching, cancellation, bad input, the bounded queue,
+auth, graceful shutdown. Servers bind 127.0.0.1 on a free port; generations stay short."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import edgeinfer
+from edgeinfer.server import ServerThread
+
+openai = pytest.importorskip("openai")
+
+N_CTX = 128
+PROMPTS = ["The history of the printing press begins", "Water boils at", "def fibonacci(n):",
+           "My favourite colour is", "The capital of France is", "Once upon a time,",
+           "import numpy as np\n", "The three laws of motion are"]
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    eng = edgeinfer.load(smollm2_path, n_ctx=N_CTX, n_threads=2, n_slots=4)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    srv = ServerThread(engine, max_body=64 * 1024, model_name="smollm2").start()
+    yield srv
+    srv.stop(timeout_s=5)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def request(url: str, method: str = "GET", body=None, headers=None, raw: bytes | None = None):
+    """(status, headers, parsed JSON or text) without raising on HTTP errors."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, hdrs, payload = r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        status, hdrs, payload = e.code, dict(e.headers), e.read()
+    try:
+        return status, hdrs, json.loads(payload)
+    except ValueError:
+        return status, hdrs, payload.decode()
+
+
+def wait_idle(engine, timeout=10.0) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        snap = engine.scheduler.snapshot()
+        if snap["slots_busy"] == 0 and snap["queue_length"] == 0:
+            return snap
+        time.sleep(0.01)
+    return engine.scheduler.snapshot()
+
+
+# --------------------------------------------------------------------------- the OpenAI client
+
+def test_chat_with_openai_client(client):
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    kw = dict(model="smollm2", messages=msgs, max_tokens=12, temperature=0.8, seed=7)
+    r = client.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert r.object == "chat.completion" and ch.message.role == "assistant"
+    assert ch.finish_reason in ("stop", "length") and ch.message.content
+    assert r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    # Streamed with the same seed: the same text; usage in the last chunk.
+    pieces, finish, usage = [], None, None
+    for chunk in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(pieces) == ch.message.content
+    assert finish == ch.finish_reason
+    assert usage.completion_tokens == r.usage.completion_tokens
+    assert usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_completion_with_openai_client(client, engine):
+    kw = dict(model="smollm2", prompt=PROMPTS[0], max_tokens=10, temperature=0.0)
+    r = client.completions.create(**kw)
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 10
+    assert r.usage.prompt_tokens == len(engine.tokenize(PROMPTS[0]))
+    text = r.choices[0].text
+    assert text == engine.generate(PROMPTS[0], max_tokens=10, temperature=0.0).text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True) if c.choices)
+    assert streamed == text
+    # Token ids as the prompt give the same text.
+    ids = engine.tokenize(PROMPTS[0])
+    assert client.completions.create(**{**kw, "prompt": ids}).choices[0].text == text
+    # A stop string ends with finish_reason "stop" and is not included.
+    stop = text[3:7]
+    s = client.completions.create(**kw, stop=[stop])
+    assert s.choices[0].finish_reason == "stop" and s.choices[0].text == text[:text.index(stop)]
+
+
+def test_logprobs_and_extensions(client):
+    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
+                                       extra_body={"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1})
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens
+    assert all(len(x.top_logprobs) == 3 and x.logprob <= 0 for x in lp)
+    assert lp[0].token == lp[0].top_logprobs[0].token       # greedy takes the most likely
+    c = client.completions.create(model="smollm2", prompt="Water boils at", max_tokens=3, temperature=0,
+                                  logprobs=2)
+    assert len(c.choices[0].logprobs.tokens) == 3 and len(c.choices[0].logprobs.top_logprobs[0]) == 2
+
+
+def test_models_tokenize_health_metrics(server, engine):
+    st, _, body = request(server.url + "/v1/models")
+    assert st == 200 and body["data"][0]["id"] == "smollm2"
+    st, _, body = request(server.url + "/tokenize", "POST", {"content": "Hello world"})
+    assert st == 200 and body["tokens"] == engine.tokenize("Hello world")
+    st, _, back = request(server.url + "/detokenize", "POST", {"tokens": body["tokens"]})
+    assert st == 200 and back["content"] == engine.detokenize(body["tokens"])
+    assert request(server.url + "/health")[0] == 200
+    st, _, text = request(server.url + "/metrics")
+    assert st == 200
+    for name in ("edgeinfer_requests_total", "edgeinfer_time_to_first_token_seconds_bucket",
+                 "edgeinfer_time_per_output_token_seconds_bucket", "edgeinfer_e2e_request_latency_seconds_bucket",
+                 "edgeinfer_queue_time_seconds_bucket", "edgeinfer_prompt_tokens_total",
+                 "edgeinfer_generation_tokens_total", "edgeinfer_slots_busy", "edgeinfer_kv_cells_used"):
+        assert name in text, name
+
+
+# --------------------------------------------------------------------------- batching
+
+def test_eight_concurrent_greedy_equal_alone(server, client, engine):
+    kw = dict(model="smollm2", max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
+    alone = [client.completions.create(prompt=p, **kw).choices[0].text for p in PROMPTS]
+    steps0 = engine.scheduler.steps
+    with ThreadPoolExecutor(8) as ex:
+        together = list(ex.map(lambda p: client.completions.create(prompt=p, **kw).choices[0].text, PROMPTS))
+    assert together == alone
+    # 4 slots, 8 requests of 1 prefill + 7 decode steps: batched, far fewer than 64 steps.
+    assert engine.scheduler.steps - steps0 < 40
+
+
+# --------------------------------------------------------------------------- cancellation
+
+def _open_and_drop(url: str, prompt: str, wait_first: bool) -> bool:
+    """Starts a stream; drops the connection after the first token (or at once). True if it streamed."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = json.dumps({"prompt": prompt, "max_tokens": 100, "temperature": 0, "stream": True,
+                       "ignore_eos": True})
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    got = False
+    if wait_first:
+        resp = conn.getresponse()
+        got = resp.status == 200 and resp.readline().startswith(b"data: ")
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    return got
+
+
+def test_fifty_cancelled_streams_free_every_slot(server, client, engine):
+    with ThreadPoolExecutor(10) as ex:
+        results = list(ex.map(lambda i: _open_and_drop(server.url, PROMPTS[i % 8], wait_first=i % 5 != 0),
+                              range(50)))
+    assert sum(results) >= 30                    # most got a token before hanging up
+    snap = wait_idle(engine, timeout=10)
+    assert snap["slots_busy"] == 0 and snap["queue_length"] == 0
+    r = client.completions.create(model="smollm2", prompt=PROMPTS[1], max_tokens=5, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+
+
+def test_disconnect_frees_slot_within_a_step(server, engine):
+    t0 = time.time()
+    assert _open_and_drop(server.url, PROMPTS[0], wait_first=True)
+    snap = wait_idle(engine, timeout=5)
+    assert snap["slots_busy"] == 0 and time.time() - t0 < 3
+
+
+# --------------------------------------------------------------------------- bad input
+
+BAD = [
+    ("/v1/chat/completions", b"{not json", 400),
+    ("/v1/chat/completions", {"messages": "hi"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "user": 12}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, 400),
+    ("/v1/completions", [1, 2, 3], 400),
+    ("/v1/completions", {"prompt": [1, 2, 10 ** 9]}, 400),
+    ("/v1/completions", {"prompt": [1, -5]}, 400),
+    ("/v1/completions", {"prompt": 42}, 400),
+    ("/v1/completions", {"prompt": "x", "seed": 1.5}, 400),
+    ("/v1/completions", {"prompt": "x", "top_k": -1}, 400),
+    ("/v1/completions", {"prompt": "x", "max_tokens": N_CTX}, 400),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400),
+    ("/detokenize", {"tokens": [10 ** 9]}, 400),
+    ("/tokenize", {"content": 3}, 400),
+    ("/v1/completions", b"x" * (65 * 1024), 413),
+    ("/v1/nothing", {}, 404),
+]
+
+
+def test_bad_inputs_get_status_and_json_error(server, client):
+    for path, body, status in BAD:
+        raw = body if isinstance(body, bytes) else None
+        st, _, out = request(server.url + path, "POST", None if raw else body, raw=raw)
+        assert st == status, (path, body if not raw else raw[:20], st, out)
+        assert isinstance(out, dict) and set(out["error"]) == {"message", "type", "param", "code"}, out
+    st, _, out = request(server.url + "/health", "POST", {})
+    assert st == 405 and "error" in out
+    # The context error names both numbers.
+    n_prompt = 3
+    st, _, out = request(server.url + "/v1/completions", "POST",
+                         {"prompt": [1, 2, 3], "max_tokens": N_CTX})
+    msg = out["error"]["message"]
+    assert str(n_prompt) in msg and str(N_CTX) in msg and out["error"]["code"] == "context_length_exceeded"
+    # The server still answers.
+    r = client.completions.create(model="smollm2", prompt=PROMPTS[1], max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+
+
+def test_api_key(engine):
+    with ServerThread(engine, api_key="s3cret") as srv:
+        assert request(srv.url + "/health")[0] == 200
+        st, hdrs, out = request(srv.url + "/v1/models")
+        assert st == 401 and out["error"]["code"] == "invalid_api_key"
+        assert request(srv.url + "/metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert request(srv.url + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0] == 200
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
+        assert c.completions.create(model="x", prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens >= 1
+
+
+# --------------------------------------------------------------------------- the bounded queue
+
+def test_queue_overflow_gives_429_while_health_stays_200(smollm2_path):
+    eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=1, max_queue=1)
+    with ServerThread(eng) as srv:
+        body = {"prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        with ThreadPoolExecutor(5) as ex:
+            futs = [ex.submit(request, srv.url + "/v1/completions", "POST", body) for _ in range(5)]
+            time.sleep(0.3)
+            health = request(srv.url + "/health")
+            results = [f.result() for f in futs]
+        assert health[0] == 200
+        statuses = sorted(r[0] for r in results)
+        assert statuses.count(200) >= 2 and statuses.count(429) >= 1, statuses
+        for st, hdrs, out in results:
+            if st == 429:
+                assert int(hdrs["Retry-After"]) >= 1 and out["error"]["code"] == "queue_full"
+        assert request(srv.url + "/v1/completions", "POST", {**body, "max_tokens": 2})[0] == 200
+    eng.close()
+
+
+# --------------------------------------------------------------------------- shutdown
+
+def test_stop_finishes_in_flight_requests(smollm2_path):
+    eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=2)
+    srv = ServerThread(eng).start()
+    body = {"prompt": PROMPTS[2], "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(request, srv.url + "/v1/completions", "POST", body)
+        time.sleep(0.2)
+        srv.stop(timeout_s=30)
+        st, _, out = fut.result()
+    assert st == 200 and out["usage"]["completion_tokens"] == 20
+    eng.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_serve_and_sigterm(smollm2_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "serve", str(smollm2_path), "--port", str(port),
+                             "--ctx", "64", "--slots", "2", "--threads", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        deadline = time.time() + 60
+        status = None
+        while time.time() < deadline:
+            try:
+                status = request(url + "/health")[0]
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert status == 200
+        body = {"prompt": "Hello", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=request(url + "/v1/completions", "POST", body)))
+        t.start()
+        time.sleep(0.15)
+        proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        assert result["r"][0] == 200 and result["r"][2]["usage"]["completion_tokens"] == 16
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_load_bench_against_the_server(server):
+    from edgeinfer.loadbench import run_server_bench
+
+    lines: list[str] = []
+    r = run_server_bench(server.url, concurrency=[1, 2], requests=2, max_tokens=4, warmup=0, json=True,
+                         out=lines.append)
+    assert [lv["concurrency"] for lv in r["levels"]] == [1, 2]
+    for lv in r["levels"]:
+        assert lv["ok"] == 2 and lv["failed"] == 0 and lv["output_tokens"] == 8, lv
+        assert lv["ttft_ms"]["p50"] > 0 and lv["tpot_ms"]["p99"] > 0 and lv["output_tokens_per_s"] > 0
+    assert json.loads(lines[-1])["levels"][0]["requests"] == 2
+    poisson = run_server_bench(server.url, concurrency=[2], requests=3, rate=20.0, max_tokens=2, warmup=0,
+                               out=lines.append)
+    assert poisson["levels"][0]["ok"] == 3
