@@ -70,7 +70,8 @@ class Engine:
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         native = NativeModel(gguf, cfg)
         runtime = NativeRuntime(native, n_threads=n_threads, n_slots=n_slots, n_ctx=n_ctx,
-                                n_sink=min(n_sink, n_ctx // 4), max_batch=max_batch, isa=isa)
+                                n_sink=min(n_sink, n_ctx // 4), max_batch=max_batch, isa=isa,
+                                drop_packed_source=True)   # the kernels read their packed copy
         ring = KVRing(n_slots, n_ctx, n_sink=min(n_sink, n_ctx // 4), overflow=overflow)
         log.info("loaded %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name, cfg.arch,
                  cfg.n_layer, runtime.kv_bytes / 2**20, n_slots, n_ctx)
@@ -165,6 +166,7 @@ class Engine:
             "n_ff": cfg.n_ff, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_ctx": self.n_ctx,
             "n_slots": self.ring.n_slots, "n_sink": self.ring.n_sink, "overflow": self.ring.overflow,
             "kv_bytes": self.runtime.kv_bytes, "scratch_bytes": self.runtime.scratch_bytes,
+            "packed_weight_bytes": self.runtime.packed_bytes,
             "n_threads": self.runtime.n_threads, "isa": self.runtime.isa_name, "device": "cpu",
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
         }

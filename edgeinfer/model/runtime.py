@@ -21,7 +21,7 @@ class NativeRuntime:
     """
 
     def __init__(self, model: NativeModel, *, n_threads: int | None, n_slots: int, n_ctx: int,
-                 n_sink: int, max_batch: int, isa: str = "best"):
+                 n_sink: int, max_batch: int, isa: str = "best", drop_packed_source: bool = False):
         if isa not in ISA_NAMES:
             raise ValueError(f"isa must be one of {sorted(ISA_NAMES)}, got {isa!r}")
         self.model = model
@@ -32,11 +32,13 @@ class NativeRuntime:
         p.n_slots, p.n_ctx, p.n_sink, p.max_batch = n_slots, n_ctx, n_sink, max_batch
         p.kv_type = lib.EI_TYPE_F16
         p.isa = ISA_NAMES[isa]
+        p.drop_packed_source = int(drop_packed_source)
         out = ffi.new("ei_runtime **")
         check(lib.ei_runtime_create(model.handle, p, out), "runtime_create")
         self.handle = ffi.gc(out[0], lib.ei_runtime_free)
         self.kv_bytes = int(lib.ei_runtime_kv_bytes(self.handle))
         self.scratch_bytes = int(lib.ei_runtime_scratch_bytes(self.handle))
+        self.packed_bytes = int(lib.ei_runtime_packed_bytes(self.handle))
         self.n_threads = p.n_threads if p.n_threads > 0 else int(lib.ei_physical_cores())
         level = lib.ei_cpu_best_isa() if p.isa == lib.EI_ISA_BEST else p.isa
         self.isa_name = ffi.string(lib.ei_isa_name(level)).decode()

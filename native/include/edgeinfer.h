@@ -140,6 +140,8 @@ typedef struct {
     int32_t max_batch;     /* most tokens one forward call may carry */
     int32_t kv_type;       /* EI_TYPE_F16 */
     int32_t isa;           /* EI_ISA_BEST, or a forced level for tests */
+    int32_t drop_packed_source; /* 1: weights are a read-only file mapping; once a tensor is
+                                   packed, its pages are dropped (madvise) to keep RSS low */
 } ei_runtime_params;
 
 typedef struct ei_runtime ei_runtime;
@@ -148,6 +150,8 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
 void ei_runtime_free(ei_runtime *rt);
 size_t ei_runtime_kv_bytes(const ei_runtime *rt);
 size_t ei_runtime_scratch_bytes(const ei_runtime *rt);
+/* Bytes of the row-interleaved weight copies made for this CPU's kernels. */
+size_t ei_runtime_packed_bytes(const ei_runtime *rt);
 
 /* Seconds spent per stage of the forward pass since creation (or the last reset):
  * out[i] for i < min(n, EI_PROF_COUNT), in the order of ei_prof_stage. */

@@ -5,6 +5,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "attention.h"
 #include "common.h"
@@ -36,6 +38,14 @@ static const ei_weight *packable(const ei_model *m, int i) {
     }
 }
 
+/* Unmaps the whole pages inside [p, p + n) of a read-only file mapping: the
+ * process stops counting them, the file keeps them (they fault back if read). */
+static void drop_pages(const void *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 /* Packs every weight matrix the ISA's packed kernels support into one arena. */
 static ei_status pack_weights(ei_runtime *rt) {
     const int n = rt->m->cfg.n_layer * EI_PACKED_PER_LAYER + 1;
@@ -62,6 +72,7 @@ static ei_status pack_weights(ei_runtime *rt) {
         ei_pack(w->type, w->data, w->ne1, w->ne0, at);
         rt->packed[i] = at;
         at += bytes[i];
+        if (rt->p.drop_packed_source) drop_pages(w->data, (size_t)ei_row_bytes(w->type, w->ne0) * (size_t)w->ne1);
     }
     rt->pack_bytes = sizes_total;
     free(bytes);
@@ -159,6 +170,7 @@ void ei_runtime_free(ei_runtime *rt) {
 
 size_t ei_runtime_kv_bytes(const ei_runtime *rt) { return rt ? rt->kv_bytes : 0; }
 size_t ei_runtime_scratch_bytes(const ei_runtime *rt) { return rt ? rt->scratch_bytes : 0; }
+size_t ei_runtime_packed_bytes(const ei_runtime *rt) { return rt ? rt->pack_bytes : 0; }
 
 int ei_runtime_profile(ei_runtime *rt, double *out, int n, int reset) {
     if (!rt || (n > 0 && !out)) return 0;
