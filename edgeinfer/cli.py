@@ -423,6 +423,10 @@ def list_models(
 
 from .cli_convert import register as _register_convert  # noqa: E402  (convert, eval)
 _register_convert(app)
+from .cli_deploy import register as _register_deploy  # noqa: E402  (doctor, plan)
+_register_deploy(app)
+from .cli_serve import register as _register_serve  # noqa: E402  (serve)
+_register_serve(app)
 
 
 def main() -> None:  # pragma: no cover - `python -m edgeinfer.cli`
