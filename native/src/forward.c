@@ -93,9 +93,10 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
     }
 }
 
-/* Attention for tokens [t0, t1) of the batch, in two passes over the pool:
- * partial softmaxes per (token, kv head, chunk of cells), then per (token,
- * head) the merge of its chunks in order. */
+/* Attention for tokens [t0, t1) of the batch in one pass over the pool: a
+ * partial softmax per (token, kv head, chunk of cells); whichever thread
+ * finishes the last chunk of a (token, kv head) merges its heads' partials in
+ * chunk order, so the result does not depend on who merges. */
 typedef struct {
     ei_runtime *rt;
     int layer;
@@ -126,30 +127,18 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
         const int32_t c0 = chunk * EI_ATTN_CHUNK, c1 = EI_MIN(c0 + EI_ATTN_CHUNK, rt->n_used[slot]);
         if (c0 >= c1) {
             for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
-            continue;
+        } else {
+            const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
+            ei_attend_chunk(rt->isa, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
+                            rt->v + off, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd,
+                            scale, scores, part);
         }
-        const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
-        ei_attend_chunk(rt->isa, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                        rt->v + off, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd, scale,
-                        scores, part);
-    }
-}
-
-static void attn_merge_worker(void *raw, int ith, int nth) {
-    (void)ith;
-    (void)nth;
-    attn_task *t = raw;
-    ei_runtime *rt = t->rt;
-    const ei_model_config *c = &rt->m->cfg;
-    const int hd = c->head_dim, group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
-    const int64_t total = (t->t1 - t->t0) * c->n_head;
-    for (;;) {
-        const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (item >= total) break;
-        const int64_t lt = item / c->n_head;
-        const int h = (int)(item % c->n_head), kvh = h / group, j = h % group;
-        const float *parts = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks) * group + j) * pf;
-        ei_attend_merge(parts, t->n_chunks, (int64_t)group * pf, hd, rt->att + (t->t0 * c->n_head + item) * hd);
+        atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
+        if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) != t->n_chunks - 1) continue;
+        const float *first = rt->attn_part + ((lt * c->n_head_kv + kvh) * t->n_chunks) * group * pf;
+        for (int j = 0; j < group; j++)
+            ei_attend_merge(first + (int64_t)j * pf, t->n_chunks, (int64_t)group * pf, hd,
+                            rt->att + (tok * c->n_head + (int64_t)kvh * group + j) * hd);
     }
 }
 
@@ -162,9 +151,8 @@ static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *s
         t.t0 = t0;
         t.t1 = EI_MIN(n_tok, t0 + rt->attn_tokens);
         atomic_init(&t.next, 0);
+        for (int64_t i = 0; i < (t.t1 - t.t0) * rt->m->cfg.n_head_kv; i++) atomic_init(&rt->attn_done[i], 0);
         ei_pool_run(rt->pool, attn_chunk_worker, &t);
-        atomic_init(&t.next, 0);
-        ei_pool_run(rt->pool, attn_merge_worker, &t);
     }
 }
 

@@ -129,6 +129,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     size_t fit = ((size_t)1 << 20) / part_per_tok;
     rt->attn_tokens = (int32_t)EI_MAX(1, EI_MIN(fit, B));
     rt->attn_part = alloc_zeroed((size_t)rt->attn_tokens * part_per_tok * sizeof(float), &scratch);
+    rt->attn_done = alloc_zeroed((size_t)rt->attn_tokens * c->n_head_kv * sizeof(atomic_int), &scratch);
     size_t half = (size_t)(c->rope_dim / 2 > 0 ? c->rope_dim / 2 : 1);
     rt->rope_cos = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
@@ -137,7 +138,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->scratch_bytes = scratch;
 
     if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
-        !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->rope_cos ||
+        !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->attn_done || !rt->rope_cos ||
         !rt->rope_sin || !rt->out_rows) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate %zu bytes of KV + %zu of scratch",
@@ -163,7 +164,7 @@ void ei_runtime_free(ei_runtime *rt) {
     free(rt->packed);
     free(rt->pack_arena);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
-                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, rt->rope_cos, rt->rope_sin, rt->out_rows};
+                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->out_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(rt);
 }
@@ -200,7 +201,16 @@ ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) {
 
 /* ---- parallel matmul ---- */
 
-enum { ROWS_PER_CHUNK = 16 };
+enum { ROWS_PER_CHUNK = 32 };   /* a multiple of the packed row group (8) */
+
+/* Chunks of rows are split into one contiguous range per thread, each with
+ * its own cursor on its own cache line: a thread streams through its range
+ * (what the hardware prefetchers like) and then steals from the others, so a
+ * descheduled thread's rows still get done. */
+typedef struct {
+    atomic_llong next;
+    char pad[64 - sizeof(atomic_llong)];
+} padded_cursor;
 
 typedef struct {
     const ei_mm_job *jobs;
@@ -210,31 +220,43 @@ typedef struct {
     const ei_q8a *qx;
     int64_t n_cols, n_tok;
     int64_t chunk_end[4];   /* cumulative chunk counts per job */
-    atomic_llong next;
+    int nth;
+    padded_cursor cursor[MAX_THREADS];   /* cursor[i] walks [range_start(i), range_start(i + 1)) */
 } mm_task;
 
+static int64_t range_start(const mm_task *t, int i) {
+    return t->chunk_end[t->n_jobs - 1] * i / t->nth;
+}
+
+static void mm_chunk(const mm_task *t, int64_t chunk) {
+    int j = 0;
+    while (chunk >= t->chunk_end[j]) j++;
+    int64_t first = j ? t->chunk_end[j - 1] : 0;
+    const ei_weight *w = t->jobs[j].w;
+    int64_t r0 = (chunk - first) * ROWS_PER_CHUNK, r1 = EI_MIN(r0 + ROWS_PER_CHUNK, w->ne1);
+    int q8 = ei_type_uses_q8a(w->type);
+    const void *act = q8 ? (const void *)t->qx : (const void *)t->x;
+    int64_t stride = q8 ? (int64_t)(t->n_cols / EI_QA_BLOCK) * (int64_t)sizeof(ei_q8a)
+                        : t->n_cols * (int64_t)sizeof(float);
+    if (t->jobs[j].packed)
+        ei_matmul_packed(w->type, t->isa, t->jobs[j].packed, t->n_cols, r0, r1, act, stride, t->n_tok,
+                         t->jobs[j].y, w->ne1);
+    else
+        ei_matmul_rows(w->type, t->isa, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
+}
+
 static void mm_worker(void *raw, int ith, int nth) {
-    (void)ith;
     (void)nth;
     mm_task *t = raw;
-    int64_t total = t->chunk_end[t->n_jobs - 1];
-    for (;;) {
-        int64_t chunk = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (chunk >= total) break;
-        int j = 0;
-        while (chunk >= t->chunk_end[j]) j++;
-        int64_t first = j ? t->chunk_end[j - 1] : 0;
-        const ei_weight *w = t->jobs[j].w;
-        int64_t r0 = (chunk - first) * ROWS_PER_CHUNK, r1 = EI_MIN(r0 + ROWS_PER_CHUNK, w->ne1);
-        int q8 = ei_type_uses_q8a(w->type);
-        const void *act = q8 ? (const void *)t->qx : (const void *)t->x;
-        int64_t stride = q8 ? (int64_t)(t->n_cols / EI_QA_BLOCK) * (int64_t)sizeof(ei_q8a)
-                            : t->n_cols * (int64_t)sizeof(float);
-        if (t->jobs[j].packed)
-            ei_matmul_packed(w->type, t->isa, t->jobs[j].packed, t->n_cols, r0, r1, act, stride, t->n_tok,
-                             t->jobs[j].y, w->ne1);
-        else
-            ei_matmul_rows(w->type, t->isa, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
+    for (int k = 0; k < t->nth; k++) {
+        const int r = (ith + k) % t->nth;   /* own range first, then steal */
+        const int64_t end = range_start(t, r + 1);
+        for (;;) {
+            const int64_t chunk = range_start(t, r) +
+                                  atomic_fetch_add_explicit(&t->cursor[r].next, 1, memory_order_relaxed);
+            if (chunk >= end) break;
+            mm_chunk(t, chunk);
+        }
     }
 }
 
@@ -254,7 +276,8 @@ void ei_parallel_matmul(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const
         t.chunk_end[j] = acc;
     }
     if (need_q8) quantize_rows(rt->isa, x, n_tok, t.n_cols, rt->act);
-    atomic_init(&t.next, 0);
+    t.nth = ei_pool_size(rt->pool);
+    for (int i = 0; i < t.nth; i++) atomic_init(&t.cursor[i].next, 0);
     ei_pool_run(rt->pool, mm_worker, &t);
 }
 

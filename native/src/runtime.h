@@ -1,6 +1,8 @@
 /* Runtime internals shared by runtime.c (allocation, KV bookkeeping) and forward.c. */
 #ifndef EI_RUNTIME_H
 #define EI_RUNTIME_H
+#include <stdatomic.h>
+
 #include "kernels.h"
 #include "model.h"
 #include "threadpool.h"
@@ -23,6 +25,7 @@ struct ei_runtime {
     float *scores;       /* [n_threads][group * EI_ATTN_CHUNK] attention scores */
     float *attn_part;    /* [attn_tokens][n_head][n_chunks][hd + 2] partial softmaxes */
     int32_t attn_tokens; /* tokens whose attention partials fit attn_part at once */
+    atomic_int *attn_done; /* [attn_tokens][n_head_kv]: chunks finished; the last one merges */
     float *rope_cos, *rope_sin;  /* [max_batch][rope_dim / 2] */
     float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
     size_t scratch_bytes;

@@ -1,0 +1,99 @@
+/* edgeinfer CUDA backend: a separate shared library (libedgeinfer_cuda.so),
+ * loaded at run time with cffi ABI mode (edgeinfer/cuda_backend.py). CPU-only
+ * installs never build or link it.
+ *
+ * Same rules as edgeinfer.h: no function exits or aborts; each returns an
+ * ei_status (the enum of edgeinfer.h) and ei_cuda_last_error() gives a message
+ * for the calling thread. The batch contract of ei_cuda_forward is ei_forward's.
+ * The Python side re-declares these in cuda_backend.py (_CDEF): keep both in step.
+ */
+#ifndef EDGEINFER_CUDA_H
+#define EDGEINFER_CUDA_H
+#include <stddef.h>
+#include <stdint.h>
+#include "edgeinfer.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *ei_cuda_last_error(void);
+const char *ei_cuda_version(void);
+
+/* Number of CUDA devices; < 0 when the driver or runtime cannot be used
+ * (no driver, no device, driver too old): ei_cuda_last_error() says why. */
+int ei_cuda_device_count(void);
+
+typedef struct {
+    char name[256];
+    int32_t cc_major, cc_minor;
+    int32_t sm_count;
+    int32_t integrated;        /* 1: shares memory with the host (Jetson) */
+    uint64_t total_bytes, free_bytes;
+    int32_t driver_version, runtime_version;   /* e.g. 13000 */
+} ei_cuda_device_info;
+
+int ei_cuda_get_device_info(int device, ei_cuda_device_info *out);
+
+/* One weight as the GGUF file holds it (host memory; copied to the device at
+ * creation). layer = -1 for global roles; role is an ei_tensor_role. */
+typedef struct {
+    int32_t layer, role, type;
+    int64_t ne0, ne1;
+    const void *data;
+} ei_cuda_tensor;
+
+typedef struct {
+    int32_t device;
+    int32_t n_slots, n_ctx, max_batch;
+    int32_t use_graphs;        /* 1: capture decode steps (n_tokens <= 16) as CUDA Graphs */
+    int32_t drop_host_pages;   /* 1: tensors are a read-only file mapping; drop their pages after
+                                  upload so the host keeps no second copy (Jetson) */
+} ei_cuda_params;
+
+/* Bytes the runtime will allocate on the device, as sized before allocation. */
+typedef struct {
+    uint64_t weights, kv, scratch, total;
+} ei_cuda_sizes;
+
+typedef struct ei_cuda_runtime ei_cuda_runtime;
+
+/* Sizes everything, checks it fits the device's free memory (a clear
+ * EI_ERR_OUT_OF_MEMORY with the numbers when not), uploads the weights and
+ * allocates the KV ring [slot][layer][kv_head][cell][head_dim] f16 once.
+ * sizes (optional) gets the figures even when the model does not fit. */
+ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei_cuda_tensor *tensors, int32_t n_tensors,
+                                 const ei_cuda_params *p, ei_cuda_sizes *sizes, ei_cuda_runtime **out);
+void ei_cuda_runtime_free(ei_cuda_runtime *rt);
+ei_status ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_sizes *out);
+ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot);
+ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
+/* As ei_forward. */
+ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                          const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
+                          float *logits);
+/* out[j] = argmax of logits row j of the last forward (on the device), j < n_out. */
+ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
+
+/* ---- Single ops on host arrays, for tests. Each copies in, runs the kernel the
+ * forward pass uses, copies out, and checks guard bytes around every device
+ * output (EI_ERR_STATE when a kernel wrote outside its buffer). ---- */
+/* y[t*n_rows + r] = bias[r] + (accumulate ? y[..] : 0) + dot(W row r, x[t*n_cols ..]); bias may be NULL. */
+ei_status ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                            int64_t n_tok, const float *bias, int32_t accumulate, float *y);
+/* out[t*ne0 ..] = dequantized row tokens[t] of a (ne1 x ne0) table of `type`. */
+ei_status ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
+                           int64_t n_tok, float *out);
+ei_status ei_cuda_op_rmsnorm(const float *x, const float *w, int64_t n_tok, int64_t n, float eps, float *out);
+/* In place on x[t][head][head_dim] for n_heads heads, positions pos[t]; freqs may be NULL. */
+ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
+                          int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos);
+/* gate[i] = silu(gate[i]) * up[i]. */
+ei_status ei_cuda_op_swiglu(float *gate, const float *up, int64_t n);
+/* As ei_kernel_attention. */
+ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
+                               const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

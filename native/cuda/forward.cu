@@ -1,0 +1,599 @@
+/* The CUDA runtime: device queries, weight upload, the KV ring in device
+ * memory, and the per-step forward pass (ei_forward's contract).
+ *
+ * KV bookkeeping (cell_pos, n_used per slot) is mirrored on the host, as the
+ * CPU runtime keeps it, and the device copy of cell_pos is updated by the step
+ * itself (rope_tables) or by clear/forget. Decode-sized steps (n_tokens <= 16)
+ * are captured once per (n_tokens, n_out) as CUDA Graphs and replayed: their
+ * launch parameters never change (the batch lives in fixed device buffers and
+ * attention spans every chunk of the ring, empty chunks exiting at once). */
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kernels.cuh"
+
+static thread_local char g_err[1024];
+
+extern "C" const char *ei_cuda_last_error(void) { return g_err; }
+extern "C" const char *ei_cuda_version(void) { return "edgeinfer-cuda 0.1"; }
+
+ei_status eic_fail(ei_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+ei_status eic_check(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return EI_OK;
+    const ei_status st = e == cudaErrorMemoryAllocation ? EI_ERR_OUT_OF_MEMORY : EI_ERR_STATE;
+    return eic_fail(st, "%s: CUDA error %d (%s): %s", what, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define MiB(x) ((double)(x) / 1048576.0)
+
+/* ---------------------------------------------------------------- devices */
+extern "C" int ei_cuda_device_count(void) {
+    int drv = 0;
+    cudaError_t e = cudaDriverGetVersion(&drv);
+    if (e != cudaSuccess || drv == 0) {
+        eic_fail(EI_ERR_UNSUPPORTED, "no NVIDIA driver (libcuda) found%s%s", e != cudaSuccess ? ": " : "",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "");
+        return -1;
+    }
+    int n = 0;
+    e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        int rt = 0;
+        cudaRuntimeGetVersion(&rt);
+        eic_fail(EI_ERR_UNSUPPORTED, "CUDA unusable (driver %d.%d, runtime %d.%d): %s", drv / 1000, drv % 1000 / 10,
+                 rt / 1000, rt % 1000 / 10, cudaGetErrorString(e));
+        return -1;
+    }
+    if (n == 0) {
+        eic_fail(EI_ERR_UNSUPPORTED, "the NVIDIA driver sees no CUDA device");
+        return -1;
+    }
+    return n;
+}
+
+extern "C" int ei_cuda_get_device_info(int device, ei_cuda_device_info *out) {
+    if (!out) return eic_fail(EI_ERR_INVALID_ARG, "device_info: null output");
+    memset(out, 0, sizeof *out);
+    const int n = ei_cuda_device_count();
+    if (n < 0) return EI_ERR_UNSUPPORTED;
+    if (device < 0 || device >= n) return eic_fail(EI_ERR_RANGE, "device %d outside [0, %d)", device, n);
+    cudaDeviceProp prop;
+    ei_status st = eic_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    if (st != EI_OK) return st;
+    snprintf(out->name, sizeof out->name, "%s", prop.name);
+    out->cc_major = prop.major;
+    out->cc_minor = prop.minor;
+    out->sm_count = prop.multiProcessorCount;
+    out->integrated = prop.integrated;
+    out->total_bytes = prop.totalGlobalMem;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    if ((st = eic_check(cudaSetDevice(device), "cudaSetDevice")) != EI_OK) return st;
+    size_t fr = 0, tot = 0;
+    st = eic_check(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo");
+    cudaSetDevice(prev);
+    if (st != EI_OK) return st;
+    out->free_bytes = fr;
+    out->total_bytes = tot;
+    int v = 0;
+    cudaDriverGetVersion(&v);
+    out->driver_version = v;
+    cudaRuntimeGetVersion(&v);
+    out->runtime_version = v;
+    return EI_OK;
+}
+
+/* ---------------------------------------------------------------- the runtime */
+enum { MAX_GRAPH_TOKENS = 16, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
+
+typedef struct {
+    const void *data;   /* device pointer; NULL when absent */
+    int type;
+    int64_t ne0, ne1;
+} dweight;
+
+typedef struct {
+    dweight attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+} dlayer;
+
+struct ei_cuda_runtime {
+    ei_model_config cfg;
+    ei_cuda_params p;
+    cudaStream_t stream;
+    dweight tok_embd, output_norm, output, rope_freqs;
+    dlayer *layers;
+    void *w_arena;
+    ei_cuda_sizes sizes;
+
+    eic_kv kv;                 /* device arena */
+    int32_t *d_cell_pos;       /* [slot][cell] */
+    int32_t *h_cell_pos, *h_n_used;
+
+    /* device batch: tokens, slots, pos, cells, n_cells, out_rows; each max_batch int32 */
+    int32_t *d_batch, *h_batch;   /* h_batch is pinned */
+    float *x, *xn, *q, *kc, *vc, *att, *gate, *up, *rope_cos, *rope_sin, *onorm, *logits, *part;
+    int32_t *d_argmax;
+    int32_t attn_tokens, max_chunks, last_n_out;
+
+    cudaGraphExec_t graphs[MAX_GRAPH_TOKENS + 1][MAX_GRAPH_TOKENS + 1];   /* [n_tokens][n_out] */
+    int graphs_broken;
+};
+
+static int32_t *batch_arr(const ei_cuda_runtime *rt, int32_t *base, int i) {
+    return base + (size_t)i * rt->p.max_batch;
+}
+
+static dweight *global_slot(ei_cuda_runtime *rt, int role) {
+    switch (role) {
+    case EI_T_TOKEN_EMBD: return &rt->tok_embd;
+    case EI_T_OUTPUT_NORM: return &rt->output_norm;
+    case EI_T_OUTPUT: return &rt->output;
+    case EI_T_ROPE_FREQS: return &rt->rope_freqs;
+    default: return NULL;
+    }
+}
+
+static dweight *layer_slot(dlayer *L, int role) {
+    switch (role) {
+    case EI_T_ATTN_NORM: return &L->attn_norm;
+    case EI_T_ATTN_Q: return &L->wq;
+    case EI_T_ATTN_K: return &L->wk;
+    case EI_T_ATTN_V: return &L->wv;
+    case EI_T_ATTN_Q_BIAS: return &L->bq;
+    case EI_T_ATTN_K_BIAS: return &L->bk;
+    case EI_T_ATTN_V_BIAS: return &L->bv;
+    case EI_T_ATTN_OUT: return &L->wo;
+    case EI_T_FFN_NORM: return &L->ffn_norm;
+    case EI_T_FFN_GATE: return &L->w_gate;
+    case EI_T_FFN_UP: return &L->w_up;
+    case EI_T_FFN_DOWN: return &L->w_down;
+    default: return NULL;
+    }
+}
+
+static int is_vector_role(int role) {
+    return role == EI_T_OUTPUT_NORM || role == EI_T_ROPE_FREQS || role == EI_T_ATTN_NORM || role == EI_T_FFN_NORM ||
+           role == EI_T_ATTN_Q_BIAS || role == EI_T_ATTN_K_BIAS || role == EI_T_ATTN_V_BIAS;
+}
+
+/* Device bytes of a tensor: vectors are stored as f32, matrices as they are. */
+static int64_t dev_bytes(const ei_cuda_tensor *t) {
+    if (is_vector_role(t->role)) return t->ne0 * t->ne1 * 4;
+    int e, b;
+    if (!eic_type_block(t->type, &e, &b)) return -1;
+    const int64_t row = eic_row_bytes(t->type, t->ne0);
+    return row > 0 ? row * t->ne1 : -1;
+}
+
+static float host_h2f(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign;
+    else {
+        float f = (float)man * (1.0f / 16777216.0f);
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void drop_pages(const void *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+static ei_status check_shape(const char *what, const dweight *w, int64_t ne0, int64_t ne1, int required) {
+    if (!w->data) return required ? eic_fail(EI_ERR_INVALID_ARG, "missing tensor %s", what) : EI_OK;
+    if (w->ne0 != ne0 || w->ne1 != ne1)
+        return eic_fail(EI_ERR_INVALID_ARG, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", what,
+                        (long long)w->ne0, (long long)w->ne1, (long long)ne0, (long long)ne1);
+    return EI_OK;
+}
+
+static ei_status check_model(const ei_cuda_runtime *rt) {
+    const ei_model_config *c = &rt->cfg;
+    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
+    ei_status st;
+    if ((st = check_shape("token_embd", &rt->tok_embd, d, c->n_vocab, 1))) return st;
+    if ((st = check_shape("output_norm", &rt->output_norm, d, 1, 1))) return st;
+    if ((st = check_shape("output", &rt->output, d, c->n_vocab, 0))) return st;
+    if ((st = check_shape("rope_freqs", &rt->rope_freqs, c->rope_dim / 2, 1, 0))) return st;
+    for (int l = 0; l < c->n_layer; l++) {
+        const dlayer *L = &rt->layers[l];
+        char nm[64];
+#define CK(field, a, b, req)                                        \
+    snprintf(nm, sizeof nm, "blk.%d." #field, l);                   \
+    if ((st = check_shape(nm, &L->field, a, b, req)) != EI_OK) return st;
+        CK(attn_norm, d, 1, 1) CK(wq, d, qd, 1) CK(wk, d, kvd, 1) CK(wv, d, kvd, 1) CK(bq, qd, 1, 0)
+        CK(bk, kvd, 1, 0) CK(bv, kvd, 1, 0) CK(wo, qd, d, 1) CK(ffn_norm, d, 1, 1) CK(w_gate, d, c->n_ff, 1)
+        CK(w_up, d, c->n_ff, 1) CK(w_down, c->n_ff, d, 1)
+#undef CK
+    }
+    return EI_OK;
+}
+
+extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
+    if (!rt) return;
+    for (int i = 0; i <= MAX_GRAPH_TOKENS; i++)
+        for (int j = 0; j <= MAX_GRAPH_TOKENS; j++)
+            if (rt->graphs[i][j]) cudaGraphExecDestroy(rt->graphs[i][j]);
+    void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->xn, rt->q, rt->kc,
+                   rt->vc, rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
+                   rt->d_argmax};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (rt->h_batch) cudaFreeHost(rt->h_batch);
+    if (rt->stream) cudaStreamDestroy(rt->stream);
+    free(rt->h_cell_pos);
+    free(rt->h_n_used);
+    free(rt->layers);
+    free(rt);
+}
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei_cuda_tensor *tensors,
+                                            int32_t n_tensors, const ei_cuda_params *p, ei_cuda_sizes *sizes,
+                                            ei_cuda_runtime **out) {
+    if (!cfg || !p || !out || (n_tensors > 0 && !tensors))
+        return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: null argument");
+    *out = NULL;
+    const ei_model_config *c = cfg;
+    if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->n_head % c->n_head_kv ||
+        c->head_dim < 2 || c->n_ff < 1 || c->n_vocab < 1 || c->rope_dim < 0 || c->rope_dim > c->head_dim ||
+        c->rope_dim % 2)
+        return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration");
+    if (c->head_dim > EIC_MAX_HEAD_DIM || c->n_head / c->n_head_kv > EIC_MAX_GROUP)
+        return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d and GQA groups <= %d (got %d, %d)",
+                        EIC_MAX_HEAD_DIM, EIC_MAX_GROUP, c->head_dim, c->n_head / c->n_head_kv);
+    if (p->n_slots < 1 || p->n_slots > MAX_SLOTS || p->n_ctx < 1 || p->n_ctx > MAX_CTX || p->max_batch < 1 ||
+        p->max_batch > MAX_BATCH)
+        return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: n_slots=%d n_ctx=%d max_batch=%d out of range",
+                        p->n_slots, p->n_ctx, p->max_batch);
+
+    /* ---- size everything before allocating anything on the device ---- */
+    size_t wbytes = 0;
+    for (int32_t i = 0; i < n_tensors; i++) {
+        const ei_cuda_tensor *t = &tensors[i];
+        if (!t->data || t->ne0 < 1 || t->ne1 < 1)
+            return eic_fail(EI_ERR_INVALID_ARG, "tensor %d (role %d): null data or bad shape", i, t->role);
+        if (is_vector_role(t->role) && t->type != EI_TYPE_F32 && t->type != EI_TYPE_F16 && t->type != EI_TYPE_BF16)
+            return eic_fail(EI_ERR_UNSUPPORTED, "tensor %d (role %d): type %d for a vector", i, t->role, t->type);
+        const int64_t b = dev_bytes(t);
+        if (b <= 0)
+            return eic_fail(EI_ERR_UNSUPPORTED, "tensor %d (layer %d, role %d): type %d with rows of %lld has no CUDA kernel",
+                            i, t->layer, t->role, t->type, (long long)t->ne0);
+        wbytes += al256((size_t)b);
+    }
+    const size_t B = (size_t)p->max_batch, d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim;
+    const size_t kvd = (size_t)c->n_head_kv * c->head_dim, ff = (size_t)c->n_ff, half = c->rope_dim / 2 ? c->rope_dim / 2 : 1;
+    const size_t kv_elems = (size_t)p->n_slots * c->n_layer * kvd * (size_t)p->n_ctx;
+    const size_t kv_bytes = 2 * al256(kv_elems * 2);
+    const int max_chunks = (p->n_ctx + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
+    const size_t part_per_tok = (size_t)c->n_head * max_chunks * EIC_PART_FLOATS(c->head_dim) * sizeof(float);
+    size_t attn_tokens = ((size_t)64 << 20) / part_per_tok;   /* partials of at most ~64 MiB at once */
+    if (attn_tokens < 1) attn_tokens = 1;
+    if (attn_tokens > B) attn_tokens = B;
+    if (attn_tokens > 65535) attn_tokens = 65535;
+    const size_t scr[] = {6 * B * 4,  B * d * 4,  B * d * 4,  B * qd * 4, B * kvd * 4,       B * kvd * 4,
+                          B * qd * 4, B * ff * 4, B * ff * 4, B * half * 4, B * half * 4,    B * d * 4,
+                          B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * 4,
+                          (size_t)p->n_slots * p->n_ctx * 4};
+    size_t scratch = 0;
+    for (size_t i = 0; i < sizeof scr / sizeof scr[0]; i++) scratch += al256(scr[i]);
+    ei_cuda_sizes sz = {wbytes, kv_bytes, scratch, wbytes + kv_bytes + scratch};
+    if (sizes) *sizes = sz;
+
+    int n_dev = ei_cuda_device_count();
+    if (n_dev < 0) return EI_ERR_UNSUPPORTED;
+    if (p->device < 0 || p->device >= n_dev) return eic_fail(EI_ERR_RANGE, "CUDA device %d outside [0, %d)", p->device, n_dev);
+    ei_status st = eic_check(cudaSetDevice(p->device), "cudaSetDevice");
+    if (st != EI_OK) return st;
+    size_t fr = 0, tot = 0;
+    if ((st = eic_check(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo")) != EI_OK) return st;
+    const size_t reserve = (size_t)256 << 20;   /* context, graphs, kernels' own needs */
+    if (sz.total + reserve > fr) {
+        cudaDeviceProp prop;
+        cudaGetDeviceProperties(&prop, p->device);
+        return eic_fail(EI_ERR_OUT_OF_MEMORY,
+                        "model does not fit on %s: needs %.1f MiB (weights %.1f + KV %.1f for %d slots x %d cells + "
+                        "scratch %.1f for max_batch %d) plus %.0f MiB reserve, but only %.1f MiB of %.1f MiB are free; "
+                        "lower n_ctx, n_slots or max_batch, or use a smaller quantization",
+                        prop.name, MiB(sz.total), MiB(wbytes), MiB(kv_bytes), p->n_slots, p->n_ctx, MiB(scratch),
+                        p->max_batch, MiB(reserve), MiB(fr), MiB(tot));
+    }
+
+    /* ---- allocate ---- */
+    ei_cuda_runtime *rt = (ei_cuda_runtime *)calloc(1, sizeof *rt);
+    if (!rt) return eic_fail(EI_ERR_OUT_OF_MEMORY, "cuda_runtime_create: out of host memory");
+    rt->cfg = *c;
+    rt->p = *p;
+    rt->sizes = sz;
+    rt->max_chunks = max_chunks;
+    rt->attn_tokens = (int32_t)attn_tokens;
+    rt->graphs_broken = !p->use_graphs;
+    rt->layers = (dlayer *)calloc((size_t)c->n_layer, sizeof(dlayer));
+    rt->h_cell_pos = (int32_t *)malloc((size_t)p->n_slots * p->n_ctx * sizeof(int32_t));
+    rt->h_n_used = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
+    if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used) {
+        ei_cuda_runtime_free(rt);
+        return eic_fail(EI_ERR_OUT_OF_MEMORY, "cuda_runtime_create: out of host memory");
+    }
+    for (size_t i = 0; i < (size_t)p->n_slots * p->n_ctx; i++) rt->h_cell_pos[i] = -1;
+
+#define DALLOC(ptr, bytes)                                                                       \
+    if ((st = eic_check(cudaMalloc((void **)&(ptr), al256(bytes)), "cudaMalloc " #ptr)) != EI_OK) \
+        goto fail;
+    if ((st = eic_check(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), "cudaStreamCreate")) != EI_OK)
+        goto fail;
+    DALLOC(rt->w_arena, wbytes ? wbytes : 256);
+    DALLOC(rt->kv.k, kv_elems * 2);
+    DALLOC(rt->kv.v, kv_elems * 2);
+    DALLOC(rt->d_cell_pos, (size_t)p->n_slots * p->n_ctx * 4);
+    DALLOC(rt->d_batch, 6 * B * 4);
+    DALLOC(rt->x, B * d * 4);
+    DALLOC(rt->xn, B * d * 4);
+    DALLOC(rt->q, B * qd * 4);
+    DALLOC(rt->kc, B * kvd * 4);
+    DALLOC(rt->vc, B * kvd * 4);
+    DALLOC(rt->att, B * qd * 4);
+    DALLOC(rt->gate, B * ff * 4);
+    DALLOC(rt->up, B * ff * 4);
+    DALLOC(rt->rope_cos, B * half * 4);
+    DALLOC(rt->rope_sin, B * half * 4);
+    DALLOC(rt->onorm, B * d * 4);
+    DALLOC(rt->logits, B * (size_t)c->n_vocab * 4);
+    DALLOC(rt->part, attn_tokens * part_per_tok);
+    DALLOC(rt->d_argmax, B * 4);
+#undef DALLOC
+    if ((st = eic_check(cudaMallocHost((void **)&rt->h_batch, 6 * B * 4), "cudaMallocHost")) != EI_OK) goto fail;
+    if ((st = eic_check(cudaMemset(rt->kv.k, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
+    if ((st = eic_check(cudaMemset(rt->kv.v, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
+    if ((st = eic_check(cudaMemset(rt->d_cell_pos, 0xff, (size_t)p->n_slots * p->n_ctx * 4), "cudaMemset")) != EI_OK)
+        goto fail;
+    rt->kv.n_layer = c->n_layer;
+    rt->kv.n_head_kv = c->n_head_kv;
+    rt->kv.n_ctx = p->n_ctx;
+    rt->kv.hd = c->head_dim;
+
+    /* ---- upload the weights, one tensor at a time ---- */
+    {
+        uint8_t *at = (uint8_t *)rt->w_arena;
+        for (int32_t i = 0; i < n_tensors; i++) {
+            const ei_cuda_tensor *t = &tensors[i];
+            dweight *w = t->layer < 0 ? global_slot(rt, t->role)
+                         : t->layer < c->n_layer ? layer_slot(&rt->layers[t->layer], t->role) : NULL;
+            if (!w) {
+                st = eic_fail(EI_ERR_INVALID_ARG, "tensor %d: role %d at layer %d is not a known role", i, t->role, t->layer);
+                goto fail;
+            }
+            const size_t b = (size_t)dev_bytes(t);
+            if (is_vector_role(t->role)) {   /* small: converted to f32 on the host */
+                const int64_t n = t->ne0 * t->ne1;
+                float *tmp = (float *)malloc((size_t)n * 4);
+                if (!tmp) {
+                    st = eic_fail(EI_ERR_OUT_OF_MEMORY, "out of host memory");
+                    goto fail;
+                }
+                const uint16_t *h = (const uint16_t *)t->data;
+                for (int64_t k = 0; k < n; k++) {
+                    if (t->type == EI_TYPE_F32) tmp[k] = ((const float *)t->data)[k];
+                    else if (t->type == EI_TYPE_F16) tmp[k] = host_h2f(h[k]);
+                    else {
+                        const uint32_t bits = (uint32_t)h[k] << 16;
+                        memcpy(&tmp[k], &bits, 4);
+                    }
+                }
+                st = eic_check(cudaMemcpy(at, tmp, b, cudaMemcpyHostToDevice), "upload");
+                free(tmp);
+                w->type = EI_TYPE_F32;
+            } else {
+                st = eic_check(cudaMemcpy(at, t->data, b, cudaMemcpyHostToDevice), "upload");
+                w->type = t->type;
+            }
+            if (st != EI_OK) goto fail;
+            if (p->drop_host_pages) drop_pages(t->data, b);
+            w->data = at;
+            w->ne0 = t->ne0;
+            w->ne1 = t->ne1;
+            at += al256(b);
+        }
+    }
+    if ((st = check_model(rt)) != EI_OK) goto fail;
+    *out = rt;
+    return EI_OK;
+fail:
+    ei_cuda_runtime_free(rt);
+    return st;
+}
+
+extern "C" ei_status ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_sizes *out) {
+    if (!rt || !out) return eic_fail(EI_ERR_INVALID_ARG, "runtime_sizes: null argument");
+    *out = rt->sizes;
+    return EI_OK;
+}
+
+/* ---------------------------------------------------------------- KV bookkeeping */
+static ei_status sync_slot(ei_cuda_runtime *rt, int32_t slot) {
+    const size_t off = (size_t)slot * rt->p.n_ctx;
+    return eic_check(cudaMemcpy(rt->d_cell_pos + off, rt->h_cell_pos + off, (size_t)rt->p.n_ctx * 4,
+                                cudaMemcpyHostToDevice), "cell_pos upload");
+}
+
+extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos) {
+    if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "null runtime");
+    if (slot < 0 || slot >= rt->p.n_slots) return eic_fail(EI_ERR_RANGE, "slot %d out of [0, %d)", slot, rt->p.n_slots);
+    if (pos < 0) return eic_fail(EI_ERR_RANGE, "position %d is negative", pos);
+    int32_t *cp = rt->h_cell_pos + (size_t)slot * rt->p.n_ctx;
+    int32_t used = 0;
+    for (int32_t c = 0; c < rt->h_n_used[slot]; c++) {
+        if (cp[c] >= pos) cp[c] = -1;
+        if (cp[c] >= 0) used = c + 1;
+    }
+    rt->h_n_used[slot] = used;
+    return sync_slot(rt, slot);
+}
+
+extern "C" ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot) { return ei_cuda_forget_from(rt, slot, 0); }
+
+/* ---------------------------------------------------------------- forward */
+#define LCK(call)                                  \
+    do {                                           \
+        cudaError_t e_ = (call);                   \
+        if (e_ != cudaSuccess) return e_;          \
+    } while (0)
+
+/* Every launch of one step, on rt->stream; batch arrays already on the device. */
+static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, int n_chunks) {
+    const ei_model_config *c = &rt->cfg;
+    cudaStream_t s = rt->stream;
+    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t ff = c->n_ff, half = c->rope_dim / 2;
+    int32_t *tokens = batch_arr(rt, rt->d_batch, 0), *slots = batch_arr(rt, rt->d_batch, 1);
+    int32_t *pos = batch_arr(rt, rt->d_batch, 2), *cells = batch_arr(rt, rt->d_batch, 3);
+    int32_t *ncells = batch_arr(rt, rt->d_batch, 4), *orows = batch_arr(rt, rt->d_batch, 5);
+    const float *freqs = (const float *)rt->rope_freqs.data;
+
+    LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, rt->rope_cos, rt->rope_sin,
+                        rt->d_cell_pos, slots, cells, rt->p.n_ctx));
+    LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
+    for (int l = 0; l < c->n_layer; l++) {
+        const dlayer *L = &rt->layers[l];
+        LCK(eic_rmsnorm(s, rt->x, (const float *)L->attn_norm.data, NULL, T, d, c->rms_eps, rt->xn));
+        LCK(eic_matmul(s, L->wq.type, L->wq.data, qd, d, rt->xn, d, T, (const float *)L->bq.data, 0, rt->q, qd));
+        LCK(eic_matmul(s, L->wk.type, L->wk.data, kvd, d, rt->xn, d, T, (const float *)L->bk.data, 0, rt->kc, kvd));
+        LCK(eic_matmul(s, L->wv.type, L->wv.data, kvd, d, rt->xn, d, T, (const float *)L->bv.data, 0, rt->vc, kvd));
+        LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
+                           c->rope_neox, rt->rope_cos, rt->rope_sin, &rt->kv, l, slots, cells));
+        for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
+            const int32_t nt = T - t0 < rt->attn_tokens ? T - t0 : rt->attn_tokens;
+            LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, &rt->kv, l, slots + t0, pos + t0, ncells + t0,
+                              rt->d_cell_pos, n_chunks, rt->part, rt->att + t0 * qd));
+        }
+        LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
+        LCK(eic_rmsnorm(s, rt->x, (const float *)L->ffn_norm.data, NULL, T, d, c->rms_eps, rt->xn));
+        LCK(eic_matmul(s, L->w_gate.type, L->w_gate.data, ff, d, rt->xn, d, T, NULL, 0, rt->gate, ff));
+        LCK(eic_matmul(s, L->w_up.type, L->w_up.data, ff, d, rt->xn, d, T, NULL, 0, rt->up, ff));
+        LCK(eic_swiglu(s, rt->gate, rt->up, (int64_t)T * ff));
+        LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
+    }
+    (void)half;
+    if (n_out > 0) {
+        const dweight *head = rt->output.data ? &rt->output : &rt->tok_embd;
+        LCK(eic_rmsnorm(s, rt->x, (const float *)rt->output_norm.data, orows, n_out, d, c->rms_eps, rt->onorm));
+        LCK(eic_matmul(s, head->type, head->data, c->n_vocab, d, rt->onorm, d, n_out, NULL, 0, rt->logits, c->n_vocab));
+    }
+    return cudaSuccess;
+}
+
+/* Replays (capturing on first use) the graph of a decode-sized step; returns
+ * 0 when the step ran, -1 when graphs are off or capture failed (run directly). */
+static int run_graph(ei_cuda_runtime *rt, int32_t T, int32_t n_out) {
+    if (rt->graphs_broken || T > MAX_GRAPH_TOKENS) return -1;
+    cudaGraphExec_t *ex = &rt->graphs[T][n_out];
+    if (!*ex) {
+        cudaGraph_t g = NULL;
+        if (cudaStreamBeginCapture(rt->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+            cudaGetLastError();
+            rt->graphs_broken = 1;
+            return -1;
+        }
+        const cudaError_t le = launch_step(rt, T, n_out, rt->max_chunks);
+        const cudaError_t ee = cudaStreamEndCapture(rt->stream, &g);
+        if (le != cudaSuccess || ee != cudaSuccess || !g || cudaGraphInstantiate(ex, g, 0) != cudaSuccess) {
+            cudaGetLastError();
+            if (g) cudaGraphDestroy(g);
+            *ex = NULL;
+            rt->graphs_broken = 1;
+            return -1;
+        }
+        cudaGraphDestroy(g);
+    }
+    return cudaGraphLaunch(*ex, rt->stream) == cudaSuccess ? 0 : -1;
+}
+
+extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens,
+                                     const int32_t *slots, const int32_t *pos, const int32_t *cells, int32_t n_out,
+                                     const int32_t *out_rows, float *logits) {
+    if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "forward: null runtime");
+    const ei_model_config *c = &rt->cfg;
+    if (n_tokens < 1 || n_tokens > rt->p.max_batch)
+        return eic_fail(EI_ERR_RANGE, "batch of %d tokens outside [1, max_batch=%d]", n_tokens, rt->p.max_batch);
+    if (!tokens || !slots || !pos || !cells) return eic_fail(EI_ERR_INVALID_ARG, "forward: null batch array");
+    if (n_out < 0 || n_out > n_tokens || (n_out > 0 && (!out_rows || !logits)))
+        return eic_fail(EI_ERR_INVALID_ARG, "forward: bad output rows (n_out=%d)", n_out);
+    for (int32_t i = 0; i < n_tokens; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+            return eic_fail(EI_ERR_RANGE, "token id %d at batch index %d outside [0, %d)", tokens[i], i, c->n_vocab);
+        if (slots[i] < 0 || slots[i] >= rt->p.n_slots)
+            return eic_fail(EI_ERR_RANGE, "slot %d outside [0, %d)", slots[i], rt->p.n_slots);
+        if (cells[i] < 0 || cells[i] >= rt->p.n_ctx)
+            return eic_fail(EI_ERR_RANGE, "cell %d outside [0, %d)", cells[i], rt->p.n_ctx);
+        if (pos[i] < 0) return eic_fail(EI_ERR_RANGE, "position %d is negative", pos[i]);
+    }
+    for (int32_t j = 0; j < n_out; j++)
+        if (out_rows[j] < 0 || out_rows[j] >= n_tokens)
+            return eic_fail(EI_ERR_RANGE, "output row %d outside [0, %d)", out_rows[j], n_tokens);
+
+    /* Host bookkeeping, as layer 0 of the CPU pass does it before any attention. */
+    for (int32_t i = 0; i < n_tokens; i++) {
+        rt->h_cell_pos[(size_t)slots[i] * rt->p.n_ctx + cells[i]] = pos[i];
+        if (rt->h_n_used[slots[i]] <= cells[i]) rt->h_n_used[slots[i]] = cells[i] + 1;
+    }
+    int32_t used = 0;
+    int32_t *hb = rt->h_batch;
+    const size_t B = (size_t)rt->p.max_batch;
+    for (int32_t i = 0; i < n_tokens; i++) {
+        hb[i] = tokens[i];
+        hb[B + i] = slots[i];
+        hb[2 * B + i] = pos[i];
+        hb[3 * B + i] = cells[i];
+        hb[4 * B + i] = rt->h_n_used[slots[i]];
+        if (hb[4 * B + i] > used) used = hb[4 * B + i];
+    }
+    for (int32_t j = 0; j < n_out; j++) hb[5 * B + j] = out_rows[j];
+    ei_status st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, 6 * B * 4, cudaMemcpyHostToDevice, rt->stream),
+                             "batch upload");
+    if (st != EI_OK) return st;
+    if (run_graph(rt, n_tokens, n_out) != 0) {
+        const int n_chunks = (used + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
+        if ((st = eic_check(launch_step(rt, n_tokens, n_out, n_chunks > 0 ? n_chunks : 1), "forward launch")) != EI_OK)
+            return st;
+    }
+    if (n_out > 0 &&
+        (st = eic_check(cudaMemcpyAsync(logits, rt->logits, (size_t)n_out * c->n_vocab * 4, cudaMemcpyDeviceToHost,
+                                        rt->stream), "logits download")) != EI_OK)
+        return st;
+    if ((st = eic_check(cudaStreamSynchronize(rt->stream), "forward")) != EI_OK) return st;
+    rt->last_n_out = n_out;
+    return EI_OK;
+}
+
+extern "C" ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out) {
+    if (!rt || !out) return eic_fail(EI_ERR_INVALID_ARG, "argmax: null argument");
+    if (n_out < 1 || n_out > rt->last_n_out)
+        return eic_fail(EI_ERR_RANGE, "argmax of %d rows, the last forward produced %d", n_out, rt->last_n_out);
+    ei_status st = eic_check(eic_argmax(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, rt->d_argmax), "argmax");
+    if (st != EI_OK) return st;
+    if ((st = eic_check(cudaMemcpyAsync(out, rt->d_argmax, (size_t)n_out * 4, cudaMemcpyDeviceToHost, rt->stream),
+                        "argmax download")) != EI_OK)
+        return st;
+    return eic_check(cudaStreamSynchronize(rt->stream), "argmax");
+}

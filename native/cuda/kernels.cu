@@ -1,0 +1,666 @@
+/* CUDA kernels of the forward pass: dequantize-on-the-fly matmuls for every
+ * GGUF weight type, RMSNorm, RoPE + KV store, SwiGLU, embedding lookup,
+ * chunked attention over the f16 KV ring (f32 accumulation, GQA), argmax.
+ *
+ * Weights are read in their GGUF block layout (quants_impl.h describes it);
+ * each lane dequantizes one unit of 32 consecutive elements of a row into
+ * registers and dots it with f32 activations of up to TT tokens, so a weight
+ * row is read once per TT tokens. Activations stay in f32: no rounding beyond
+ * the weights' own. */
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.cuh"
+
+/* ---------------------------------------------------------------- type geometry */
+int eic_type_block(int type, int *elems, int *bytes) {
+    int e = 0, b = 0;
+    switch (type) {
+    case EI_TYPE_F32: e = 1; b = 4; break;
+    case EI_TYPE_F16: e = 1; b = 2; break;
+    case EI_TYPE_BF16: e = 1; b = 2; break;
+    case EI_TYPE_Q4_0: e = 32; b = 18; break;
+    case EI_TYPE_Q4_1: e = 32; b = 20; break;
+    case EI_TYPE_Q5_0: e = 32; b = 22; break;
+    case EI_TYPE_Q5_1: e = 32; b = 24; break;
+    case EI_TYPE_Q8_0: e = 32; b = 34; break;
+    case EI_TYPE_Q4_K: e = 256; b = 144; break;
+    case EI_TYPE_Q5_K: e = 256; b = 176; break;
+    case EI_TYPE_Q6_K: e = 256; b = 210; break;
+    default: return 0;
+    }
+    if (elems) *elems = e;
+    if (bytes) *bytes = b;
+    return 1;
+}
+
+int eic_type_supported(int type) { return eic_type_block(type, NULL, NULL); }
+
+int64_t eic_row_bytes(int type, int64_t n) {
+    int e, b;
+    if (!eic_type_block(type, &e, &b) || n <= 0 || n % e) return 0;
+    return n / e * b;
+}
+
+/* ---------------------------------------------------------------- device helpers */
+__device__ __forceinline__ float ld_h(const uint8_t *p) {
+    return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+__device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Unit u (elements [32u, 32u + 32)) of a row, dequantized into w[32]. For the
+ * float types, elements at or past n are 0 (rows of any length). */
+template <int TYPE> struct Deq;
+
+template <> struct Deq<EI_TYPE_F32> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t n, float *w) {
+        const float *r = (const float *)row + 32 * u;
+        const int64_t left = n - 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = i < left ? __ldg(r + i) : 0.0f;
+    }
+};
+template <> struct Deq<EI_TYPE_F16> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t n, float *w) {
+        const __half *r = (const __half *)row + 32 * u;
+        const int64_t left = n - 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = i < left ? __half2float(r[i]) : 0.0f;
+    }
+};
+template <> struct Deq<EI_TYPE_BF16> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t n, float *w) {
+        const uint16_t *r = (const uint16_t *)row + 32 * u;
+        const int64_t left = n - 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = i < left ? bf16f(r[i]) : 0.0f;
+    }
+};
+template <> struct Deq<EI_TYPE_Q4_0> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 18 * u;
+        const float d = ld_h(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int q = b[2 + j];
+            w[j] = d * (float)((q & 15) - 8);
+            w[j + 16] = d * (float)((q >> 4) - 8);
+        }
+    }
+};
+template <> struct Deq<EI_TYPE_Q4_1> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 20 * u;
+        const float d = ld_h(b), m = ld_h(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int q = b[4 + j];
+            w[j] = d * (float)(q & 15) + m;
+            w[j + 16] = d * (float)(q >> 4) + m;
+        }
+    }
+};
+template <> struct Deq<EI_TYPE_Q5_0> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 22 * u;
+        const float d = ld_h(b);
+        const uint32_t qh = ld_u32(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int q = b[6 + j];
+            w[j] = d * (float)(((q & 15) | (((qh >> j) & 1) << 4)) - 16);
+            w[j + 16] = d * (float)(((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        }
+    }
+};
+template <> struct Deq<EI_TYPE_Q5_1> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 24 * u;
+        const float d = ld_h(b), m = ld_h(b + 2);
+        const uint32_t qh = ld_u32(b + 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int q = b[8 + j];
+            w[j] = d * (float)((q & 15) | (((qh >> j) & 1) << 4)) + m;
+            w[j + 16] = d * (float)((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
+        }
+    }
+};
+template <> struct Deq<EI_TYPE_Q8_0> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 34 * u;
+        const float d = ld_h(b);
+#pragma unroll
+        for (int j = 0; j < 32; j++) w[j] = d * (float)(int8_t)b[2 + j];
+    }
+};
+template <> struct Deq<EI_TYPE_Q4_K> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 144 * (u / 8);
+        const int j = (int)(u % 8);
+        int sc, m;
+        k_scale_min(j, b + 4, &sc, &m);
+        const float d = ld_h(b) * (float)sc, dm = ld_h(b + 2) * (float)m;
+        const uint8_t *qs = b + 16 + 32 * (j / 2);
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) w[l] = d * (float)((qs[l] >> shift) & 15) - dm;
+    }
+};
+template <> struct Deq<EI_TYPE_Q5_K> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 176 * (u / 8);
+        const int j = (int)(u % 8);
+        int sc, m;
+        k_scale_min(j, b + 4, &sc, &m);
+        const float d = ld_h(b) * (float)sc, dm = ld_h(b + 2) * (float)m;
+        const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (j / 2);
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) w[l] = d * (float)(((qs[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4)) - dm;
+    }
+};
+template <> struct Deq<EI_TYPE_Q6_K> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 210 * (u / 8);
+        const int su = (int)(u % 8), h = su / 4, k = su % 4;
+        const uint8_t *ql = b + 64 * h + 32 * (k & 1), *qh = b + 128 + 32 * h;
+        const int8_t *scales = (const int8_t *)(b + 192);
+        const float d = ld_h(b + 208);
+        const float d0 = d * (float)scales[2 * su], d1 = d * (float)scales[2 * su + 1];
+        const int lshift = 4 * (k >> 1), hshift = 2 * k;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int q = ((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4);
+            w[l] = (l < 16 ? d0 : d1) * (float)(q - 32);
+        }
+    }
+};
+
+/* ---------------------------------------------------------------- matmul */
+enum { MM_WARPS = 4 };
+
+/* One warp per output row, TT tokens per block row of the grid. vec: x rows
+ * are 16-byte aligned and whole units, so float4 loads are safe. */
+template <int TYPE, int TT>
+__global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const uint8_t *__restrict__ W, int64_t row_bytes,
+                                                           int64_t n_rows, int64_t n_cols,
+                                                           const float *__restrict__ x, int64_t ldx, int64_t n_tok,
+                                                           const float *__restrict__ bias, int accumulate,
+                                                           float *y, int64_t ldy, int vec) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (r >= n_rows) return;
+    const int64_t t0 = (int64_t)blockIdx.y * TT;
+    const int nt = (int)min((int64_t)TT, n_tok - t0);
+    const uint8_t *row = W + r * row_bytes;
+    const int64_t n_units = (n_cols + 31) / 32;
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t] = 0.0f;
+    for (int64_t u = lane; u < n_units; u += 32) {
+        float w[32];
+        Deq<TYPE>::unit(row, u, n_cols, w);
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (t >= nt) break;
+            const float *xt = x + (t0 + t) * ldx + 32 * u;
+            float s = 0.0f;
+            if (vec) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const float4 v = __ldg((const float4 *)xt + i);
+                    s += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                }
+            } else {
+                const int64_t left = n_cols - 32 * u;
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                    if (i < left) s += w[i] * __ldg(xt + i);
+            }
+            acc[t] += s;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t] = warp_sum(acc[t]);
+    if (lane == 0) {
+        const float b = bias ? bias[r] : 0.0f;
+        for (int t = 0; t < nt; t++) {
+            float *o = y + (t0 + t) * ldy + r;
+            const float v = acc[t] + b;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+}
+
+template <int TYPE>
+static cudaError_t mm_launch(cudaStream_t s, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                             int64_t ldx, int64_t n_tok, const float *bias, int accumulate, float *y, int64_t ldy) {
+    const int64_t row_bytes = TYPE == EI_TYPE_F32 ? n_cols * 4
+                              : (TYPE == EI_TYPE_F16 || TYPE == EI_TYPE_BF16) ? n_cols * 2
+                                                                               : eic_row_bytes(TYPE, n_cols);
+    const int vec = n_cols % 32 == 0 && ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    const unsigned gx = (unsigned)((n_rows + MM_WARPS - 1) / MM_WARPS);
+    const uint8_t *W = (const uint8_t *)w;
+    const dim3 block(MM_WARPS * 32);
+    /* Token tiles: 1, 2 or 4 for decode-sized batches, 8 beyond. */
+    if (n_tok == 1) {
+        mm_kernel<TYPE, 1><<<dim3(gx, 1), block, 0, s>>>(W, row_bytes, n_rows, n_cols, x, ldx, n_tok, bias,
+                                                         accumulate, y, ldy, vec);
+    } else if (n_tok == 2) {
+        mm_kernel<TYPE, 2><<<dim3(gx, 1), block, 0, s>>>(W, row_bytes, n_rows, n_cols, x, ldx, n_tok, bias,
+                                                         accumulate, y, ldy, vec);
+    } else if (n_tok <= 4) {
+        mm_kernel<TYPE, 4><<<dim3(gx, 1), block, 0, s>>>(W, row_bytes, n_rows, n_cols, x, ldx, n_tok, bias,
+                                                         accumulate, y, ldy, vec);
+    } else {
+        for (int64_t t = 0; t < n_tok; t += 8 * 65535LL) {   /* gridDim.y <= 65535 */
+            const int64_t nt = n_tok - t < 8 * 65535LL ? n_tok - t : 8 * 65535LL;
+            mm_kernel<TYPE, 8><<<dim3(gx, (unsigned)((nt + 7) / 8)), block, 0, s>>>(
+                W, row_bytes, n_rows, n_cols, x + t * ldx, ldx, nt, bias, accumulate, y + t * ldy, ldy, vec);
+        }
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t eic_matmul(cudaStream_t s, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                       int64_t ldx, int64_t n_tok, const float *bias, int accumulate, float *y, int64_t ldy) {
+    if (n_rows <= 0 || n_tok <= 0) return cudaSuccess;
+#define EIC_MM(T) \
+    case T: return mm_launch<T>(s, w, n_rows, n_cols, x, ldx, n_tok, bias, accumulate, y, ldy)
+    switch (type) {
+        EIC_MM(EI_TYPE_F32);
+        EIC_MM(EI_TYPE_F16);
+        EIC_MM(EI_TYPE_BF16);
+        EIC_MM(EI_TYPE_Q4_0);
+        EIC_MM(EI_TYPE_Q4_1);
+        EIC_MM(EI_TYPE_Q5_0);
+        EIC_MM(EI_TYPE_Q5_1);
+        EIC_MM(EI_TYPE_Q8_0);
+        EIC_MM(EI_TYPE_Q4_K);
+        EIC_MM(EI_TYPE_Q5_K);
+        EIC_MM(EI_TYPE_Q6_K);
+    default: return cudaErrorInvalidValue;
+    }
+#undef EIC_MM
+}
+
+/* ---------------------------------------------------------------- embedding */
+template <int TYPE>
+__global__ void embed_kernel(const uint8_t *__restrict__ table, int64_t row_bytes, int64_t ne0,
+                             const int32_t *__restrict__ tokens, float *__restrict__ out) {
+    const int64_t t = blockIdx.y;
+    const uint8_t *row = table + (int64_t)tokens[t] * row_bytes;
+    const int64_t n_units = (ne0 + 31) / 32;
+    for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n_units; u += (int64_t)gridDim.x * blockDim.x) {
+        float w[32];
+        Deq<TYPE>::unit(row, u, ne0, w);
+        float *o = out + t * ne0 + 32 * u;
+        const int64_t left = ne0 - 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            if (i < left) o[i] = w[i];
+    }
+}
+
+template <int TYPE>
+static cudaError_t embed_launch(cudaStream_t s, const void *table, int64_t ne0, const int32_t *tokens, int64_t n_tok,
+                                float *out) {
+    const int64_t row_bytes = TYPE == EI_TYPE_F32 ? ne0 * 4
+                              : (TYPE == EI_TYPE_F16 || TYPE == EI_TYPE_BF16) ? ne0 * 2
+                                                                               : eic_row_bytes(TYPE, ne0);
+    const int64_t n_units = (ne0 + 31) / 32;
+    const unsigned gx = (unsigned)((n_units + 127) / 128);
+    for (int64_t t = 0; t < n_tok; t += 65535) {
+        const int64_t nt = n_tok - t < 65535 ? n_tok - t : 65535;
+        embed_kernel<TYPE><<<dim3(gx, (unsigned)nt), 128, 0, s>>>((const uint8_t *)table, row_bytes, ne0,
+                                                                  tokens + t, out + t * ne0);
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t eic_embed(cudaStream_t s, int type, const void *table, int64_t ne0, const int32_t *tokens,
+                      int64_t n_tok, float *out) {
+    if (n_tok <= 0) return cudaSuccess;
+#define EIC_EM(T) \
+    case T: return embed_launch<T>(s, table, ne0, tokens, n_tok, out)
+    switch (type) {
+        EIC_EM(EI_TYPE_F32);
+        EIC_EM(EI_TYPE_F16);
+        EIC_EM(EI_TYPE_BF16);
+        EIC_EM(EI_TYPE_Q4_0);
+        EIC_EM(EI_TYPE_Q4_1);
+        EIC_EM(EI_TYPE_Q5_0);
+        EIC_EM(EI_TYPE_Q5_1);
+        EIC_EM(EI_TYPE_Q8_0);
+        EIC_EM(EI_TYPE_Q4_K);
+        EIC_EM(EI_TYPE_Q5_K);
+        EIC_EM(EI_TYPE_Q6_K);
+    default: return cudaErrorInvalidValue;
+    }
+#undef EIC_EM
+}
+
+/* ---------------------------------------------------------------- RMSNorm */
+enum { NORM_THREADS = 256 };
+
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
+                                                               const int32_t *__restrict__ rows, int64_t n, float eps,
+                                                               float *__restrict__ out) {
+    __shared__ double red[NORM_THREADS / 32];
+    __shared__ float scale_s;
+    const int64_t t = blockIdx.x;
+    const float *xr = x + (rows ? (int64_t)rows[t] : t) * n;
+    double ss = 0.0;   /* double, like the CPU reference: rows can be long */
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) ss += (double)xr[i] * (double)xr[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double tot = 0.0;
+        for (int i = 0; i < NORM_THREADS / 32; i++) tot += red[i];
+        scale_s = (float)(1.0 / sqrt(tot / (double)n + (double)eps));
+    }
+    __syncthreads();
+    const float sc = scale_s;
+    float *o = out + t * n;
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = xr[i] * sc * w[i];
+}
+
+cudaError_t eic_rmsnorm(cudaStream_t s, const float *x, const float *w, const int32_t *rows, int64_t n_tok, int64_t n,
+                        float eps, float *out) {
+    if (n_tok <= 0) return cudaSuccess;
+    if (n_tok > 0x7fffffffLL) return cudaErrorInvalidValue;
+    rmsnorm_kernel<<<(unsigned)n_tok, NORM_THREADS, 0, s>>>(x, w, rows, n, eps, out);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- RoPE and the KV store */
+__global__ void rope_tables_kernel(const int32_t *__restrict__ pos, int64_t n_tok, int rope_dim, float theta,
+                                   float freq_scale, const float *__restrict__ freqs, float *cos_t, float *sin_t,
+                                   int32_t *cell_pos, const int32_t *__restrict__ slots,
+                                   const int32_t *__restrict__ cells, int32_t n_ctx) {
+    const int half = rope_dim / 2;
+    const int64_t total = n_tok * (half > 0 ? half : 1);
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (int64_t)gridDim.x * blockDim.x) {
+        if (half > 0) {
+            const int64_t t = k / half;
+            const int i = (int)(k % half);
+            double freq = pow((double)theta, -2.0 * i / (double)rope_dim);
+            if (freqs) freq /= (double)freqs[i];
+            const double a = (double)pos[t] * (double)freq_scale * freq;
+            cos_t[k] = (float)cos(a);
+            sin_t[k] = (float)sin(a);
+        }
+        if (cell_pos && (half == 0 || k % half == 0)) {
+            const int64_t t = half > 0 ? k / half : k;
+            cell_pos[(int64_t)slots[t] * n_ctx + cells[t]] = pos[t];
+        }
+    }
+}
+
+cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, int rope_dim, float theta,
+                            float freq_scale, const float *freqs, float *cos_t, float *sin_t, int32_t *cell_pos,
+                            const int32_t *slots, const int32_t *cells, int32_t n_ctx) {
+    if (n_tok <= 0) return cudaSuccess;
+    const int64_t total = n_tok * (rope_dim / 2 > 0 ? rope_dim / 2 : 1);
+    const unsigned blocks = (unsigned)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
+    rope_tables_kernel<<<blocks, 256, 0, s>>>(pos, n_tok, rope_dim, theta, freq_scale, freqs, cos_t, sin_t, cell_pos,
+                                              slots, cells, n_ctx);
+    return cudaGetLastError();
+}
+
+/* One block per (token, head) over q heads then kv heads; a thread per rotated pair. */
+__global__ void rope_store_kernel(float *q, float *kc, const float *__restrict__ vc, int n_head, int n_head_kv, int hd,
+                                  int rope_dim, int neox, const float *__restrict__ cos_t,
+                                  const float *__restrict__ sin_t, eic_kv kv, int layer,
+                                  const int32_t *__restrict__ slots, const int32_t *__restrict__ cells) {
+    const int64_t t = blockIdx.y;
+    const int h = blockIdx.x;
+    const int half = rope_dim / 2;
+    const bool is_q = h < n_head;
+    const int kvh = h - n_head;
+    float *v = is_q ? q + (t * n_head + h) * hd : kc + (t * n_head_kv + kvh) * hd;
+    const float *cs = cos_t + t * half, *sn = sin_t + t * half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * cs[i] - x1 * sn[i];
+        v[i1] = x0 * sn[i] + x1 * cs[i];
+    }
+    if (is_q) return;
+    __syncthreads();
+    const size_t off = ((((size_t)slots[t] * kv.n_layer + layer) * kv.n_head_kv + kvh) * kv.n_ctx + cells[t]) * hd;
+    const float *vv = vc + (t * n_head_kv + kvh) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        kv.k[off + i] = __half_as_ushort(__float2half_rn(v[i]));
+        kv.v[off + i] = __half_as_ushort(__float2half_rn(vv[i]));
+    }
+}
+
+cudaError_t eic_rope_store(cudaStream_t s, float *q, float *kc, const float *vc, int64_t n_tok, int n_head,
+                           int n_head_kv, int hd, int rope_dim, int neox, const float *cos_t, const float *sin_t,
+                           const eic_kv *kv, int layer, const int32_t *slots, const int32_t *cells) {
+    if (n_tok <= 0) return cudaSuccess;
+    const int heads = n_head + (kc ? n_head_kv : 0);
+    eic_kv k = kv ? *kv : eic_kv{};
+    for (int64_t t = 0; t < n_tok; t += 65535) {
+        const int64_t nt = n_tok - t < 65535 ? n_tok - t : 65535;
+        rope_store_kernel<<<dim3((unsigned)heads, (unsigned)nt), 64, 0, s>>>(
+            q + t * n_head * hd, kc ? kc + t * n_head_kv * hd : NULL, vc ? vc + t * n_head_kv * hd : NULL, n_head,
+            n_head_kv, hd, rope_dim, neox, cos_t + t * (rope_dim / 2), sin_t + t * (rope_dim / 2), k, layer,
+            slots ? slots + t : NULL, cells ? cells + t : NULL);
+    }
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- SwiGLU */
+__global__ void swiglu_kernel(float *gate, const float *__restrict__ up, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+cudaError_t eic_swiglu(cudaStream_t s, float *gate, const float *up, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    const int64_t b = (n + 255) / 256;
+    swiglu_kernel<<<(unsigned)(b < 65535 ? b : 65535), 256, 0, s>>>(gate, up, n);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- attention */
+enum { ATT_THREADS = 128, ATT_WARPS = ATT_THREADS / 32 };
+
+/* Block (chunk, kv head, token): partial softmax of the chunk's cells for the
+ * g query heads of the group, as the CPU's ei_attend_chunk. Shared memory:
+ * q[g][hd] (scaled) then scores[g][EIC_ATTN_CHUNK]. */
+__global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
+    const float *__restrict__ q, int n_head, eic_kv kv, int layer, const int32_t *__restrict__ slots,
+    const int32_t *__restrict__ pos, const int32_t *__restrict__ n_cells, const int32_t *__restrict__ cell_pos,
+    int n_chunks, float *__restrict__ part) {
+    extern __shared__ float sm[];
+    const int chunk = blockIdx.x, kvh = blockIdx.y;
+    const int64_t t = blockIdx.z;
+    const int hd = kv.hd, g = n_head / kv.n_head_kv, pf = EIC_PART_FLOATS(hd);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *pt = part + (((t * kv.n_head_kv + kvh) * n_chunks + chunk) * g) * pf;
+    const int slot = slots[t], p = pos[t];
+    const int c0 = chunk * EIC_ATTN_CHUNK, c1 = min(c0 + EIC_ATTN_CHUNK, n_cells[t]);
+    if (c0 >= c1) {
+        for (int j = threadIdx.x; j < g; j += ATT_THREADS) {
+            pt[(int64_t)j * pf] = -INFINITY;
+            pt[(int64_t)j * pf + 1] = 0.0f;
+        }
+        return;
+    }
+    const int n = c1 - c0;
+    float *qs = sm, *sc = sm + g * hd;
+    const float scale = rsqrtf((float)hd);
+    const float *qt = q + (t * n_head + (int64_t)kvh * g) * hd;
+    for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = qt[i] * scale;
+    __syncthreads();
+    const size_t off = (((size_t)slot * kv.n_layer + layer) * kv.n_head_kv + kvh) * kv.n_ctx * (size_t)hd;
+    const __half *K = (const __half *)kv.k + off, *V = (const __half *)kv.v + off;
+    const int32_t *cp = cell_pos + (int64_t)slot * kv.n_ctx;
+    /* Scores: a warp per cell, the key row in registers, one reduction per head. */
+    for (int c = warp; c < n; c += ATT_WARPS) {
+        const int32_t cpos = cp[c0 + c];
+        const bool vis = cpos >= 0 && cpos <= p;
+        if (!vis) {
+            for (int j = lane; j < g; j += 32) sc[j * EIC_ATTN_CHUNK + c] = -INFINITY;
+            continue;
+        }
+        float kr[EIC_MAX_HEAD_DIM / 32];
+        const __half *kc = K + (size_t)(c0 + c) * hd;
+#pragma unroll
+        for (int e = 0; e < EIC_MAX_HEAD_DIM / 32; e++) {
+            const int i = lane + 32 * e;
+            kr[e] = i < hd ? __half2float(kc[i]) : 0.0f;
+        }
+        for (int j = 0; j < g; j++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EIC_MAX_HEAD_DIM / 32; e++) {
+                const int i = lane + 32 * e;
+                if (i < hd) s += kr[e] * qs[j * hd + i];
+            }
+            s = warp_sum(s);
+            if (lane == 0) sc[j * EIC_ATTN_CHUNK + c] = s;
+        }
+    }
+    __syncthreads();
+    /* Max, exp and sum per head: a warp per head. Masked cells get weight 0. */
+    for (int j = warp; j < g; j += ATT_WARPS) {
+        float *sj = sc + j * EIC_ATTN_CHUNK;
+        float mx = -INFINITY;
+        for (int c = lane; c < n; c += 32) mx = fmaxf(mx, sj[c]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int c = lane; c < n; c += 32) {
+            const float e = (mx == -INFINITY || sj[c] == -INFINITY) ? 0.0f : __expf(sj[c] - mx);
+            sj[c] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            pt[(int64_t)j * pf] = mx;
+            pt[(int64_t)j * pf + 1] = sum;
+        }
+    }
+    __syncthreads();
+    /* Weighted V: a thread per (head, dim); V rows read coalesced. */
+    for (int idx = threadIdx.x; idx < g * hd; idx += ATT_THREADS) {
+        const int j = idx / hd, i = idx % hd;
+        const float *sj = sc + j * EIC_ATTN_CHUNK;
+        float acc = 0.0f;
+        for (int c = 0; c < n; c++) {
+            const float w = sj[c];
+            if (w != 0.0f) acc += w * __half2float(V[(size_t)(c0 + c) * hd + i]);
+        }
+        pt[(int64_t)j * pf + 2 + i] = acc;
+    }
+}
+
+/* Block (head, token): merge the chunk partials in order (as ei_attend_merge). */
+__global__ void attn_merge_kernel(const float *__restrict__ part, int n_head, int n_head_kv, int hd, int n_chunks,
+                                  float *__restrict__ out) {
+    const int h = blockIdx.x;
+    const int64_t t = blockIdx.y;
+    const int g = n_head / n_head_kv, kvh = h / g, j = h % g, pf = EIC_PART_FLOATS(hd);
+    const float *base = part + (((t * n_head_kv + kvh) * n_chunks) * g + j) * pf;
+    const int64_t stride = (int64_t)g * pf;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float m = -INFINITY, s = 0.0f, o = 0.0f;
+        for (int c = 0; c < n_chunks; c++) {
+            const float *pc = base + c * stride;
+            const float pm = pc[0];
+            if (pm == -INFINITY) continue;
+            const float mn = fmaxf(pm, m);
+            const float a = m == -INFINITY ? 0.0f : expf(m - mn), b = expf(pm - mn);
+            o = o * a + pc[2 + i] * b;
+            s = s * a + pc[1] * b;
+            m = mn;
+        }
+        out[(t * n_head + h) * hd + i] = s > 0.0f ? o / s : 0.0f;
+    }
+}
+
+cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_head, const eic_kv *kv, int layer,
+                          const int32_t *slots, const int32_t *pos, const int32_t *n_cells, const int32_t *cell_pos,
+                          int n_chunks, float *part, float *out) {
+    if (n_tok <= 0) return cudaSuccess;
+    const int g = n_head / kv->n_head_kv;
+    if (kv->hd > EIC_MAX_HEAD_DIM || g > EIC_MAX_GROUP || n_chunks < 1 || n_tok > 65535) return cudaErrorInvalidValue;
+    const size_t smem = sizeof(float) * ((size_t)g * kv->hd + (size_t)g * EIC_ATTN_CHUNK);
+    attn_chunk_kernel<<<dim3((unsigned)n_chunks, (unsigned)kv->n_head_kv, (unsigned)n_tok), ATT_THREADS, smem, s>>>(
+        q, n_head, *kv, layer, slots, pos, n_cells, cell_pos, n_chunks, part);
+    attn_merge_kernel<<<dim3((unsigned)n_head, (unsigned)n_tok), kv->hd < 128 ? 64 : 128, 0, s>>>(
+        part, n_head, kv->n_head_kv, kv->hd, n_chunks, out);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- argmax */
+__global__ void argmax_kernel(const float *__restrict__ x, int64_t n, int32_t *out) {
+    __shared__ float bv[32];
+    __shared__ int32_t bi[32];
+    const float *r = x + (int64_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int32_t idx = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        if (r[i] > best) {   /* NaN never wins; the first maximum wins */
+            best = r[i];
+            idx = (int32_t)i;
+        }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) {
+            best = ov;
+            idx = oi;
+        }
+    }
+    if ((threadIdx.x & 31) == 0) {
+        bv[threadIdx.x >> 5] = best;
+        bi[threadIdx.x >> 5] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (bv[w] > best || (bv[w] == best && bi[w] < idx)) {
+                best = bv[w];
+                idx = bi[w];
+            }
+        out[blockIdx.x] = idx;
+    }
+}
+
+cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int32_t *out) {
+    if (n_rows <= 0) return cudaSuccess;
+    argmax_kernel<<<(unsigned)n_rows, 256, 0, s>>>(x, n, out);
+    return cudaGetLastError();
+}

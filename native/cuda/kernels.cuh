@@ -1,0 +1,60 @@
+/* Internal interface of the CUDA backend: error helpers and the launchers of
+ * every op of the forward pass (kernels.cu). All launchers are asynchronous on
+ * the given stream and return the launch's cudaError_t. */
+#ifndef EI_CUDA_KERNELS_CUH
+#define EI_CUDA_KERNELS_CUH
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "edgeinfer_cuda.h"
+
+/* Cells per attention chunk: the same fixed chunking as the CPU (attention.h). */
+#define EIC_ATTN_CHUNK 256
+#define EIC_PART_FLOATS(hd) ((hd) + 2)
+#define EIC_MAX_HEAD_DIM 256
+#define EIC_MAX_GROUP 32
+
+/* Records a message for ei_cuda_last_error() and returns st. */
+ei_status eic_fail(ei_status st, const char *fmt, ...);
+/* EI_OK when e == cudaSuccess, else a failure naming `what` and the CUDA error. */
+ei_status eic_check(cudaError_t e, const char *what);
+
+/* Block geometry of a weight type (0 if unsupported) and bytes of a row of n. */
+int eic_type_block(int type, int *elems, int *bytes);
+int64_t eic_row_bytes(int type, int64_t n);
+int eic_type_supported(int type);   /* a matmul / embedding weight type we have kernels for */
+
+/* y[t*ldy + r] = bias[r] + (accumulate ? y : 0) + W[r] . x[t*ldx ..], r < n_rows, t < n_tok. */
+cudaError_t eic_matmul(cudaStream_t s, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                       int64_t ldx, int64_t n_tok, const float *bias, int accumulate, float *y, int64_t ldy);
+/* out[t*ne0 ..] = dequantized row tokens[t]. */
+cudaError_t eic_embed(cudaStream_t s, int type, const void *table, int64_t ne0, const int32_t *tokens,
+                      int64_t n_tok, float *out);
+/* out[t*n ..] = rmsnorm(x[row(t)*n ..]) * w, row(t) = rows ? rows[t] : t. */
+cudaError_t eic_rmsnorm(cudaStream_t s, const float *x, const float *w, const int32_t *rows, int64_t n_tok, int64_t n,
+                        float eps, float *out);
+/* cos/sin[t*half + i] of pos[t] * freq_scale * theta^(-2i/rope_dim) / freqs[i] (double math).
+ * When cell_pos is not NULL, also cell_pos[slots[t]*n_ctx + cells[t]] = pos[t]. */
+cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, int rope_dim, float theta,
+                            float freq_scale, const float *freqs, float *cos_t, float *sin_t, int32_t *cell_pos,
+                            const int32_t *slots, const int32_t *cells, int32_t n_ctx);
+/* RoPE on q[t][n_head][hd] in place; when kc is not NULL also on kc[t][n_head_kv][hd], then
+ * K and V of every token go to their ring cell (f16) of `layer`. */
+typedef struct {
+    uint16_t *k, *v;        /* the arena: [slot][layer][kv_head][cell][hd] */
+    int32_t n_layer, n_head_kv, n_ctx, hd;
+} eic_kv;
+cudaError_t eic_rope_store(cudaStream_t s, float *q, float *kc, const float *vc, int64_t n_tok, int n_head,
+                           int n_head_kv, int hd, int rope_dim, int neox, const float *cos_t, const float *sin_t,
+                           const eic_kv *kv, int layer, const int32_t *slots, const int32_t *cells);
+/* gate[i] = silu(gate[i]) * up[i]. */
+cudaError_t eic_swiglu(cudaStream_t s, float *gate, const float *up, int64_t n);
+/* out[t][h*hd ..] for tokens t < n_tok: attention of q[t] over its slot's cells
+ * [0, n_cells[t]) of `layer` with 0 <= cell_pos <= pos[t], in n_chunks chunks of
+ * EIC_ATTN_CHUNK cells merged in order. part holds n_tok*n_head*n_chunks*(hd+2) floats. */
+cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_head, const eic_kv *kv, int layer,
+                          const int32_t *slots, const int32_t *pos, const int32_t *n_cells, const int32_t *cell_pos,
+                          int n_chunks, float *part, float *out);
+/* out[j] = argmax of row j of x (n_rows x n). */
+cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int32_t *out);
+#endif
