@@ -57,8 +57,8 @@ class Engine:
 
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-        if device == "cuda":
-            raise EdgeInferError("device='cuda': this build has no CUDA backend; use device='cpu'")
+        from ..cuda_backend import CudaRuntime, select_device
+        backend, dev = select_device(device)   # device='cuda' without a usable GPU raises EdgeInferError
         if not isinstance(n_ctx, int) or n_ctx < 8:
             raise ValueError(f"n_ctx must be an int >= 8, got {n_ctx!r}")
         if not isinstance(n_slots, int) or n_slots < 1:
@@ -69,9 +69,13 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         native = NativeModel(gguf, cfg)
-        runtime = NativeRuntime(native, n_threads=n_threads, n_slots=n_slots, n_ctx=n_ctx,
-                                n_sink=min(n_sink, n_ctx // 4), max_batch=max_batch, isa=isa,
-                                drop_packed_source=True)   # the kernels read their packed copy
+        if backend == "cuda":   # weights go to the device; on integrated memory drop the host pages
+            runtime = CudaRuntime(gguf, cfg, n_slots=n_slots, n_ctx=n_ctx, max_batch=max_batch, device=dev,
+                                  drop_host_pages=dev.integrated)
+        else:
+            runtime = NativeRuntime(native, n_threads=n_threads, n_slots=n_slots, n_ctx=n_ctx,
+                                    n_sink=min(n_sink, n_ctx // 4), max_batch=max_batch, isa=isa,
+                                    drop_packed_source=True)   # the kernels read their packed copy
         ring = KVRing(n_slots, n_ctx, n_sink=min(n_sink, n_ctx // 4), overflow=overflow)
         log.info("loaded %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name, cfg.arch,
                  cfg.n_layer, runtime.kv_bytes / 2**20, n_slots, n_ctx)
@@ -166,8 +170,9 @@ class Engine:
             "n_ff": cfg.n_ff, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_ctx": self.n_ctx,
             "n_slots": self.ring.n_slots, "n_sink": self.ring.n_sink, "overflow": self.ring.overflow,
             "kv_bytes": self.runtime.kv_bytes, "scratch_bytes": self.runtime.scratch_bytes,
-            "packed_weight_bytes": self.runtime.packed_bytes,
-            "n_threads": self.runtime.n_threads, "isa": self.runtime.isa_name, "device": "cpu",
+            "packed_weight_bytes": getattr(self.runtime, "packed_bytes", 0),
+            "n_threads": self.runtime.n_threads, "isa": self.runtime.isa_name,
+            "device": getattr(self.runtime, "device_kind", "cpu"),
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
         }
 

@@ -617,6 +617,11 @@ cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_h
     const int g = n_head / kv->n_head_kv;
     if (kv->hd > EIC_MAX_HEAD_DIM || g > EIC_MAX_GROUP || n_chunks < 1 || n_tok > 65535) return cudaErrorInvalidValue;
     const size_t smem = sizeof(float) * ((size_t)g * kv->hd + (size_t)g * EIC_ATTN_CHUNK);
+    if (smem > 48 * 1024) {   /* large GQA groups: opt in to more than the default 48 KiB */
+        const cudaError_t e = cudaFuncSetAttribute(attn_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem);
+        if (e != cudaSuccess) return e;
+    }
     attn_chunk_kernel<<<dim3((unsigned)n_chunks, (unsigned)kv->n_head_kv, (unsigned)n_tok), ATT_THREADS, smem, s>>>(
         q, n_head, *kv, layer, slots, pos, n_cells, cell_pos, n_chunks, part);
     attn_merge_kernel<<<dim3((unsigned)n_head, (unsigned)n_tok), kv->hd < 128 ? 64 : 128, 0, s>>>(

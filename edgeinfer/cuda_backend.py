@@ -1,0 +1,286 @@
+"""The CUDA backend, loaded at run time: libedgeinfer_cuda.so through cffi's ABI mode.
+
+CPU-only installs never build or link CUDA. This module finds the library
+($EDGEINFER_CUDA_LIB, then the package directory, then native/cuda/build of a
+source tree), asks it for devices, and gives the engine one decision:
+`select_device(device)` -> ("cpu", reason) or ("cuda", DeviceInfo).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EdgeInferError, NativeError
+
+log = logging.getLogger("edgeinfer")
+
+LIB_NAME = "libedgeinfer_cuda.so"
+
+# Mirrors native/cuda/edgeinfer_cuda.h (and the few pieces of edgeinfer.h it uses).
+_CDEF = """
+typedef struct {
+    int32_t arch; int32_t n_layer; int32_t n_embd; int32_t n_head; int32_t n_head_kv; int32_t head_dim;
+    int32_t n_ff; int32_t n_vocab; int32_t rope_dim; int32_t rope_neox;
+    float rope_theta; float rope_freq_scale; float rms_eps;
+} ei_model_config;
+const char *ei_cuda_last_error(void);
+const char *ei_cuda_version(void);
+int ei_cuda_device_count(void);
+typedef struct {
+    char name[256]; int32_t cc_major, cc_minor; int32_t sm_count; int32_t integrated;
+    uint64_t total_bytes, free_bytes; int32_t driver_version, runtime_version;
+} ei_cuda_device_info;
+int ei_cuda_get_device_info(int device, ei_cuda_device_info *out);
+typedef struct { int32_t layer, role, type; int64_t ne0, ne1; const void *data; } ei_cuda_tensor;
+typedef struct { int32_t device; int32_t n_slots, n_ctx, max_batch; int32_t use_graphs; int32_t drop_host_pages; } ei_cuda_params;
+typedef struct { uint64_t weights, kv, scratch, total; } ei_cuda_sizes;
+typedef struct ei_cuda_runtime ei_cuda_runtime;
+int ei_cuda_runtime_create(const ei_model_config *cfg, const ei_cuda_tensor *tensors, int32_t n_tensors,
+                           const ei_cuda_params *p, ei_cuda_sizes *sizes, ei_cuda_runtime **out);
+void ei_cuda_runtime_free(ei_cuda_runtime *rt);
+int ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_sizes *out);
+int ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot);
+int ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
+int ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                    const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows, float *logits);
+int ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
+int ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                      int64_t n_tok, const float *bias, int32_t accumulate, float *y);
+int ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
+                     int64_t n_tok, float *out);
+int ei_cuda_op_rmsnorm(const float *x, const float *w, int64_t n_tok, int64_t n, float eps, float *out);
+int ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
+                    int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos);
+int ei_cuda_op_swiglu(float *gate, const float *up, int64_t n);
+int ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
+                         const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);
+"""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    integrated: bool
+    total_bytes: int
+    free_bytes: int
+    driver_version: int
+    runtime_version: int
+
+    def describe(self) -> str:
+        return (f"{self.name} (sm_{self.compute_capability[0]}{self.compute_capability[1]}, "
+                f"{self.free_bytes / 2**30:.1f} of {self.total_bytes / 2**30:.1f} GiB free"
+                f"{', integrated memory' if self.integrated else ''})")
+
+
+@dataclass
+class _Loaded:
+    ffi: object = None
+    lib: object = None
+    path: str = ""
+    reason: str = ""
+
+
+_lock = threading.Lock()
+_loaded: _Loaded | None = None
+
+
+def library_candidates() -> list[Path]:
+    env = os.environ.get("EDGEINFER_CUDA_LIB")
+    if env:
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    return [here / LIB_NAME, here.parent / "native" / "cuda" / "build" / LIB_NAME]
+
+
+def load_library() -> tuple[object, object] | tuple[None, str]:
+    """(ffi, lib) of the CUDA library, or (None, reason) when it is absent or will not load. Cached."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            _loaded = _load()
+        if _loaded.lib is None:
+            return None, _loaded.reason
+        return _loaded.ffi, _loaded.lib
+
+
+def _load() -> _Loaded:
+    try:
+        import cffi
+    except ImportError as exc:  # pragma: no cover - cffi is a dependency
+        return _Loaded(reason=f"cffi is missing: {exc}")
+    paths = library_candidates()
+    found = [p for p in paths if p.is_file()]
+    if not found:
+        where = ", ".join(str(p) for p in paths)
+        return _Loaded(reason=f"the CUDA backend is not built ({LIB_NAME} not found at {where}; "
+                              "build it with scripts/build_cuda.sh, needs nvcc)")
+    ffi = cffi.FFI()
+    ffi.cdef(_CDEF)
+    try:
+        lib = ffi.dlopen(str(found[0]))
+    except OSError as exc:
+        return _Loaded(reason=f"cannot load {found[0]}: {exc}")
+    return _Loaded(ffi=ffi, lib=lib, path=str(found[0]))
+
+
+def last_error(lib, ffi) -> str:
+    return ffi.string(lib.ei_cuda_last_error()).decode("utf-8", "replace")
+
+
+def check(status: int, what: str) -> None:
+    if status != 0:
+        ffi, lib = load_library()
+        raise NativeError(f"CUDA {what} failed (status {status}): {last_error(lib, ffi)}")
+
+
+def probe() -> tuple[list[DeviceInfo], str]:
+    """(devices, reason): the CUDA devices usable here, or [] and why there are none."""
+    ffi, lib = load_library()
+    if ffi is None:
+        return [], lib  # lib holds the reason
+    n = lib.ei_cuda_device_count()
+    if n < 0:
+        return [], last_error(lib, ffi)
+    devices = []
+    for i in range(n):
+        info = ffi.new("ei_cuda_device_info *")
+        if lib.ei_cuda_get_device_info(i, info) != 0:
+            return [], f"device {i}: {last_error(lib, ffi)}"
+        devices.append(DeviceInfo(
+            index=i, name=ffi.string(info.name).decode("utf-8", "replace"),
+            compute_capability=(int(info.cc_major), int(info.cc_minor)), sm_count=int(info.sm_count),
+            integrated=bool(info.integrated), total_bytes=int(info.total_bytes), free_bytes=int(info.free_bytes),
+            driver_version=int(info.driver_version), runtime_version=int(info.runtime_version)))
+    return devices, ""
+
+
+def select_device(device: str) -> tuple[str, DeviceInfo | str]:
+    """The engine's one decision: ("cuda", DeviceInfo) or ("cpu", reason).
+
+    device="cpu": CPU. device="cuda": the first CUDA device, or EdgeInferError naming why
+    there is none. device="auto": CUDA when usable, else CPU with one log line saying why.
+    """
+    if device == "cpu":
+        return "cpu", "device='cpu' requested"
+    if device not in ("auto", "cuda"):
+        raise ValueError(f"device must be one of ('cpu', 'auto', 'cuda'), got {device!r}")
+    devices, reason = probe()
+    if devices:
+        return "cuda", devices[0]
+    if device == "cuda":
+        raise EdgeInferError(f"device='cuda' but CUDA is not available: {reason}")
+    log.info("device='auto': using the CPU (%s)", reason)
+    return "cpu", reason
+
+
+# ---------------------------------------------------------------------------- the runtime
+def _role(name: str) -> tuple[int, int | None]:
+    from .model.native_model import NativeModel
+
+    return NativeModel._role(name)
+
+
+class CudaRuntime:
+    """NativeRuntime's interface (forward / clear_slot / forget_from / sizes) on a CUDA device.
+
+    Weights are copied to the device once; the KV ring lives in device memory.
+    Not thread-safe: the engine serialises calls.
+    """
+
+    PROFILE_STAGES = ()
+    device_kind = "cuda"
+
+    def __init__(self, gguf, cfg, *, n_slots: int, n_ctx: int, max_batch: int, device: DeviceInfo | None = None,
+                 use_graphs: bool = True, drop_host_pages: bool = False):
+        from .model.native_model import ARCH_IDS
+
+        ffi, lib = load_library()
+        if ffi is None:
+            raise EdgeInferError(f"CUDA backend unavailable: {lib}")
+        self.ffi, self.lib = ffi, lib
+        self.device = device
+        self.n_vocab = cfg.n_vocab
+        self.max_batch = max_batch
+        c = ffi.new("ei_model_config *")
+        c.arch = int(ARCH_IDS[cfg.arch])
+        c.n_layer, c.n_embd, c.n_head, c.n_head_kv = cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv
+        c.head_dim, c.n_ff, c.n_vocab = cfg.head_dim, cfg.n_ff, cfg.n_vocab
+        c.rope_dim, c.rope_neox = cfg.rope_dim, int(cfg.rope_neox)
+        c.rope_theta, c.rope_freq_scale, c.rms_eps = cfg.rope_theta, cfg.rope_freq_scale, cfg.rms_eps
+        items = []
+        keep = []
+        for name, info in gguf.tensors.items():
+            layer, role = _role(name)
+            if role is None:
+                continue
+            buf = ffi.from_buffer(info.data)
+            keep.append(buf)
+            items.append((layer, int(role), int(info.type), int(info.shape[0]),
+                          int(info.shape[1]) if len(info.shape) > 1 else 1, buf))
+        tensors = ffi.new("ei_cuda_tensor[]", max(1, len(items)))
+        for i, (layer, role, typ, ne0, ne1, buf) in enumerate(items):
+            t = tensors[i]
+            t.layer, t.role, t.type, t.ne0, t.ne1 = layer, role, typ, ne0, ne1
+            t.data = ffi.cast("const void *", buf)
+        p = ffi.new("ei_cuda_params *")
+        p.device = device.index if device else 0
+        p.n_slots, p.n_ctx, p.max_batch = n_slots, n_ctx, max_batch
+        p.use_graphs, p.drop_host_pages = int(use_graphs), int(drop_host_pages)
+        sizes = ffi.new("ei_cuda_sizes *")
+        out = ffi.new("ei_cuda_runtime **")
+        st = lib.ei_cuda_runtime_create(c, tensors, len(items), p, sizes, out)
+        if st != 0:
+            raise EdgeInferError(f"CUDA runtime: {last_error(lib, ffi)}")
+        self.handle = ffi.gc(out[0], lib.ei_cuda_runtime_free)
+        self.weight_bytes = int(sizes.weights)
+        self.kv_bytes = int(sizes.kv)
+        self.scratch_bytes = int(sizes.scratch)
+        self.packed_bytes = 0
+        self.n_threads = 0
+        cc = device.compute_capability if device else (0, 0)
+        self.isa_name = f"cuda sm_{cc[0]}{cc[1]}"
+
+    def _i32(self, arr: np.ndarray):
+        return self.ffi.from_buffer("int32_t[]", np.ascontiguousarray(arr, dtype=np.int32))
+
+    def forward(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray, cells: np.ndarray,
+                out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
+        ffi = self.ffi
+        n, n_out = len(tokens), len(out_rows)
+        if logits is None:
+            logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
+        out_ptr = ffi.from_buffer("float[]", logits) if n_out else ffi.NULL
+        arrays = [np.ascontiguousarray(a, dtype=np.int32) for a in (tokens, slots, pos, cells, out_rows)]
+        bufs = [ffi.from_buffer("int32_t[]", a) for a in arrays]
+        st = self.lib.ei_cuda_forward(self.handle, n, bufs[0], bufs[1], bufs[2], bufs[3], n_out,
+                                      bufs[4] if n_out else ffi.NULL, out_ptr)
+        if st != 0:
+            raise NativeError(f"CUDA forward failed (status {st}): {last_error(self.lib, ffi)}")
+        return logits[:n_out]
+
+    def argmax(self, n_out: int) -> np.ndarray:
+        """Argmax of each logits row of the last forward, computed on the device."""
+        out = np.empty(n_out, dtype=np.int32)
+        st = self.lib.ei_cuda_argmax(self.handle, n_out, self.ffi.from_buffer("int32_t[]", out))
+        if st != 0:
+            raise NativeError(f"CUDA argmax failed (status {st}): {last_error(self.lib, self.ffi)}")
+        return out
+
+    def clear_slot(self, slot: int) -> None:
+        if self.lib.ei_cuda_clear_slot(self.handle, slot) != 0:
+            raise NativeError(f"CUDA clear_slot failed: {last_error(self.lib, self.ffi)}")
+
+    def forget_from(self, slot: int, pos: int) -> None:
+        if self.lib.ei_cuda_forget_from(self.handle, slot, pos) != 0:
+            raise NativeError(f"CUDA forget_from failed: {last_error(self.lib, self.ffi)}")
+
+    def profile(self, reset: bool = False) -> dict[str, float]:
+        return {}

@@ -1,0 +1,398 @@
+"""The CUDA backend (native/cuda, edgeinfer/cuda_backend.py).
+
+Runs everywhere:
+- the library compiles with nvcc for sm_75, sm_87 and sm_90 and holds a real
+  cubin for each (cuobjdump --list-elf; skipped without nvcc);
+- without a GPU, device="cuda" raises EdgeInferError naming the reason and
+  device="auto" falls back to the CPU with one log line.
+Needs a GPU (skipped with the reason otherwise):
+- every op against a numpy float64 reference, every weight type, odd shapes
+  (NMSE <= 1e-5, no NaN; guard bytes around each output are checked in C);
+- SmolLM2-135M Q4_1 end to end: CUDA logits vs our CPU path (top-1 >= 95%,
+  mean KL <= 0.01) and vs the float64 reference (KL <= 1.25x llama.cpp's).
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer import cuda_backend as cb
+from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
+from edgeinfer.errors import EdgeInferError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICES, NO_GPU_REASON = cb.probe()
+needs_gpu = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_REASON}")
+no_gpu_here = pytest.mark.skipif(bool(DEVICES), reason="a CUDA GPU is present (fallback tests need none)")
+
+TYPES = {
+    "F32": cpu_lib.EI_TYPE_F32, "F16": cpu_lib.EI_TYPE_F16, "BF16": cpu_lib.EI_TYPE_BF16,
+    "Q4_0": cpu_lib.EI_TYPE_Q4_0, "Q4_1": cpu_lib.EI_TYPE_Q4_1, "Q5_0": cpu_lib.EI_TYPE_Q5_0,
+    "Q5_1": cpu_lib.EI_TYPE_Q5_1, "Q8_0": cpu_lib.EI_TYPE_Q8_0, "Q4_K": cpu_lib.EI_TYPE_Q4_K,
+    "Q5_K": cpu_lib.EI_TYPE_Q5_K, "Q6_K": cpu_lib.EI_TYPE_Q6_K,
+}
+K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+FLOAT_TYPES = {"F32", "F16", "BF16"}
+NMSE_MAX = 1e-5
+
+
+def nmse(ref: np.ndarray, got: np.ndarray) -> float:
+    ref = np.asarray(ref, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    assert np.isfinite(got).all(), "NaN or inf in the CUDA output"
+    return float(np.sum((ref - got) ** 2) / max(np.sum(ref ** 2), 1e-30))
+
+
+# ------------------------------------------------------------------ build (runs here with nvcc)
+def _find_cuobjdump() -> str | None:
+    exe = shutil.which("cuobjdump") or (os.path.exists("/usr/local/cuda/bin/cuobjdump") and "/usr/local/cuda/bin/cuobjdump")
+    if exe:
+        return exe
+    for base in sys.path:
+        hits = glob.glob(os.path.join(base, "nvidia", "cu*", "bin", "cuobjdump")) + \
+            glob.glob(os.path.join(base, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
+        if hits:
+            return hits[0]
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")), reason="nvcc not found")
+def test_library_builds_with_real_cubins_for_t4_orin_h200(tmp_path):
+    env = dict(os.environ, EDGEINFER_CUDA_OUT=str(tmp_path), EDGEINFER_CUDA_ARCHS="75 87 90",
+               EDGEINFER_CUDA_REQUIRE="1")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build_cuda.sh")], env=env, capture_output=True, text=True,
+                       timeout=1800)
+    assert r.returncode == 0, r.stdout + r.stderr
+    so = tmp_path / "libedgeinfer_cuda.so"
+    assert so.is_file()
+    tool = _find_cuobjdump()
+    if tool is None:   # the PyPI package provides one
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "nvidia-cuda-cuobjdump"], capture_output=True,
+                       timeout=600)
+        tool = _find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump unavailable (pip install nvidia-cuda-cuobjdump)")
+    out = subprocess.run([tool, "--list-elf", str(so)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for arch in ("sm_75", "sm_87", "sm_90"):
+        assert f".{arch}." in out.stdout, f"no {arch} cubin in {so}:\n{out.stdout}"
+    # loads with cffi ABI mode and answers without a GPU
+    import cffi
+
+    f = cffi.FFI()
+    f.cdef("int ei_cuda_device_count(void); const char *ei_cuda_last_error(void);")
+    lib = f.dlopen(str(so))
+    n = lib.ei_cuda_device_count()
+    assert n >= 1 or f.string(lib.ei_cuda_last_error())
+
+
+def test_build_script_skips_cleanly_without_nvcc(tmp_path):
+    env = dict(os.environ, NVCC="", EDGEINFER_CUDA_OUT=str(tmp_path))
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build_cuda.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "nvcc not found" in r.stdout
+
+
+# ------------------------------------------------------------------ selection (runs here without a GPU)
+@no_gpu_here
+def test_device_cuda_without_gpu_raises_with_reason():
+    with pytest.raises(EdgeInferError, match="CUDA is not available: .+"):
+        cb.select_device("cuda")
+    with pytest.raises(EdgeInferError, match="device='cuda'"):
+        edgeinfer.load("no-such-model.gguf", device="cuda")
+
+
+def test_missing_library_gives_a_reason(monkeypatch):
+    monkeypatch.setenv("EDGEINFER_CUDA_LIB", "/nonexistent/libedgeinfer_cuda.so")
+    monkeypatch.setattr(cb, "_loaded", None)
+    devices, reason = cb.probe()
+    assert devices == [] and "not built" in reason and "build_cuda.sh" in reason
+    with pytest.raises(EdgeInferError, match="not built"):
+        cb.select_device("cuda")
+    monkeypatch.setattr(cb, "_loaded", None)   # forget the fake path for later tests
+
+
+@no_gpu_here
+def test_device_auto_falls_back_to_cpu_with_one_log_line(caplog, smollm2_path):
+    with caplog.at_level(logging.INFO, logger="edgeinfer"):
+        kind, reason = cb.select_device("auto")
+    assert kind == "cpu" and reason
+    lines = [r for r in caplog.records if "device='auto'" in r.getMessage()]
+    assert len(lines) == 1 and reason in lines[0].getMessage()
+    with edgeinfer.load(smollm2_path, n_ctx=64, device="auto") as eng:
+        assert eng.info()["device"] == "cpu"
+        assert np.isfinite(eng.logits(eng.tokenize("Hello"))).all()
+
+
+# ------------------------------------------------------------------ per-op (GPU)
+def _quantize(type_id: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, dequantized float32) of rows w through the CPU library (GGUF layouts)."""
+    rows, cols = w.shape
+    nb = cpu_ffi.new("int64_t *")
+    assert cpu_lib.ei_quantize_row_bytes(type_id, cols, nb) == 0
+    q = np.zeros(rows * nb[0], dtype=np.uint8)
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    assert cpu_lib.ei_quantize_rows(type_id, cpu_ffi.from_buffer("float[]", w), cpu_ffi.from_buffer(q),
+                                    rows, cols, 1) == 0
+    deq = np.zeros(rows * cols, dtype=np.float32)
+    assert cpu_lib.ei_kernel_dequantize(type_id, 0, cpu_ffi.from_buffer(q), cpu_ffi.from_buffer("float[]", deq),
+                                        rows * cols) == 0
+    return q, deq.reshape(rows, cols)
+
+
+def _f(ffi, a):
+    return ffi.from_buffer("float[]", a)
+
+
+def _ok(status: int):
+    ffi, lib = cb.load_library()
+    assert status == 0, cb.last_error(lib, ffi)
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", sorted(TYPES))
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 5, 8, 19])
+def test_matmul_every_type(name, n_tok):
+    ffi, lib = cb.load_library()
+    rng = np.random.default_rng(hash((name, n_tok)) % 2**32)
+    cols = 256 * 3 if name in K_TYPES else (75 if name in FLOAT_TYPES and n_tok % 2 else 32 * 7)
+    rows = 37
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 3, (rows, 1)).astype(np.float32)
+    q, deq = _quantize(TYPES[name], w)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    ref = x.astype(np.float64) @ deq.astype(np.float64).T
+    y = np.zeros((n_tok, rows), dtype=np.float32)
+    _ok(lib.ei_cuda_op_matmul(TYPES[name], ffi.from_buffer(q), rows, cols, _f(ffi, x), n_tok, ffi.NULL, 0, _f(ffi, y)))
+    assert nmse(ref, y) <= NMSE_MAX
+    # bias and accumulate, as the forward pass uses them
+    y2 = np.full((n_tok, rows), 0.5, dtype=np.float32)
+    _ok(lib.ei_cuda_op_matmul(TYPES[name], ffi.from_buffer(q), rows, cols, _f(ffi, x), n_tok, _f(ffi, bias), 1,
+                              _f(ffi, y2)))
+    assert nmse(ref + bias + 0.5, y2) <= NMSE_MAX
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_embedding_every_type(name):
+    ffi, lib = cb.load_library()
+    rng = np.random.default_rng(7)
+    cols = 512 if name in K_TYPES else 96
+    table = rng.standard_normal((41, cols)).astype(np.float32)
+    q, deq = _quantize(TYPES[name], table)
+    tokens = np.array([0, 40, 3, 3, 17], dtype=np.int32)
+    out = np.zeros((len(tokens), cols), dtype=np.float32)
+    _ok(lib.ei_cuda_op_embed(TYPES[name], ffi.from_buffer(q), cols, 41, ffi.from_buffer("int32_t[]", tokens),
+                             len(tokens), _f(ffi, out)))
+    np.testing.assert_array_equal(out, deq[tokens])
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [7, 576, 2049])
+def test_rmsnorm(n):
+    ffi, lib = cb.load_library()
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((3, n)).astype(np.float32) * 5
+    w = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros_like(x)
+    _ok(lib.ei_cuda_op_rmsnorm(_f(ffi, x), _f(ffi, w), 3, n, 1e-5, _f(ffi, out)))
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-5) * w
+    assert nmse(ref, out) <= NMSE_MAX
+
+
+def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
+    x = x.astype(np.float64).copy()
+    half = rope_dim // 2
+    f = theta ** (-2.0 * np.arange(half) / rope_dim)
+    if freqs is not None:
+        f = f / freqs
+    for t, p in enumerate(pos):
+        a = p * scale * f
+        c, s = np.cos(a), np.sin(a)
+        i0 = np.arange(half) if neox else 2 * np.arange(half)
+        i1 = i0 + half if neox else i0 + 1
+        x0, x1 = x[t, :, i0].copy(), x[t, :, i1].copy()
+        x[t, :, i0] = (x0.T * c - x1.T * s).T
+        x[t, :, i1] = (x0.T * s + x1.T * c).T
+    return x
+
+
+@needs_gpu
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("hd,rope_dim,use_freqs", [(64, 64, False), (80, 32, True), (128, 128, False)])
+def test_rope(neox, hd, rope_dim, use_freqs):
+    ffi, lib = cb.load_library()
+    rng = np.random.default_rng(hd + neox)
+    n_tok, heads = 5, 3
+    x = rng.standard_normal((n_tok, heads, hd)).astype(np.float32)
+    pos = np.array([0, 1, 17, 4095, 131071], dtype=np.int32)
+    freqs = rng.uniform(1, 8, rope_dim // 2).astype(np.float32) if use_freqs else None
+    ref = _rope_ref(x, pos, rope_dim, neox, 10000.0, 0.5, freqs)
+    got = x.copy()
+    _ok(lib.ei_cuda_op_rope(_f(ffi, got), n_tok, heads, hd, rope_dim, neox, 10000.0, 0.5,
+                            _f(ffi, freqs) if use_freqs else ffi.NULL, ffi.from_buffer("int32_t[]", pos)))
+    assert nmse(ref, got) <= NMSE_MAX
+
+
+@needs_gpu
+def test_swiglu():
+    ffi, lib = cb.load_library()
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal(1001).astype(np.float32) * 4
+    u = rng.standard_normal(1001).astype(np.float32)
+    got = g.copy()
+    _ok(lib.ei_cuda_op_swiglu(_f(ffi, got), _f(ffi, u), len(g)))
+    g64 = g.astype(np.float64)
+    assert nmse(g64 / (1 + np.exp(-g64)) * u, got) <= NMSE_MAX
+
+
+@needs_gpu
+@pytest.mark.parametrize("g,hd,n_cells", [(1, 64, 1), (3, 64, 600), (4, 128, 257), (7, 80, 1000)])
+def test_attention_over_the_ring(g, hd, n_cells):
+    ffi, lib = cb.load_library()
+    rng = np.random.default_rng(g * hd + n_cells)
+    q = rng.standard_normal((g, hd)).astype(np.float32)
+    k = rng.standard_normal((n_cells, hd)).astype(np.float16)
+    v = rng.standard_normal((n_cells, hd)).astype(np.float16)
+    cell_pos = rng.permutation(n_cells).astype(np.int32)
+    cell_pos[rng.random(n_cells) < 0.1] = -1          # empty cells
+    pos = int(n_cells * 0.7)
+    vis = (cell_pos >= 0) & (cell_pos <= pos)
+    if not vis.any():
+        cell_pos[0], vis[0] = 0, True
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) / np.sqrt(hd)
+    s[:, ~vis] = -np.inf
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    ref = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    out = np.zeros((g, hd), dtype=np.float32)
+    _ok(lib.ei_cuda_op_attention(_f(ffi, q), g, ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+                                 ffi.from_buffer("uint16_t[]", v.view(np.uint16)),
+                                 ffi.from_buffer("int32_t[]", cell_pos), n_cells, pos, hd, _f(ffi, out)))
+    assert nmse(ref, out) <= NMSE_MAX
+    cpu = np.zeros((g, hd), dtype=np.float32)   # and the CPU kernel it mirrors
+    assert cpu_lib.ei_kernel_attention(-1, cpu_ffi.from_buffer("float[]", q), g,
+                                       cpu_ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+                                       cpu_ffi.from_buffer("uint16_t[]", v.view(np.uint16)),
+                                       cpu_ffi.from_buffer("int32_t[]", cell_pos), n_cells, pos, hd,
+                                       cpu_ffi.from_buffer("float[]", cpu)) == 0
+    assert nmse(cpu, out) <= NMSE_MAX
+
+
+@needs_gpu
+def test_op_errors_are_codes_not_crashes():
+    ffi, lib = cb.load_library()
+    x = np.zeros(32, dtype=np.float32)
+    assert lib.ei_cuda_op_matmul(99, ffi.from_buffer(x), 1, 32, _f(ffi, x), 1, ffi.NULL, 0, _f(ffi, x)) != 0
+    assert "type" in cb.last_error(lib, ffi)
+    assert lib.ei_cuda_op_matmul(TYPES["Q4_0"], ffi.from_buffer(x), 1, 33, _f(ffi, x), 1, ffi.NULL, 0,
+                                 _f(ffi, x)) != 0
+
+
+# ------------------------------------------------------------------ end to end (GPU)
+def _kl_top1(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    def logp(z):
+        z = z.astype(np.float64)
+        z = z - z.max(axis=1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    lp, lq = logp(ref), logp(got)
+    kl = float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
+    top1 = float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
+    return kl, top1
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_path):
+    if not DEVICES:
+        pytest.skip(f"needs a CUDA GPU: {NO_GPU_REASON}")
+    gpu = edgeinfer.load(smollm2_path, n_ctx=1024, device="cuda", n_slots=4, max_batch=256)
+    cpu = edgeinfer.load(smollm2_path, n_ctx=1024, device="cpu", n_threads=os.cpu_count())
+    yield gpu, cpu
+    gpu.close()
+    cpu.close()
+
+
+def _text_ids(eng) -> list[int]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from texts import TEXTS
+
+    return eng.tokenize(TEXTS["story"])[:400]
+
+
+@needs_gpu
+def test_end_to_end_logits_match_cpu(engines):
+    gpu, cpu = engines
+    assert gpu.info()["device"] == "cuda"
+    ids = _text_ids(cpu)
+    assert len(ids) >= 64
+    lg, lc = gpu.logits(ids), cpu.logits(ids)
+    assert np.isfinite(lg).all()
+    kl, top1 = _kl_top1(lc, lg)
+    print(f"\nCUDA vs CPU over {len(ids)} tokens: mean KL {kl:.5f}, top-1 {top1:.3f}")
+    assert top1 >= 0.95 and kl <= 0.01
+
+
+@needs_gpu
+def test_decode_steps_and_slots_agree_with_prefill(engines):
+    """Token-by-token decode (the graph path) in two interleaved slots = one prefill."""
+    gpu, _ = engines
+    ids = _text_ids(gpu)[:40]
+    ref = gpu.logits(ids)
+    rt = gpu.runtime
+    for s in (1, 2):
+        rt.clear_slot(s)
+    got = {1: [], 2: []}
+    for i, tok in enumerate(ids):
+        lg = rt.forward(np.array([tok, tok], np.int32), np.array([1, 2], np.int32), np.array([i, i], np.int32),
+                        np.array([i, i], np.int32), np.array([0, 1], np.int32))
+        got[1].append(lg[0].copy())
+        got[2].append(lg[1].copy())
+        assert list(rt.argmax(2)) == [int(lg[0].argmax()), int(lg[1].argmax())]
+    for s in (1, 2):
+        kl, top1 = _kl_top1(ref, np.array(got[s]))
+        assert top1 >= 0.95 and kl <= 0.01, (s, kl, top1)
+    rt.forget_from(1, 20)   # prefix reuse: recompute from position 20
+    lg = rt.forward(np.array(ids[20:], np.int32), np.full(20, 1, np.int32), np.arange(20, 40, dtype=np.int32),
+                    np.arange(20, 40, dtype=np.int32), np.arange(20, dtype=np.int32))
+    kl, top1 = _kl_top1(ref[20:], lg)
+    assert top1 >= 0.95 and kl <= 0.01
+
+
+@needs_gpu
+def test_greedy_generation_runs_on_gpu(engines):
+    gpu, cpu = engines
+    a = gpu.generate("The capital of France is", max_tokens=16, temperature=0)
+    b = cpu.generate("The capital of France is", max_tokens=16, temperature=0)
+    assert a.tokens and a.tokens[:4] == b.tokens[:4]
+
+
+@needs_gpu
+def test_model_too_big_is_a_clear_error(smollm2_path):
+    with pytest.raises(EdgeInferError, match=r"does not fit.*MiB"):
+        edgeinfer.load(smollm2_path, n_ctx=1 << 20, n_slots=4096, device="cuda")
+
+
+@needs_gpu
+@pytest.mark.oracle
+def test_end_to_end_vs_float64_reference_as_good_as_llama_cpp(engines, smollm2_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llama_oracle import compare_logits, llama_logits, text_ids
+    from reference_forward import reference_logits
+
+    gpu, _ = engines
+    ours, theirs = [], []
+    for name, ids in text_ids(smollm2_path).items():
+        exact = reference_logits(smollm2_path, ids)
+        ours.append(compare_logits(exact, gpu.logits(ids))["kl_mean"])
+        theirs.append(compare_logits(exact, llama_logits(smollm2_path, ids))["kl_mean"])
+    print(f"\nCUDA KL {np.mean(ours):.5f} vs llama.cpp CPU KL {np.mean(theirs):.5f}")
+    assert np.mean(ours) <= 1.25 * np.mean(theirs)
