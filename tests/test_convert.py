@@ -233,6 +233,17 @@ def test_metadata(tiny):
         assert f.metadata["tokenizer.ggml.model"] == "llama"
         assert f.metadata["tokenizer.ggml.add_space_prefix"] is True
         assert "tokenizer.ggml.scores" in f.metadata
+        import sentencepiece as spm
+        sp = spm.SentencePieceProcessor(model_file=str(tiny["mistral"] / "tokenizer.model"))
+        types = list(f.metadata["tokenizer.ggml.token_type"])
+        toks = list(f.metadata["tokenizer.ggml.tokens"])
+        scores = list(f.metadata["tokenizer.ggml.scores"])
+        assert toks[:sp.get_piece_size()] == [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        assert scores[100] == pytest.approx(sp.get_score(100))
+        assert types[0] == 2 and types[1] == types[2] == 3                # unk, <s>, </s>
+        assert types[3] == 6 and toks[3] == "<0x00>"                      # byte fallback
+        assert types[sp.piece_to_id("▁the")] == 1
+        assert f.metadata["tokenizer.ggml.unknown_token_id"] == 0
     with GGUFFile(converted(tiny, "qwen2", "q8_0")) as f:
         assert f.metadata["general.architecture"] == "qwen2"
         assert f.metadata["tokenizer.ggml.pre"] == "qwen2"
@@ -271,6 +282,83 @@ def test_streams_one_tensor_at_a_time(tiny, tmp_path, monkeypatch):
                         lambda x, t, n=0: (events.append("Q"), real_quant(x, t, n))[1])
     convert_checkpoint(str(tiny["llama"]), str(tmp_path / "s.gguf"), "q4_k_m")
     assert "".join(events) == "LQ" * (len(events) // 2)
+
+
+# The peak is VmHWM from /proc (the high-water mark of this process's own address space,
+# reset just before converting). Not ru_maxrss: on Linux that keeps the high-water mark of
+# the forked pytest process (torch and all) across exec.
+_RSS_SCRIPT = """
+import json, sys
+import numpy as np
+from edgeinfer.convert import convert_checkpoint
+from edgeinfer.convert.quantize import quantize
+
+def status(key):
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) * 1024 for l in fh if l.startswith(key + ":"))
+
+quantize(np.zeros((1, 256), np.float32), 12)      # load the native library before measuring
+with open("/proc/self/clear_refs", "w") as fh:
+    fh.write("5")                                 # reset VmHWM to the current RSS
+base = status("VmRSS")
+convert_checkpoint(sys.argv[1], sys.argv[2], "q4_k_m", n_threads=2)
+print(json.dumps({"base": base, "peak": status("VmHWM")}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_peak_rss_is_a_small_multiple_of_the_largest_tensor(tmp_path):
+    """hidden 1024, 4 layers, ffn 2816, f32 in 5 shards (~184 MB): converting to q4_k_m must
+    add a few times the largest tensor (11.5 MB) to the process's peak RSS, not the model."""
+    import subprocess
+    from safetensors import safe_open
+    src = tiny_checkpoints.build_wide_llama(tmp_path / "wide")
+    sizes = []
+    for f in sorted(src.glob("*.safetensors")):
+        with safe_open(str(f), framework="numpy") as st:
+            for n in st.keys():
+                sizes.append(int(np.prod(st.get_slice(n).get_shape())) * 4)
+    whole, largest = sum(sizes), max(sizes)
+    res = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(src), str(tmp_path / "w.gguf")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    m = json.loads(res.stdout.strip().splitlines()[-1])
+    delta = m["peak"] - m["base"]
+    print(f"peak RSS delta {delta / 2**20:.1f} MiB; largest tensor {largest / 2**20:.1f} MiB; "
+          f"model {whole / 2**20:.1f} MiB")
+    assert delta < whole / 2
+    assert delta < 6 * largest
+
+
+@pytest.mark.slow
+def test_smollm2_rebuilt_checkpoint_round_trips(smollm2_path, tmp_path):
+    """Real weights: SmolLM2-135M-Instruct's Q4_1 GGUF rebuilt as a Hugging Face checkpoint
+    (dequantized to f32, Q/K un-permuted, tokenizer.json from its vocabulary) and converted
+    back to q4_1 gives every tensor of the original file byte for byte, and the same
+    tokenizer metadata; the rebuilt tokenizers' ids equal edgeinfer's on the converted file."""
+    pytest.importorskip("gguf")
+    import edgeinfer
+    from texts import TEXTS
+    from tokenizers import Tokenizer
+    src = tiny_checkpoints.build_from_gguf(smollm2_path, tmp_path / "smol")
+    out = tmp_path / "smol.q4_1.gguf"
+    convert_checkpoint(str(src), str(out), "q4_1")
+    with GGUFFile(smollm2_path) as a, GGUFFile(out) as b:
+        assert sorted(a.tensors) == sorted(b.tensors)
+        for n, t in a.tensors.items():
+            u = b.tensors[n]
+            assert (t.type_name, t.shape) == (u.type_name, u.shape), n
+            assert np.asarray(t.data).tobytes() == np.asarray(u.data).tobytes(), n
+        for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                  "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
+                  "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token",
+                  "tokenizer.chat_template", "llama.rope.freq_base", "llama.block_count"):
+            assert list(np.atleast_1d(a.get(k))) == list(np.atleast_1d(b.get(k))), k
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    with edgeinfer.load(str(out), n_ctx=64, n_threads=1) as e:
+        for text in list(TEXTS.values()) + _corpus("llama_tied"):
+            assert e.tokenize(text, add_special=True) == tok.encode(text).ids, text
 
 
 # ------------------------------------------------------------------ failures

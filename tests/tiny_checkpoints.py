@@ -172,3 +172,158 @@ def build_lora(base: str | os.PathLike, out: str | os.PathLike, seed: int = 1,
                 p.copy_(0.05 * torch.randn_like(p))
     pm.save_pretrained(out, safe_serialization=True)
     return Path(out)
+
+
+def build_wide_llama(out: str | os.PathLike, hidden: int = 1024, n_layers: int = 4,
+                     ffn: int = 2816, n_head: int = 8, n_kv_head: int = 4, seed: int = 0) -> Path:
+    """A LlamaForCausalLM checkpoint with large f32 tensors and a tiny vocabulary, written
+    with numpy + safetensors only (no torch), one shard per layer so that building it never
+    holds more than one layer. For measuring the converter's memory."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+    tok = _bpe_tokenizer("llama3", 400, specials)
+    tok.save(str(out / "tokenizer.json"))
+    n_vocab = tok.get_vocab_size()
+    hd = hidden // n_head
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "vocab_size": n_vocab, "hidden_size": hidden, "intermediate_size": ffn,
+           "num_hidden_layers": n_layers, "num_attention_heads": n_head,
+           "num_key_value_heads": n_kv_head, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "max_position_embeddings": 512, "tie_word_embeddings": False,
+           "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": specials[0], "eos_token": specials[2]}))
+
+    def w(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+
+    shards: list[dict] = [{"model.embed_tokens.weight": w(n_vocab, hidden),
+                           "model.norm.weight": np.ones(hidden, np.float32),
+                           "lm_head.weight": w(n_vocab, hidden)}]
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        shards.append({p + "input_layernorm.weight": np.ones(hidden, np.float32),
+                       p + "post_attention_layernorm.weight": np.ones(hidden, np.float32)})
+        for name, shape in (("self_attn.q_proj", (n_head * hd, hidden)),
+                            ("self_attn.k_proj", (n_kv_head * hd, hidden)),
+                            ("self_attn.v_proj", (n_kv_head * hd, hidden)),
+                            ("self_attn.o_proj", (hidden, n_head * hd)),
+                            ("mlp.gate_proj", (ffn, hidden)), ("mlp.up_proj", (ffn, hidden)),
+                            ("mlp.down_proj", (hidden, ffn))):
+            shards[-1][p + name + ".weight"] = w(*shape)
+    wm = {}
+    for k in range(len(shards)):
+        fn = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shards[k], str(out / fn))
+        wm.update({n: fn for n in shards[k]})
+        shards[k] = {}
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    return out
+
+
+def _unpermute_rows(w, n_head: int):
+    """Inverse of llama.cpp's Q/K row permutation (GGUF interleaved pairs -> HF rotate-half)."""
+    rows = w.shape[0]
+    return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+_GGUF_TO_HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+               "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+def build_from_gguf(gguf_path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A Hugging Face LlamaForCausalLM directory rebuilt from a llama GGUF with a byte-level BPE
+    tokenizer (e.g. SmolLM2): every tensor dequantized to f32 with gguf.quants, Q/K rows
+    un-permuted, one safetensors shard per layer; tokenizer.json built with `tokenizers`
+    from the GGUF vocabulary and merges; config.json / tokenizer_config.json from its
+    metadata. Converting it to F32 gives back the GGUF's (dequantized) weights."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import save_file
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    r = gguf.GGUFReader(str(gguf_path))
+
+    def meta(key, default=None):
+        f = r.fields.get(key)
+        return default if f is None else f.contents()
+
+    if meta("general.architecture") != "llama" or meta("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"{gguf_path}: only llama GGUFs with a gpt2 (BPE) tokenizer")
+    if meta("tokenizer.ggml.pre") not in ("smollm", "gpt-2"):
+        raise ValueError(f"{gguf_path}: pre-tokenizer {meta('tokenizer.ggml.pre')!r}")
+    n_head, n_kv = meta("llama.attention.head_count"), meta("llama.attention.head_count_kv")
+    names = {t.name for t in r.tensors}
+    tied = "output.weight" not in names
+    tokens = meta("tokenizer.ggml.tokens")
+    types = meta("tokenizer.ggml.token_type")
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "vocab_size": len(tokens), "hidden_size": meta("llama.embedding_length"),
+           "intermediate_size": meta("llama.feed_forward_length"),
+           "num_hidden_layers": meta("llama.block_count"), "num_attention_heads": n_head,
+           "num_key_value_heads": n_kv, "rms_norm_eps": meta("llama.attention.layer_norm_rms_epsilon"),
+           "rope_theta": meta("llama.rope.freq_base", 10000.0),
+           "max_position_embeddings": meta("llama.context_length", 2048),
+           "tie_word_embeddings": tied, "bos_token_id": meta("tokenizer.ggml.bos_token_id"),
+           "eos_token_id": meta("tokenizer.ggml.eos_token_id"), "torch_dtype": "float32",
+           "_name_or_path": f"{meta('general.name', 'model')} (rebuilt from {Path(gguf_path).name})"}
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+
+    shards: dict[str, dict] = {}      # shard 0: embeddings, final norm, head; n: layer n-1
+    wm: dict[str, str] = {}
+    for t in r.tensors:
+        x = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        x = x.reshape(tuple(int(d) for d in reversed(t.shape)))     # PyTorch order
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            kind = parts[2]
+            if kind == "attn_q":
+                x = _unpermute_rows(x, n_head)
+            elif kind == "attn_k":
+                x = _unpermute_rows(x, n_kv)
+            hf, shard = f"model.layers.{parts[1]}.{_GGUF_TO_HF[kind]}.weight", int(parts[1]) + 1
+        else:
+            hf = {"token_embd.weight": "model.embed_tokens.weight",
+                  "output_norm.weight": "model.norm.weight",
+                  "output.weight": "lm_head.weight"}[t.name]
+            shard = 0
+        fn = f"model-{shard:05d}.safetensors"
+        for done in [k for k in shards if shard and k != fn and k != "model-00000.safetensors"]:
+            save_file(shards.pop(done), str(out / done))     # the previous layer is complete
+        shards.setdefault(fn, {})[hf] = np.ascontiguousarray(x)
+        wm[hf] = fn
+    for fn in list(shards):
+        save_file(shards.pop(fn), str(out / fn))
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges = [tuple(m.split(" ")) for m in meta("tokenizer.ggml.merges")]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bl])
+                         if meta("tokenizer.ggml.pre") == "smollm" else bl)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, ty in enumerate(types) if ty == 3])
+    tok.save(str(out / "tokenizer.json"))
+    tcfg = {"add_bos_token": bool(meta("tokenizer.ggml.add_bos_token", False))}
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
+                      ("pad", "padding_token_id")):
+        i = meta(f"tokenizer.ggml.{key}")
+        if i is not None:
+            tcfg[f"{role}_token"] = tokens[i]
+    if meta("tokenizer.chat_template"):
+        tcfg["chat_template"] = meta("tokenizer.chat_template")
+    (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=1))
+    return out

@@ -1,9 +1,9 @@
 """Hugging Face checkpoint directories: config.json plus one or many safetensors files,
-read one tensor at a time (no torch, no safetensors package: the format is a length, a JSON
-header and raw little-endian data, parsed and validated here).
+read one tensor at a time through the `safetensors` library.
 
-Each `load(name)` reads exactly that tensor's bytes from disk and returns a float32 array, so
-memory stays bounded by the largest tensor, whatever the size of the checkpoint.
+Each `load(name)` opens the shard, copies exactly that tensor out and closes the shard again,
+returning a float32 array: memory stays bounded by the largest tensor, whatever the size of
+the checkpoint (a shard left open would keep every page it has touched mapped, and resident).
 """
 from __future__ import annotations
 
@@ -14,18 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from ..errors import ConversionError
 
-__all__ = ["Checkpoint", "SafetensorsFile", "TensorEntry", "read_json"]
+__all__ = ["Checkpoint", "SafetensorsFile", "TensorEntry", "read_json", "load_entry"]
 
-_DTYPES = {  # safetensors dtype -> (bytes per element, numpy dtype read from disk)
-    "F32": (4, np.dtype("<f4")),
-    "F16": (2, np.dtype("<f2")),
-    "BF16": (2, np.dtype("<u2")),
-    "F64": (8, np.dtype("<f8")),
-}
-MAX_HEADER_BYTES = 100 << 20
+#: safetensors dtypes a checkpoint's tensors may have (all read as float32)
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 def read_json(path: str, what: str) -> Any:
@@ -41,11 +37,9 @@ def read_json(path: str, what: str) -> Any:
 @dataclass(frozen=True)
 class TensorEntry:
     name: str
-    dtype: str
-    shape: tuple[int, ...]   # as stored (PyTorch order: rows first)
+    dtype: str                # safetensors dtype name: F32, F16, BF16, F64
+    shape: tuple[int, ...]    # as stored (PyTorch order: rows first)
     path: str
-    start: int               # absolute file offset
-    nbytes: int
 
     @property
     def n_elements(self) -> int:
@@ -55,79 +49,68 @@ class TensorEntry:
         return n
 
 
+def _open(path: str):
+    try:
+        return safe_open(path, framework="numpy")
+    except FileNotFoundError:
+        raise ConversionError(f"safetensors file not found: {path}") from None
+    except SafetensorError as e:     # bad length, bad JSON, offsets outside the file, ...
+        raise ConversionError(f"{path}: corrupt safetensors header or truncated file "
+                              f"({e})") from None
+    except OSError as e:
+        raise ConversionError(f"{path}: cannot read: {e}") from None
+
+
 class SafetensorsFile:
-    """One .safetensors file: the header parsed and checked against the file size."""
+    """One .safetensors file's tensor index (names, dtypes, shapes), validated by the
+    safetensors library when it opens the file."""
 
     def __init__(self, path: str):
         self.path = path
-        try:
-            size = os.path.getsize(path)
-            with open(path, "rb") as fh:
-                raw = fh.read(8)
-                if len(raw) < 8:
-                    raise ConversionError(f"{path}: not a safetensors file (too short)")
-                (hlen,) = struct.unpack("<Q", raw)
-                if hlen > MAX_HEADER_BYTES or 8 + hlen > size:
-                    raise ConversionError(f"{path}: corrupt safetensors header (header length "
-                                          f"{hlen} for a file of {size} bytes)")
-                head = fh.read(hlen)
-        except FileNotFoundError:
-            raise ConversionError(f"safetensors file not found: {path}") from None
-        except OSError as e:
-            raise ConversionError(f"{path}: cannot read: {e}") from None
-        try:
-            meta = json.loads(head.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConversionError(f"{path}: corrupt safetensors header (not JSON: {e})") from None
-        if not isinstance(meta, dict):
-            raise ConversionError(f"{path}: corrupt safetensors header (not a JSON object)")
-        data_start = 8 + hlen
-        data_len = size - data_start
         self.tensors: dict[str, TensorEntry] = {}
-        for name, info in meta.items():
-            if name == "__metadata__":
-                continue
-            try:
-                dtype = info["dtype"]
-                shape = tuple(int(d) for d in info["shape"])
-                b, e = (int(v) for v in info["data_offsets"])
-            except (KeyError, TypeError, ValueError) as ex:
-                raise ConversionError(f"{path}: corrupt safetensors header entry for {name!r}: "
-                                      f"{ex!r}") from None
-            if dtype not in _DTYPES:
-                raise ConversionError(f"{path}: tensor {name!r} has dtype {dtype}; supported: "
-                                      f"{', '.join(_DTYPES)}")
-            if any(d < 0 for d in shape) or not 0 <= b <= e <= data_len:
-                raise ConversionError(f"{path}: corrupt safetensors header: tensor {name!r} "
-                                      f"offsets [{b}, {e}) outside the {data_len}-byte data area")
-            n = 1
-            for d in shape:
-                n *= d
-            if n * _DTYPES[dtype][0] != e - b:
-                raise ConversionError(f"{path}: corrupt safetensors header: tensor {name!r} of "
-                                      f"shape {list(shape)} {dtype} should be "
-                                      f"{n * _DTYPES[dtype][0]} bytes, header says {e - b}")
-            self.tensors[name] = TensorEntry(name, dtype, shape, path, data_start + b, e - b)
+        with _open(path) as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                dtype = sl.get_dtype()
+                if dtype not in FLOAT_DTYPES:
+                    raise ConversionError(f"{path}: tensor {name!r} has dtype {dtype}; "
+                                          f"supported: {', '.join(FLOAT_DTYPES)}")
+                self.tensors[name] = TensorEntry(name, dtype, tuple(int(d) for d in sl.get_shape()),
+                                                 path)
+
+
+def _load_bf16(t: TensorEntry) -> np.ndarray:
+    # numpy has no bfloat16, and safetensors' numpy framework raises "data type 'bfloat16'
+    # not understood" for BF16 tensors (its other frameworks need torch/jax/...). So this one
+    # dtype is read by hand: the file was already validated by safe_open, we only look up the
+    # tensor's byte range in the JSON header and widen each 16-bit value to float32 (bf16 is
+    # the top half of a float32).
+    try:
+        with open(t.path, "rb") as fh:
+            (hlen,) = struct.unpack("<Q", fh.read(8))
+            b, e = json.loads(fh.read(hlen))[t.name]["data_offsets"]
+            fh.seek(8 + hlen + b)
+            raw = fh.read(e - b)
+    except (OSError, ValueError, KeyError, struct.error) as ex:
+        raise ConversionError(f"{t.path}: cannot read tensor {t.name!r}: {ex}") from None
+    if len(raw) != 2 * t.n_elements:
+        raise ConversionError(f"{t.path}: truncated file: tensor {t.name!r}")
+    a = np.frombuffer(raw, dtype="<u2").astype(np.uint32)
+    a <<= 16
+    return a.view(np.float32).reshape(t.shape)
 
 
 def load_entry(t: TensorEntry) -> np.ndarray:
     """Reads one tensor from disk as float32 (a fresh array in PyTorch shape order)."""
-    size, dt = _DTYPES[t.dtype]
-    try:
-        with open(t.path, "rb") as fh:
-            fh.seek(t.start)
-            raw = fh.read(t.nbytes)
-    except OSError as e:
-        raise ConversionError(f"{t.path}: cannot read tensor {t.name!r}: {e}") from None
-    if len(raw) != t.nbytes:
-        raise ConversionError(f"{t.path}: truncated file: tensor {t.name!r} needs {t.nbytes} "
-                              f"bytes, got {len(raw)}")
-    a = np.frombuffer(raw, dtype=dt)
     if t.dtype == "BF16":
-        a = (a.astype(np.uint32) << 16).view(np.float32)
-    else:
-        a = a.astype(np.float32)
-    return a.reshape(t.shape)
+        return _load_bf16(t)
+    with _open(t.path) as f:
+        try:
+            a = f.get_tensor(t.name)
+        except SafetensorError as e:
+            raise ConversionError(f"{t.path}: cannot read tensor {t.name!r}: {e}") from None
+    # get_tensor already copied the bytes out of the mapping: F32 is returned as is
+    return a.astype(np.float32, copy=False).reshape(t.shape)
 
 
 class Checkpoint:

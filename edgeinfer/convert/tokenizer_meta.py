@@ -1,7 +1,7 @@
 """Tokenizer metadata for GGUF (`tokenizer.ggml.*`, `tokenizer.chat_template`) from a
 Hugging Face checkpoint:
 
-* `tokenizer.model` (SentencePiece, parsed here without the sentencepiece package) ->
+* `tokenizer.model` (SentencePiece, read with the sentencepiece library) ->
   model "llama": pieces, scores, token types, add_space_prefix;
 * otherwise `tokenizer.json` with a byte-level BPE model -> model "gpt2": tokens, merges,
   token types and the pre-tokenizer name llama.cpp knows the same regexes by.
@@ -13,8 +13,6 @@ tokenizer_config.json or chat_template.jinja / chat_template.json.
 from __future__ import annotations
 
 import json
-import os
-import struct
 from typing import Any
 
 from ..errors import ConversionError
@@ -81,76 +79,32 @@ def _post_adds(tj: dict, tok_id: int | None) -> bool | None:
     return None
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ConversionError("tokenizer.model: corrupt protobuf (bad varint)")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
+def _read_spm(path: str) -> dict:
+    """Pieces, scores, token types, special ids and add_dummy_prefix of a SentencePiece model.
 
+    SentencePieceProcessor reports normal / unknown / control / byte / unused pieces but has
+    no USER_DEFINED query; like llama.cpp's convert_hf_to_gguf.py, such pieces come out NORMAL
+    here and are re-typed from the Hugging Face added-token lists (see tokenizer_metadata)."""
+    import sentencepiece
 
-def _fields(buf: bytes):
-    """Yields (field number, wire type, value) of one protobuf message."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, pos = _varint(buf, pos)
-        elif wt == 1:
-            v, pos = buf[pos:pos + 8], pos + 8
-        elif wt == 2:
-            n, pos = _varint(buf, pos)
-            v, pos = buf[pos:pos + n], pos + n
-        elif wt == 5:
-            v, pos = buf[pos:pos + 4], pos + 4
-        else:
-            raise ConversionError(f"tokenizer.model: corrupt protobuf (wire type {wt})")
-        if pos > len(buf):
-            raise ConversionError("tokenizer.model: corrupt protobuf (truncated)")
-        yield num, wt, v
-
-
-def _int32(v: int) -> int:
-    v &= (1 << 64) - 1
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _parse_spm(path: str) -> dict:
-    with open(path, "rb") as fh:
-        data = fh.read()
-    pieces, trainer, norm = [], {}, {}
-    for num, wt, v in _fields(data):
-        if num == 1 and wt == 2:
-            p = {"piece": "", "score": 0.0, "type": NORMAL}
-            for n2, w2, v2 in _fields(v):
-                if n2 == 1 and w2 == 2:
-                    p["piece"] = v2.decode("utf-8")
-                elif n2 == 2 and w2 == 5:
-                    p["score"] = struct.unpack("<f", v2)[0]
-                elif n2 == 3 and w2 == 0:
-                    p["type"] = v2
-            pieces.append(p)
-        elif num == 2 and wt == 2:
-            for n2, w2, v2 in _fields(v):
-                if w2 == 0:
-                    trainer[n2] = _int32(v2)
-        elif num == 3 and wt == 2:
-            for n2, w2, v2 in _fields(v):
-                if w2 == 0:
-                    norm[n2] = v2
-                elif w2 == 2 and n2 == 1:
-                    norm["name"] = v2.decode("utf-8", "replace")
-    if not pieces:
+    sp = sentencepiece.SentencePieceProcessor()
+    try:
+        sp.load(path)
+    except (OSError, RuntimeError) as e:
+        raise ConversionError(f"{path}: not a SentencePiece model ({e})") from None
+    n = sp.get_piece_size()
+    if n == 0:
         raise ConversionError(f"{path}: no pieces: not a SentencePiece model")
-    return {"pieces": pieces, "model_type": trainer.get(3, 1),
-            "unk": trainer.get(40, 0), "bos": trainer.get(41, 1), "eos": trainer.get(42, 2),
-            "pad": trainer.get(43, -1), "add_dummy_prefix": bool(norm.get(3, 1))}
+    pieces, scores, types = [], [], []
+    for i in range(n):
+        pieces.append(sp.id_to_piece(i))
+        scores.append(float(sp.get_score(i)))
+        types.append(UNKNOWN if sp.is_unknown(i) else CONTROL if sp.is_control(i)
+                     else UNUSED if sp.is_unused(i) else BYTE if sp.is_byte(i) else NORMAL)
+    # the normalizer prepends U+2581 to every text exactly when add_dummy_prefix is set
+    return {"pieces": pieces, "scores": scores, "types": types,
+            "unk": sp.unk_id(), "bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(),
+            "add_dummy_prefix": sp.normalize("x").startswith("\u2581")}
 
 
 def _chat_template(ckpt: Checkpoint, tcfg: dict) -> str | None:
@@ -179,10 +133,8 @@ def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, s
     kv: list[tuple[str, Any, str | None]] = []
     text_to_id: dict[str, int] = {}
     if spm_path:
-        spm = _parse_spm(spm_path)
-        tokens = [p["piece"] for p in spm["pieces"]]
-        scores = [float(p["score"]) for p in spm["pieces"]]
-        types = [int(p["type"]) for p in spm["pieces"]]
+        spm = _read_spm(spm_path)
+        tokens, scores, types = spm["pieces"], spm["scores"], spm["types"]
         # added tokens beyond the SentencePiece vocabulary
         added = []
         if tj_path:
@@ -195,6 +147,8 @@ def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, s
                 if tokens[i] != content:
                     raise ConversionError(f"added token {content!r} has id {i}, which "
                                           f"tokenizer.model gives to {tokens[i]!r}")
+                if types[i] == NORMAL:      # a user-defined piece (see _read_spm)
+                    types[i] = CONTROL if special else USER_DEFINED
                 continue
             while len(tokens) < i:
                 tokens.append(f"[PAD{len(tokens)}]"); scores.append(-1000.0)

@@ -264,6 +264,9 @@ ei_dot4_fn ei_get_dot4(int type, int isa) {
     case EI_TYPE_Q5_0: return ei_dot4_q5_0_avx512;
     case EI_TYPE_Q5_1: return ei_dot4_q5_1_avx512;
     case EI_TYPE_Q8_0: return ei_dot4_q8_0_avx512;
+    case EI_TYPE_Q4_K: return ei_dot4_q4_k_avx512;
+    case EI_TYPE_Q5_K: return ei_dot4_q5_k_avx512;
+    case EI_TYPE_Q6_K: return ei_dot4_q6_k_avx512;
     default: return NULL;
     }
 #else

@@ -268,69 +268,86 @@ AX float ei_dot_q5_1_avx512(int64_t n, const void *row, const void *act) { DOT32
 
 /* ---------------- K-quants: 256-element super-blocks ---------------- */
 
-AX float ei_dot_q4_k_avx512(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
-    const ei_q8a *a = (const ei_q8a *)act;
+/* Each K-quant kernel is one body for nt tokens (1 or 4), always inlined with a
+ * constant nt: the weights of a sub-block pair are expanded once for all nt
+ * tokens, and each token's float ops are the same whatever nt is (batch
+ * invariance: the 4-token kernel is bit-identical to four 1-token calls). */
+#define INL static inline __attribute__((always_inline)) AX
+#define ACT(t) ((const ei_q8a *)((const uint8_t *)act + (t) * stride))
+
+INL void q4k_body(int64_t n, const void *row, const void *act, int64_t stride, float *out, const int nt) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    __m512 acc = _mm512_setzero_ps();
-    float summ = 0.0f;
+    __m512 acc[4];
+    float summ[4];
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm512_setzero_ps();
+        summ[t] = 0.0f;
+    }
+    const uint8_t *b = (const uint8_t *)row;
     for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 16;
-        for (int p = 0; p < 4; p++, a += 2) {
+        for (int p = 0; p < 4; p++) {
             uint8_t sc0, m0, sc1, m1;
             ei_k_scale_min(2 * p, scales, &sc0, &m0);
             ei_k_scale_min(2 * p + 1, scales, &sc1, &m1);
+            const float ds0 = d * (float)sc0, ds1 = d * (float)sc1, dm0 = dmin * (float)m0, dm1 = dmin * (float)m1;
             const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
             const __m512i q = _mm512_and_si512(cat256(x, _mm256_srli_epi16(x, 4)), m4);
-            const __m512i s = dp(q, act_q2(a));
-            acc = _mm512_fmadd_ps(scale2((d * (float)sc0) * a[0].d, (d * (float)sc1) * a[1].d),
-                                  _mm512_cvtepi32_ps(s), acc);
-            summ += (dmin * (float)m0) * a[0].s + (dmin * (float)m1) * a[1].s;
+            for (int t = 0; t < nt; t++) {
+                const ei_q8a *a = ACT(t) + i * 8 + 2 * p;
+                acc[t] = _mm512_fmadd_ps(scale2(ds0 * a[0].d, ds1 * a[1].d), _mm512_cvtepi32_ps(dp(q, act_q2(a))), acc[t]);
+                summ[t] = fmaf(dm1, a[1].s, fmaf(dm0, a[0].s, summ[t]));
+            }
         }
     }
-    return _mm512_reduce_add_ps(acc) - summ;
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - summ[t];
 }
 
-AX float ei_dot_q5_k_avx512(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
-    const ei_q8a *a = (const ei_q8a *)act;
+INL void q5k_body(int64_t n, const void *row, const void *act, int64_t stride, float *out, const int nt) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(16);
-    __m512 acc = _mm512_setzero_ps();
-    float summ = 0.0f;
+    __m512 acc[4];
+    float summ[4];
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm512_setzero_ps();
+        summ[t] = 0.0f;
+    }
+    const uint8_t *b = (const uint8_t *)row;
     for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 48;
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
-        for (int p = 0; p < 4; p++, a += 2) {
+        for (int p = 0; p < 4; p++) {
             uint8_t sc0, m0, sc1, m1;
             ei_k_scale_min(2 * p, scales, &sc0, &m0);
             ei_k_scale_min(2 * p + 1, scales, &sc1, &m1);
+            const float ds0 = d * (float)sc0, ds1 = d * (float)sc1, dm0 = dmin * (float)m0, dm1 = dmin * (float)m1;
             const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
             const uint64_t k0 = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * p))));
             const uint64_t k1 = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * p + 1))));
             __m512i q = _mm512_and_si512(cat256(x, _mm256_srli_epi16(x, 4)), m4);
             q = _mm512_or_si512(q, _mm512_maskz_mov_epi8((__mmask64)(k0 | (k1 << 32)), b4));
-            const __m512i s = dp(q, act_q2(a));
-            acc = _mm512_fmadd_ps(scale2((d * (float)sc0) * a[0].d, (d * (float)sc1) * a[1].d),
-                                  _mm512_cvtepi32_ps(s), acc);
-            summ += (dmin * (float)m0) * a[0].s + (dmin * (float)m1) * a[1].s;
+            for (int t = 0; t < nt; t++) {
+                const ei_q8a *a = ACT(t) + i * 8 + 2 * p;
+                acc[t] = _mm512_fmadd_ps(scale2(ds0 * a[0].d, ds1 * a[1].d), _mm512_cvtepi32_ps(dp(q, act_q2(a))), acc[t]);
+                summ[t] = fmaf(dm1, a[1].s, fmaf(dm0, a[0].s, summ[t]));
+            }
         }
     }
-    return _mm512_reduce_add_ps(acc) - summ;
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - summ[t];
 }
 
-AX float ei_dot_q6_k_avx512(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
-    const ei_q8a *a = (const ei_q8a *)act;
+INL void q6k_body(int64_t n, const void *row, const void *act, int64_t stride, float *out, const int nt) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3), k32 = _mm512_set1_epi8(32);
     /* int8 scales s0..s3 -> int32 lanes s0 x4, s1 x4, s2 x4, s3 x4 */
     const __m128i sidx = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const uint8_t *b = (const uint8_t *)row;
     for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
         const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
         const float d = h2f(b + 208);
-        for (int j = 0; j < 8; j += 2, a += 2) {
+        for (int j = 0; j < 8; j += 2) {
             /* activation blocks j, j+1 (j even): 64 contiguous ql bytes, one nibble
              * shift; qh bits 2k and 2k+2 of the same 32 bytes */
             const int h = j >> 2, k = j & 3;
@@ -341,15 +358,24 @@ AX float ei_dot_q6_k_avx512(int64_t n, const void *row, const void *act) {
                                 _mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k + 2)));
             hi = _mm512_slli_epi16(_mm512_and_si512(hi, m2), 4);
             const __m512i q = _mm512_or_si512(lo, hi);
-            const __m512i y = act_q2(a);
-            const __m512i s = _mm512_sub_epi32(dp(q, y), dp(k32, y)); /* 4-element sums of (q-32)*y */
             const __m512i s32 = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)ei_ld32(sc + 2 * j)), sidx));
-            const __m512i t = _mm512_mullo_epi32(s, s32);
-            acc = _mm512_fmadd_ps(scale2(d * a[0].d, d * a[1].d), _mm512_cvtepi32_ps(t), acc);
+            for (int t = 0; t < nt; t++) {
+                const ei_q8a *a = ACT(t) + i * 8 + j;
+                const __m512i y = act_q2(a);
+                const __m512i s = _mm512_sub_epi32(dp(q, y), dp(k32, y)); /* 4-element sums of (q-32)*y */
+                acc[t] = _mm512_fmadd_ps(scale2(d * a[0].d, d * a[1].d), _mm512_cvtepi32_ps(_mm512_mullo_epi32(s, s32)), acc[t]);
+            }
         }
     }
-    return _mm512_reduce_add_ps(acc);
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
+
+AX float ei_dot_q4_k_avx512(int64_t n, const void *row, const void *act) { float r; q4k_body(n, row, act, 0, &r, 1); return r; }
+AX float ei_dot_q5_k_avx512(int64_t n, const void *row, const void *act) { float r; q5k_body(n, row, act, 0, &r, 1); return r; }
+AX float ei_dot_q6_k_avx512(int64_t n, const void *row, const void *act) { float r; q6k_body(n, row, act, 0, &r, 1); return r; }
+AX void ei_dot4_q4_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q4k_body(n, row, act, stride, out, 4); }
+AX void ei_dot4_q5_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q5k_body(n, row, act, stride, out, 4); }
+AX void ei_dot4_q6_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q6k_body(n, row, act, stride, out, 4); }
 
 /* Same rounding as the AVX2 version (which is identical to the scalar one). */
 AX void ei_quantize_act_avx512(const float *x, int64_t n, ei_q8a *out) { ei_quantize_act_avx2(x, n, out); }

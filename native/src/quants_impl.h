@@ -137,5 +137,8 @@ void ei_dot4_q4_1_avx512(int64_t n, const void *row, const void *act, int64_t st
 void ei_dot4_q5_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
 void ei_dot4_q5_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
 void ei_dot4_q8_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q4_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q5_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q6_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
 #endif
 #endif
