@@ -427,6 +427,8 @@ from .cli_deploy import register as _register_deploy  # noqa: E402  (doctor, pla
 _register_deploy(app)
 from .cli_serve import register as _register_serve  # noqa: E402  (serve)
 _register_serve(app)
+from .cli_bench import register as _register_bench  # noqa: E402  (bench)
+_register_bench(app)
 
 
 def main() -> None:  # pragma: no cover - `python -m edgeinfer.cli`

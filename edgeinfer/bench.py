@@ -1,0 +1,835 @@
+"""`edgeinfer bench`: llama-bench style measurements, optionally interleaved with peers.
+
+Metrics (definitions: shared/design.md, "Metrics"):
+
+- ``pp`` (pp512): prefill tokens/s. A fresh sequence; the prompt goes through the native
+  forward in chunks of ``batch`` tokens, logits only for the last token; tokens / time.
+- ``tg`` (tg128): decode tokens/s. After a short prompt (``tg_prompt`` tokens, untimed),
+  ``tg`` tokens are generated one forward at a time, greedily (argmax of the logits).
+- ``tg_depth``: the same with ``ctx_depth`` tokens already in the context (``--ctx-depth``);
+  ``tg_depth_retention`` = tg_depth / tg (the target: >= 0.9 at 1500 tokens).
+- ``ttft_s`` / ``tpot_s``: time to first token and mean time per output token after the
+  first, for a ``prompt_len``-token prompt and ``output_len`` output tokens
+  (edgeinfer: ``Engine.generate(...).stats``; peers: the same loop through their API).
+- ``peak_rss_bytes``: peak resident memory of a fresh child process that loads the engine
+  and runs one pp and one tg (VmHWM, else ``ru_maxrss``); ``peak_rss_baseline_bytes`` is that child's
+  peak before loading (interpreter + imports). ``process_peak_rss_bytes`` /
+  ``process_rss_bytes`` are the benchmark process's own figures after this engine's
+  repetitions: process-wide, so they include every engine loaded before it.
+- ``kv_bytes``: the KV arena (edgeinfer: allocated once; llama.cpp: f16 K and V for n_ctx
+  cells, computed from the model's shape; None when unknown).
+- ``cost_per_1m_output_tokens`` = (price_per_hour / 3600) / (tg tokens/s) * 1e6, from the
+  median tg; None without ``--price-per-hour``.
+
+Every timed metric is a :class:`Spread` (median, min, max, stdev, values) over ``reps``
+repetitions. With peers, each repetition measures every engine back to back, metric by
+metric (pp of each engine, then tg of each, ...), alternating the engine order from one
+repetition to the next, so that the machine's noise hits all of them alike; ratios are
+edgeinfer's median / the peer's median.
+
+JSON (``BenchResult.to_dict()``, schema ``edgeinfer.bench/1``): every key below is always
+present; a value is null only where noted.
+
+    schema, date (start, ISO 8601 UTC), command (argv, or null when called as a library)
+    model: {name, path, file_bytes, file_type}
+    system: {cpu, n_cpus, isa, platform, python, edgeinfer, llama_cpp (null if absent),
+             onnxruntime_genai (null if absent), loadavg_start, loadavg_end (1-minute load
+             average before and after: other work on the machine makes timings noisy)}
+    config: {threads [..], pp, tg, reps, batch, n_ctx, tg_prompt, prompt_len, output_len,
+             ctx_depth (null = off), price_per_hour (null), compare [..], isa, seed,
+             isolated_rss, order}
+    runs: [{engine, label, threads, n_ctx,
+            pp: {n_tokens, tokens_per_s: Spread, seconds: Spread},
+            tg: {n_tokens, depth, tokens_per_s: Spread, seconds: Spread},
+            tg_depth: same as tg, or null without --ctx-depth,
+            tg_depth_retention (null without --ctx-depth),
+            ttft_s: Spread, tpot_s: Spread,
+            kv_bytes (null if unknown), scratch_bytes (null for peers),
+            peak_rss_bytes, peak_rss_baseline_bytes (null if isolated_rss is off),
+            process_peak_rss_bytes, process_rss_bytes,
+            cost_per_1m_output_tokens (null without a price)}]
+    ratios: [{threads, engine, peer, pp, tg, tg_depth (null), ttft, tpot,
+              peak_rss (null)}]   # edgeinfer / peer; > 1 = edgeinfer higher
+    skipped: [{engine, spec, reason}]   # peers that could not run (e.g. ort-genai absent)
+    Spread: {median, min, max, stdev, values [..]}
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "parse_threads",
+           "cpu_name", "SCHEMA"]
+
+SCHEMA = "edgeinfer.bench/1"
+_SETTLE_S = 0.05   # pause between measurements so the previous engine's workers go idle
+_TOKEN_LOW = 100   # random prompt tokens avoid the first (special) ids
+
+
+# --------------------------------------------------------------------------- config, stats
+
+@dataclass
+class BenchConfig:
+    model: str = "default"
+    threads: list[int] = field(default_factory=lambda: [2])
+    pp: int = 512
+    tg: int = 128
+    reps: int = 3
+    batch: int = 512
+    n_ctx: int = 0                  # 0 = the smallest multiple of 256 that fits every test
+    tg_prompt: int = 16
+    prompt_len: int = 128
+    output_len: int = 32
+    ctx_depth: Optional[int] = None
+    price_per_hour: Optional[float] = None
+    compare: list[str] = field(default_factory=list)
+    isa: str = "best"
+    seed: int = 0
+    isolated_rss: bool = True
+    warmup: bool = True
+
+    def validate(self) -> None:
+        for name in ("pp", "tg", "reps", "batch", "tg_prompt", "prompt_len", "output_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not self.threads or any((not isinstance(t, int)) or t < 1 for t in self.threads):
+            raise ValueError(f"threads must be positive integers, got {self.threads!r}")
+        if self.ctx_depth is not None and self.ctx_depth < 1:
+            raise ValueError(f"ctx_depth must be >= 1, got {self.ctx_depth}")
+        if self.price_per_hour is not None and self.price_per_hour < 0:
+            raise ValueError("price_per_hour must be >= 0")
+        need = self.needed_ctx()
+        if self.n_ctx and self.n_ctx < need:
+            raise ValueError(f"n_ctx={self.n_ctx} is too small: the tests need {need} cells")
+
+    def needed_ctx(self) -> int:
+        # generate() needs one free cell past prompt + output; the raw pp/tg loops do not.
+        return max(self.pp, self.tg_prompt + self.tg, self.prompt_len + self.output_len + 1,
+                   (self.ctx_depth or 0) + self.tg)
+
+    def effective_ctx(self) -> int:
+        if self.n_ctx:
+            return self.n_ctx
+        return -(-self.needed_ctx() // 256) * 256
+
+
+@dataclass
+class Spread:
+    median: float
+    min: float
+    max: float
+    stdev: float
+    values: list[float]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Spread":
+        vals = [float(v) for v in values]
+        if not vals:
+            raise ValueError("no values")
+        return cls(median=statistics.median(vals), min=min(vals), max=max(vals),
+                   stdev=statistics.stdev(vals) if len(vals) > 1 else 0.0, values=vals)
+
+
+def parse_threads(spec: str | int | Sequence[int]) -> list[int]:
+    """'1,2' -> [1, 2]; also accepts an int or a list."""
+    if isinstance(spec, int):
+        return [spec]
+    if not isinstance(spec, str):
+        return [int(x) for x in spec]
+    out = []
+    for part in spec.replace(" ", "").split(","):
+        if not part:
+            continue
+        try:
+            n = int(part)
+        except ValueError:
+            raise ValueError(f"--threads: {part!r} is not an integer (use e.g. 1,2)") from None
+        if n < 1:
+            raise ValueError(f"--threads: {n} is not a positive thread count")
+        out.append(n)
+    if not out:
+        raise ValueError("--threads: no thread count given")
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
+                             env={**os.environ, "LC_ALL": "C"}).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _maxrss_bytes() -> int:
+    """Peak RSS of this process: VmHWM (Linux; reset by exec, unlike ru_maxrss, which a
+    child started from a large parent inherits), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r) if sys.platform == "darwin" else int(r) * 1024  # Linux: KiB
+
+
+def _rss_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # psutil missing: fall back to the high-water mark
+        return _maxrss_bytes()
+
+
+def _random_ids(rng: np.random.Generator, n: int, n_vocab: int) -> list[int]:
+    low = _TOKEN_LOW if n_vocab > 2 * _TOKEN_LOW else 0
+    return [int(x) for x in rng.integers(low, n_vocab, size=n)]
+
+
+# --------------------------------------------------------------------------- runners
+
+class Runner:
+    """One engine at one thread count. Times are wall-clock seconds (perf_counter)."""
+
+    engine = "?"
+    label = "?"
+    n_vocab = 0
+    kv_bytes: Optional[int] = None
+    scratch_bytes: Optional[int] = None
+
+    def pp(self, ids: list[int]) -> float:
+        """Fresh sequence, process `ids`, logits of the last token only; seconds."""
+        raise NotImplementedError
+
+    def tg(self, prefix: list[int], n: int) -> float:
+        """Fresh sequence, `prefix` untimed, then `n` greedy one-token steps; seconds."""
+        raise NotImplementedError
+
+    def ttft_tpot(self, ids: list[int], n: int) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class EdgeinferRunner(Runner):
+    engine = "edgeinfer"
+
+    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, isa: str = "best"):
+        from . import load
+
+        self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa)
+        self.rt = self.eng.runtime
+        self.n_vocab = int(self.eng.config.n_vocab)
+        self.batch = int(self.rt.max_batch)
+        self.kv_bytes = int(self.rt.kv_bytes)
+        self.scratch_bytes = int(self.rt.scratch_bytes)
+        self.isa = getattr(self.rt, "isa_name", None)
+        self.label = f"edgeinfer ({self.isa})" if self.isa else "edgeinfer"
+        self._logits = np.empty((1, self.n_vocab), dtype=np.float32)
+        self._no_rows = np.empty(0, dtype=np.int32)
+        self._last_row = np.zeros(1, dtype=np.int32)
+
+    def _feed(self, ids: list[int], start: int, want_logits: bool) -> Optional[np.ndarray]:
+        """Feeds ids at positions start.. in chunks of max_batch (slot 0, no wrap)."""
+        rt, out = self.rt, None
+        for i in range(0, len(ids), self.batch):
+            chunk = np.asarray(ids[i:i + self.batch], dtype=np.int32)
+            n = len(chunk)
+            last = i + n == len(ids)
+            pos = np.arange(start + i, start + i + n, dtype=np.int32)
+            rows = np.array([n - 1], dtype=np.int32) if (last and want_logits) else self._no_rows
+            out = rt.forward(chunk, np.zeros(n, dtype=np.int32), pos, pos, rows,
+                             self._logits if (last and want_logits) else None)
+        return out
+
+    def pp(self, ids: list[int]) -> float:
+        self.rt.clear_slot(0)
+        t0 = time.perf_counter()
+        self._feed(ids, 0, want_logits=True)
+        return time.perf_counter() - t0
+
+    def tg(self, prefix: list[int], n: int) -> float:
+        rt = self.rt
+        rt.clear_slot(0)
+        logits = self._feed(prefix, 0, want_logits=True)
+        tok = int(np.argmax(logits[0]))
+        p = len(prefix)
+        tokv = np.zeros(1, dtype=np.int32)
+        slot = np.zeros(1, dtype=np.int32)
+        pos = np.zeros(1, dtype=np.int32)
+        t0 = time.perf_counter()
+        for i in range(n):
+            tokv[0] = tok
+            pos[0] = p + i
+            out = rt.forward(tokv, slot, pos, pos, self._last_row, self._logits)
+            tok = int(np.argmax(out[0]))
+        return time.perf_counter() - t0
+
+    def ttft_tpot(self, ids: list[int], n: int) -> tuple[float, float]:
+        st = self.eng.generate(ids, max_tokens=n, temperature=0, ignore_eos=True).stats
+        return float(st.ttft_s), float(st.tpot_s)
+
+    def close(self) -> None:
+        try:
+            self.eng.close()
+        finally:
+            self.eng = self.rt = None
+
+
+class LlamaCppRunner(Runner):
+    """llama-cpp-python on the same file: greedy decode through its Python API."""
+
+    engine = "llama.cpp"
+
+    def __init__(self, path: str, threads: int, n_ctx: int, batch: int):
+        try:
+            import llama_cpp
+        except ImportError as e:
+            raise _Skip(f"llama-cpp-python is not installed ({e}); pip install llama-cpp-python") from None
+        self._lc = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads,
+                                   n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
+                                   logits_all=False, verbose=False)
+        self.n_vocab = int(self.llm.n_vocab())
+        self.label = f"llama.cpp {getattr(llama_cpp, '__version__', '')}".strip()
+        self.kv_bytes = self._kv_bytes(n_ctx)
+
+    def _kv_bytes(self, n_ctx: int) -> Optional[int]:
+        try:
+            lc, m = self._lc, self.llm.model
+            n_layer = int(lc.llama_model_n_layer(m))
+            n_head = int(lc.llama_model_n_head(m))
+            n_head_kv = int(lc.llama_model_n_head_kv(m))
+            n_embd = int(lc.llama_model_n_embd(m))
+            cells = int(self.llm.n_ctx())
+            return cells * n_layer * 2 * (n_embd // n_head) * n_head_kv * 2  # K and V, f16
+        except Exception:
+            return None
+
+    def _last_logits(self) -> np.ndarray:
+        ptr = self._lc.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def pp(self, ids: list[int]) -> float:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(ids)
+        return time.perf_counter() - t0
+
+    def tg(self, prefix: list[int], n: int) -> float:
+        llm = self.llm
+        llm.reset()
+        llm.eval(prefix)
+        tok = int(np.argmax(self._last_logits()))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            llm.eval([tok])
+            tok = int(np.argmax(self._last_logits()))
+        return time.perf_counter() - t0
+
+    def ttft_tpot(self, ids: list[int], n: int) -> tuple[float, float]:
+        llm = self.llm
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        tok = int(np.argmax(self._last_logits()))
+        t1 = time.perf_counter()
+        for _ in range(n - 1):
+            llm.eval([tok])
+            tok = int(np.argmax(self._last_logits()))
+        t2 = time.perf_counter()
+        return t1 - t0, ((t2 - t1) / (n - 1) if n > 1 else 0.0)
+
+    def close(self) -> None:
+        try:
+            self.llm.close()
+        except Exception:
+            pass
+        self.llm = None
+
+
+class OrtGenaiRunner(Runner):
+    """ONNX Runtime GenAI on a model directory (genai_config.json + model.onnx)."""
+
+    engine = "ort-genai"
+
+    def __init__(self, model_dir: str, threads: int, n_ctx: int):
+        d = Path(model_dir).expanduser()
+        if not (d / "genai_config.json").is_file():
+            raise _Skip(f"{d} is not an ONNX Runtime GenAI model directory (no genai_config.json); "
+                        f"make one with: python -m onnxruntime_genai.models.builder -p int4 -e cpu "
+                        f"-m <hf model> -o {d}")
+        try:
+            import onnxruntime_genai as og
+        except ImportError as e:
+            raise _Skip(f"onnxruntime-genai is not installed ({e}); pip install onnxruntime-genai") from None
+        self.og = og
+        try:
+            cfg = og.Config(str(d))
+            cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {
+                "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+            self.model = og.Model(cfg)
+        except Exception as e:
+            raise _Skip(f"onnxruntime-genai could not load {d}: {e}") from None
+        self.n_ctx = n_ctx
+        try:
+            self.n_vocab = int(json.loads((d / "genai_config.json").read_text())["model"]["vocab_size"])
+        except Exception:
+            self.n_vocab = 0
+        self.label = f"ort-genai {getattr(og, '__version__', '')}".strip()
+
+    def _generator(self, max_length: int):
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=max_length, do_sample=False, batch_size=1)
+        return self.og.Generator(self.model, params)
+
+    def pp(self, ids: list[int]) -> float:
+        g = self._generator(len(ids) + 1)
+        t0 = time.perf_counter()
+        g.append_tokens(np.asarray(ids, dtype=np.int32))  # runs the prompt through the model
+        dt = time.perf_counter() - t0
+        del g
+        return dt
+
+    def tg(self, prefix: list[int], n: int) -> float:
+        g = self._generator(len(prefix) + n + 1)
+        g.append_tokens(np.asarray(prefix, dtype=np.int32))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            g.generate_next_token()   # picks the greedy token, then one forward step
+        dt = time.perf_counter() - t0
+        del g
+        return dt
+
+    def ttft_tpot(self, ids: list[int], n: int) -> tuple[float, float]:
+        g = self._generator(len(ids) + n + 1)
+        t0 = time.perf_counter()
+        g.append_tokens(np.asarray(ids, dtype=np.int32))
+        t1 = time.perf_counter()
+        for _ in range(n - 1):
+            g.generate_next_token()
+        t2 = time.perf_counter()
+        del g
+        return t1 - t0, ((t2 - t1) / (n - 1) if n > 1 else 0.0)
+
+    def close(self) -> None:
+        self.model = None
+
+
+class _Skip(Exception):
+    """A peer that cannot run here: reported, not fatal."""
+
+
+def _parse_peer(spec: str) -> tuple[str, Optional[str]]:
+    s = spec.strip()
+    low = s.lower()
+    if low in ("llama.cpp", "llama-cpp", "llamacpp", "llama_cpp"):
+        return "llama.cpp", None
+    for prefix in ("ort-genai:", "ort_genai:", "onnxruntime-genai:", "ort:"):
+        if low.startswith(prefix):
+            return "ort-genai", s[len(prefix):]
+    if low in ("ort-genai", "onnxruntime-genai", "ort"):
+        raise ValueError("--compare ort-genai needs a model directory: --compare ort-genai:DIR")
+    raise ValueError(f"--compare {spec!r}: unknown peer (use llama.cpp or ort-genai:DIR)")
+
+
+def make_runner(kind: str, arg: Optional[str], model_path: str, threads: int, n_ctx: int,
+                batch: int, isa: str = "best") -> Runner:
+    if kind == "edgeinfer":
+        return EdgeinferRunner(model_path, threads, n_ctx, batch, isa)
+    if kind == "llama.cpp":
+        return LlamaCppRunner(model_path, threads, n_ctx, batch)
+    if kind == "ort-genai":
+        return OrtGenaiRunner(arg or "", threads, n_ctx)
+    raise ValueError(kind)
+
+
+# --------------------------------------------------------------------------- isolated peak RSS
+
+def _rss_probe(args: dict) -> dict:
+    """Runs in a fresh child: load one engine, one pp and one tg, report ru_maxrss."""
+    import numpy  # noqa: F401  (both engines import it: part of the baseline)
+
+    if args["kind"] == "llama.cpp":
+        import llama_cpp  # noqa: F401
+    else:
+        from . import load  # noqa: F401
+    base = _maxrss_bytes()
+    r = make_runner(args["kind"], args.get("arg"), args["path"], args["threads"], args["n_ctx"],
+                    args["batch"], args.get("isa", "best"))
+    rng = np.random.default_rng(1)
+    n_vocab = r.n_vocab or 32000
+    r.pp(_random_ids(rng, args["pp"], n_vocab))
+    r.tg(_random_ids(rng, args["tg_prompt"], n_vocab), args["tg"])
+    return {"peak_rss_bytes": _maxrss_bytes(), "peak_rss_baseline_bytes": base}
+
+
+def _rss_probe_main() -> None:  # pragma: no cover - runs in the child
+    print(json.dumps(_rss_probe(json.loads(sys.argv[1]))), flush=True)
+
+
+def isolated_peak_rss(kind: str, arg: Optional[str], path: str, threads: int, cfg: BenchConfig,
+                      timeout: float = 600) -> tuple[Optional[int], Optional[int], Optional[str]]:
+    payload = json.dumps({"kind": kind, "arg": arg, "path": path, "threads": threads,
+                          "n_ctx": cfg.effective_ctx(), "batch": cfg.batch, "isa": cfg.isa,
+                          "pp": cfg.pp, "tg_prompt": cfg.tg_prompt, "tg": cfg.tg})
+    code = "from edgeinfer.bench import _rss_probe_main; _rss_probe_main()"
+    try:
+        p = subprocess.run([sys.executable, "-c", code, payload], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, None, "timed out"
+    if p.returncode != 0:
+        return None, None, (p.stderr.strip().splitlines() or ["failed"])[-1]
+    try:
+        d = json.loads(p.stdout.strip().splitlines()[-1])
+        return int(d["peak_rss_bytes"]), int(d["peak_rss_baseline_bytes"]), None
+    except (ValueError, KeyError, IndexError):
+        return None, None, "no result"
+
+
+# --------------------------------------------------------------------------- the run
+
+@dataclass
+class BenchResult:
+    schema: str
+    date: str
+    command: Optional[list[str]]
+    model: dict
+    system: dict
+    config: dict
+    runs: list[dict]
+    ratios: list[dict]
+    skipped: list[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def _version(mod: str) -> Optional[str]:
+    try:
+        m = __import__(mod)
+        return str(getattr(m, "__version__", "?"))
+    except Exception:
+        return None
+
+
+def _system_info() -> dict:
+    from . import __version__
+
+    isa = None
+    try:
+        from ._native import ffi, lib
+
+        isa = ffi.string(lib.ei_isa_name(lib.ei_cpu_best_isa())).decode()
+    except Exception:
+        pass
+    return {"cpu": cpu_name(), "n_cpus": os.cpu_count() or 0, "isa": isa,
+            "platform": platform.platform(), "python": platform.python_version(),
+            "edgeinfer": __version__, "llama_cpp": _version("llama_cpp"),
+            "onnxruntime_genai": _version("onnxruntime_genai"), "loadavg_start": None,
+            "loadavg_end": None}
+
+
+_LLAMA_FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+                 10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
+                 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+
+def _model_info(path: Path) -> dict:
+    """Name, path, size and file type (general.file_type, else the commonest matrix type)."""
+    file_type = None
+    try:
+        from .gguf.reader import GGUFFile
+
+        g = GGUFFile(path)
+        ft = g.metadata.get("general.file_type")
+        if isinstance(ft, int) and ft in _LLAMA_FTYPES:
+            file_type = _LLAMA_FTYPES[ft]
+        else:
+            counts: dict[str, int] = {}
+            for t in g.tensors.values():
+                if len(t.shape) >= 2:
+                    counts[t.type_name] = counts.get(t.type_name, 0) + 1
+            file_type = max(counts, key=counts.__getitem__) if counts else None
+        del g
+    except Exception:
+        pass
+    return {"name": path.name, "path": str(path), "file_bytes": path.stat().st_size,
+            "file_type": file_type}
+
+
+def _empty_run(engine: str, label: str, threads: int, n_ctx: int) -> dict:
+    return {"engine": engine, "label": label, "threads": threads, "n_ctx": n_ctx,
+            "pp": None, "tg": None, "tg_depth": None, "tg_depth_retention": None,
+            "ttft_s": None, "tpot_s": None, "kv_bytes": None, "scratch_bytes": None,
+            "peak_rss_bytes": None, "peak_rss_baseline_bytes": None,
+            "process_peak_rss_bytes": None, "process_rss_bytes": None,
+            "cost_per_1m_output_tokens": None}
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
+              command: Optional[list[str]] = None) -> BenchResult:
+    """Runs the benchmark; `log` gets one line per step (progress), default: nothing."""
+    from .models import resolve_model
+
+    cfg.validate()
+    say = log or (lambda s: None)
+    load_start = _loadavg()
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    path = Path(resolve_model(cfg.model))
+    n_ctx = cfg.effective_ctx()
+    peers = [(_parse_peer(s), s) for s in cfg.compare]
+    rng = np.random.default_rng(cfg.seed)
+    runs: list[dict] = []
+    ratios: list[dict] = []
+    skipped: list[dict] = []
+    skipped_specs: set[str] = set()
+
+    for threads in cfg.threads:
+        runners: list[tuple[Runner, Optional[str], str]] = []
+        say(f"[{threads} thread(s)] loading edgeinfer ({path.name}, n_ctx={n_ctx}, batch={cfg.batch})")
+        runners.append((make_runner("edgeinfer", None, str(path), threads, n_ctx, cfg.batch, cfg.isa),
+                        None, "edgeinfer"))
+        for (kind, arg), spec in peers:
+            if spec in skipped_specs:
+                continue
+            say(f"[{threads} thread(s)] loading {kind}")
+            try:
+                runners.append((make_runner(kind, arg, str(path), threads, n_ctx, cfg.batch),
+                                arg, kind))
+            except _Skip as e:
+                say(f"skipping {spec}: {e}")
+                skipped.append({"engine": kind, "spec": spec, "reason": str(e)})
+                skipped_specs.add(spec)
+        try:
+            runs_t = _measure(cfg, runners, threads, n_ctx, rng, say)
+        finally:
+            for r, _, _ in runners:
+                r.close()
+            runners.clear()
+            gc.collect()
+        if cfg.isolated_rss:
+            for run in runs_t:
+                kind = run["engine"]
+                arg = next((a for (k, a), _ in peers if k == kind), None)
+                say(f"[{threads} thread(s)] peak RSS of {kind} in a fresh process")
+                peak, base, err = isolated_peak_rss(kind, arg, str(path), threads, cfg)
+                if err:
+                    say(f"  peak RSS probe of {kind} failed: {err}")
+                run["peak_rss_bytes"], run["peak_rss_baseline_bytes"] = peak, base
+        runs.extend(runs_t)
+        ei = runs_t[0]
+        for peer in runs_t[1:]:
+            ratios.append({
+                "threads": threads, "engine": "edgeinfer", "peer": peer["engine"],
+                "pp": _ratio(ei["pp"]["tokens_per_s"]["median"], peer["pp"]["tokens_per_s"]["median"]),
+                "tg": _ratio(ei["tg"]["tokens_per_s"]["median"], peer["tg"]["tokens_per_s"]["median"]),
+                "tg_depth": (_ratio(ei["tg_depth"]["tokens_per_s"]["median"],
+                                    peer["tg_depth"]["tokens_per_s"]["median"])
+                             if ei["tg_depth"] and peer["tg_depth"] else None),
+                "ttft": _ratio(ei["ttft_s"]["median"], peer["ttft_s"]["median"]),
+                "tpot": _ratio(ei["tpot_s"]["median"], peer["tpot_s"]["median"]),
+                "peak_rss": _ratio(ei["peak_rss_bytes"], peer["peak_rss_bytes"]),
+            })
+
+    conf = asdict(cfg)
+    conf["n_ctx"] = n_ctx
+    conf["order"] = ("interleaved: each repetition measures every engine back to back, metric by "
+                     "metric, alternating the engine order")
+    conf.pop("model", None)
+    conf.pop("warmup", None)
+    system = _system_info()
+    system["loadavg_start"], system["loadavg_end"] = load_start, _loadavg()
+    return BenchResult(schema=SCHEMA, date=started,
+                       command=command, model=_model_info(path), system=system, config=conf,
+                       runs=runs, ratios=ratios, skipped=skipped)
+
+
+def _loadavg() -> Optional[float]:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def _measure(cfg: BenchConfig, runners: list, threads: int, n_ctx: int, rng: np.random.Generator,
+             say: Callable[[str], None]) -> list[dict]:
+    n_vocab = min((r.n_vocab for r, _, _ in runners if r.n_vocab), default=32000)
+    pp_ids = _random_ids(rng, cfg.pp, n_vocab)
+    tg_ids = _random_ids(rng, cfg.tg_prompt, n_vocab)
+    depth_ids = _random_ids(rng, cfg.ctx_depth, n_vocab) if cfg.ctx_depth else None
+    if cfg.warmup:
+        for r, _, _ in runners:
+            say(f"[{threads} thread(s)] warm-up {r.engine}")
+            r.pp(_random_ids(rng, min(cfg.pp, 64), n_vocab))
+            r.tg(tg_ids, min(cfg.tg, 8))
+    k = len(runners)
+    pp_s = [[] for _ in range(k)]
+    tg_s = [[] for _ in range(k)]
+    dep_s = [[] for _ in range(k)]
+    ttft = [[] for _ in range(k)]
+    tpot = [[] for _ in range(k)]
+
+    def each(rep: int):
+        order = list(range(k)) if rep % 2 == 0 else list(reversed(range(k)))
+        for i in order:
+            time.sleep(_SETTLE_S)
+            yield i, runners[i][0]
+
+    for rep in range(cfg.reps):
+        for i, r in each(rep):
+            pp_s[i].append(r.pp(pp_ids))
+        for i, r in each(rep):
+            tg_s[i].append(r.tg(tg_ids, cfg.tg))
+        if depth_ids:
+            for i, r in each(rep):
+                dep_s[i].append(r.tg(depth_ids, cfg.tg))
+        # A new prompt each repetition (a different first token), so no engine reuses a
+        # cached prefix from the previous one.
+        prompt = _random_ids(rng, cfg.prompt_len, n_vocab)
+        for i, r in each(rep):
+            a, b = r.ttft_tpot(prompt, cfg.output_len)
+            ttft[i].append(a)
+            tpot[i].append(b)
+        say(f"[{threads} thread(s)] rep {rep + 1}/{cfg.reps}: " + "; ".join(
+            f"{runners[i][0].engine} pp{cfg.pp} {cfg.pp / pp_s[i][-1]:.1f} t/s, "
+            f"tg{cfg.tg} {cfg.tg / tg_s[i][-1]:.1f} t/s" for i in range(k)))
+
+    out = []
+    proc_peak, proc_rss = _maxrss_bytes(), _rss_bytes()
+    for i, (r, _, _) in enumerate(runners):
+        run = _empty_run(r.engine, r.label, threads, n_ctx)
+        run["pp"] = {"n_tokens": cfg.pp, "tokens_per_s": asdict(Spread.of([cfg.pp / s for s in pp_s[i]])),
+                     "seconds": asdict(Spread.of(pp_s[i]))}
+        run["tg"] = {"n_tokens": cfg.tg, "depth": cfg.tg_prompt,
+                     "tokens_per_s": asdict(Spread.of([cfg.tg / s for s in tg_s[i]])),
+                     "seconds": asdict(Spread.of(tg_s[i]))}
+        if depth_ids:
+            run["tg_depth"] = {"n_tokens": cfg.tg, "depth": cfg.ctx_depth,
+                               "tokens_per_s": asdict(Spread.of([cfg.tg / s for s in dep_s[i]])),
+                               "seconds": asdict(Spread.of(dep_s[i]))}
+            run["tg_depth_retention"] = (run["tg_depth"]["tokens_per_s"]["median"]
+                                         / run["tg"]["tokens_per_s"]["median"])
+        run["ttft_s"] = asdict(Spread.of(ttft[i]))
+        run["tpot_s"] = asdict(Spread.of(tpot[i]))
+        run["kv_bytes"] = r.kv_bytes
+        run["scratch_bytes"] = r.scratch_bytes
+        run["process_peak_rss_bytes"] = proc_peak
+        run["process_rss_bytes"] = proc_rss
+        if cfg.price_per_hour is not None:
+            run["cost_per_1m_output_tokens"] = (cfg.price_per_hour / 3600.0) / \
+                run["tg"]["tokens_per_s"]["median"] * 1e6
+        out.append(run)
+    return out
+
+
+# --------------------------------------------------------------------------- table
+
+def _fmt_spread(s: Optional[dict], scale: float = 1.0, digits: int = 1) -> str:
+    if not s:
+        return "-"
+    med, lo, hi = s["median"] * scale, s["min"] * scale, s["max"] * scale
+    if len(s["values"]) == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def _mib(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h) for j, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    sep = "| " + " | ".join("-" * w for w in widths) + " |"
+    return "\n".join([line(header), sep] + [line(r) for r in rows])
+
+
+def format_table(res: BenchResult | dict) -> str:
+    """A Markdown table for people: medians with (min-max) over the repetitions."""
+    d = res.to_dict() if isinstance(res, BenchResult) else res
+    c = d["config"]
+    pp, tg = c["pp"], c["tg"]
+    header = ["engine", "threads", f"pp{pp} t/s", f"tg{tg} t/s"]
+    if c["ctx_depth"]:
+        header += [f"tg{tg}@{c['ctx_depth']} t/s", "retained"]
+    header += [f"TTFT ms (p{c['prompt_len']})", f"TPOT ms (n{c['output_len']})", "peak RSS MiB",
+               "KV MiB"]
+    if c["price_per_hour"] is not None:
+        header.append("$/1M out")
+    rows = []
+    for r in d["runs"]:
+        row = [r["label"], str(r["threads"]), _fmt_spread(r["pp"]["tokens_per_s"]),
+               _fmt_spread(r["tg"]["tokens_per_s"])]
+        if c["ctx_depth"]:
+            row += [_fmt_spread(r["tg_depth"]["tokens_per_s"]) if r["tg_depth"] else "-",
+                    f"{r['tg_depth_retention']:.0%}" if r["tg_depth_retention"] else "-"]
+        row += [_fmt_spread(r["ttft_s"], 1e3), _fmt_spread(r["tpot_s"], 1e3, 2),
+                _mib(r["peak_rss_bytes"] if r["peak_rss_bytes"] is not None else r["process_peak_rss_bytes"]),
+                _mib(r["kv_bytes"])]
+        if c["price_per_hour"] is not None:
+            row.append(f"{r['cost_per_1m_output_tokens']:.4f}")
+        rows.append(row)
+    out = [f"model {d['model']['name']} ({d['model']['file_type']}), n_ctx {c['n_ctx']}, "
+           f"batch {c['batch']}, {c['reps']} rep(s), CPU {d['system']['cpu']}", "",
+           _md_table(header, rows)]
+    if d["ratios"]:
+        rh = ["threads", "vs", f"pp{pp} ratio", f"tg{tg} ratio"]
+        if c["ctx_depth"]:
+            rh.append(f"tg@{c['ctx_depth']} ratio")
+        rh += ["peak RSS ratio"]
+        rr = []
+        for q in d["ratios"]:
+            row = [str(q["threads"]), q["peer"], _x(q["pp"]), _x(q["tg"])]
+            if c["ctx_depth"]:
+                row.append(_x(q["tg_depth"]))
+            row.append(_x(q["peak_rss"]))
+            rr.append(row)
+        out += ["", "edgeinfer / peer (median / median; > 1.00x = edgeinfer faster or larger):", "",
+                _md_table(rh, rr)]
+    for s in d["skipped"]:
+        out.append(f"\nskipped {s['spec']}: {s['reason']}")
+    if d["runs"] and d["runs"][0]["peak_rss_bytes"] is None:
+        out.append("\npeak RSS: process-wide ru_maxrss (includes every engine loaded before)")
+    return "\n".join(out)
+
+
+def _x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"

@@ -1,0 +1,81 @@
+"""`edgeinfer bench` (registered on the main app by cli.py); the measuring is in bench.py."""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from .errors import EdgeInferError
+
+__all__ = ["bench", "register"]
+
+
+def _errors(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (EdgeInferError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            print("\ninterrupted", file=sys.stderr, flush=True)
+            raise typer.Exit(130) from None
+    return wrapper
+
+
+@_errors
+def bench(
+    model: Annotated[str, typer.Argument(help="A .gguf file or a known model name "
+                                         "('default' = the shipped SmolLM2 Q4_1).")] = "default",
+    threads: Annotated[str, typer.Option("--threads", "-t",
+                                         help="Thread counts, comma-separated: each is run.")] = "2",
+    pp: Annotated[int, typer.Option("--pp", "-p", help="Prompt tokens for prefill (ppN).")] = 512,
+    tg: Annotated[int, typer.Option("--tg", "-n", help="Tokens to decode (tgN).")] = 128,
+    reps: Annotated[int, typer.Option("--reps", "-r", help="Repetitions (median and spread).")] = 3,
+    batch: Annotated[int, typer.Option("--batch", "-b", help="Prefill chunk (max_batch / "
+                                       "llama.cpp n_batch and n_ubatch).")] = 512,
+    ctx: Annotated[int, typer.Option("--ctx", "-c", help="Context cells for every engine; "
+                                     "0 = the smallest multiple of 256 that fits.")] = 0,
+    tg_prompt: Annotated[int, typer.Option("--tg-prompt", help="Short prompt (untimed) "
+                                           "before tg.")] = 16,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens for "
+                                            "TTFT/TPOT.")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len", help="Output tokens for "
+                                            "TTFT/TPOT.")] = 32,
+    ctx_depth: Annotated[Optional[int], typer.Option("--ctx-depth", help="Also measure tg with "
+                                                     "this many tokens already in context.")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        "--price-per-hour", help="Machine price per hour: adds cost per 1M output tokens.")] = None,
+    compare: Annotated[Optional[list[str]], typer.Option(
+        "--compare", help="Peer to measure interleaved in the same run: llama.cpp or "
+                          "ort-genai:DIR (repeatable).")] = None,
+    isa: Annotated[str, typer.Option("--isa", help="edgeinfer kernels: best, avx512, avx2, "
+                                     "neon, scalar.")] = "best",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random prompt tokens.")] = 0,
+    isolated_rss: Annotated[bool, typer.Option(
+        "--isolated-rss/--no-isolated-rss",
+        help="Measure each engine's peak RSS in a fresh child process (else process-wide).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field; see "
+                                          "edgeinfer/bench.py) instead of a table.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+) -> None:
+    """Measure prefill/decode tokens/s, TTFT/TPOT, peak RSS and KV bytes (llama-bench style)."""
+    from .bench import BenchConfig, format_table, parse_threads, run_bench
+
+    cfg = BenchConfig(model=model, threads=parse_threads(threads), pp=pp, tg=tg, reps=reps,
+                      batch=batch, n_ctx=ctx, tg_prompt=tg_prompt, prompt_len=prompt_len,
+                      output_len=output_len, ctx_depth=ctx_depth, price_per_hour=price_per_hour,
+                      compare=list(compare or []), isa=isa, seed=seed, isolated_rss=isolated_rss)
+    log = None if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    res = run_bench(cfg, log=log, command=["edgeinfer", "bench", *sys.argv[2:]]
+                    if len(sys.argv) > 1 and sys.argv[1] == "bench" else None)
+    out = res.to_json() if as_json else format_table(res)
+    sys.stdout.write(out + "\n")
+    sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)

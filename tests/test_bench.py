@@ -1,0 +1,150 @@
+"""`edgeinfer bench`: a fast smoke test on the real model (tiny sizes, one repetition).
+
+Speed is measured by the benchmark, never asserted here: these tests only prove that every
+documented field is present and sane, and that the peer paths work (or skip cleanly).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgeinfer.bench import (SCHEMA, BenchConfig, Spread, _parse_peer, format_table, parse_threads,
+                             run_bench)
+
+SPREAD_KEYS = {"median", "min", "max", "stdev", "values"}
+RUN_KEYS = {"engine", "label", "threads", "n_ctx", "pp", "tg", "tg_depth", "tg_depth_retention",
+            "ttft_s", "tpot_s", "kv_bytes", "scratch_bytes", "peak_rss_bytes",
+            "peak_rss_baseline_bytes", "process_peak_rss_bytes", "process_rss_bytes",
+            "cost_per_1m_output_tokens"}
+RATIO_KEYS = {"threads", "engine", "peer", "pp", "tg", "tg_depth", "ttft", "tpot", "peak_rss"}
+CONFIG_KEYS = {"threads", "pp", "tg", "reps", "batch", "n_ctx", "tg_prompt", "prompt_len",
+               "output_len", "ctx_depth", "price_per_hour", "compare", "isa", "seed",
+               "isolated_rss", "order"}
+SYSTEM_KEYS = {"cpu", "n_cpus", "isa", "platform", "python", "edgeinfer", "llama_cpp",
+               "onnxruntime_genai", "loadavg_start", "loadavg_end"}
+
+
+def _check_spread(s: dict, n: int, positive: bool = True) -> None:
+    assert set(s) == SPREAD_KEYS
+    assert len(s["values"]) == n
+    assert s["min"] <= s["median"] <= s["max"]
+    assert s["stdev"] >= 0
+    if positive:
+        assert s["min"] > 0
+
+
+def _check_run(r: dict, cfg_pp: int, cfg_tg: int, reps: int, depth: int | None,
+               priced: bool, isolated: bool) -> None:
+    assert set(r) == RUN_KEYS
+    assert r["pp"]["n_tokens"] == cfg_pp
+    _check_spread(r["pp"]["tokens_per_s"], reps)
+    _check_spread(r["pp"]["seconds"], reps)
+    assert r["tg"]["n_tokens"] == cfg_tg
+    _check_spread(r["tg"]["tokens_per_s"], reps)
+    _check_spread(r["ttft_s"], reps)
+    _check_spread(r["tpot_s"], reps)
+    if depth is None:
+        assert r["tg_depth"] is None and r["tg_depth_retention"] is None
+    else:
+        assert r["tg_depth"]["depth"] == depth
+        _check_spread(r["tg_depth"]["tokens_per_s"], reps)
+        assert r["tg_depth_retention"] > 0
+    assert r["kv_bytes"] > 0
+    assert r["process_peak_rss_bytes"] > 0 and r["process_rss_bytes"] > 0
+    if isolated:
+        assert r["peak_rss_bytes"] > r["peak_rss_baseline_bytes"] > 0
+    if priced:
+        assert r["cost_per_1m_output_tokens"] > 0
+    else:
+        assert r["cost_per_1m_output_tokens"] is None
+
+
+def test_bench_json_smoke(smollm2_path):
+    """The CLI path: --pp 32 --tg 8 --reps 1 --json, every field present and sane."""
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+
+    res = CliRunner().invoke(app, [
+        "bench", str(smollm2_path), "--pp", "32", "--tg", "8", "--reps", "1", "--json",
+        "--threads", "1", "--prompt-len", "16", "--output-len", "4", "--ctx-depth", "24",
+        "--price-per-hour", "0.5", "--quiet"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert set(d) == {"schema", "date", "command", "model", "system", "config", "runs", "ratios",
+                      "skipped"}
+    assert d["schema"] == SCHEMA
+    assert set(d["config"]) == CONFIG_KEYS
+    assert set(d["system"]) == SYSTEM_KEYS
+    assert set(d["model"]) == {"name", "path", "file_bytes", "file_type"}
+    assert d["model"]["file_type"] == "Q4_1" and d["model"]["file_bytes"] > 0
+    assert d["config"]["n_ctx"] >= 32 and d["config"]["threads"] == [1]
+    assert d["ratios"] == [] and d["skipped"] == []
+    (run,) = d["runs"]
+    assert run["engine"] == "edgeinfer" and run["threads"] == 1
+    assert run["scratch_bytes"] > 0
+    _check_run(run, 32, 8, 1, depth=24, priced=True, isolated=True)
+    # cost = (price / 3600) / tg tokens/s * 1e6
+    tg = run["tg"]["tokens_per_s"]["median"]
+    assert run["cost_per_1m_output_tokens"] == pytest.approx(0.5 / 3600 / tg * 1e6)
+
+
+def test_bench_compare_llama_cpp_and_missing_ort(smollm2_path):
+    """The compare path with tiny sizes: llama.cpp interleaved, ratios, an absent ORT peer skipped."""
+    pytest.importorskip("llama_cpp")
+    lines: list[str] = []
+    cfg = BenchConfig(model=str(smollm2_path), threads=[2], pp=16, tg=4, reps=2, prompt_len=8,
+                      output_len=3, compare=["llama.cpp", "ort-genai:/nonexistent/ort-model"],
+                      isolated_rss=False)
+    res = run_bench(cfg, log=lines.append)
+    d = res.to_dict()
+    assert [r["engine"] for r in d["runs"]] == ["edgeinfer", "llama.cpp"]
+    for r in d["runs"]:
+        _check_run(r, 16, 4, 2, depth=None, priced=False, isolated=False)
+        assert r["peak_rss_bytes"] is None
+    assert d["runs"][1]["scratch_bytes"] is None
+    (ratio,) = d["ratios"]
+    assert set(ratio) == RATIO_KEYS
+    assert ratio["peer"] == "llama.cpp" and ratio["threads"] == 2
+    assert ratio["pp"] > 0 and ratio["tg"] > 0 and ratio["ttft"] > 0 and ratio["tpot"] > 0
+    assert ratio["tg_depth"] is None and ratio["peak_rss"] is None
+    (skip,) = d["skipped"]
+    assert skip["engine"] == "ort-genai" and "genai_config.json" in skip["reason"]
+    assert any("skipping ort-genai" in s for s in lines)
+    table = format_table(res)
+    assert "llama.cpp" in table and "ratio" in table and "skipped" in table
+    json.loads(res.to_json())  # serialisable
+
+
+def test_bench_cli_errors():
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "default", "--threads", "1,x", "--quiet"])
+    assert r.exit_code == 1 and "not an integer" in r.output
+    r = CliRunner().invoke(app, ["bench", "default", "--compare", "vllm", "--quiet"])
+    assert r.exit_code == 1 and "unknown peer" in r.output
+    r = CliRunner().invoke(app, ["bench", "default", "--pp", "600", "--ctx", "256", "--quiet"])
+    assert r.exit_code == 1 and "too small" in r.output
+
+
+def test_helpers():
+    assert parse_threads("1,2") == [1, 2]
+    assert parse_threads(" 4 ") == [4]
+    assert parse_threads(3) == [3]
+    with pytest.raises(ValueError):
+        parse_threads("0")
+    with pytest.raises(ValueError):
+        parse_threads("")
+    s = Spread.of([3.0, 1.0, 2.0])
+    assert (s.median, s.min, s.max) == (2.0, 1.0, 3.0) and s.stdev == pytest.approx(1.0)
+    assert Spread.of([5.0]).stdev == 0.0
+    assert _parse_peer("llama.cpp") == ("llama.cpp", None)
+    assert _parse_peer("ort-genai:/m/dir") == ("ort-genai", "/m/dir")
+    with pytest.raises(ValueError):
+        _parse_peer("ort-genai")
+    cfg = BenchConfig(pp=512, tg=128, ctx_depth=1500)
+    assert cfg.effective_ctx() == 1792 and cfg.effective_ctx() % 256 == 0
+    assert BenchConfig(pp=512, tg=128).effective_ctx() == 512
