@@ -5,7 +5,6 @@
 #include "kernels.h"
 #include "quants_impl.h"
 
-#define PACK_HDR 32   /* f16 d[8] + f16 m[8] */
 
 static int quant_bytes(int type) {
     switch (type) {
@@ -28,12 +27,11 @@ static int src_block_bytes(int type) {
     }
 }
 
-/* The implied min of types without one: x = d * (q - offset). */
-static float implied_offset(int type) {
-    return type == EI_TYPE_Q4_0 ? 8.0f : type == EI_TYPE_Q5_0 ? 16.0f : 128.0f;
-}
-
 static int has_min(int type) { return type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1; }
+
+/* f16 d[8], then f16 m[8] for types with a min (the others' min is -offset * d,
+ * computed in the kernel: no extra bytes to stream). */
+static int header_bytes(int type) { return has_min(type) ? 32 : 16; }
 
 size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const void *w) {
 #if defined(__x86_64__)
@@ -42,16 +40,8 @@ size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const 
     if (isa != EI_ISA_AVX2 && isa != EI_ISA_AVX512) return 0;
     if (!ei_isa_supported(isa)) return 0;
     if (type == EI_TYPE_Q8_0 && isa != EI_ISA_AVX512) return 0;   /* needs vpdpbusd */
-    if (!has_min(type)) {
-        /* the implied min (-8 d, -16 d or -128 d) must be exact in f16: |d| <= 511 */
-        const uint8_t *p = w;
-        const int bb = src_block_bytes(type);
-        for (int64_t i = 0; i < n_rows * (n_cols / QK); i++, p += bb) {
-            const float d = ei_h2f(ei_ld16(p));
-            if (!(d <= 511.0f && d >= -511.0f)) return 0;
-        }
-    }
-    return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / QK) * (size_t)(PACK_HDR + qb);
+    (void)w;
+    return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / QK) * (size_t)(header_bytes(type) + qb);
 #else
     (void)type; (void)isa; (void)n_rows; (void)n_cols; (void)w;
     return 0;
@@ -61,20 +51,19 @@ size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const 
 void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
     const int64_t nb = n_cols / QK;
     const int bb = src_block_bytes(type), qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4;
+    const int hdr = header_bytes(type);
     const uint8_t *src = w;
     uint8_t *out = dst;
     for (int64_t g = 0; g < n_rows / EI_PACK_ROWS; g++) {
-        for (int64_t b = 0; b < nb; b++, out += PACK_HDR + qb) {
+        for (int64_t b = 0; b < nb; b++, out += hdr + qb) {
             uint16_t *d = (uint16_t *)out, *m = d + EI_PACK_ROWS;
-            uint8_t *q = out + PACK_HDR;
+            uint8_t *q = out + hdr;
             for (int r = 0; r < EI_PACK_ROWS; r++) {
                 const uint8_t *blk = src + ((g * EI_PACK_ROWS + r) * nb + b) * bb;
-                const uint16_t dh = ei_ld16(blk);
-                const float df = ei_h2f(dh);
-                d[r] = dh;
+                d[r] = ei_ld16(blk);
+                if (has_min(type)) m[r] = ei_ld16(blk + 2);
                 /* after d (and m): Q5's qh word, then the quants */
                 const uint8_t *qs = blk + (has_min(type) ? 4 : 2);
-                m[r] = has_min(type) ? ei_ld16(blk + 2) : ei_fp32_to_fp16(-implied_offset(type) * df);
                 if (type == EI_TYPE_Q5_0 || type == EI_TYPE_Q5_1) {
                     memcpy(q + 128 + 4 * r, qs, 4);
                     qs += 4;
@@ -107,25 +96,26 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (no saturation for
  * 4-bit weights with maddubs), so the AVX2 and VNNI variants give identical
  * results, and each token's float ops are the same for NT = 1 and NT = 4. */
-#define PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT)                                                    \
-    const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256;                                          \
+#define PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
+    const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
     __m256 acc[NT];                                                                                \
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                     \
     const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
-    for (int64_t b = 0; b < nb; b++, p += PACK_HDR + qb) {                                         \
+    for (int64_t b = 0; b < nb; b++, p += hdr + qb) {                                              \
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                    \
-        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));              \
+        const __m256 mv = HAS_MIN ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))    \
+                                  : _mm256_mul_ps(dv, _mm256_set1_ps(-(OFFSET)));                  \
         __m256i w[8];                                                                              \
         if (FOUR_BIT) {                                                                            \
             for (int k = 0; k < 4; k++) {                                                          \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + PACK_HDR + 32 * k));   \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k));        \
                 w[k] = _mm256_and_si256(v, m4);                                                    \
                 w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                          \
             }                                                                                      \
-            if (FIVE_BIT) add_high_bits(w, p + PACK_HDR + 128);                                    \
+            if (FIVE_BIT) add_high_bits(w, p + hdr + 128);                                         \
         } else {                                                                                   \
-            for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)(p + PACK_HDR + 32 * k)); \
+            for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k)); \
         }                                                                                          \
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
@@ -143,10 +133,10 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
-#define PACKED_FN(NAME, TARGET, DP, NT, FOUR_BIT, FIVE_BIT)                                        \
+#define PACKED_FN(NAME, TARGET, DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                      \
     static TARGET void NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
                             float *y, int64_t ldy) {                                               \
-        PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT)                                                    \
+        PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
     }
 
 /* Q5: bit e of each row's qh word (one row per 32-bit lane) becomes 16 in the
@@ -166,16 +156,25 @@ static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
     }
 }
 
-PACKED_FN(q4_x1_avx2, T_AVX2, dp_avx2, 1, 1, 0)
-PACKED_FN(q4_x4_avx2, T_AVX2, dp_avx2, 4, 1, 0)
-PACKED_FN(q4_x1_vnni, T_VNNI, dp_vnni, 1, 1, 0)
-PACKED_FN(q4_x4_vnni, T_VNNI, dp_vnni, 4, 1, 0)
-PACKED_FN(q5_x1_avx2, T_AVX2, dp_avx2, 1, 1, 1)
-PACKED_FN(q5_x4_avx2, T_AVX2, dp_avx2, 4, 1, 1)
-PACKED_FN(q5_x1_vnni, T_VNNI, dp_vnni, 1, 1, 1)
-PACKED_FN(q5_x4_vnni, T_VNNI, dp_vnni, 4, 1, 1)
-PACKED_FN(q8_x1_vnni, T_VNNI, dp_vnni, 1, 0, 0)
-PACKED_FN(q8_x4_vnni, T_VNNI, dp_vnni, 4, 0, 0)
+/* name: type, tokens per call, instruction set */
+PACKED_FN(q4_0_x1_avx2, T_AVX2, dp_avx2, 1, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_avx2, T_AVX2, dp_avx2, 4, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x1_vnni, T_VNNI, dp_vnni, 1, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_vnni, T_VNNI, dp_vnni, 4, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x1_avx2, T_AVX2, dp_avx2, 1, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_avx2, T_AVX2, dp_avx2, 4, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x1_vnni, T_VNNI, dp_vnni, 1, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_vnni, T_VNNI, dp_vnni, 4, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x1_avx2, T_AVX2, dp_avx2, 1, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_avx2, T_AVX2, dp_avx2, 4, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x1_vnni, T_VNNI, dp_vnni, 1, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_vnni, T_VNNI, dp_vnni, 4, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x1_avx2, T_AVX2, dp_avx2, 1, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_avx2, T_AVX2, dp_avx2, 4, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x1_vnni, T_VNNI, dp_vnni, 1, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_vnni, T_VNNI, dp_vnni, 4, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x1_vnni, T_VNNI, dp_vnni, 1, 0, 0, 0, 128.0f)
+PACKED_FN(q8_0_x4_vnni, T_VNNI, dp_vnni, 4, 0, 0, 0, 128.0f)
 
 typedef void (*packed_fn)(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #endif
@@ -184,21 +183,15 @@ void ei_matmul_packed(int type, int isa, const void *packed, int64_t n_cols, int
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy) {
 #if defined(__x86_64__)
     const int64_t nb = n_cols / QK;
-    const size_t group_bytes = (size_t)nb * (PACK_HDR + quant_bytes(type));
-    packed_fn x1, x4;
+    const size_t group_bytes = (size_t)nb * (size_t)(header_bytes(type) + quant_bytes(type));
     const int vnni = isa == EI_ISA_AVX512;
-    if (type == EI_TYPE_Q8_0) {
-        x1 = q8_x1_vnni;
-        x4 = q8_x4_vnni;
-    } else if (type == EI_TYPE_Q5_0 || type == EI_TYPE_Q5_1) {
-        x1 = vnni ? q5_x1_vnni : q5_x1_avx2;
-        x4 = vnni ? q5_x4_vnni : q5_x4_avx2;
-    } else if (vnni) {
-        x1 = q4_x1_vnni;
-        x4 = q4_x4_vnni;
-    } else {
-        x1 = q4_x1_avx2;
-        x4 = q4_x4_avx2;
+    packed_fn x1, x4;
+    switch (type) {
+    case EI_TYPE_Q4_0: x1 = vnni ? q4_0_x1_vnni : q4_0_x1_avx2; x4 = vnni ? q4_0_x4_vnni : q4_0_x4_avx2; break;
+    case EI_TYPE_Q4_1: x1 = vnni ? q4_1_x1_vnni : q4_1_x1_avx2; x4 = vnni ? q4_1_x4_vnni : q4_1_x4_avx2; break;
+    case EI_TYPE_Q5_0: x1 = vnni ? q5_0_x1_vnni : q5_0_x1_avx2; x4 = vnni ? q5_0_x4_vnni : q5_0_x4_avx2; break;
+    case EI_TYPE_Q5_1: x1 = vnni ? q5_1_x1_vnni : q5_1_x1_avx2; x4 = vnni ? q5_1_x4_vnni : q5_1_x4_avx2; break;
+    default: x1 = q8_0_x1_vnni; x4 = q8_0_x4_vnni; break;
     }
     const uint8_t *A = act;
     int64_t t = 0;

@@ -9,12 +9,14 @@
  * is stored as is: no horizontal sums, one scale multiply for 8 rows.
  *
  * Packed block for rows 8g..8g+7, block b (all little endian):
- *   f16 d[8] | f16 m[8] | quants          x = d * q + m
- * 4-bit types (Q4_0, Q4_1): 128 bytes, group k < 4 holds bytes qs[4k..4k+3] of
- *   each row (low nibbles: elements 4k.., high nibbles: elements 16+4k..);
- *   Q4_0's m = -8 d.
- * Q8_0: 256 bytes, group k < 8 holds q[4k..4k+3] + 128 of each row (unsigned);
- *   m = -128 d. Needs VNNI (maddubs would saturate).
+ *   f16 d[8] | f16 m[8] (Q4_1, Q5_1 only) | quants        x = d * q + m
+ * Types without a min use m = -offset * d, computed in the kernel (Q4_0: 8,
+ * Q5_0: 16, Q8_0: 128), so the packed bytes equal the GGUF bytes.
+ * 4-bit quants: 128 bytes, group k < 4 holds bytes qs[4k..4k+3] of each row
+ *   (low nibbles: elements 4k.., high nibbles: elements 16+4k..).
+ * 5-bit (Q5_0, Q5_1): the 4-bit part as above, then each row's 32-bit qh word.
+ * Q8_0: 256 bytes, group k < 8 holds q[4k..4k+3] + 128 of each row (unsigned).
+ *   Needs VNNI (maddubs would saturate).
  * Rows must come in multiples of 8; the original GGUF bytes are kept for the
  * embedding lookup and the scalar reference.
  */
