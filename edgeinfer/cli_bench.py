@@ -61,8 +61,30 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field; see "
                                           "edgeinfer/bench.py) instead of a table.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    server: Annotated[Optional[str], typer.Option(
+        "--server", help="Load-test a running server at this URL instead of a local model.")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="With --server: concurrency "
+                                             "levels, comma-separated.")] = "1,2,4,8",
+    requests: Annotated[int, typer.Option("--requests", help="With --server: requests per "
+                                          "level.")] = 32,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="With --server: Poisson "
+                                                  "arrivals at this many requests/s.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="With --server: draw latency "
+                                                "against throughput to this PNG.")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="With --server: tokens per "
+                                            "request.")] = 64,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="With --server: bearer "
+                                                   "token.")] = None,
 ) -> None:
-    """Measure prefill/decode tokens/s, TTFT/TPOT, peak RSS and KV bytes (llama-bench style)."""
+    """Measure prefill/decode tokens/s, TTFT/TPOT, peak RSS and KV bytes (llama-bench style),
+    or with --server the throughput and latency percentiles of a running server under load."""
+    if server:
+        from .loadbench import run_server_bench
+
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+        run_server_bench(server, concurrency=levels, requests=requests, rate=rate, json=as_json,
+                         plot=plot, max_tokens=max_tokens, api_key=api_key)
+        return
     from .bench import BenchConfig, format_table, parse_threads, run_bench
 
     cfg = BenchConfig(model=model, threads=parse_threads(threads), pp=pp, tg=tg, reps=reps,

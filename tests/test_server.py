@@ -344,3 +344,15 @@ def test_load_bench_against_the_server(server):
     poisson = run_server_bench(server.url, concurrency=[2], requests=3, rate=20.0, max_tokens=2, warmup=0,
                                out=lines.append)
     assert poisson["levels"][0]["ok"] == 3
+
+
+def test_bench_cli_dispatches_to_the_server(server):
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "--server", server.url, "--concurrency", "1", "--requests", "2",
+                                 "--max-tokens", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert doc["levels"][0]["ok"] == 2 and doc["levels"][0]["failed"] == 0
