@@ -33,17 +33,16 @@ static int has_min(int type) { return type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5
  * computed in the kernel: no extra bytes to stream). */
 static int header_bytes(int type) { return has_min(type) ? 32 : 16; }
 
-size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const void *w) {
+size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols) {
 #if defined(__x86_64__)
     const int qb = quant_bytes(type);
     if (!qb || n_rows % EI_PACK_ROWS || n_cols % QK || n_rows < EI_PACK_ROWS) return 0;
     if (isa != EI_ISA_AVX2 && isa != EI_ISA_AVX512) return 0;
     if (!ei_isa_supported(isa)) return 0;
     if (type == EI_TYPE_Q8_0 && isa != EI_ISA_AVX512) return 0;   /* needs vpdpbusd */
-    (void)w;
     return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / QK) * (size_t)(header_bytes(type) + qb);
 #else
-    (void)type; (void)isa; (void)n_rows; (void)n_cols; (void)w;
+    (void)type; (void)isa; (void)n_rows; (void)n_cols;
     return 0;
 #endif
 }

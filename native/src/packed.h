@@ -29,7 +29,7 @@
 
 /* Bytes of the packed form of a [n_rows, n_cols] matrix of `type`, or 0 when it
  * cannot be packed for this ISA (type, shape, scale range). */
-size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols, const void *w);
+size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols);
 
 /* Writes the packed form of w into dst (ei_packed_bytes bytes). */
 void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);

@@ -58,7 +58,7 @@ static ei_status pack_weights(ei_runtime *rt) {
     }
     for (int i = 0; i < n; i++) {
         const ei_weight *w = packable(rt->m, i);
-        bytes[i] = (ei_packed_bytes(w->type, rt->isa, w->ne1, w->ne0, w->data) + 63) & ~(size_t)63;
+        bytes[i] = (ei_packed_bytes(w->type, rt->isa, w->ne1, w->ne0) + 63) & ~(size_t)63;
         sizes_total += bytes[i];
     }
     if (sizes_total && posix_memalign(&rt->pack_arena, 64, sizes_total) != 0) {
@@ -69,10 +69,18 @@ static ei_status pack_weights(ei_runtime *rt) {
     for (int i = 0; i < n; i++) {
         if (!bytes[i]) continue;
         const ei_weight *w = packable(rt->m, i);
-        ei_pack(w->type, w->data, w->ne1, w->ne0, at);
+        /* Slices of rows, each source slice dropped once packed, so that at most one
+         * slice of the file is resident on top of the packed copy (peak RSS). */
+        const int64_t slice = 256, row_bytes = ei_row_bytes(w->type, w->ne0);
+        const size_t packed_row_bytes = ei_packed_bytes(w->type, rt->isa, EI_PACK_ROWS, w->ne0) / EI_PACK_ROWS;
+        for (int64_t r0 = 0; r0 < w->ne1; r0 += slice) {
+            const int64_t n = EI_MIN(slice, w->ne1 - r0);
+            const uint8_t *src = (const uint8_t *)w->data + r0 * row_bytes;
+            ei_pack(w->type, src, n, w->ne0, at + (size_t)r0 * packed_row_bytes);
+            if (rt->p.drop_packed_source) drop_pages(src, (size_t)(n * row_bytes));
+        }
         rt->packed[i] = at;
         at += bytes[i];
-        if (rt->p.drop_packed_source) drop_pages(w->data, (size_t)ei_row_bytes(w->type, w->ne0) * (size_t)w->ne1);
     }
     rt->pack_bytes = sizes_total;
     free(bytes);
@@ -296,7 +304,7 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
     ei_runtime rt = {.isa = isa};
     size_t dummy = 0;
     void *packed = NULL;
-    size_t pb = ei_packed_bytes(type, isa, n_rows, n_cols, w);
+    size_t pb = ei_packed_bytes(type, isa, n_rows, n_cols);
     if (pb) {
         packed = malloc(pb);
         if (!packed) return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_matmul: out of memory");
