@@ -11,7 +11,7 @@ from .errors import EdgeInferError
 
 __all__ = ["convert", "eval_cmd", "register"]
 
-_TYPES = "q4_k_m|q5_k_m|q4_0|q4_1|q5_0|q5_1|q8_0|q6_k|f16|bf16|f32"
+_TYPES = "q4_k_m|q5_k_m|q4_0|q4_1|q5_0|q5_1|q8_0|q6_k|f16|bf16|f32|auto"
 
 
 def _errors(fn: Callable) -> Callable:
@@ -42,40 +42,104 @@ def convert(
     threads: Annotated[int, typer.Option("--threads", help="Quantizer threads (0 = all "
                                          "cores).")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    target_bpw: Annotated[Optional[float], typer.Option(
+        "--target-bpw", help="--type auto: size budget in bits per weight (tensor data), "
+                             "e.g. 5.5.")] = None,
+    calibration: Annotated[Optional[str], typer.Option(
+        "--calibration", help="--type auto: UTF-8 text to measure sensitivity on (default: "
+                              "a text shipped with edgeinfer; first 512 tokens).")] = None,
 ) -> None:
     """Convert a Hugging Face checkpoint (optionally LoRA-merged) to a GGUF file."""
     from .convert import convert_checkpoint
 
     r = convert_checkpoint(checkpoint, output, type_, lora_dir=lora, keep=keep,
-                           n_threads=threads, progress=not quiet and sys.stderr.isatty())
+                           n_threads=threads, progress=not quiet and sys.stderr.isatty(),
+                           target_bpw=target_bpw, calibration=calibration)
     types = ", ".join(f"{n} {k}" for k, n in sorted(r.type_counts.items()))
     merged = f", {r.lora_merged} LoRA-merged" if lora else ""
+    auto = (f", {r.bpw:.3f} bits/weight, predicted KL {r.predicted_kl:.4f}"
+            if r.predicted_kl is not None else "")
     print(f"wrote {r.path}: {r.file_type}, {r.n_tensors} tensors ({types}{merged}), "
-          f"{r.nbytes / 2**20:.1f} MiB in {r.seconds:.1f} s", file=sys.stderr)
+          f"{r.nbytes / 2**20:.1f} MiB in {r.seconds:.1f} s{auto}", file=sys.stderr)
 
 
 @_errors
 def eval_cmd(
-    model: Annotated[str, typer.Argument(help="GGUF model to evaluate.")],
+    model: Annotated[Optional[str], typer.Argument(help="GGUF model to evaluate (omit with "
+                                                   "--sweep).")] = None,
     reference: Annotated[str, typer.Option("--reference", "-r", help="Reference GGUF (e.g. the "
-                                           "F16 conversion).")],
-    text: Annotated[str, typer.Option("--text", help="UTF-8 text file to score.")],
+                                           "F16 conversion).")] = ...,
+    text: Annotated[str, typer.Option("--text", help="UTF-8 text file to score.")] = ...,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     ctx: Annotated[int, typer.Option("--ctx", "-c", help="Window length in tokens.")] = 512,
     threads: Annotated[Optional[int], typer.Option("--threads")] = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens",
                                                       help="Score at most this many tokens.")] = None,
+    sweep_ckpt: Annotated[Optional[str], typer.Option(
+        "--sweep", help="Hugging Face checkpoint: convert it to each fixed type and to "
+                        "--type auto at several budgets, and evaluate every file.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="--sweep: write the KL-vs-size "
+                                                "plot to this PNG (needs matplotlib).")] = None,
+    types: Annotated[Optional[str], typer.Option(
+        "--types", help="--sweep: comma-separated fixed types (default: "
+                        "q8_0,q6_k,q5_k_m,q5_1,q5_0,q4_k_m,q4_1,q4_0).")] = None,
+    budgets: Annotated[Optional[str], typer.Option(
+        "--budgets", help="--sweep: comma-separated bits-per-weight budgets for auto "
+                          "(default: the size of each fixed type's file).")] = None,
+    out_dir: Annotated[Optional[str], typer.Option(
+        "--out-dir", help="--sweep: keep the converted files here (default: a temporary "
+                          "directory, removed).")] = None,
+    calibration: Annotated[Optional[str], typer.Option(
+        "--calibration", help="--sweep: calibration text for auto.")] = None,
 ) -> None:
-    """Perplexity, KL divergence and top-1 agreement of MODEL against a reference."""
-    from .eval import evaluate, format_table, to_json
+    """Perplexity, KL divergence and top-1 agreement of MODEL against a reference; with
+    --sweep, the KL-vs-size curve of a checkpoint's fixed types and --type auto."""
+    from .eval import (SWEEP_TYPES, evaluate, format_sweep, format_table, plot_sweep, sweep,
+                       to_json)
 
     try:
         with open(text, encoding="utf-8") as fh:
             body = fh.read()
     except OSError as e:
         raise EdgeInferError(f"cannot read --text {text}: {e}") from None
-    r = evaluate(model, reference, body, ctx=ctx, n_threads=threads, max_tokens=max_tokens)
-    print(to_json(r) if as_json else format_table(r))
+    if sweep_ckpt is None:
+        if model is None:
+            raise EdgeInferError("give a MODEL to evaluate, or --sweep CHECKPOINT")
+        if plot or types or budgets or out_dir or calibration:
+            raise EdgeInferError("--plot, --types, --budgets, --out-dir and --calibration go "
+                                 "with --sweep")
+        r = evaluate(model, reference, body, ctx=ctx, n_threads=threads, max_tokens=max_tokens)
+        print(to_json(r) if as_json else format_table(r))
+        return
+    if model is not None:
+        raise EdgeInferError("--sweep converts the checkpoint itself: give no MODEL")
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise EdgeInferError("--plot needs matplotlib (pip install matplotlib)") from None
+    tlist = tuple(t.strip() for t in types.split(",") if t.strip()) if types else SWEEP_TYPES
+    try:
+        blist = [float(b) for b in budgets.split(",") if b.strip()] if budgets else None
+    except ValueError:
+        raise EdgeInferError(f"--budgets {budgets!r}: expected numbers, e.g. 5.0,5.5") from None
+    note = None
+    if sys.stderr.isatty():
+        note = lambda s: print(f"\r{s:<50}", end="", file=sys.stderr, flush=True)  # noqa: E731
+    points = sweep(sweep_ckpt, reference, body, types=tlist, budgets=blist, out_dir=out_dir,
+                   calibration=calibration, ctx=ctx, n_threads=threads, max_tokens=max_tokens,
+                   progress=note)
+    if note is not None:
+        print("\r" + " " * 50 + "\r", end="", file=sys.stderr)
+    if plot:
+        plot_sweep(points, plot)
+    if as_json:
+        import json
+        print(json.dumps([p.to_dict() for p in points], indent=2))
+    else:
+        print(format_sweep(points))
+        if plot:
+            print(f"plot: {plot}")
 
 
 def register(app: typer.Typer) -> None:

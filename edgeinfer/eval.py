@@ -16,7 +16,8 @@ import numpy as np
 
 from .errors import EdgeInferError
 
-__all__ = ["EvalResult", "evaluate", "compare_logits", "format_table"]
+__all__ = ["EvalResult", "evaluate", "compare_logits", "format_table", "SweepPoint", "sweep",
+           "plot_sweep", "format_sweep", "SWEEP_TYPES"]
 
 
 @dataclass
@@ -126,3 +127,122 @@ def format_table(r: EvalResult) -> str:
 
 def to_json(r: EvalResult) -> str:
     return json.dumps(r.to_dict(), indent=2)
+
+
+# ------------------------------------------------------------------ the KL-vs-size sweep
+#: Fixed types a sweep converts to by default (each also sets one `auto` budget).
+SWEEP_TYPES = ("q8_0", "q6_k", "q5_k_m", "q5_1", "q5_0", "q4_k_m", "q4_1", "q4_0")
+
+
+@dataclass
+class SweepPoint:
+    label: str               # the type, or "auto@<bpw>"
+    kind: str                # "fixed" or "auto"
+    path: str
+    bpw: float               # 8 * tensor bytes / weights
+    target_bpw: float | None
+    predicted_kl: float | None
+    result: EvalResult
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(d.pop("result"))
+        return d
+
+
+def sweep(checkpoint: str, reference: str, text: str, types=SWEEP_TYPES,
+          budgets: list[float] | None = None, out_dir: str | None = None,
+          calibration: str | None = None, ctx: int = 512, n_threads: int | None = None,
+          max_tokens: int | None = None, progress=None) -> list[SweepPoint]:
+    """Converts `checkpoint` to every type in `types` and to `auto` at each budget (bits per
+    weight; default: the bits per weight of each fixed type's file, i.e. the same sizes), and
+    evaluates each file against `reference`. Files go to out_dir (kept) or a temporary
+    directory (removed)."""
+    import tempfile
+
+    from .convert import convert_checkpoint
+
+    note = progress or (lambda s: None)
+    threads = n_threads or 0
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="edgeinfer-sweep-")
+        out_dir = tmp.name
+    os.makedirs(out_dir, exist_ok=True)
+    points: list[SweepPoint] = []
+    try:
+        def run(label, kind, path, conv_bpw, target, predicted):
+            note(f"eval {label}")
+            r = evaluate(path, reference, text, ctx=ctx, n_threads=n_threads,
+                         max_tokens=max_tokens)
+            points.append(SweepPoint(label, kind, path, conv_bpw, target, predicted, r))
+
+        fixed_bpw = []
+        for t in types:
+            note(f"convert {t}")
+            path = os.path.join(out_dir, f"{t}.gguf")
+            c = convert_checkpoint(checkpoint, path, t, n_threads=threads)
+            fixed_bpw.append(c.bpw)
+            run(t, "fixed", path, c.bpw, None, None)
+        targets = sorted(set(round(b, 4) for b in (budgets if budgets else fixed_bpw)))
+        sens = None
+        for b in targets:
+            note(f"convert auto at {b:.3f} bpw")
+            label = f"auto@{b:.2f}"
+            path = os.path.join(out_dir, f"auto-{b:.3f}.gguf")
+            c = convert_checkpoint(checkpoint, path, "auto", n_threads=threads, target_bpw=b,
+                                   calibration=calibration, sensitivity=sens)
+            sens = c.sensitivity
+            run(label, "auto", path, c.bpw, b, c.predicted_kl)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+            for p in points:
+                p.path = os.path.basename(p.path)
+    return points
+
+
+def format_sweep(points: list[SweepPoint]) -> str:
+    rows = [("file", "kind", "size", "bpw", "KL mean", "KL p99", "top-1", "ppl", "predicted")]
+    for p in points:
+        r = p.result
+        rows.append((p.label, p.kind, f"{r.size_model / 2**20:.1f} MiB", f"{p.bpw:.3f}",
+                     f"{r.kl_mean:.5f}", f"{r.kl_p99:.4f}", f"{100 * r.top1:.1f}%",
+                     f"{r.ppl_model:.3f}",
+                     "" if p.predicted_kl is None else f"{p.predicted_kl:.5f}"))
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows)
+
+
+def plot_sweep(points: list[SweepPoint], path: str, title: str | None = None) -> None:
+    """KL (log scale) against file size: fixed types as labelled points, auto as a line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EdgeInferError("--plot needs matplotlib (pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    floor = 1e-6
+    fixed = [p for p in points if p.kind == "fixed"]
+    auto = sorted((p for p in points if p.kind == "auto"), key=lambda p: p.result.size_model)
+    if fixed:
+        ax.scatter([p.result.size_model / 2**20 for p in fixed],
+                   [max(p.result.kl_mean, floor) for p in fixed], color="tab:blue",
+                   label="fixed types (llama.cpp recipes)", zorder=3)
+        for p in fixed:
+            ax.annotate(p.label, (p.result.size_model / 2**20, max(p.result.kl_mean, floor)),
+                        textcoords="offset points", xytext=(5, 4), fontsize=8)
+    if auto:
+        ax.plot([p.result.size_model / 2**20 for p in auto],
+                [max(p.result.kl_mean, floor) for p in auto], "o-", color="tab:red",
+                label="auto (sensitivity-driven)", zorder=3)
+    ax.set_yscale("log")
+    ax.set_xlabel("file size (MiB)")
+    ax.set_ylabel("mean KL(reference || model), nats/token")
+    ax.set_title(title or "KL divergence vs file size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -2,6 +2,7 @@
 header, then load -> merge LoRA -> rename/permute -> quantize -> write one tensor at a time."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,11 +16,14 @@ from ..gguf.writer import GGUFWriter
 from .arch import HParams, TensorMap
 from .checkpoint import Checkpoint
 from .lora import LoraAdapter
-from .quantize import quantize
-from .recipe import Recipe, parse_file_type, parse_keep
+from .quantize import quantize, row_nbytes
+from .recipe import AUTO, Recipe, parse_file_type, parse_keep
+from .sensitivity import Sensitivity
 from .tokenizer_meta import tokenizer_metadata
 
 __all__ = ["convert_checkpoint", "ConvertResult", "plan"]
+
+_CALIB_CTX = 256     # calibration window length (tokens, BOS included)
 
 
 @dataclass
@@ -41,6 +45,9 @@ class ConvertResult:
     type_counts: dict[str, int] = field(default_factory=dict)
     tensor_types: dict[str, str] = field(default_factory=dict)
     lora_merged: int = 0
+    bpw: float = 0.0                       # 8 * tensor bytes / weights
+    predicted_kl: float | None = None      # --type auto: the sensitivity model's prediction
+    sensitivity: "Sensitivity | None" = field(default=None, repr=False)
 
 
 def _sorted_names(hp: HParams, expected: dict[str, tuple[int, ...]], tmap: TensorMap):
@@ -81,8 +88,16 @@ def plan(ckpt: Checkpoint, hp: HParams, tmap: TensorMap) -> list[_Item]:
 def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_k_m",
                        lora_dir: str | None = None, keep: list[str] | None = None,
                        n_threads: int = 0, progress: bool | Callable = False,
-                       name: str | None = None) -> ConvertResult:
-    """Converts a Hugging Face checkpoint directory to one GGUF file (atomically)."""
+                       name: str | None = None, target_bpw: float | None = None,
+                       calibration: str | None = None, calibration_tokens: int = 512,
+                       sensitivity: "Sensitivity | None" = None) -> ConvertResult:
+    """Converts a Hugging Face checkpoint directory to one GGUF file (atomically).
+
+    file_type "auto" chooses every 2-D weight's type by its measured sensitivity on
+    `calibration` (a text file; default: the text shipped with the package, at most
+    `calibration_tokens` tokens) so that the tensor data stays within `target_bpw` bits per
+    weight; a `sensitivity` from an earlier call (ConvertResult.sensitivity) skips the
+    measurement."""
     t0 = time.perf_counter()
     ft = parse_file_type(file_type)
     keeps = parse_keep(keep)
@@ -100,10 +115,28 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                                       f"converted model does not use (tied head?)")
     tok_kv = tokenizer_metadata(ckpt, hp.n_vocab)
 
+    def load_hf(hf: str) -> np.ndarray:
+        x = ckpt.load(hf)
+        if adapter is not None and (hf in adapter.pairs or hf in adapter.replacements):
+            x = adapter.apply(hf, x)
+        return x
+
     has_output = any(it.gguf == "output.weight" for it in items)
     recipe = Recipe(ft, hp.n_layer, has_output, keeps)
-    for it in items:
-        it.type = recipe.choose(it.gguf, it.shape)
+    predicted = None
+    if ft is AUTO:
+        if target_bpw is None:
+            raise ConversionError("--type auto needs --target-bpw (bits per weight, e.g. 5.0)")
+        if sensitivity is None:
+            sensitivity = _measure(hp, tmap, tok_kv, load_hf, calibration, calibration_tokens,
+                                   n_threads, progress)
+        predicted = _auto_types(items, recipe, sensitivity, float(target_bpw))
+        ft = dataclasses.replace(AUTO, llama_ftype=_dominant_ftype(items))
+    else:
+        if target_bpw is not None or calibration is not None:
+            raise ConversionError("--target-bpw and --calibration go with --type auto")
+        for it in items:
+            it.type = recipe.choose(it.gguf, it.shape)
     unused = recipe.unused_keeps()
     if unused:
         raise ConversionError(f"--keep pattern(s) {', '.join(unused)} match no tensor "
@@ -144,10 +177,9 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                 if it.hf is None:
                     x = it.data
                 else:
-                    x = ckpt.load(it.hf)
+                    x = load_hf(it.hf)
                     if adapter is not None and (it.hf in adapter.pairs
                                                 or it.hf in adapter.replacements):
-                        x = adapter.apply(it.hf, x)
                         merged += 1
                     f = tmap.transform(it.hf)
                     if f is not None:
@@ -171,6 +203,85 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     counts: dict[str, int] = {}
     for it in items:
         counts[it.type.name] = counts.get(it.type.name, 0) + 1
+    n_el = sum(int(np.prod(it.shape)) for it in items)
     return ConvertResult(out_path, ft.name, len(items), os.path.getsize(out_path),
                          time.perf_counter() - t0, counts,
-                         {it.gguf: it.type.name for it in items}, merged)
+                         {it.gguf: it.type.name for it in items}, merged,
+                         bpw=8.0 * nbytes / n_el, predicted_kl=predicted,
+                         sensitivity=sensitivity)
+
+
+def _item_bytes(it: _Item) -> int:
+    return row_nbytes(it.type, it.shape[0]) * (int(np.prod(it.shape)) // it.shape[0])
+
+
+def _measure(hp: HParams, tmap: TensorMap, tok_kv, load_hf, calibration: str | None,
+             max_tokens: int, n_threads: int, progress) -> "Sensitivity":
+    from ..engine.tokenizer import Tokenizer
+    from .sensitivity import analyze, default_calibration_text
+
+    if calibration is None:
+        text = default_calibration_text()
+    else:
+        try:
+            with open(calibration, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConversionError(f"cannot read --calibration {calibration}: {e}") from None
+    tok = Tokenizer.from_metadata({k: v for k, v, _ in tok_kv})
+    prefix = tok.encode("", add_special=True)[:1]
+    body = tok.encode(text, add_special=False, parse_special=False)[:max(2, int(max_tokens))]
+    step = _CALIB_CTX - len(prefix)
+    windows = [prefix + body[i:i + step] for i in range(0, len(body), step)]
+    note = None
+    if progress is True:
+        import sys
+        note = lambda s: print(f"\rsensitivity: {s:<40}", end="", file=sys.stderr, flush=True)
+    sens = analyze(hp, tmap, load_hf, windows, n_threads=n_threads, progress=note)
+    if note is not None:
+        print(f"\rsensitivity: {sens.n_tokens} tokens in {sens.seconds:.1f} s" + " " * 20,
+              file=sys.stderr, flush=True)
+    return sens
+
+
+def _auto_types(items: list[_Item], recipe: Recipe, sens: "Sensitivity",
+                target_bpw: float) -> float:
+    """Sets every item's type for `--type auto`; returns the predicted mean KL."""
+    from .sensitivity import allocate
+
+    if not (0 < target_bpw <= 64):
+        raise ConversionError(f"--target-bpw {target_bpw} is out of range")
+    free, fixed = [], 0
+    for it in items:
+        t = recipe.override(it.gguf, it.shape) if len(it.shape) >= 2 else GGMLType.F32
+        if t is None and it.gguf not in sens.tensors:
+            raise ConversionError(f"no sensitivity measured for {it.gguf!r}")
+        if t is None:
+            free.append(it)
+        else:
+            it.type = t
+            fixed += _item_bytes(it)
+    n_el = sum(int(np.prod(it.shape)) for it in items)
+    budget = int(target_bpw * n_el / 8) - fixed
+    sub = dataclasses.replace(sens, tensors={it.gguf: sens.tensors[it.gguf] for it in free})
+    try:
+        types = allocate(sub, budget)
+    except ConversionError:
+        least = fixed + sum(min(b for b, _ in sens.tensors[it.gguf].cost.values())
+                            for it in free)
+        raise ConversionError(f"--target-bpw {target_bpw:g} is below the smallest file "
+                              f"--type auto can make ({8 * least / n_el:.3f} bits per "
+                              f"weight)") from None
+    for it in free:
+        it.type = GGMLType(types[it.gguf])
+    return sub.predicted_kl(types)
+
+
+def _dominant_ftype(items: list[_Item]) -> int:
+    from .sensitivity import LLAMA_FTYPE
+
+    by: dict[GGMLType, int] = {}
+    for it in items:
+        if len(it.shape) >= 2:
+            by[it.type] = by.get(it.type, 0) + _item_bytes(it)
+    return LLAMA_FTYPE.get(max(by, key=by.__getitem__), 0) if by else 0

@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import EdgeInferError
 from ..gguf.types import GGMLType, ggml_type_name
 
-__all__ = ["QUANTIZABLE_TYPES", "quantize", "row_nbytes", "can_quantize"]
+__all__ = ["QUANTIZABLE_TYPES", "quantize", "dequantize", "row_nbytes", "can_quantize"]
 
 #: Types the native quantizer can produce.
 QUANTIZABLE_TYPES = frozenset({
@@ -53,4 +53,21 @@ def quantize(x: np.ndarray, type_id: int, n_threads: int = 0) -> np.ndarray:
     out = np.empty((n_rows, rb), dtype=np.uint8)
     check(lib.ei_quantize_rows(type_id, ffi.from_buffer("float[]", x), ffi.from_buffer(out),
                                n_rows, n_cols, int(n_threads)), "ei_quantize_rows")
+    return out
+
+
+def dequantize(q: np.ndarray, type_id: int, n_cols: int) -> np.ndarray:
+    """The float32 values of `quantize`'s output `q` (rows of n_cols elements)."""
+    from .._native import check, ffi, lib
+
+    type_id = int(type_id)
+    q = np.ascontiguousarray(q, dtype=np.uint8)
+    n_rows = q.shape[0] if q.ndim > 1 else 1
+    out = np.empty((n_rows, n_cols), dtype=np.float32)
+    if type_id == GGMLType.F32:
+        out[...] = q.view(np.float32).reshape(n_rows, n_cols)
+        return out
+    check(lib.ei_kernel_dequantize(type_id, lib.EI_ISA_SCALAR, ffi.from_buffer(q),
+                                   ffi.from_buffer("float[]", out), n_rows * n_cols),
+          "ei_kernel_dequantize")
     return out

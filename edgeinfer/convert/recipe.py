@@ -8,6 +8,8 @@ Rules, for a 2-D weight (1-D tensors -- norms, biases, rope factors -- are alway
 * a K-quant whose row length is not a multiple of 256 falls back as llama.cpp does:
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (and to F16 if even that does not fit);
 * `--keep PATTERN=TYPE` (shell-style glob on the GGUF tensor name) overrides any of this.
+
+`--type auto` (AUTO) does not use these rules: see sensitivity.py.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ..errors import ConversionError
 from ..gguf.types import GGMLType as T
 from .quantize import block_elems, can_quantize
 
-__all__ = ["FileType", "FILE_TYPES", "parse_keep", "Recipe"]
+__all__ = ["FileType", "FILE_TYPES", "AUTO", "parse_keep", "Recipe"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,18 @@ _TYPE_NAMES = {t.name.lower(): t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0,
                                            T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)}
 
 
+#: `--type auto`: per-tensor types chosen by measured sensitivity under a size budget
+#: (sensitivity.py); general.file_type is then that of the type holding the most bytes.
+AUTO = FileType("auto", T.Q4_K, 15)
+
+
 def parse_file_type(name: str) -> FileType:
+    if name.lower() == "auto":
+        return AUTO
     ft = FILE_TYPES.get(name.lower())
     if ft is None:
         raise ConversionError(f"unknown output type {name!r}; choose one of "
-                              f"{', '.join(FILE_TYPES)}")
+                              f"{', '.join(FILE_TYPES)}, auto")
     return ft
 
 
@@ -92,14 +101,9 @@ class Recipe:
         if len(shape) < 2:
             return T.F32
         nx = shape[0]
-        for pat, t in reversed(self.keep):   # the last matching --keep wins
-            if fnmatch.fnmatchcase(name, pat):
-                self.keep_hits[pat] += 1
-                if not can_quantize(t, nx):
-                    raise ConversionError(f"--keep {pat}={t.name.lower()}: tensor {name!r} has "
-                                          f"rows of {nx}, not a multiple of the "
-                                          f"{t.name} block size {block_elems(t)}")
-                return t
+        kept = self.override(name, shape)
+        if kept is not None:
+            return kept
         base = self.ftype.base
         if base in _FLOAT:
             return base
@@ -119,6 +123,19 @@ class Recipe:
         if not can_quantize(t, nx):
             t = T.F16
         return t
+
+    def override(self, name: str, shape: tuple[int, ...]) -> T | None:
+        """The type the last `--keep` matching `name` asks for (checked), or None."""
+        nx = shape[0]
+        for pat, t in reversed(self.keep):   # the last matching --keep wins
+            if fnmatch.fnmatchcase(name, pat):
+                self.keep_hits[pat] += 1
+                if not can_quantize(t, nx):
+                    raise ConversionError(f"--keep {pat}={t.name.lower()}: tensor {name!r} has "
+                                          f"rows of {nx}, not a multiple of the "
+                                          f"{t.name} block size {block_elems(t)}")
+                return t
+        return None
 
     def unused_keeps(self) -> list[str]:
         return [p for p, n in self.keep_hits.items() if n == 0]
