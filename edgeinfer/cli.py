@@ -10,14 +10,14 @@ wraps it as a user message in the model's chat template. ``chat`` always uses th
 """
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
-from typing import Annotated, Any, Callable, Iterable, Optional
+from typing import Annotated, Any, Iterable, Optional
 
 import typer
 
+from .cli_errors import handle_errors
 from .errors import EdgeInferError
 from .models import DEFAULT_MODEL
 
@@ -37,41 +37,11 @@ def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def handle_errors(fn: Callable) -> Callable:
-    """Decorator for commands: EdgeInferError -> one line on stderr + exit 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EdgeInferError as e:
-            _err(f"error: {e}")
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            _err("")
-            raise typer.Exit(130) from None
-        except BrokenPipeError:  # `edgeinfer run ... | head`: stop quietly
-            try:  # point stdout at /dev/null so the flush at exit does not complain again
-                import os
-
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
-            raise typer.Exit(0) from None
-
-    return wrapper
-
-
 def _load_engine(model: str, ctx: int, threads: Optional[int], device: str):
     from . import load
     from .models import resolve_model
 
     path = resolve_model(model)  # a clear ModelNotFoundError before anything heavy
-    try:
-        from .engine import engine as _engine_mod  # noqa: F401
-    except ImportError as e:
-        raise EdgeInferError(f"the inference engine is not available in this build ({e})") from e
     return load(str(path), n_ctx=ctx, n_threads=threads, device=device)
 
 

@@ -1,32 +1,17 @@
 """`edgeinfer bench` (registered on the main app by cli.py); the measuring is in bench.py."""
 from __future__ import annotations
 
-import functools
 import sys
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from .errors import EdgeInferError
+from .cli_errors import handle_errors
 
 __all__ = ["bench", "register"]
 
 
-def _errors(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (EdgeInferError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            print("\ninterrupted", file=sys.stderr, flush=True)
-            raise typer.Exit(130) from None
-    return wrapper
-
-
-@_errors
+@handle_errors
 def bench(
     model: Annotated[str, typer.Argument(help="A .gguf file or a known model name "
                                          "('default' = the shipped SmolLM2 Q4_1).")] = "default",

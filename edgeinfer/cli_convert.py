@@ -1,34 +1,19 @@
 """`edgeinfer convert` and `edgeinfer eval` (registered on the main app by cli.py)."""
 from __future__ import annotations
 
-import functools
 import sys
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 
+from .cli_errors import handle_errors
 from .errors import EdgeInferError
 
 __all__ = ["convert", "eval_cmd", "register"]
 
 _TYPES = "q4_k_m|q5_k_m|q4_0|q4_1|q5_0|q5_1|q8_0|q6_k|f16|bf16|f32|auto"
 
-
-def _errors(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EdgeInferError as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            print("\ninterrupted (no output file written)", file=sys.stderr, flush=True)
-            raise typer.Exit(130) from None
-    return wrapper
-
-
-@_errors
+@handle_errors
 def convert(
     checkpoint: Annotated[str, typer.Argument(help="Hugging Face checkpoint directory "
                                               "(config.json, *.safetensors, tokenizer files).")],
@@ -63,7 +48,7 @@ def convert(
           f"{r.nbytes / 2**20:.1f} MiB in {r.seconds:.1f} s{auto}", file=sys.stderr)
 
 
-@_errors
+@handle_errors
 def eval_cmd(
     model: Annotated[Optional[str], typer.Argument(help="GGUF model to evaluate (omit with "
                                                    "--sweep).")] = None,

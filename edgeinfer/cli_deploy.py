@@ -1,30 +1,15 @@
 """`edgeinfer doctor` and `edgeinfer plan` (registered on the main app by cli.py)."""
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from .errors import EdgeInferError
+from .cli_errors import handle_errors
 
 __all__ = ["doctor", "plan_cmd", "register"]
-
-
-def _errors(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (EdgeInferError, ValueError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-    return wrapper
-
 
 def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
     if not text:
@@ -38,7 +23,7 @@ def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
     return vals
 
 
-@_errors
+@handle_errors
 def doctor(
     model: Annotated[Optional[str], typer.Argument(
         help="Optional model (path or known name): report the largest --ctx x --slots that fits.")] = None,
@@ -54,7 +39,7 @@ def doctor(
     sys.stdout.write((json.dumps(rep, indent=2) if as_json else format_report(rep)) + "\n")
 
 
-@_errors
+@handle_errors
 def plan_cmd(
     model: Annotated[str, typer.Argument(help="Model: a .gguf path or a known model name.")],
     memory: Annotated[Optional[str], typer.Option(
