@@ -1,7 +1,6 @@
 """Shared fixtures: the real model (SmolLM2-135M-Instruct Q4_1) and the llama.cpp oracle."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

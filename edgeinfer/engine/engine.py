@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError
+from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig
 from ..model.native_model import NativeModel
@@ -44,8 +44,6 @@ class Engine:
         self.ring = ring
         self.n_ctx = ring.capacity
         self._step_lock = threading.RLock()
-        # One logits row per slot: concurrent sequences never share an output buffer.
-        self._slot_logits = np.empty((ring.n_slots, 1, cfg.n_vocab), dtype=np.float32)
         self.scheduler = Scheduler(self, max_queue=max_queue)
 
     # ------------------------------------------------------------------ loading
@@ -205,28 +203,3 @@ class Engine:
             n = len(tokens)
             return self.runtime.forward(np.asarray(tokens, dtype=np.int32), np.full(n, slot, dtype=np.int32),
                                         pos, cells, out_rows, logits)
-
-    def _prefill(self, slot: int, ids: list[int]) -> tuple[np.ndarray, int]:
-        """Feeds the prompt, reusing the slot's common prefix; returns last logits and tokens reused."""
-        with self._step_lock:
-            keep = min(self.ring.common_prefix(slot, ids), len(ids) - 1)
-            self.ring.truncate(slot, keep)
-            self.runtime.forget_from(slot, keep)
-        rest = ids[keep:]
-        i = 0
-        logits = None
-        while i < len(rest):
-            limit = self.ring.max_chunk(slot) or len(rest)
-            n = min(len(rest) - i, self.runtime.max_batch, max(1, limit))
-            last = i + n == len(rest)
-            out_rows = np.array([n - 1], dtype=np.int32) if last else np.empty(0, dtype=np.int32)
-            logits = self._step(slot, rest[i:i + n], out_rows, self._slot_logits[slot] if last else None)
-            i += n
-        return logits[0].copy(), keep
-
-    def _decode(self, slot: int, token: int) -> np.ndarray:
-        return self._step(slot, [token], np.zeros(1, dtype=np.int32), self._slot_logits[slot])[0]
-
-    def _has_room(self, slot: int) -> bool:
-        room = self.ring.room(slot)
-        return room is None or room > 0
