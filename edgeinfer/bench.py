@@ -376,7 +376,22 @@ class LlamaCppRunner(Runner):
 
 
 class OrtGenaiRunner(Runner):
-    """ONNX Runtime GenAI on a model directory (genai_config.json + model.onnx)."""
+    """ONNX Runtime GenAI on a model directory (genai_config.json + model.onnx), e.g. the int4
+    CPU model that ``scripts/make_ort_model.py`` makes with ORT GenAI's own builder.
+
+    Threads: ``model.decoder.session_options.intra_op_num_threads`` (overlaid on the
+    directory's genai_config.json; ``inter_op_num_threads`` 1) is the only thread control
+    ORT GenAI has on CPU: it sizes onnxruntime's intra-op pool (the calling thread plus
+    threads - 1 workers). Greedy search (``do_sample=False``); ``min_length`` = ``max_length``
+    so that an EOS never ends a timed loop early (edgeinfer and llama.cpp ignore EOS too).
+
+    Step accounting: ``append_tokens`` runs the prompt through the model (all positions:
+    the builder's default graph computes logits for every prompt token). A later
+    ``generate_next_token`` first runs the forward for the token picked by the previous
+    call (if any), then picks the next token from the logits. So the first call after
+    ``append_tokens`` only picks (no forward): ``tg`` makes it untimed, then times ``n``
+    calls = ``n`` one-token forwards, each followed by the greedy pick, like the others.
+    """
 
     engine = "ort-genai"
 
@@ -384,13 +399,15 @@ class OrtGenaiRunner(Runner):
         d = Path(model_dir).expanduser()
         if not (d / "genai_config.json").is_file():
             raise _Skip(f"{d} is not an ONNX Runtime GenAI model directory (no genai_config.json); "
-                        f"make one with: python -m onnxruntime_genai.models.builder -p int4 -e cpu "
-                        f"-m <hf model> -o {d}")
+                        f"make one with: python scripts/make_ort_model.py --out {d} (ORT GenAI's "
+                        f"builder: python -m onnxruntime_genai.models.builder -i <hf dir> -o {d} "
+                        f"-p int4 -e cpu)")
         try:
             import onnxruntime_genai as og
         except ImportError as e:
             raise _Skip(f"onnxruntime-genai is not installed ({e}); pip install onnxruntime-genai") from None
         self.og = og
+        self.threads = threads
         try:
             cfg = og.Config(str(d))
             cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {
@@ -400,15 +417,46 @@ class OrtGenaiRunner(Runner):
             raise _Skip(f"onnxruntime-genai could not load {d}: {e}") from None
         self.n_ctx = n_ctx
         try:
-            self.n_vocab = int(json.loads((d / "genai_config.json").read_text())["model"]["vocab_size"])
+            gcfg = json.loads((d / "genai_config.json").read_text())["model"]
         except Exception:
-            self.n_vocab = 0
+            gcfg = {}
+        self.n_vocab = int(gcfg.get("vocab_size", 0) or 0)
+        self.kv_bytes = self._kv_bytes(d, gcfg, n_ctx)
         self.label = f"ort-genai {getattr(og, '__version__', '')}".strip()
+
+    @staticmethod
+    def _kv_bytes(d: Path, gcfg: dict, n_ctx: int) -> Optional[int]:
+        """K and V for n_ctx cells, in the dtype of the model's past_key_values inputs (the
+        generator allocates them for max_length = the cells a test needs, at most n_ctx)."""
+        try:
+            dec = gcfg["decoder"]
+            n_layer, n_kv, hd = (int(dec["num_hidden_layers"]), int(dec["num_key_value_heads"]),
+                                 int(dec["head_size"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        elem = 4  # float32, the CPU builder's KV type
+        try:
+            import onnx
+
+            m = onnx.load(str(d / dec.get("filename", "model.onnx")), load_external_data=False)
+            for i in m.graph.input:
+                if i.name.startswith("past_key_values"):
+                    elem = {1: 4, 10: 2, 16: 2}.get(i.type.tensor_type.elem_type, 4)
+                    break
+        except Exception:
+            pass
+        return n_ctx * n_layer * 2 * n_kv * hd * elem
 
     def _generator(self, max_length: int):
         params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=max_length, do_sample=False, batch_size=1)
+        params.set_search_options(max_length=max_length, min_length=max_length, do_sample=False,
+                                  batch_size=1)
         return self.og.Generator(self.model, params)
+
+    def _step(self, g) -> None:
+        if g.is_done():
+            raise RuntimeError("ort-genai generator stopped early (EOS or max_length)")
+        g.generate_next_token()
 
     def pp(self, ids: list[int]) -> float:
         g = self._generator(len(ids) + 1)
@@ -419,11 +467,12 @@ class OrtGenaiRunner(Runner):
         return dt
 
     def tg(self, prefix: list[int], n: int) -> float:
-        g = self._generator(len(prefix) + n + 1)
+        g = self._generator(len(prefix) + n + 2)
         g.append_tokens(np.asarray(prefix, dtype=np.int32))
+        self._step(g)                 # picks the first token from the prompt's logits (untimed)
         t0 = time.perf_counter()
         for _ in range(n):
-            g.generate_next_token()   # picks the greedy token, then one forward step
+            self._step(g)             # one forward of the last token, then the greedy pick
         dt = time.perf_counter() - t0
         del g
         return dt
@@ -432,9 +481,10 @@ class OrtGenaiRunner(Runner):
         g = self._generator(len(ids) + n + 1)
         t0 = time.perf_counter()
         g.append_tokens(np.asarray(ids, dtype=np.int32))
+        self._step(g)                 # the first output token
         t1 = time.perf_counter()
         for _ in range(n - 1):
-            g.generate_next_token()
+            self._step(g)
         t2 = time.perf_counter()
         del g
         return t1 - t0, ((t2 - t1) / (n - 1) if n > 1 else 0.0)
@@ -479,6 +529,8 @@ def _rss_probe(args: dict) -> dict:
 
     if args["kind"] == "llama.cpp":
         import llama_cpp  # noqa: F401
+    elif args["kind"] == "ort-genai":
+        import onnxruntime_genai  # noqa: F401
     else:
         from . import load  # noqa: F401
     base = _maxrss_bytes()

@@ -27,7 +27,7 @@ def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
 def doctor(
     model: Annotated[Optional[str], typer.Argument(
         help="Optional model (path or known name): report the largest --ctx x --slots that fits.")] = None,
-    kv: Annotated[str, typer.Option("--kv", help="KV cache type for the fit: f16 | q8_0 (planned).")] = "f16",
+    kv: Annotated[str, typer.Option("--kv", help="KV cache type for the fit: f16 | q8_0.")] = "f16",
     max_batch: Annotated[int, typer.Option("--max-batch", help="Tokens per forward call.")] = 256,
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads (default: physical cores).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
@@ -45,7 +45,7 @@ def plan_cmd(
     memory: Annotated[Optional[str], typer.Option(
         "--memory", "-m", help="Memory budget: 8GB (decimal), 7.5GiB or 8G (binary), or bytes. "
         "Default: memory available now.")] = None,
-    kv: Annotated[str, typer.Option("--kv", help="KV cache type: f16 | q8_0 (planned, not in the runtime yet).")] = "f16",
+    kv: Annotated[str, typer.Option("--kv", help="KV cache type: f16 | q8_0.")] = "f16",
     ctx: Annotated[Optional[str], typer.Option("--ctx", "-c", help="Contexts, comma-separated "
                                                 "(default: 512 .. the trained context).")] = None,
     slots: Annotated[Optional[str], typer.Option("--slots", "-s", help="Slot counts, comma-separated "
@@ -75,7 +75,7 @@ def plan_cmd(
     rows = P.plan_grid(m, ctxs, slot_list, kv=kv, memory=budget, max_batch=max_batch, n_threads=threads)
     fits = P.largest_fit(m, budget, slot_list, kv, max_batch, threads) if budget else {}
     if as_json:
-        out = {"model": m.name, "path": m.path, "memory": budget, "kv": kv, "kv_implemented": P.KV_TYPES[kv][1],
+        out = {"model": m.name, "path": m.path, "memory": budget, "kv": kv,
                "max_batch": max_batch, "rows": [r.as_dict() for r in rows],
                "largest_ctx_by_slots": {str(k): v for k, v in fits.items()}}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
@@ -87,9 +87,8 @@ def plan_cmd(
     w(f"budget    {H(budget) if budget else '?'} ({budget_src})\n")
     w(f"weights   {H(m.weights_bytes)} (tensor bytes, memory-mapped)\n")
     per_tok = P.kv_bytes(m, 1, 1, kv)
-    note = "" if P.KV_TYPES[kv][1] else "  [PLANNED: q8_0 KV is not implemented in the runtime yet]"
     w(f"KV        {kv}: {H(per_tok)} per token per slot "
-      f"(2 x {m.n_layer} x {m.n_head_kv} x {m.head_dim} x {P.KV_TYPES[kv][0]:g} B){note}\n")
+      f"(2 x {m.n_layer} x {m.n_head_kv} x {m.head_dim} x {P.KV_TYPES[kv]:g} B)\n")
     w(f"buffers   max_batch {max_batch}; overhead ~{H(P.overhead_bytes(m, 1))} (Python, tokenizer; estimate)\n\n")
     # table: one line per (ctx, slots)
     w(f"{'ctx':>7} {'slots':>5} {'KV':>11} {'buffers':>11} {'total':>11}  fits\n")

@@ -35,6 +35,8 @@ def serve_cmd(
                                           "context (400); slide: keep going in constant memory.")] = "stop",
     drain_timeout: Annotated[float, typer.Option("--drain-timeout", help="On SIGTERM, seconds to let "
                                                  "in-flight requests finish.")] = 30.0,
+    kv: Annotated[str, typer.Option("--kv", help="KV arena type: f16, or q8_0 (half the memory, "
+                                    "a little accuracy).")] = "f16",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     from .server import serve
@@ -47,10 +49,13 @@ def serve_cmd(
     if overflow not in ("stop", "slide"):
         print("error: --overflow must be stop or slide", file=sys.stderr)
         raise typer.Exit(2)
+    if kv not in ("f16", "q8_0"):
+        print("error: --kv must be f16 or q8_0", file=sys.stderr)
+        raise typer.Exit(2)
     try:
         serve(model, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
               max_queue=max_queue, max_body=max_body, drain_timeout_s=drain_timeout, overflow=overflow,
-              max_batch=max(max_batch, slots))
+              max_batch=max(max_batch, slots), kv_type=kv)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(1) from None

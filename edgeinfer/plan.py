@@ -14,7 +14,7 @@ Total = weights + KV arena + working buffers + process overhead, where
 
 ``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
 ``engine.runtime.scratch_bytes``) to well within 5% (tests/test_doctor_plan.py).
-q8_0 KV is shown as *planned*: the runtime does not implement it yet.
+Both KV types the runtime implements are planned: f16 (the default) and q8_0 (``kv_type="q8_0"``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # bytes per KV element; "implemented" is whether ei_runtime_create accepts it today
-KV_TYPES = {"f16": (2.0, True), "q8_0": (34 / 32, False)}
+KV_TYPES = {"f16": 2.0, "q8_0": 34 / 32}   # bytes per K or V element
 DEFAULT_CTXS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_SLOTS = (1, 2, 4, 8)
 DEFAULT_MAX_BATCH = 256          # Engine.load's default
@@ -90,7 +90,7 @@ def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16") -> int:
     """The KV arena: 2 x n_layers x n_kv_heads x head_dim x capacity x bytes/element x n_slots."""
     if kv not in KV_TYPES:
         raise ValueError(f"kv must be one of {sorted(KV_TYPES)}, got {kv!r}")
-    per_elem = KV_TYPES[kv][0]
+    per_elem = KV_TYPES[kv]
     return int(round(2 * m.n_layer * m.n_head_kv * m.head_dim * ctx * per_elem * slots))
 
 
@@ -134,7 +134,6 @@ class PlanRow:
     overhead: int
     total: int
     fits: Optional[bool] = None
-    planned_only: bool = False   # the KV type is not implemented in the runtime yet
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -148,8 +147,7 @@ def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optio
     ovh = overhead_bytes(m, slots)
     total = m.weights_bytes + kvb + scr + ovh
     row = PlanRow(ctx=ctx, slots=slots, kv=kv, weights=m.weights_bytes, kv_bytes=kvb, scratch=scr,
-                  overhead=ovh, total=total, fits=None if memory is None else total <= memory,
-                  planned_only=not KV_TYPES[kv][1])
+                  overhead=ovh, total=total, fits=None if memory is None else total <= memory)
     if m.n_ctx_train and ctx > m.n_ctx_train:
         row.notes.append(f"ctx above the trained context ({m.n_ctx_train})")
     return row

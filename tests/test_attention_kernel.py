@@ -9,12 +9,12 @@ from edgeinfer._native import ffi, lib
 ISAS = [i for i in (lib.EI_ISA_SCALAR, lib.EI_ISA_AVX2, lib.EI_ISA_AVX512) if lib.ei_isa_supported(i)]
 
 
-def attend(isa, q, k, v, cell_pos, pos):
+def attend(isa, q, k, v, cell_pos, pos, kv_type=lib.EI_TYPE_F16):
     g, hd = q.shape
     out = np.zeros((g, hd), np.float32)
-    st = lib.ei_kernel_attention(isa, ffi.from_buffer("float[]", q), g, ffi.from_buffer("uint16_t[]", k),
-                                 ffi.from_buffer("uint16_t[]", v), ffi.from_buffer("int32_t[]", cell_pos),
-                                 len(cell_pos), pos, hd, ffi.from_buffer("float[]", out))
+    st = lib.ei_kernel_attention(isa, ffi.from_buffer("float[]", q), g, ffi.from_buffer(k), ffi.from_buffer(v),
+                                 kv_type, ffi.from_buffer("int32_t[]", cell_pos), len(cell_pos), pos, hd,
+                                 ffi.from_buffer("float[]", out))
     assert st == 0
     return out
 
@@ -50,6 +50,39 @@ def test_attention_matches_exact_math(n_cells, hd, g):
         assert nmse <= 1e-10, (isa, nmse)
 
 
+def q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows quantized to GGUF Q8_0 blocks with the gguf package, and their exact dequantized values."""
+    from gguf import GGMLQuantizationType as T, quants
+
+    raw = quants.quantize(x.astype(np.float32), T.Q8_0)
+    return np.ascontiguousarray(raw), quants.dequantize(raw, T.Q8_0).astype(np.float64)
+
+
+@pytest.mark.parametrize("n_cells,hd,g", [(9, 64, 3), (300, 64, 3), (520, 128, 2), (70, 32, 1)])
+def test_attention_over_q8_0_kv(n_cells, hd, g):
+    """A Q8_0 KV arena: the kernel computes the exact softmax over the dequantized rows."""
+    pytest.importorskip("gguf")
+    rng = np.random.default_rng(n_cells + hd)
+    q = (rng.standard_normal((g, hd)) * 2).astype(np.float32)
+    k_raw, k = q8_0_rows(rng.standard_normal((n_cells, hd)))
+    v_raw, v = q8_0_rows(rng.standard_normal((n_cells, hd)))
+    cell_pos = np.arange(n_cells, dtype=np.int32)
+    pos = n_cells - 1 - n_cells // 4
+    vis = cell_pos <= pos
+    s = q.astype(np.float64) @ k[vis].T / np.sqrt(hd)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    ref = (p / p.sum(axis=1, keepdims=True)) @ v[vis]
+    for isa in ISAS:
+        out = attend(isa, q, k_raw, v_raw, cell_pos, pos, kv_type=lib.EI_TYPE_Q8_0)
+        assert np.abs(out - ref).max() < 1e-5, isa
+
+
 def test_attention_rejects_bad_arguments():
-    assert lib.ei_kernel_attention(lib.EI_ISA_SCALAR, ffi.NULL, 1, ffi.NULL, ffi.NULL, ffi.NULL, 1, 0, 64,
-                                   ffi.NULL) == lib.EI_ERR_INVALID_ARG
+    assert lib.ei_kernel_attention(lib.EI_ISA_SCALAR, ffi.NULL, 1, ffi.NULL, ffi.NULL, lib.EI_TYPE_F16, ffi.NULL,
+                                   1, 0, 64, ffi.NULL) == lib.EI_ERR_INVALID_ARG
+    q = np.zeros(48, np.float32)
+    kv = np.zeros(48, np.uint16)
+    cp = np.zeros(1, np.int32)
+    assert lib.ei_kernel_attention(lib.EI_ISA_SCALAR, ffi.from_buffer("float[]", q), 1, ffi.from_buffer(kv),
+                                   ffi.from_buffer(kv), lib.EI_TYPE_Q8_0, ffi.from_buffer("int32_t[]", cp), 1, 0,
+                                   48, ffi.from_buffer("float[]", q)) == lib.EI_ERR_UNSUPPORTED

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from edgeinfer.bench import (SCHEMA, BenchConfig, Spread, _parse_peer, format_table, parse_threads,
@@ -148,3 +149,69 @@ def test_helpers():
     cfg = BenchConfig(pp=512, tg=128, ctx_depth=1500)
     assert cfg.effective_ctx() == 1792 and cfg.effective_ctx() % 256 == 0
     assert BenchConfig(pp=512, tg=128).effective_ctx() == 512
+
+
+@pytest.fixture(scope="module")
+def ort_model_dir(smollm2_path, tmp_path_factory):
+    """The ORT GenAI int4 model of scripts/make_ort_model.py: the cached one if it exists,
+    else built here (HF checkpoint rebuilt from the GGUF, then ORT GenAI's builder)."""
+    pytest.importorskip("onnxruntime_genai")
+    from edgeinfer.models import cache_dir
+
+    cached = cache_dir() / "ort" / "smollm2-int4"
+    if (cached / "genai_config.json").is_file():
+        return cached
+    for mod in ("onnx", "onnx_ir", "torch", "transformers", "gguf"):
+        pytest.importorskip(mod, reason=f"building the ORT model needs {mod}")
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "make_ort_model", Path(__file__).resolve().parent.parent / "scripts" / "make_ort_model.py")
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    tmp = tmp_path_factory.mktemp("ort")
+    assert mk.main(["--gguf", str(smollm2_path), "--hf-dir", str(tmp / "hf"),
+                    "--out", str(tmp / "ort")]) == 0
+    return tmp / "ort"
+
+
+@pytest.mark.slow
+def test_bench_compare_ort_genai(smollm2_path, ort_model_dir):
+    """The ORT GenAI peer on a real int4 model directory (skips without onnxruntime-genai):
+    interleaved with edgeinfer, every field present, ratios computed, nothing skipped."""
+    cfg = BenchConfig(model=str(smollm2_path), threads=[1], pp=16, tg=4, reps=1, prompt_len=8,
+                      output_len=3, compare=[f"ort-genai:{ort_model_dir}"], isolated_rss=False,
+                      ctx_depth=24)
+    d = run_bench(cfg).to_dict()
+    assert d["skipped"] == []
+    assert [r["engine"] for r in d["runs"]] == ["edgeinfer", "ort-genai"]
+    for r in d["runs"]:
+        _check_run(r, 16, 4, 1, depth=24, priced=False, isolated=False)
+    ort = d["runs"][1]
+    assert ort["label"].startswith("ort-genai") and ort["scratch_bytes"] is None
+    # K and V, f32, for n_ctx cells: 30 layers x 3 KV heads x 64
+    assert ort["kv_bytes"] == d["config"]["n_ctx"] * 30 * 2 * 3 * 64 * 4
+    (ratio,) = d["ratios"]
+    assert ratio["peer"] == "ort-genai" and ratio["tg"] > 0 and ratio["tpot"] > 0
+    assert d["system"]["onnxruntime_genai"]
+
+
+def test_ort_genai_runner_steps(ort_model_dir):
+    """tg(prefix, n) runs exactly n one-token forwards after the prompt: the sequence ends
+    n + 1 tokens past the prefix (the untimed first pick, then n forward+pick steps)."""
+    pytest.importorskip("onnxruntime_genai")
+    from edgeinfer.bench import OrtGenaiRunner
+
+    r = OrtGenaiRunner(str(ort_model_dir), threads=1, n_ctx=256)
+    assert r.n_vocab == 49152
+    prefix = list(range(1000, 1016))
+    g = r._generator(len(prefix) + 6)
+    g.append_tokens(np.asarray(prefix, dtype=np.int32))
+    for _ in range(1 + 4):
+        r._step(g)
+    assert g.token_count() == len(prefix) + 5
+    assert r.tg(prefix, 4) > 0
+    ttft, tpot = r.ttft_tpot(prefix, 3)
+    assert ttft > 0 and tpot > 0
+    r.close()

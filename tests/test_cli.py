@@ -342,3 +342,10 @@ def test_real_chat(smollm2_path):
                       input="Hi!\n/exit\n")
     assert r.exit_code == 0, r.output
     assert r.stdout.strip()
+
+
+def test_serve_rejects_an_unknown_kv_type():
+    from edgeinfer.cli import app as main_app
+
+    r = CliRunner().invoke(main_app, ["serve", "--kv", "q4_0", "--port", "1"])
+    assert r.exit_code == 2 and "--kv must be f16 or q8_0" in r.output

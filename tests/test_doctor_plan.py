@@ -20,19 +20,21 @@ runner = CliRunner()
 
 # ------------------------------------------------------------------ plan vs the engine
 
-@pytest.mark.parametrize("ctx,slots,max_batch", [(512, 1, 256), (2048, 2, 64), (4096, 4, 128)])
-def test_plan_matches_engine_allocation(smollm2_path, ctx, slots, max_batch):
+@pytest.mark.parametrize("ctx,slots,max_batch,kv", [(512, 1, 256, "f16"), (2048, 2, 64, "f16"),
+                                                    (4096, 4, 128, "f16"), (2048, 2, 64, "q8_0")])
+def test_plan_matches_engine_allocation(smollm2_path, ctx, slots, max_batch, kv):
     from edgeinfer.engine.engine import Engine
 
     m = P.model_shape(smollm2_path)
-    eng = Engine.load(smollm2_path, n_ctx=ctx, n_slots=slots, max_batch=max_batch, n_threads=2)
+    eng = Engine.load(smollm2_path, n_ctx=ctx, n_slots=slots, max_batch=max_batch, n_threads=2, kv_type=kv)
     try:
         info = eng.info()
-        row = P.plan_one(m, ctx, slots, max_batch=max_batch, n_threads=eng.runtime.n_threads)
-        kv, scratch = info["kv_bytes"], eng.runtime.scratch_bytes
-        assert abs(row.kv_bytes - kv) <= 0.05 * kv, (row.kv_bytes, kv)
+        assert info["kv_type"] == kv
+        row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=eng.runtime.n_threads)
+        kv_b, scratch = info["kv_bytes"], eng.runtime.scratch_bytes
+        assert abs(row.kv_bytes - kv_b) <= 0.05 * kv_b, (row.kv_bytes, kv_b)
         assert abs(row.scratch - scratch) <= 0.05 * scratch, (row.scratch, scratch)
-        measured = m.weights_bytes + kv + scratch
+        measured = m.weights_bytes + kv_b + scratch
         planned = row.weights + row.kv_bytes + row.scratch
         assert abs(planned - measured) <= 0.05 * measured
         # weights are the file's tensor bytes: what the engine maps, a little under the file size
@@ -49,8 +51,6 @@ def test_kv_formula_from_the_design():
     assert P.kv_bytes(m, 2048, 3, "q8_0") == int(2 * 30 * 3 * 64 * 2048 * 34 / 32 * 3)
     with pytest.raises(ValueError):
         P.kv_bytes(m, 2048, 1, "q4_0")
-    assert not P.plan_one(m, 1024, 1, "f16").planned_only
-    assert P.plan_one(m, 1024, 1, "q8_0").planned_only
 
 
 def test_largest_fit_is_the_boundary():
@@ -89,9 +89,9 @@ def test_plan_cli(smollm2_path):
                             "--ctx", "1024", "--slots", "1"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert d["kv"] == "q8_0" and d["kv_implemented"] is False and d["rows"][0]["planned_only"]
+    assert d["kv"] == "q8_0" and d["rows"][0]["kv_bytes"] == 2 * 30 * 3 * 64 * 1024 * 34 // 32
     r = runner.invoke(app, ["plan", str(smollm2_path), "--kv", "q8_0"])
-    assert r.exit_code == 0 and "PLANNED" in r.output
+    assert r.exit_code == 0 and "1.0625 B" in r.output
     # a budget too small for anything: plan still answers, and says so
     r = runner.invoke(app, ["plan", str(smollm2_path), "--memory", "50MB", "--ctx", "512", "--slots", "1"])
     assert r.exit_code == 0 and " NO" in r.output and "none" in r.output

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
+from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig
 from ..model.native_model import NativeModel
@@ -50,7 +50,7 @@ class Engine:
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",
              n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
-             isa: str = "best", max_queue: int = 256) -> "Engine":
+             isa: str = "best", max_queue: int = 256, kv_type: str = "f16") -> "Engine":
         from ..models import resolve_model
 
         if device not in DEVICES:
@@ -67,13 +67,16 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         native = NativeModel(gguf, cfg)
+        if backend == "cuda" and kv_type != "f16":
+            raise UnsupportedTypeError(f"kv_type={kv_type!r}: the CUDA backend keeps an f16 KV arena")
         if backend == "cuda":   # weights go to the device; on integrated memory drop the host pages
             runtime = CudaRuntime(gguf, cfg, n_slots=n_slots, n_ctx=n_ctx, max_batch=max_batch, device=dev,
                                   drop_host_pages=dev.integrated)
         else:
             runtime = NativeRuntime(native, n_threads=n_threads, n_slots=n_slots, n_ctx=n_ctx,
                                     n_sink=min(n_sink, n_ctx // 4), max_batch=max_batch, isa=isa,
-                                    drop_packed_source=True)   # the kernels read their packed copy
+                                    drop_packed_source=True,   # the kernels read their packed copy
+                                    kv_type=kv_type)
         ring = KVRing(n_slots, n_ctx, n_sink=min(n_sink, n_ctx // 4), overflow=overflow)
         log.info("loaded %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name, cfg.arch,
                  cfg.n_layer, runtime.kv_bytes / 2**20, n_slots, n_ctx)
@@ -167,7 +170,7 @@ class Engine:
             "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_head_kv": cfg.n_head_kv,
             "n_ff": cfg.n_ff, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_ctx": self.n_ctx,
             "n_slots": self.ring.n_slots, "n_sink": self.ring.n_sink, "overflow": self.ring.overflow,
-            "kv_bytes": self.runtime.kv_bytes, "scratch_bytes": self.runtime.scratch_bytes,
+            "kv_bytes": self.runtime.kv_bytes, "kv_type": getattr(self.runtime, "kv_type", "f16"), "scratch_bytes": self.runtime.scratch_bytes,
             "packed_weight_bytes": getattr(self.runtime, "packed_bytes", 0),
             "n_threads": self.runtime.n_threads, "isa": self.runtime.isa_name,
             "device": getattr(self.runtime, "device_kind", "cpu"),

@@ -6,6 +6,7 @@ import numpy as np
 from .._native import check, ffi, lib
 from .native_model import NativeModel
 
+KV_TYPES = {"f16": lib.EI_TYPE_F16, "q8_0": lib.EI_TYPE_Q8_0}
 ISA_NAMES = {"best": lib.EI_ISA_BEST, "scalar": lib.EI_ISA_SCALAR, "avx2": lib.EI_ISA_AVX2,
              "avx512": lib.EI_ISA_AVX512, "neon": lib.EI_ISA_NEON}
 
@@ -21,16 +22,20 @@ class NativeRuntime:
     """
 
     def __init__(self, model: NativeModel, *, n_threads: int | None, n_slots: int, n_ctx: int,
-                 n_sink: int, max_batch: int, isa: str = "best", drop_packed_source: bool = False):
+                 n_sink: int, max_batch: int, isa: str = "best", drop_packed_source: bool = False,
+                 kv_type: str = "f16"):
         if isa not in ISA_NAMES:
             raise ValueError(f"isa must be one of {sorted(ISA_NAMES)}, got {isa!r}")
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        self.kv_type = kv_type
         self.model = model
         self.n_vocab = model.cfg.n_vocab
         self.max_batch = max_batch
         p = ffi.new("ei_runtime_params *")
         p.n_threads = n_threads or 0
         p.n_slots, p.n_ctx, p.n_sink, p.max_batch = n_slots, n_ctx, n_sink, max_batch
-        p.kv_type = lib.EI_TYPE_F16
+        p.kv_type = KV_TYPES[kv_type]
         p.isa = ISA_NAMES[isa]
         p.drop_packed_source = int(drop_packed_source)
         out = ffi.new("ei_runtime **")

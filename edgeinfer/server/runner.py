@@ -110,7 +110,7 @@ class ServerThread:
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots: int = 4,
           n_ctx: int = 2048, n_threads: int | None = None, api_key: str | None = None,
           max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY, drain_timeout_s: float = 30.0,
-          overflow: str = "stop", max_batch: int = 256,
+          overflow: str = "stop", max_batch: int = 256, kv_type: str = "f16",
           on_ready: Callable[[str], None] | None = None) -> None:
     """Blocks serving until SIGTERM / SIGINT. Listens at once; the model loads in the
     background (/health answers 503 until it is ready, or if loading failed)."""
@@ -134,7 +134,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
                 pass
 
         def _load():
-            return load(name, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow,
+            return load(name, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow, kv_type=kv_type,
                         max_batch=max_batch, max_queue=max_queue)
 
         async def loader() -> None:

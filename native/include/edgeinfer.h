@@ -75,9 +75,10 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
                            const float *x, int64_t n_tok, float *y, int n_threads);
 
 /* out[j * hd ..] for query heads j < g: softmax(q_j . K / sqrt(hd)) V over the
- * n_cells f16 rows of K and V whose cell_pos is in [0, pos], computed exactly as
- * the forward pass does (fixed chunks of cells, partials merged in order). */
-ei_status ei_kernel_attention(int isa, const float *q, int g, const uint16_t *k, const uint16_t *v,
+ * n_cells rows of K and V (kv_type EI_TYPE_F16 or EI_TYPE_Q8_0) whose cell_pos is
+ * in [0, pos], computed exactly as the forward pass does (fixed chunks of cells,
+ * partials merged in order). */
+ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, const void *v, int kv_type,
                               const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out);
 
 /* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
@@ -138,7 +139,7 @@ typedef struct {
     int32_t n_ctx;         /* KV cells per slot (ring capacity) */
     int32_t n_sink;        /* cells [0, n_sink) are never overwritten */
     int32_t max_batch;     /* most tokens one forward call may carry */
-    int32_t kv_type;       /* EI_TYPE_F16 */
+    int32_t kv_type;       /* EI_TYPE_F16, or EI_TYPE_Q8_0 (half the bytes; head_dim % 32 == 0) */
     int32_t isa;           /* EI_ISA_BEST, or a forced level for tests */
     int32_t drop_packed_source; /* 1: weights are a read-only file mapping; once a tensor is
                                    packed, its pages are dropped (madvise) to keep RSS low */

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "edgeinfer.h"
 #include "common.h"
@@ -20,10 +21,52 @@ static void empty_part(float *part, int hd) {
     for (int i = 0; i < hd; i++) part[2 + i] = 0.0f;
 }
 
+/* One KV row (head_dim values) as floats: F16, or Q8_0 blocks of 32. */
+static void kv_row_ref(int kv_type, const uint8_t *row, int hd, float *out) {
+    if (kv_type == EI_TYPE_F16) {
+        for (int i = 0; i < hd; i++) {
+            uint16_t h;
+            memcpy(&h, row + 2 * i, 2);
+            out[i] = ei_fp16_to_fp32(h);
+        }
+        return;
+    }
+    for (int b = 0; b < hd / 32; b++, row += 34) {
+        uint16_t h;
+        memcpy(&h, row, 2);
+        const float d = ei_fp16_to_fp32(h);
+        for (int i = 0; i < 32; i++) out[32 * b + i] = d * (float)(int8_t)row[2 + i];
+    }
+}
+
+void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row) {
+    if (kv_type == EI_TYPE_F16) {
+        for (int i = 0; i < hd; i++) {
+            const uint16_t h = ei_fp32_to_fp16(x[i]);
+            memcpy(row + 2 * i, &h, 2);
+        }
+        return;
+    }
+    for (int b = 0; b < hd / 32; b++, row += 34, x += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const uint16_t dh = ei_fp32_to_fp16(amax / 127.0f);
+        const float d = ei_fp16_to_fp32(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
+        memcpy(row, &dh, 2);
+        for (int i = 0; i < 32; i++) {
+            const float r = nearbyintf(x[i] * id);
+            row[2 + i] = (uint8_t)(int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+    }
+}
+
 /* ---- scalar reference ---- */
-static void chunk_ref(const float *q, int g, const uint16_t *k, const uint16_t *v, const int32_t *cell_pos,
-                      int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
+                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
+                      float *scores, float *part) {
     const int32_t n = c1 - c0;
+    const size_t rb = (size_t)ei_row_bytes(kv_type, hd);
+    float row[1024];
     for (int j = 0; j < g; j++) {
         const float *qj = q + (size_t)j * hd;
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
@@ -33,9 +76,9 @@ static void chunk_ref(const float *q, int g, const uint16_t *k, const uint16_t *
                 sc[c] = -INFINITY;
                 continue;
             }
-            const uint16_t *kc = k + (size_t)(c0 + c) * hd;
+            kv_row_ref(kv_type, k + (size_t)(c0 + c) * rb, hd, row);
             float s = 0.0f;
-            for (int i = 0; i < hd; i++) s += ei_fp16_to_fp32(kc[i]) * qj[i];
+            for (int i = 0; i < hd; i++) s += row[i] * qj[i];
             sc[c] = s * scale;
             if (sc[c] > mx) mx = sc[c];
         }
@@ -46,8 +89,8 @@ static void chunk_ref(const float *q, int g, const uint16_t *k, const uint16_t *
             if (sc[c] == -INFINITY) continue;
             const float p = expf(sc[c] - mx);
             sum += p;
-            const uint16_t *vc = v + (size_t)(c0 + c) * hd;
-            for (int i = 0; i < hd; i++) pj[2 + i] += p * ei_fp16_to_fp32(vc[i]);
+            kv_row_ref(kv_type, v + (size_t)(c0 + c) * rb, hd, row);
+            for (int i = 0; i < hd; i++) pj[2 + i] += p * row[i];
         }
         pj[0] = mx;
         pj[1] = sum;
@@ -64,16 +107,25 @@ static inline AV float hsum8(__m256 x) {
     return _mm_cvtss_f32(s);
 }
 
-static inline AV __m256 ld_h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+/* Values 8i..8i+7 of a KV row as floats. kv is a compile-time constant where
+ * this is inlined, so each row format gets its own loop. */
+static inline __attribute__((always_inline)) AV __m256 ld_kv8(const uint8_t *row, int i, const int kv) {
+    if (kv == EI_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16 * i)));
+    const uint8_t *blk = row + 34 * (i >> 2);   /* Q8_0: 4 groups of 8 per block of 32 */
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * (i & 3))));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+}
 
 /* hd a multiple of 8, at most 256: per head, scores of the chunk, one vector
  * exp pass, then V accumulated in registers (hd / 8 accumulators). Inlined
  * with a constant hd for the common head sizes so the arrays live in registers. */
 static inline __attribute__((always_inline)) AV void chunk_avx2_body(
-    const float *q, int g, const uint16_t *k, const uint16_t *v, const int32_t *cell_pos, int32_t c0, int32_t c1,
-    int32_t pos, const int hd, float scale, float *scores, float *part) {
+    const float *q, int g, const uint8_t *k, const uint8_t *v, const int kv, const int32_t *cell_pos, int32_t c0,
+    int32_t c1, int32_t pos, const int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
     const int nv = hd / 8;
+    const size_t rb = kv == EI_TYPE_F16 ? (size_t)hd * 2 : (size_t)hd / 32 * 34;
     for (int j = 0; j < g; j++) {
         const float *qj = q + (size_t)j * hd;
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
@@ -85,13 +137,13 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
                 sc[c] = -INFINITY;
                 continue;
             }
-            const uint16_t *kc = k + (size_t)(c0 + c) * hd;
-            __m256 a0 = _mm256_mul_ps(ld_h8(kc), qv[0]), a1 = _mm256_setzero_ps();
+            const uint8_t *kc = k + (size_t)(c0 + c) * rb;
+            __m256 a0 = _mm256_mul_ps(ld_kv8(kc, 0, kv), qv[0]), a1 = _mm256_setzero_ps();
             for (int i = 1; i + 1 < nv; i += 2) {
-                a1 = _mm256_fmadd_ps(ld_h8(kc + 8 * i), qv[i], a1);
-                a0 = _mm256_fmadd_ps(ld_h8(kc + 8 * i + 8), qv[i + 1], a0);
+                a1 = _mm256_fmadd_ps(ld_kv8(kc, i, kv), qv[i], a1);
+                a0 = _mm256_fmadd_ps(ld_kv8(kc, i + 1, kv), qv[i + 1], a0);
             }
-            if (nv % 2 == 0) a1 = _mm256_fmadd_ps(ld_h8(kc + 8 * (nv - 1)), qv[nv - 1], a1);
+            if (nv % 2 == 0) a1 = _mm256_fmadd_ps(ld_kv8(kc, nv - 1, kv), qv[nv - 1], a1);
             sc[c] = hsum8(_mm256_add_ps(a0, a1));
             if (sc[c] > mx) mx = sc[c];
         }
@@ -117,8 +169,8 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
         for (c = 0; c < n; c++) {
             if (sc[c] == 0.0f) continue;
             const __m256 p = _mm256_set1_ps(sc[c]);
-            const uint16_t *vc = v + (size_t)(c0 + c) * hd;
-            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_h8(vc + 8 * i), acc[i]);
+            const uint8_t *vc = v + (size_t)(c0 + c) * rb;
+            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_kv8(vc, i, kv), acc[i]);
         }
         for (int i = 0; i < nv; i++) _mm256_storeu_ps(pj + 2 + 8 * i, acc[i]);
         pj[0] = mx;
@@ -126,28 +178,36 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     }
 }
 
-static AV void chunk_avx2(const float *q, int g, const uint16_t *k, const uint16_t *v, const int32_t *cell_pos,
-                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
-    switch (hd) {
-    case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
-    case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 128, scale, scores, part); break;
-    default: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part); break;
+#define CHUNK_HD(KV)                                                                                   \
+    switch (hd) {                                                                                      \
+    case 64: chunk_avx2_body(q, g, k, v, KV, cell_pos, c0, c1, pos, 64, scale, scores, part); break;   \
+    case 128: chunk_avx2_body(q, g, k, v, KV, cell_pos, c0, c1, pos, 128, scale, scores, part); break; \
+    default: chunk_avx2_body(q, g, k, v, KV, cell_pos, c0, c1, pos, hd, scale, scores, part); break;   \
+    }
+
+static AV void chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
+                          const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
+                          float *scores, float *part) {
+    if (kv_type == EI_TYPE_F16) {
+        CHUNK_HD(EI_TYPE_F16)
+    } else {
+        CHUNK_HD(EI_TYPE_Q8_0)
     }
 }
 #endif
 
-void ei_attend_chunk(int isa, const float *q, int g, const uint16_t *k, const uint16_t *v,
+void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
 #if defined(__x86_64__)
     if ((isa == EI_ISA_AVX2 || isa == EI_ISA_AVX512) && hd % 8 == 0 && hd <= 256) {
-        chunk_avx2(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        chunk_avx2(q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores, part);
         return;
     }
 #else
     (void)isa;
 #endif
-    chunk_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+    chunk_ref(q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores, part);
 }
 
 void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out) {
@@ -168,10 +228,12 @@ void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int 
     }
 }
 
-ei_status ei_kernel_attention(int isa, const float *q, int g, const uint16_t *k, const uint16_t *v,
+ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, const void *v, int kv_type,
                               const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out) {
     if (!q || !k || !v || !cell_pos || !out || g < 1 || n_cells < 1 || hd < 1 || hd > 1024)
         return ei_fail(EI_ERR_INVALID_ARG, "kernel_attention: bad arguments");
+    if (kv_type != EI_TYPE_F16 && !(kv_type == EI_TYPE_Q8_0 && hd % 32 == 0))
+        return ei_fail(EI_ERR_UNSUPPORTED, "kernel_attention: KV type %d with head_dim %d", kv_type, hd);
     if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
     if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
     const int n_chunks = (n_cells + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK, pf = EI_ATTN_PART_FLOATS(hd);
@@ -185,7 +247,8 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const uint16_t *k,
     const float scale = 1.0f / sqrtf((float)hd);
     for (int c = 0; c < n_chunks; c++) {
         const int32_t c0 = c * EI_ATTN_CHUNK, c1 = c0 + EI_ATTN_CHUNK < n_cells ? c0 + EI_ATTN_CHUNK : n_cells;
-        ei_attend_chunk(isa, q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, parts + (size_t)c * g * pf);
+        ei_attend_chunk(isa, q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores,
+                        parts + (size_t)c * g * pf);
     }
     for (int j = 0; j < g; j++) ei_attend_merge(parts + (size_t)j * pf, n_chunks, (int64_t)g * pf, hd, out + (size_t)j * hd);
     free(scores);

@@ -17,12 +17,16 @@
  * of the chunk is visible. */
 #define EI_ATTN_PART_FLOATS(hd) ((hd) + 2)
 
-/* Query heads q[j * hd ...], j < g, all reading the same K/V (one GQA group).
+/* Query heads q[j * hd ...], j < g, all reading the same K/V (one GQA group);
+ * k and v point at cell 0, one row of kv_type per cell (F16 or Q8_0).
  * Cells [c0, c1) with 0 <= cell_pos[c] <= pos are visible. scores needs
  * g * (c1 - c0) floats; part gets g partials of EI_ATTN_PART_FLOATS(hd). */
-void ei_attend_chunk(int isa, const float *q, int g, const uint16_t *k, const uint16_t *v,
+void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part);
+
+/* Writes hd floats as one KV row of kv_type (F16, or Q8_0 blocks: d = amax / 127). */
+void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row);
 
 /* out[hd] = the normalized attention output from n_chunks partials of one head
  * (part_stride floats apart), merged in order. */

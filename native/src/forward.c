@@ -79,11 +79,9 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
         for (int h = 0; h < c->n_head_kv; h++) {
             float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
             rope_head(c, kh, cs, sn);
-            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cells[t] * hd;
-            for (int i = 0; i < hd; i++) {
-                rt->k[off + i] = ei_fp32_to_fp16(kh[i]);
-                rt->v[off + i] = ei_fp32_to_fp16(vh[i]);
-            }
+            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cells[t] * rt->kv_row_bytes;
+            ei_kv_store_row(rt->p.kv_type, kh, hd, rt->k + off);
+            ei_kv_store_row(rt->p.kv_type, vh, hd, rt->v + off);
         }
         size_t cell = (size_t)slots[t] * rt->p.n_ctx + cells[t];
         if (layer == 0) {
@@ -130,7 +128,7 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
         } else {
             const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
             ei_attend_chunk(rt->isa, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                            rt->v + off, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd,
+                            rt->v + off, rt->p.kv_type, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd,
                             scale, scores, part);
         }
         atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;

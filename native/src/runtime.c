@@ -99,7 +99,11 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     if (prm.n_sink < 0 || prm.n_sink >= prm.n_ctx)
         return ei_fail(EI_ERR_INVALID_ARG, "n_sink=%d must be in [0, n_ctx=%d)", prm.n_sink, prm.n_ctx);
     if (prm.max_batch < 1 || prm.max_batch > MAX_BATCH) return ei_fail(EI_ERR_INVALID_ARG, "max_batch=%d out of range", prm.max_batch);
-    if (prm.kv_type != EI_TYPE_F16) return ei_fail(EI_ERR_UNSUPPORTED, "kv_type %d: only F16 KV is implemented", prm.kv_type);
+    if (prm.kv_type != EI_TYPE_F16 && prm.kv_type != EI_TYPE_Q8_0)
+        return ei_fail(EI_ERR_UNSUPPORTED, "kv_type %d: the KV arena holds F16 or Q8_0", prm.kv_type);
+    if (prm.kv_type == EI_TYPE_Q8_0 && m->cfg.head_dim % 32)
+        return ei_fail(EI_ERR_UNSUPPORTED, "a Q8_0 KV arena needs head_dim a multiple of 32 (got %d)",
+                       m->cfg.head_dim);
     int isa = prm.isa == EI_ISA_BEST ? ei_cpu_best_isa() : prm.isa;
     if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d is not supported on this CPU", isa);
 
@@ -110,10 +114,11 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->p = prm;
     rt->isa = isa;
 
-    size_t kv_elems = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx * c->head_dim;
+    rt->kv_row_bytes = (size_t)ei_row_bytes(prm.kv_type, c->head_dim);
+    size_t kv_rows = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx;
     size_t kv_total = 0, scratch = 0;
-    rt->k = alloc_zeroed(kv_elems * sizeof(uint16_t), &kv_total);
-    rt->v = alloc_zeroed(kv_elems * sizeof(uint16_t), &kv_total);
+    rt->k = alloc_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
+    rt->v = alloc_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
     rt->cell_pos = alloc_zeroed((size_t)prm.n_slots * prm.n_ctx * sizeof(int32_t), &scratch);
     rt->n_used = alloc_zeroed((size_t)prm.n_slots * sizeof(int32_t), &scratch);
 

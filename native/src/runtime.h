@@ -13,8 +13,10 @@ struct ei_runtime {
     int isa;
     ei_pool *pool;
 
-    /* The KV arena, allocated once: [slot][layer][kv_head][cell][head_dim], f16. */
-    uint16_t *k, *v;
+    /* The KV arena, allocated once: [slot][layer][kv_head][cell] rows of head_dim
+     * values, f16 or Q8_0 blocks (kv_row_bytes per cell). */
+    uint8_t *k, *v;
+    size_t kv_row_bytes;
     int32_t *cell_pos;   /* [slot][cell]: position held, -1 when empty */
     int32_t *n_used;     /* [slot]: cells [0, n_used) may hold something */
     size_t kv_bytes;
@@ -40,10 +42,10 @@ struct ei_runtime {
 
 enum { EI_PK_Q, EI_PK_K, EI_PK_V, EI_PK_O, EI_PK_GATE, EI_PK_UP, EI_PK_DOWN, EI_PACKED_PER_LAYER };
 
-/* Offset (in elements) of cell 0 of (slot, layer, kv_head) in the K or V arena. */
+/* Byte offset of cell 0 of (slot, layer, kv_head) in the K or V arena. */
 static inline size_t ei_kv_offset(const struct ei_runtime *rt, int slot, int layer, int kvh) {
     const ei_model_config *c = &rt->m->cfg;
-    return ((((size_t)slot * c->n_layer + layer) * c->n_head_kv + kvh) * rt->p.n_ctx) * c->head_dim;
+    return ((((size_t)slot * c->n_layer + layer) * c->n_head_kv + kvh) * rt->p.n_ctx) * rt->kv_row_bytes;
 }
 
 /* y[t, r] = W[r] . x[t] for up to three weights sharing one input, across the pool. */
