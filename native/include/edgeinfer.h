@@ -81,6 +81,9 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
 ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, const void *v, int kv_type,
                               const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out);
 
+/* gate[i] = silu(gate[i]) * up[i] for i < n: the SwiGLU of the feed-forward block. */
+ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n);
+
 /* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
 typedef enum {
     EI_ARCH_LLAMA = 0,

@@ -186,6 +186,14 @@ static void swiglu(int isa, float *gate, const float *up, int64_t n) {
     swiglu_ref(gate, up, n);
 }
 
+ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n) {
+    if (!gate || !up || n < 0) return ei_fail(EI_ERR_INVALID_ARG, "kernel_swiglu: bad arguments");
+    if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
+    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
+    swiglu(isa, gate, up, n);
+    return EI_OK;
+}
+
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }

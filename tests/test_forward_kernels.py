@@ -1,4 +1,4 @@
-"""The attention kernel (chunked, f16 K/V) against a float64 numpy softmax, and SIMD against scalar."""
+"""Forward-pass kernels against float64 numpy and SIMD against scalar: attention (chunked, f16 or Q8_0 K/V) and SwiGLU."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,3 +86,23 @@ def test_attention_rejects_bad_arguments():
     assert lib.ei_kernel_attention(lib.EI_ISA_SCALAR, ffi.from_buffer("float[]", q), 1, ffi.from_buffer(kv),
                                    ffi.from_buffer(kv), lib.EI_TYPE_Q8_0, ffi.from_buffer("int32_t[]", cp), 1, 0,
                                    48, ffi.from_buffer("float[]", q)) == lib.EI_ERR_UNSUPPORTED
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 1536, 1539])
+def test_swiglu_simd_matches_scalar_and_exact(n):
+    rng = np.random.default_rng(n)
+    gate = (rng.standard_normal(n) * 6).astype(np.float32)
+    gate[:3] = [-100.0, 0.0, 100.0][: min(3, n)]      # saturated ends and zero
+    up = rng.standard_normal(n).astype(np.float32)
+    g64 = gate.astype(np.float64)
+    exact = g64 / (1 + np.exp(-g64)) * up
+    outs = {}
+    for isa in ISAS:
+        g = gate.copy()
+        assert lib.ei_kernel_swiglu(isa, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", up), n) == 0
+        assert np.isfinite(g).all()
+        outs[isa] = g
+    np.testing.assert_allclose(outs[lib.EI_ISA_SCALAR], exact, rtol=1e-5, atol=1e-6)
+    for isa, g in outs.items():
+        nmse = np.sum((g - outs[lib.EI_ISA_SCALAR]) ** 2) / max(np.sum(exact ** 2), 1e-30)
+        assert nmse <= 1e-12, (isa, nmse)
