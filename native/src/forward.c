@@ -34,16 +34,12 @@ static void rmsnorm_rows(const ei_runtime *rt, float *out, const float *x, const
     for (int64_t t = 0; t < n_tok; t++) rmsnorm(out + t * d, x + t * d, w->data, d, rt->m->cfg.rms_eps);
 }
 
-/* cos/sin of pos * scale * theta^(-2i/rope_dim) / factor_i, in double: positions can be large. */
+/* cos/sin of pos * freq_i (freq_i fixed at creation), in double: positions can be large. */
 static void rope_tables(ei_runtime *rt, const int32_t *pos, int64_t n_tok) {
-    const ei_model_config *c = &rt->m->cfg;
-    const float *factors = rt->m->rope_freqs.data;
-    int half = c->rope_dim / 2;
+    const int half = rt->m->cfg.rope_dim / 2;
     for (int64_t t = 0; t < n_tok; t++) {
         for (int i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim);
-            if (factors) freq /= factors[i];
-            double a = (double)pos[t] * c->rope_freq_scale * freq;
+            const double a = (double)pos[t] * rt->rope_freq[i];
             rt->rope_cos[t * half + i] = (float)cos(a);
             rt->rope_sin[t * half + i] = (float)sin(a);
         }

@@ -2,6 +2,7 @@
  * allocated once at creation; nothing here allocates while generating. */
 #include "runtime.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,18 +147,24 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     size_t half = (size_t)(c->rope_dim / 2 > 0 ? c->rope_dim / 2 : 1);
     rt->rope_cos = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
+    rt->rope_freq = alloc_zeroed(half * sizeof(double), &scratch);
     rt->out_rows = alloc_zeroed(B * d * sizeof(float), &scratch);
     rt->kv_bytes = kv_total;
     rt->scratch_bytes = scratch;
 
     if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
         !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->attn_done || !rt->rope_cos ||
-        !rt->rope_sin || !rt->out_rows) {
+        !rt->rope_sin || !rt->rope_freq || !rt->out_rows) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate %zu bytes of KV + %zu of scratch",
                        kv_total, scratch);
     }
     for (size_t i = 0; i < (size_t)prm.n_slots * prm.n_ctx; i++) rt->cell_pos[i] = -1;
+    const float *factors = m->rope_freqs.data;
+    for (int i = 0; i < c->rope_dim / 2; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) * c->rope_freq_scale;
+        rt->rope_freq[i] = factors ? f / factors[i] : f;
+    }
     if (pack_weights(rt) != EI_OK) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate packed weights");
@@ -177,7 +184,7 @@ void ei_runtime_free(ei_runtime *rt) {
     free(rt->packed);
     free(rt->pack_arena);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
-                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->out_rows};
+                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(rt);
 }

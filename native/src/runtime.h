@@ -29,6 +29,7 @@ struct ei_runtime {
     int32_t attn_tokens; /* tokens whose attention partials fit attn_part at once */
     atomic_int *attn_done; /* [attn_tokens][n_head_kv]: chunks finished; the last one merges */
     float *rope_cos, *rope_sin;  /* [max_batch][rope_dim / 2] */
+    double *rope_freq;           /* [rope_dim / 2]: scale * theta^(-2i/rope_dim) / factor_i, fixed at creation */
     float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
     size_t scratch_bytes;
     double prof[EI_PROF_COUNT];   /* seconds per stage */
