@@ -175,6 +175,8 @@ def test_bad_input_raises_typed_errors(engine, smollm2_path):
         edgeinfer.load(smollm2_path, device="cuda")
     with pytest.raises(edgeinfer.ModelNotFoundError):
         edgeinfer.load("/nonexistent/model.gguf")
+    with pytest.raises(ValueError, match="kv_type"):
+        edgeinfer.load(smollm2_path, n_ctx=64, kv_type="q4_0")
     # The engine still works afterwards.
     assert engine.generate(PROMPT, max_tokens=2, temperature=0.0).tokens
 

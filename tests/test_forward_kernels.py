@@ -106,3 +106,7 @@ def test_swiglu_simd_matches_scalar_and_exact(n):
     for isa, g in outs.items():
         nmse = np.sum((g - outs[lib.EI_ISA_SCALAR]) ** 2) / max(np.sum(exact ** 2), 1e-30)
         assert nmse <= 1e-12, (isa, nmse)
+
+
+def test_swiglu_rejects_bad_arguments():
+    assert lib.ei_kernel_swiglu(lib.EI_ISA_SCALAR, ffi.NULL, ffi.NULL, 4) == lib.EI_ERR_INVALID_ARG
