@@ -28,7 +28,9 @@ def reference(q, k, v, cell_pos, pos):
 
 
 @pytest.mark.parametrize("n_cells,hd,g", [(1, 64, 1), (7, 64, 3), (255, 64, 3), (256, 64, 3), (257, 64, 3),
-                                          (700, 64, 3), (600, 128, 4), (300, 32, 2), (90, 48, 1), (130, 20, 2)])
+                                          (700, 64, 3), (600, 128, 4), (300, 32, 2), (90, 48, 1), (130, 20, 2),
+                                          # head tiles of the AVX-512 kernel: 4 + 1, 4 + 4, 2 + 1, one head of 256, hd 16
+                                          (333, 64, 5), (64, 64, 8), (290, 128, 3), (40, 256, 2), (17, 16, 3)])
 def test_attention_matches_exact_math(n_cells, hd, g):
     rng = np.random.default_rng(n_cells * 131 + hd)
     q = (rng.standard_normal((g, hd)) * 2).astype(np.float32)
@@ -58,7 +60,7 @@ def q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(raw), quants.dequantize(raw, T.Q8_0).astype(np.float64)
 
 
-@pytest.mark.parametrize("n_cells,hd,g", [(9, 64, 3), (300, 64, 3), (520, 128, 2), (70, 32, 1)])
+@pytest.mark.parametrize("n_cells,hd,g", [(9, 64, 3), (300, 64, 3), (520, 128, 2), (70, 32, 1), (300, 64, 5), (260, 128, 3)])
 def test_attention_over_q8_0_kv(n_cells, hd, g):
     """A Q8_0 KV arena: the kernel computes the exact softmax over the dequantized rows."""
     pytest.importorskip("gguf")

@@ -200,6 +200,10 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
 #if defined(__x86_64__)
+    if (isa == EI_ISA_AVX512 && hd % 16 == 0 && hd <= 256) {
+        ei_attend_chunk_avx512(q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        return;
+    }
     if ((isa == EI_ISA_AVX2 || isa == EI_ISA_AVX512) && hd % 8 == 0 && hd <= 256) {
         chunk_avx2(q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores, part);
         return;

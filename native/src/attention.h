@@ -25,6 +25,11 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part);
 
+/* The AVX-512 kernel behind ei_attend_chunk (hd a multiple of 16, at most 256). */
+void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
+                            const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
+                            float *scores, float *part);
+
 /* Writes hd floats as one KV row of kv_type (F16, or Q8_0 blocks: d = amax / 127). */
 void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row);
 
