@@ -310,8 +310,8 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if ((st = eic_check(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo")) != EI_OK) return st;
     const size_t reserve = (size_t)256 << 20;   /* context, graphs, kernels' own needs */
     if (sz.total + reserve > fr) {
-        cudaDeviceProp prop;
-        cudaGetDeviceProperties(&prop, p->device);
+        cudaDeviceProp prop = {};   /* zeroed: if the query fails, name is "" rather than stack garbage */
+        if (cudaGetDeviceProperties(&prop, p->device) != cudaSuccess) cudaGetLastError();
         return eic_fail(EI_ERR_OUT_OF_MEMORY,
                         "model does not fit on %s: needs %.1f MiB (weights %.1f + KV %.1f for %d slots x %d cells + "
                         "scratch %.1f for max_batch %d) plus %.0f MiB reserve, but only %.1f MiB of %.1f MiB are free; "
@@ -417,6 +417,11 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         }
     }
     if ((st = check_model(rt)) != EI_OK) goto fail;
+    /* The memsets and uploads above ran on the legacy default stream: cudaMemset is
+     * asynchronous and a pageable cudaMemcpy may return before its DMA lands, while
+     * rt->stream is cudaStreamNonBlocking (no implicit ordering with stream 0). Wait
+     * for all of it before the first forward reads the weights or the KV arena. */
+    if ((st = eic_check(cudaDeviceSynchronize(), "weight upload")) != EI_OK) goto fail;
     *out = rt;
     return EI_OK;
 fail:
@@ -433,8 +438,15 @@ extern "C" ei_status ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_si
 /* ---------------------------------------------------------------- KV bookkeeping */
 static ei_status sync_slot(ei_cuda_runtime *rt, int32_t slot) {
     const size_t off = (size_t)slot * rt->p.n_ctx;
-    return eic_check(cudaMemcpy(rt->d_cell_pos + off, rt->h_cell_pos + off, (size_t)rt->p.n_ctx * 4,
-                                cudaMemcpyHostToDevice), "cell_pos upload");
+    /* On rt->stream, not with cudaMemcpy: that runs on the legacy default stream, which
+     * a cudaStreamNonBlocking stream does not wait for, and from pageable memory it may
+     * return before the DMA lands, so the next step's rope_tables (which writes the new
+     * cells' positions) could be overwritten by this stale copy. Synchronize so the
+     * host can edit h_cell_pos again right away. */
+    ei_status st = eic_check(cudaMemcpyAsync(rt->d_cell_pos + off, rt->h_cell_pos + off, (size_t)rt->p.n_ctx * 4,
+                                             cudaMemcpyHostToDevice, rt->stream), "cell_pos upload");
+    if (st != EI_OK) return st;
+    return eic_check(cudaStreamSynchronize(rt->stream), "cell_pos upload");
 }
 
 extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos) {

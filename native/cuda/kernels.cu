@@ -61,6 +61,12 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+/* a * b + c rounded twice, as the CPU's EI_NO_CONTRACT dequantizers (and gguf.quants) do:
+ * nvcc contracts a plain `a * b + c` into one FMA (--fmad=true is the default), which
+ * rounds once and breaks bit-exactness of the embedding lookup against the CPU. The
+ * _rn intrinsics are never contracted. */
+__device__ __forceinline__ float mul_add_2r(float a, float b, float c) { return __fadd_rn(__fmul_rn(a, b), c); }
+__device__ __forceinline__ float mul_sub_2r(float a, float b, float c) { return __fsub_rn(__fmul_rn(a, b), c); }
 __device__ __forceinline__ void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
     if (j < 4) {
         *sc = q[j] & 63;
@@ -118,8 +124,8 @@ template <> struct Deq<EI_TYPE_Q4_1> {
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const int q = b[4 + j];
-            w[j] = d * (float)(q & 15) + m;
-            w[j + 16] = d * (float)(q >> 4) + m;
+            w[j] = mul_add_2r(d, (float)(q & 15), m);
+            w[j + 16] = mul_add_2r(d, (float)(q >> 4), m);
         }
     }
 };
@@ -144,8 +150,8 @@ template <> struct Deq<EI_TYPE_Q5_1> {
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const int q = b[8 + j];
-            w[j] = d * (float)((q & 15) | (((qh >> j) & 1) << 4)) + m;
-            w[j + 16] = d * (float)((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
+            w[j] = mul_add_2r(d, (float)((q & 15) | (((qh >> j) & 1) << 4)), m);
+            w[j + 16] = mul_add_2r(d, (float)((q >> 4) | (((qh >> (j + 16)) & 1) << 4)), m);
         }
     }
 };
@@ -167,7 +173,7 @@ template <> struct Deq<EI_TYPE_Q4_K> {
         const uint8_t *qs = b + 16 + 32 * (j / 2);
         const int shift = 4 * (j & 1);
 #pragma unroll
-        for (int l = 0; l < 32; l++) w[l] = d * (float)((qs[l] >> shift) & 15) - dm;
+        for (int l = 0; l < 32; l++) w[l] = mul_sub_2r(d, (float)((qs[l] >> shift) & 15), dm);
     }
 };
 template <> struct Deq<EI_TYPE_Q5_K> {
@@ -180,7 +186,8 @@ template <> struct Deq<EI_TYPE_Q5_K> {
         const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (j / 2);
         const int shift = 4 * (j & 1);
 #pragma unroll
-        for (int l = 0; l < 32; l++) w[l] = d * (float)(((qs[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4)) - dm;
+        for (int l = 0; l < 32; l++)
+            w[l] = mul_sub_2r(d, (float)(((qs[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4)), dm);
     }
 };
 template <> struct Deq<EI_TYPE_Q6_K> {
