@@ -21,21 +21,12 @@ static void empty_part(float *part, int hd) {
     for (int i = 0; i < hd; i++) part[2 + i] = 0.0f;
 }
 
-/* One KV row (head_dim values) as floats: F16, or Q8_0 blocks of 32. */
-static void kv_row_ref(int kv_type, const uint8_t *row, int hd, float *out) {
-    if (kv_type == EI_TYPE_F16) {
-        for (int i = 0; i < hd; i++) {
-            uint16_t h;
-            memcpy(&h, row + 2 * i, 2);
-            out[i] = ei_fp16_to_fp32(h);
-        }
-        return;
-    }
-    for (int b = 0; b < hd / 32; b++, row += 34) {
+/* One F16 KV row (head_dim values) as floats. */
+static void f16_row_ref(const uint8_t *row, int hd, float *out) {
+    for (int i = 0; i < hd; i++) {
         uint16_t h;
-        memcpy(&h, row, 2);
-        const float d = ei_fp16_to_fp32(h);
-        for (int i = 0; i < 32; i++) out[32 * b + i] = d * (float)(int8_t)row[2 + i];
+        memcpy(&h, row + 2 * i, 2);
+        out[i] = ei_fp16_to_fp32(h);
     }
 }
 
@@ -60,12 +51,13 @@ void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row) {
     }
 }
 
-/* ---- scalar reference ---- */
-static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
-                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
-                      float *scores, float *part) {
+/* ---- scalar references ---- */
+
+/* F16 K/V: float scores and float accumulation over the rows as stored. */
+static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                      int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
-    const size_t rb = (size_t)ei_row_bytes(kv_type, hd);
+    const size_t rb = (size_t)hd * 2;
     float row[1024];
     for (int j = 0; j < g; j++) {
         const float *qj = q + (size_t)j * hd;
@@ -76,7 +68,7 @@ static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v,
                 sc[c] = -INFINITY;
                 continue;
             }
-            kv_row_ref(kv_type, k + (size_t)(c0 + c) * rb, hd, row);
+            f16_row_ref(k + (size_t)(c0 + c) * rb, hd, row);
             float s = 0.0f;
             for (int i = 0; i < hd; i++) s += row[i] * qj[i];
             sc[c] = s * scale;
@@ -89,8 +81,89 @@ static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v,
             if (sc[c] == -INFINITY) continue;
             const float p = expf(sc[c] - mx);
             sum += p;
-            kv_row_ref(kv_type, v + (size_t)(c0 + c) * rb, hd, row);
+            f16_row_ref(v + (size_t)(c0 + c) * rb, hd, row);
             for (int i = 0; i < hd; i++) pj[2 + i] += p * row[i];
+        }
+        pj[0] = mx;
+        pj[1] = sum;
+    }
+}
+
+void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *dq, int32_t *qsum) {
+    for (int b = 0; b < hd / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(q[32 * b + i] * scale));
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            const float r = nearbyintf(q[32 * b + i] * scale * id);
+            q8[32 * b + i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+            sum += q8[32 * b + i];
+        }
+        dq[b] = d;
+        qsum[b] = sum;
+    }
+}
+
+static inline float q8_block_scale(const uint8_t *row, int b) {
+    uint16_t h;
+    memcpy(&h, row + 34 * b, 2);
+    return ei_fp16_to_fp32(h);
+}
+
+/* Q8_0 K/V, as llama.cpp attends over a quantized KV cache: the query is quantized to
+ * Q8_0 blocks and dotted with K in integers; V is accumulated in integers against the
+ * softmax weights times V's block scales, quantized to 15 bits per head and block
+ * (EI_ATTN_WMAX at the chunk's largest weight). Every step is exact integer arithmetic
+ * or one float operation in a fixed order, so a SIMD kernel matches this one up to
+ * the last bits of exp(). */
+static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                         int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+    const int32_t n = c1 - c0;
+    const int nb = hd / 32;
+    const size_t rb = (size_t)nb * 34;
+    int8_t q8[1024];
+    float dq[32];
+    int32_t qsum[32], acc[32];
+    k += (size_t)c0 * rb;
+    v += (size_t)c0 * rb;
+    for (int j = 0; j < g; j++) {
+        float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
+        ei_attn_quantize_q(q + (size_t)j * hd, hd, scale, q8, dq, qsum);
+        float mx = -INFINITY;
+        for (int32_t c = 0; c < n; c++) {
+            if (!visible(cell_pos[c0 + c], pos)) {
+                sc[c] = -INFINITY;
+                continue;
+            }
+            const uint8_t *kr = k + (size_t)c * rb;
+            float s = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                int32_t dot = 0;
+                for (int i = 0; i < 32; i++) dot += (int32_t)q8[32 * b + i] * (int8_t)kr[34 * b + 2 + i];
+                s += (dq[b] * q8_block_scale(kr, b)) * (float)dot;
+            }
+            sc[c] = s;
+            if (s > mx) mx = s;
+        }
+        empty_part(pj, hd);
+        if (mx == -INFINITY) continue;
+        float sum = 0.0f;
+        for (int32_t c = 0; c < n; c++) {
+            sc[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
+            sum += sc[c];
+        }
+        for (int b = 0; b < nb; b++) {
+            float wmax = 0.0f;
+            for (int32_t c = 0; c < n; c++) wmax = fmaxf(wmax, sc[c] * q8_block_scale(v + (size_t)c * rb, b));
+            const float inv = wmax > 0.0f ? EI_ATTN_WMAX / wmax : 0.0f;
+            for (int i = 0; i < 32; i++) acc[i] = 0;
+            for (int32_t c = 0; c < n; c++) {
+                const uint8_t *vr = v + (size_t)c * rb;
+                const int32_t w = (int32_t)nearbyintf(sc[c] * q8_block_scale(vr, b) * inv);
+                for (int i = 0; w && i < 32; i++) acc[i] += w * (int8_t)vr[34 * b + 2 + i];
+            }
+            for (int i = 0; i < 32; i++) pj[2 + 32 * b + i] = (wmax / EI_ATTN_WMAX) * (float)acc[i];
         }
         pj[0] = mx;
         pj[1] = sum;
@@ -107,25 +180,20 @@ static inline AV float hsum8(__m256 x) {
     return _mm_cvtss_f32(s);
 }
 
-/* Values 8i..8i+7 of a KV row as floats. kv is a compile-time constant where
- * this is inlined, so each row format gets its own loop. */
-static inline __attribute__((always_inline)) AV __m256 ld_kv8(const uint8_t *row, int i, const int kv) {
-    if (kv == EI_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16 * i)));
-    const uint8_t *blk = row + 34 * (i >> 2);   /* Q8_0: 4 groups of 8 per block of 32 */
-    const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
-    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * (i & 3))));
-    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+/* Values 8i..8i+7 of an F16 KV row as floats. */
+static inline __attribute__((always_inline)) AV __m256 ld_kv8(const uint8_t *row, int i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16 * i)));
 }
 
-/* hd a multiple of 8, at most 256: per head, scores of the chunk, one vector
+/* F16 K/V, hd a multiple of 8, at most 256: per head, scores of the chunk, one vector
  * exp pass, then V accumulated in registers (hd / 8 accumulators). Inlined
  * with a constant hd for the common head sizes so the arrays live in registers. */
 static inline __attribute__((always_inline)) AV void chunk_avx2_body(
-    const float *q, int g, const uint8_t *k, const uint8_t *v, const int kv, const int32_t *cell_pos, int32_t c0,
-    int32_t c1, int32_t pos, const int hd, float scale, float *scores, float *part) {
+    const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos, int32_t c0, int32_t c1,
+    int32_t pos, const int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
     const int nv = hd / 8;
-    const size_t rb = kv == EI_TYPE_F16 ? (size_t)hd * 2 : (size_t)hd / 32 * 34;
+    const size_t rb = (size_t)hd * 2;
     for (int j = 0; j < g; j++) {
         const float *qj = q + (size_t)j * hd;
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
@@ -138,12 +206,12 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
                 continue;
             }
             const uint8_t *kc = k + (size_t)(c0 + c) * rb;
-            __m256 a0 = _mm256_mul_ps(ld_kv8(kc, 0, kv), qv[0]), a1 = _mm256_setzero_ps();
+            __m256 a0 = _mm256_mul_ps(ld_kv8(kc, 0), qv[0]), a1 = _mm256_setzero_ps();
             for (int i = 1; i + 1 < nv; i += 2) {
-                a1 = _mm256_fmadd_ps(ld_kv8(kc, i, kv), qv[i], a1);
-                a0 = _mm256_fmadd_ps(ld_kv8(kc, i + 1, kv), qv[i + 1], a0);
+                a1 = _mm256_fmadd_ps(ld_kv8(kc, i), qv[i], a1);
+                a0 = _mm256_fmadd_ps(ld_kv8(kc, i + 1), qv[i + 1], a0);
             }
-            if (nv % 2 == 0) a1 = _mm256_fmadd_ps(ld_kv8(kc, nv - 1, kv), qv[nv - 1], a1);
+            if (nv % 2 == 0) a1 = _mm256_fmadd_ps(ld_kv8(kc, nv - 1), qv[nv - 1], a1);
             sc[c] = hsum8(_mm256_add_ps(a0, a1));
             if (sc[c] > mx) mx = sc[c];
         }
@@ -170,7 +238,7 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
             if (sc[c] == 0.0f) continue;
             const __m256 p = _mm256_set1_ps(sc[c]);
             const uint8_t *vc = v + (size_t)(c0 + c) * rb;
-            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_kv8(vc, i, kv), acc[i]);
+            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_kv8(vc, i), acc[i]);
         }
         for (int i = 0; i < nv; i++) _mm256_storeu_ps(pj + 2 + 8 * i, acc[i]);
         pj[0] = mx;
@@ -178,20 +246,12 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     }
 }
 
-#define CHUNK_HD(KV)                                                                                   \
-    switch (hd) {                                                                                      \
-    case 64: chunk_avx2_body(q, g, k, v, KV, cell_pos, c0, c1, pos, 64, scale, scores, part); break;   \
-    case 128: chunk_avx2_body(q, g, k, v, KV, cell_pos, c0, c1, pos, 128, scale, scores, part); break; \
-    default: chunk_avx2_body(q, g, k, v, KV, cell_pos, c0, c1, pos, hd, scale, scores, part); break;   \
-    }
-
-static AV void chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
-                          const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
-                          float *scores, float *part) {
-    if (kv_type == EI_TYPE_F16) {
-        CHUNK_HD(EI_TYPE_F16)
-    } else {
-        CHUNK_HD(EI_TYPE_Q8_0)
+static AV void chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+    switch (hd) {   /* constant head sizes keep the accumulators in registers */
+    case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
+    case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 128, scale, scores, part); break;
+    default: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part); break;
     }
 }
 #endif
@@ -200,18 +260,30 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
 #if defined(__x86_64__)
-    if (isa == EI_ISA_AVX512 && hd % 16 == 0 && hd <= 256) {
-        ei_attend_chunk_avx512(q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores, part);
+    const int simd_hd = hd % 16 == 0 && hd <= 256;
+    if (kv_type == EI_TYPE_Q8_0) {
+        if (isa == EI_ISA_AVX512 && simd_hd)
+            ei_attend_chunk_q8_avx512(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        else
+            chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        return;
+    }
+    if (isa == EI_ISA_AVX512 && simd_hd) {
+        ei_attend_chunk_avx512(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
         return;
     }
     if ((isa == EI_ISA_AVX2 || isa == EI_ISA_AVX512) && hd % 8 == 0 && hd <= 256) {
-        chunk_avx2(q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        chunk_avx2(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
         return;
     }
 #else
     (void)isa;
+    if (kv_type == EI_TYPE_Q8_0) {
+        chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        return;
+    }
 #endif
-    chunk_ref(q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores, part);
+    chunk_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
 }
 
 void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out) {

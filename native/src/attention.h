@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #define EI_ATTN_CHUNK 256
+#define EI_ATTN_MAX_GROUP 8 /* query heads a Q8_0 kernel call takes at once */
 
 /* Partial result of one chunk for one query head: m (max score), s (sum of
  * exp(score - m)), then o[hd] = sum exp(score - m) * V. m = -inf if no cell
@@ -25,10 +26,17 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part);
 
-/* The AVX-512 kernel behind ei_attend_chunk (hd a multiple of 16, at most 256). */
-void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
-                            const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
-                            float *scores, float *part);
+/* Q8_0 K/V follow llama.cpp's quantized-KV attention (see chunk_q8_ref in attention.c):
+ * the query quantized to Q8_0 blocks by this function, integer dots with K, and V summed
+ * in integers against softmax weights quantized to EI_ATTN_WMAX per head and block. */
+#define EI_ATTN_WMAX 32767.0f
+void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *dq, int32_t *qsum);
+
+/* The AVX-512 kernels behind ei_attend_chunk (hd a multiple of 16, at most 256). */
+void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                            int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
+void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                               int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 
 /* Writes hd floats as one KV row of kv_type (F16, or Q8_0 blocks: d = amax / 127). */
 void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row);

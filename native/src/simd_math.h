@@ -3,6 +3,8 @@
 #define EI_SIMD_MATH_H
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
 
 /* exp(x) for x <= 88 (Cephes' polynomial, ~1 ulp); x below -87.3 gives ~1e-38, not 0. */
 static inline __attribute__((target("avx2,fma"))) __m256 exp8(__m256 x) {
@@ -38,6 +40,27 @@ static inline __attribute__((target("avx512f"))) __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* The first n (at most 16) lanes. */
+static inline __attribute__((target("avx512f"))) __mmask16 lanes_below(int32_t n) {
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+
+/* Attention scores sc[0..n) -> exp(score - mx), 0 where the score is -inf (not visible);
+ * returns their sum. */
+static inline __attribute__((target("avx512f"))) float exp_scores16(float *sc, int32_t n, float mx) {
+    const __m512 mxv = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    for (int32_t c = 0; c < n; c += 16) {
+        const __mmask16 valid = lanes_below(n - c);
+        const __m512 x = _mm512_maskz_loadu_ps(valid, sc + c);
+        const __mmask16 live = _mm512_mask_cmp_ps_mask(valid, x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, mxv)));
+        _mm512_mask_storeu_ps(sc + c, valid, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
 }
 
 #endif
