@@ -71,6 +71,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from .plan import KV_TYPES
+
 __all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "parse_threads",
            "cpu_name", "SCHEMA"]
 
@@ -97,6 +99,7 @@ class BenchConfig:
     price_per_hour: Optional[float] = None
     compare: list[str] = field(default_factory=list)
     isa: str = "best"
+    kv: str = "f16"                 # KV arena type of every engine: f16 or q8_0
     seed: int = 0
     isolated_rss: bool = True
     warmup: bool = True
@@ -110,6 +113,8 @@ class BenchConfig:
             raise ValueError(f"threads must be positive integers, got {self.threads!r}")
         if self.ctx_depth is not None and self.ctx_depth < 1:
             raise ValueError(f"ctx_depth must be >= 1, got {self.ctx_depth}")
+        if self.kv not in KV_TYPES:
+            raise ValueError(f"kv must be one of {', '.join(KV_TYPES)}, got {self.kv!r}")
         if self.price_per_hour is not None and self.price_per_hour < 0:
             raise ValueError("price_per_hour must be >= 0")
         need = self.needed_ctx()
@@ -241,10 +246,10 @@ class Runner:
 class EdgeinferRunner(Runner):
     engine = "edgeinfer"
 
-    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, isa: str = "best"):
+    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, isa: str = "best", kv: str = "f16"):
         from . import load
 
-        self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa)
+        self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa, kv_type=kv)
         self.rt = self.eng.runtime
         self.n_vocab = int(self.eng.config.n_vocab)
         self.batch = int(self.rt.max_batch)
@@ -308,20 +313,23 @@ class LlamaCppRunner(Runner):
 
     engine = "llama.cpp"
 
-    def __init__(self, path: str, threads: int, n_ctx: int, batch: int):
+    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, kv: str = "f16"):
         try:
             import llama_cpp
         except ImportError as e:
             raise _Skip(f"llama-cpp-python is not installed ({e}); pip install llama-cpp-python") from None
         self._lc = llama_cpp
+        # A quantized V cache needs llama.cpp's flash-attention path (-fa -ctk q8_0 -ctv q8_0).
+        kv_args = ({} if kv == "f16" else
+                   {"type_k": llama_cpp.GGML_TYPE_Q8_0, "type_v": llama_cpp.GGML_TYPE_Q8_0, "flash_attn": True})
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads,
                                    n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
-                                   logits_all=False, verbose=False)
+                                   logits_all=False, verbose=False, **kv_args)
         self.n_vocab = int(self.llm.n_vocab())
         self.label = f"llama.cpp {getattr(llama_cpp, '__version__', '')}".strip()
-        self.kv_bytes = self._kv_bytes(n_ctx)
+        self.kv_bytes = self._kv_bytes(KV_TYPES[kv])
 
-    def _kv_bytes(self, n_ctx: int) -> Optional[int]:
+    def _kv_bytes(self, bytes_per_value: float) -> Optional[int]:
         try:
             lc, m = self._lc, self.llm.model
             n_layer = int(lc.llama_model_n_layer(m))
@@ -329,7 +337,7 @@ class LlamaCppRunner(Runner):
             n_head_kv = int(lc.llama_model_n_head_kv(m))
             n_embd = int(lc.llama_model_n_embd(m))
             cells = int(self.llm.n_ctx())
-            return cells * n_layer * 2 * (n_embd // n_head) * n_head_kv * 2  # K and V, f16
+            return int(cells * n_layer * 2 * (n_embd // n_head) * n_head_kv * bytes_per_value)  # K and V
         except Exception:
             return None
 
@@ -511,12 +519,15 @@ def _parse_peer(spec: str) -> tuple[str, Optional[str]]:
 
 
 def make_runner(kind: str, arg: Optional[str], model_path: str, threads: int, n_ctx: int,
-                batch: int, isa: str = "best") -> Runner:
+                batch: int, isa: str = "best", kv: str = "f16") -> Runner:
     if kind == "edgeinfer":
-        return EdgeinferRunner(model_path, threads, n_ctx, batch, isa)
+        return EdgeinferRunner(model_path, threads, n_ctx, batch, isa, kv)
     if kind == "llama.cpp":
-        return LlamaCppRunner(model_path, threads, n_ctx, batch)
+        return LlamaCppRunner(model_path, threads, n_ctx, batch, kv)
     if kind == "ort-genai":
+        if kv != "f16":
+            raise _Skip("ONNX Runtime GenAI models keep their KV cache in the model's own type; --kv applies "
+                        "to edgeinfer and llama.cpp")
         return OrtGenaiRunner(arg or "", threads, n_ctx)
     raise ValueError(kind)
 
@@ -535,7 +546,7 @@ def _rss_probe(args: dict) -> dict:
         from . import load  # noqa: F401
     base = _maxrss_bytes()
     r = make_runner(args["kind"], args.get("arg"), args["path"], args["threads"], args["n_ctx"],
-                    args["batch"], args.get("isa", "best"))
+                    args["batch"], args.get("isa", "best"), args.get("kv", "f16"))
     rng = np.random.default_rng(1)
     n_vocab = r.n_vocab or 32000
     r.pp(_random_ids(rng, args["pp"], n_vocab))
@@ -550,7 +561,7 @@ def _rss_probe_main() -> None:  # pragma: no cover - runs in the child
 def isolated_peak_rss(kind: str, arg: Optional[str], path: str, threads: int, cfg: BenchConfig,
                       timeout: float = 600) -> tuple[Optional[int], Optional[int], Optional[str]]:
     payload = json.dumps({"kind": kind, "arg": arg, "path": path, "threads": threads,
-                          "n_ctx": cfg.effective_ctx(), "batch": cfg.batch, "isa": cfg.isa,
+                          "n_ctx": cfg.effective_ctx(), "batch": cfg.batch, "isa": cfg.isa, "kv": cfg.kv,
                           "pp": cfg.pp, "tg_prompt": cfg.tg_prompt, "tg": cfg.tg})
     code = "from edgeinfer.bench import _rss_probe_main; _rss_probe_main()"
     try:
@@ -677,14 +688,14 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
     for threads in cfg.threads:
         runners: list[tuple[Runner, Optional[str], str]] = []
         say(f"[{threads} thread(s)] loading edgeinfer ({path.name}, n_ctx={n_ctx}, batch={cfg.batch})")
-        runners.append((make_runner("edgeinfer", None, str(path), threads, n_ctx, cfg.batch, cfg.isa),
+        runners.append((make_runner("edgeinfer", None, str(path), threads, n_ctx, cfg.batch, cfg.isa, cfg.kv),
                         None, "edgeinfer"))
         for (kind, arg), spec in peers:
             if spec in skipped_specs:
                 continue
             say(f"[{threads} thread(s)] loading {kind}")
             try:
-                runners.append((make_runner(kind, arg, str(path), threads, n_ctx, cfg.batch),
+                runners.append((make_runner(kind, arg, str(path), threads, n_ctx, cfg.batch, kv=cfg.kv),
                                 arg, kind))
             except _Skip as e:
                 say(f"skipping {spec}: {e}")
@@ -860,7 +871,7 @@ def format_table(res: BenchResult | dict) -> str:
             row.append(f"{r['cost_per_1m_output_tokens']:.4f}")
         rows.append(row)
     out = [f"model {d['model']['name']} ({d['model']['file_type']}), n_ctx {c['n_ctx']}, "
-           f"batch {c['batch']}, {c['reps']} rep(s), CPU {d['system']['cpu']}", "",
+           f"batch {c['batch']}, KV {c.get('kv', 'f16')}, {c['reps']} rep(s), CPU {d['system']['cpu']}", "",
            _md_table(header, rows)]
     if d["ratios"]:
         rh = ["threads", "vs", f"pp{pp} ratio", f"tg{tg} ratio"]

@@ -20,7 +20,7 @@ RUN_KEYS = {"engine", "label", "threads", "n_ctx", "pp", "tg", "tg_depth", "tg_d
             "cost_per_1m_output_tokens"}
 RATIO_KEYS = {"threads", "engine", "peer", "pp", "tg", "tg_depth", "ttft", "tpot", "peak_rss"}
 CONFIG_KEYS = {"threads", "pp", "tg", "reps", "batch", "n_ctx", "tg_prompt", "prompt_len",
-               "output_len", "ctx_depth", "price_per_hour", "compare", "isa", "seed",
+               "output_len", "ctx_depth", "price_per_hour", "compare", "isa", "kv", "seed",
                "isolated_rss", "order"}
 SYSTEM_KEYS = {"cpu", "n_cpus", "isa", "platform", "python", "edgeinfer", "llama_cpp",
                "onnxruntime_genai", "loadavg_start", "loadavg_end"}
@@ -129,6 +129,26 @@ def test_bench_cli_errors():
     assert r.exit_code == 1 and "unknown peer" in r.output
     r = CliRunner().invoke(app, ["bench", "default", "--pp", "600", "--ctx", "256", "--quiet"])
     assert r.exit_code == 1 and "too small" in r.output
+    r = CliRunner().invoke(app, ["bench", "default", "--kv", "q4_0", "--quiet"])
+    assert r.exit_code == 1 and "kv must be one of" in r.output
+
+
+def test_bench_q8_0_kv_on_both_engines(smollm2_path):
+    """--kv q8_0 gives both engines a Q8_0 KV cache (llama.cpp through flash attention): the same
+    KV bytes, 34/64 of f16's, and both decode at depth."""
+    pytest.importorskip("llama_cpp")
+    cfg = BenchConfig(model=str(smollm2_path), threads=[2], pp=16, tg=4, reps=1, prompt_len=8,
+                      output_len=3, ctx_depth=40, compare=["llama.cpp"], isolated_rss=False, kv="q8_0")
+    res = run_bench(cfg)
+    d = res.to_dict()
+    ours, theirs = d["runs"]
+    assert d["config"]["kv"] == "q8_0"
+    n_ctx = d["config"]["n_ctx"]
+    f16_bytes = 2 * 30 * 3 * 64 * n_ctx * 2          # SmolLM2: 30 layers, 3 KV heads of 64
+    assert ours["kv_bytes"] == theirs["kv_bytes"] == f16_bytes * 34 // 64
+    for r in (ours, theirs):
+        assert r["tg_depth"]["tokens_per_s"]["median"] > 0
+    assert "KV q8_0" in format_table(res)
 
 
 def test_helpers():
