@@ -24,6 +24,18 @@ static void *alloc_zeroed(size_t bytes, size_t *total) {
     return p;
 }
 
+/* Big arenas (packed weights, KV) on 2 MiB pages where the kernel allows it: a decode
+ * step reads every byte of them, and on 4 KiB pages that is one TLB miss per page. */
+static void *alloc_huge(size_t bytes) {
+    const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) / huge * huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, size ? size : huge) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, size, MADV_HUGEPAGE);   /* advice only: 4 KiB pages if refused */
+#endif
+    return p;
+}
+
 static const ei_weight *packable(const ei_model *m, int i) {
     const int n = m->cfg.n_layer * EI_PACKED_PER_LAYER;
     if (i == n) return ei_model_output(m);
@@ -62,7 +74,7 @@ static ei_status pack_weights(ei_runtime *rt) {
         bytes[i] = (ei_packed_bytes(w->type, rt->isa, w->ne1, w->ne0) + 63) & ~(size_t)63;
         sizes_total += bytes[i];
     }
-    if (sizes_total && posix_memalign(&rt->pack_arena, 64, sizes_total) != 0) {
+    if (sizes_total && !(rt->pack_arena = alloc_huge(sizes_total))) {
         free(bytes);
         return EI_ERR_OUT_OF_MEMORY;
     }
@@ -118,8 +130,9 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->kv_row_bytes = (size_t)ei_row_bytes(prm.kv_type, c->head_dim);
     size_t kv_rows = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx;
     size_t kv_total = 0, scratch = 0;
-    rt->k = alloc_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
-    rt->v = alloc_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
+    if ((rt->k = alloc_huge(kv_rows * rt->kv_row_bytes))) memset(rt->k, 0, kv_rows * rt->kv_row_bytes);
+    if ((rt->v = alloc_huge(kv_rows * rt->kv_row_bytes))) memset(rt->v, 0, kv_rows * rt->kv_row_bytes);
+    kv_total += 2 * kv_rows * rt->kv_row_bytes;
     rt->cell_pos = alloc_zeroed((size_t)prm.n_slots * prm.n_ctx * sizeof(int32_t), &scratch);
     rt->n_used = alloc_zeroed((size_t)prm.n_slots * sizeof(int32_t), &scratch);
 
