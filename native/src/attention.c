@@ -173,13 +173,6 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
 #if defined(__x86_64__)
 #define AV __attribute__((target("avx2,fma,f16c")))
 
-static inline AV float hsum8(__m256 x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Values 8i..8i+7 of an F16 KV row as floats. */
 static inline __attribute__((always_inline)) AV __m256 ld_kv8(const uint8_t *row, int i) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16 * i)));
@@ -217,24 +210,10 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
         }
         empty_part(pj, hd);
         if (mx == -INFINITY) continue;
-        const __m256 mxv = _mm256_set1_ps(mx);
-        __m256 sumv = _mm256_setzero_ps();
-        int32_t c = 0;
-        const __m256 ninf = _mm256_set1_ps(-INFINITY);
-        for (; c + 8 <= n; c += 8) {   /* masked cells hold -inf and get weight 0 */
-            const __m256 x = _mm256_loadu_ps(sc + c);
-            const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(x, mxv)), _mm256_cmp_ps(x, ninf, _CMP_NEQ_OQ));
-            _mm256_storeu_ps(sc + c, e);
-            sumv = _mm256_add_ps(sumv, e);
-        }
-        float sum = hsum8(sumv);
-        for (; c < n; c++) {
-            sc[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
-            sum += sc[c];
-        }
+        const float sum = exp_scores8(sc, n, mx);
         __m256 acc[32];
         for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
-        for (c = 0; c < n; c++) {
+        for (int32_t c = 0; c < n; c++) {
             if (sc[c] == 0.0f) continue;
             const __m256 p = _mm256_set1_ps(sc[c]);
             const uint8_t *vc = v + (size_t)(c0 + c) * rb;
@@ -264,6 +243,8 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
     if (kv_type == EI_TYPE_Q8_0) {
         if (isa == EI_ISA_AVX512 && simd_hd)
             ei_attend_chunk_q8_avx512(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        else if (isa == EI_ISA_AVX2 && hd <= 256)
+            ei_attend_chunk_q8_avx2(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
         else
             chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
         return;

@@ -9,6 +9,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "simd_math.h"
+
 #define DQ __attribute__((target("avx2,f16c"))) /* no fma: cannot contract */
 #define AV __attribute__((target("avx2,fma,f16c")))
 
@@ -63,13 +65,6 @@ static inline DQ void store_mul_sub(float *dst, __m256i q, float d, float m) {
     i8_to_f32(q, f);
     const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
     for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + 8 * k, _mm256_sub_ps(_mm256_mul_ps(vd, f[k]), vm));
-}
-
-static inline AV float hsum8(__m256 x) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
 }
 
 /* unsigned x (0..127) times signed y, summed in pairs then quads -> 8 int32 as float */

@@ -24,6 +24,34 @@ static inline __attribute__((target("avx2,fma"))) __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* The sum of 8 lanes. */
+static inline __attribute__((target("avx2"))) float hsum8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* Attention scores sc[0..n) -> exp(score - mx), 0 where the score is -inf (not visible);
+ * returns their sum. 8 lanes at a time, the tail with expf. */
+static inline __attribute__((target("avx2,fma"))) float exp_scores8(float *sc, int32_t n, float mx) {
+    const __m256 mxv = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 sumv = _mm256_setzero_ps();
+    int32_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const __m256 x = _mm256_loadu_ps(sc + c);
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(x, mxv)), _mm256_cmp_ps(x, ninf, _CMP_NEQ_OQ));
+        _mm256_storeu_ps(sc + c, e);
+        sumv = _mm256_add_ps(sumv, e);
+    }
+    float sum = hsum8(sumv);
+    for (; c < n; c++) {
+        sc[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
+        sum += sc[c];
+    }
+    return sum;
+}
+
 /* exp8's polynomial on 16 lanes, for the AVX-512 kernels. */
 static inline __attribute__((target("avx512f"))) __m512 exp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
