@@ -241,12 +241,17 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
 #if defined(__x86_64__)
     const int simd_hd = hd % 16 == 0 && hd <= 256;
     if (kv_type == EI_TYPE_Q8_0) {
-        if (isa == EI_ISA_AVX512 && simd_hd)
-            ei_attend_chunk_q8_avx512(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        else if (isa == EI_ISA_AVX2 && hd <= 256)
-            ei_attend_chunk_q8_avx2(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        else
-            chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        for (int j0 = 0; j0 < g; j0 += EI_ATTN_MAX_GROUP) {   /* the SIMD kernels take 8 heads at most */
+            const int gn = g - j0 < EI_ATTN_MAX_GROUP ? g - j0 : EI_ATTN_MAX_GROUP;
+            const float *qj = q + (size_t)j0 * hd;
+            float *sj = scores + (size_t)j0 * (c1 - c0), *pj = part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd);
+            if (isa == EI_ISA_AVX512 && simd_hd)
+                ei_attend_chunk_q8_avx512(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
+            else if (isa == EI_ISA_AVX2 && hd <= 256)
+                ei_attend_chunk_q8_avx2(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
+            else
+                chunk_q8_ref(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
+        }
         return;
     }
     if (isa == EI_ISA_AVX512 && simd_hd) {

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #define EI_ATTN_CHUNK 256
-#define EI_ATTN_MAX_GROUP 8 /* query heads a Q8_0 kernel call takes at once */
+#define EI_ATTN_MAX_GROUP 8 /* query heads a Q8_0 SIMD kernel takes in one call */
 
 /* Partial result of one chunk for one query head: m (max score), s (sum of
  * exp(score - m)), then o[hd] = sum exp(score - m) * V. m = -inf if no cell

@@ -50,14 +50,6 @@ static AV2 void quantize_q(const float *q, int hd, float scale, __m256 *qf, floa
 
 AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                                  int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
-    if (g > EI_ATTN_MAX_GROUP) {   /* larger groups: one slice of heads at a time */
-        for (int j0 = 0; j0 < g; j0 += EI_ATTN_MAX_GROUP) {
-            const int gn = g - j0 < EI_ATTN_MAX_GROUP ? g - j0 : EI_ATTN_MAX_GROUP;
-            ei_attend_chunk_q8_avx2(q + (size_t)j0 * hd, gn, k, v, cell_pos, c0, c1, pos, hd, scale,
-                                    scores + (size_t)j0 * (c1 - c0), part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd));
-        }
-        return;
-    }
     const int nb = hd / 32, pf = EI_ATTN_PART_FLOATS(hd);
     const int32_t n = c1 - c0;
     const size_t rb = (size_t)nb * 34;
