@@ -263,11 +263,18 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
         return;
     }
 #else
-    (void)isa;
     if (kv_type == EI_TYPE_Q8_0) {
         chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
         return;
     }
+#if defined(__aarch64__)
+    if (isa == EI_ISA_NEON && hd % 4 == 0 && hd <= 256) {
+        ei_attend_chunk_neon(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        return;
+    }
+#else
+    (void)isa;
+#endif
 #endif
     chunk_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
 }

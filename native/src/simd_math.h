@@ -1,4 +1,4 @@
-/* Small vector math shared by the x86 kernels (AVX2 + FMA). */
+/* Small vector math shared by the SIMD kernels (x86: AVX2 + FMA, AVX-512; aarch64: NEON). */
 #ifndef EI_SIMD_MATH_H
 #define EI_SIMD_MATH_H
 #if defined(__x86_64__)
@@ -91,5 +91,24 @@ static inline __attribute__((target("avx512f"))) float exp_scores16(float *sc, i
     return _mm512_reduce_add_ps(sum);
 }
 
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* exp8's polynomial on 4 lanes (NEON). */
+static inline float32x4_t exp4(float32x4_t x) {
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.3f)), vdupq_n_f32(88.3f));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
 #endif
 #endif

@@ -8,8 +8,8 @@
  * Paths under test: on aarch64 the NEON kernels, both the plain-ASIMD build and
  * (when hwcaps report it) the dotprod build, plus the run-time dispatch; on
  * x86-64 whichever of AVX2 / AVX-512 the CPU has. Checks: dequantization and
- * activation quantization bit-exact, dot products NMSE <= 1e-6, matmul through
- * the public API, forward logits vs the reference file (NMSE <= 1e-4, same
+ * activation quantization bit-exact, dot products NMSE <= 1e-6, matmul and
+ * attention (F16 and Q8_0 KV) through the public API, forward logits vs the reference file (NMSE <= 1e-4, same
  * argmax) and native forward vs scalar forward on this machine.
  * Prints "N passed, M failed"; exits 1 when anything failed.
  * Built by scripts/test_aarch64.sh (cross, static, run under qemu-aarch64);
@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "edgeinfer.h"
 #include "kernels.h"
 
@@ -277,6 +278,46 @@ static void test_public_api(int isa, const char *pname) {
     }
 }
 
+/* ei_kernel_attention at this ISA vs scalar: F16 and Q8_0 K/V rows, empty and future cells
+ * masked, several chunks; NMSE <= 1e-10 (F16) and 1e-8 (Q8_0: a weight may round apart). */
+static void test_attention(int isa, const char *pname) {
+    static const int shapes[][3] = {{300, 64, 3}, {7, 128, 2}, {520, 32, 1}, {90, 48, 1}, {257, 16, 4}};
+    for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
+        const int n = shapes[si][0], hd = shapes[si][1], g = shapes[si][2];
+        for (int kv = 0; kv < 2; kv++) {
+            const int type = kv ? EI_TYPE_Q8_0 : EI_TYPE_F16;
+            if (type == EI_TYPE_Q8_0 && hd % 32) continue;
+            const size_t rb = (size_t)ei_row_bytes(type, hd);
+            uint8_t *k = malloc(rb * n), *v = malloc(rb * n);
+            float *q = malloc(sizeof(float) * g * hd), *row = malloc(sizeof(float) * hd);
+            float *o0 = malloc(sizeof(float) * g * hd), *o1 = malloc(sizeof(float) * g * hd);
+            int32_t *cp = malloc(sizeof(int32_t) * n);
+            for (int i = 0; i < g * hd; i++) q[i] = 2.0f * rnd_unit();
+            for (int c = 0; c < n; c++) {
+                for (int h = 0; h < 2; h++) {
+                    for (int i = 0; i < hd; i++) row[i] = rnd_unit();
+                    ei_kv_store_row(type, row, hd, (h ? v : k) + rb * c);   /* as the runtime stores them */
+                }
+                cp[c] = rnd() % 10 == 0 ? -1 : c;   /* some empty cells */
+            }
+            const int pos = n - 1 - n / 5;           /* later cells are in the future */
+            char what[64];
+            snprintf(what, sizeof what, "attention %s n=%d hd=%d g=%d", kv ? "q8_0" : "f16", n, hd, g);
+            int ok = ei_kernel_attention(EI_ISA_SCALAR, q, g, k, v, type, cp, n, pos, hd, o0) == EI_OK &&
+                     ei_kernel_attention(isa, q, g, k, v, type, cp, n, pos, hd, o1) == EI_OK;
+            const double e = ok ? nmse(o1, o0, g * hd) : INFINITY;
+            check(e <= (kv ? 1e-8 : 1e-10), "%s [%s]: NMSE %.3g vs scalar", what, pname, e);
+            free(k);
+            free(v);
+            free(q);
+            free(row);
+            free(o0);
+            free(o1);
+            free(cp);
+        }
+    }
+}
+
 /* ---------------- tiny end-to-end forward ---------------- */
 
 enum { L_N = 2, D = 64, NH = 4, NKV = 2, HD = 16, FF = 128, VOCAB = 96 };
@@ -468,6 +509,7 @@ int main(int argc, char **argv) {
         for (int ti = 0; ti < N_TYPES; ti++) test_type(&TYPES[ti], &paths[pi]);
         int before = n_fail;
         test_public_api(paths[pi].isa, paths[pi].name);
+        test_attention(paths[pi].isa, paths[pi].name);
         printf("  %-14s kernels: %s\n", paths[pi].name, n_fail == before ? "ok" : "FAILED");
     }
     test_forward(ref);

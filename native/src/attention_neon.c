@@ -1,0 +1,89 @@
+/* NEON attention over one chunk of an F16 KV arena (the contract is ei_attend_chunk's;
+ * the scalar kernel in attention.c is the reference, native/tests/kernel_test.c
+ * compares the two under qemu). Per head: scores with 4 accumulators and one
+ * horizontal add per cell, a vector exp pass, then V summed in registers. The
+ * head size is a constant where it is inlined (64, 128) so the V accumulators
+ * stay in the 32 NEON registers. */
+#include "attention.h"
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#include "simd_math.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* Values 4i..4i+3 of an F16 KV row as floats. */
+AI float32x4_t ld4(const uint8_t *row, int i) { return vcvt_f32_f16(vld1_f16((const float16_t *)(row + 8 * i))); }
+
+/* exp(score - mx) for sc[0..n), 0 where the score is -inf (not visible); returns the sum. */
+static float exp_scores4(float *sc, int32_t n, float mx) {
+    const float32x4_t mxv = vdupq_n_f32(mx), ninf = vdupq_n_f32(-INFINITY);
+    float32x4_t sum = vdupq_n_f32(0.0f);
+    int32_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        const float32x4_t x = vld1q_f32(sc + c);
+        const uint32x4_t live = vmvnq_u32(vceqq_f32(x, ninf));
+        const float32x4_t e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(exp4(vsubq_f32(x, mxv))), live));
+        vst1q_f32(sc + c, e);
+        sum = vaddq_f32(sum, e);
+    }
+    float s = vaddvq_f32(sum);
+    for (; c < n; c++) {
+        sc[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
+        s += sc[c];
+    }
+    return s;
+}
+
+AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                        int32_t n, int32_t pos, const int hd, float scale, float *scores, float *part) {
+    const int nv = hd / 4;
+    const size_t rb = (size_t)hd * 2;
+    for (int j = 0; j < g; j++) {
+        float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
+        float32x4_t qv[64];
+        for (int i = 0; i < nv; i++) qv[i] = vmulq_n_f32(vld1q_f32(q + (size_t)j * hd + 4 * i), scale);
+        float mx = -INFINITY;
+        for (int32_t c = 0; c < n; c++) {
+            if (cell_pos[c] < 0 || cell_pos[c] > pos) {
+                sc[c] = -INFINITY;
+                continue;
+            }
+            const uint8_t *kr = k + (size_t)c * rb;
+            float32x4_t a[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+            for (int i = 0; i < nv; i++) a[i & 3] = vfmaq_f32(a[i & 3], ld4(kr, i), qv[i]);
+            sc[c] = vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])));
+            if (sc[c] > mx) mx = sc[c];
+        }
+        pj[0] = mx;
+        pj[1] = 0.0f;
+        memset(pj + 2, 0, sizeof(float) * (size_t)hd);
+        if (mx == -INFINITY) continue;
+        pj[1] = exp_scores4(sc, n, mx);
+        float32x4_t acc[64];
+        for (int i = 0; i < nv; i++) acc[i] = vdupq_n_f32(0.0f);
+        for (int32_t c = 0; c < n; c++) {
+            if (sc[c] == 0.0f) continue;
+            const uint8_t *vr = v + (size_t)c * rb;
+            for (int i = 0; i < nv; i++) acc[i] = vfmaq_n_f32(acc[i], ld4(vr, i), sc[c]);
+        }
+        for (int i = 0; i < nv; i++) vst1q_f32(pj + 2 + 4 * i, acc[i]);
+    }
+}
+
+void ei_attend_chunk_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+    const int32_t n = c1 - c0;
+    k += (size_t)c0 * hd * 2;
+    v += (size_t)c0 * hd * 2;
+    cell_pos += c0;
+    switch (hd) {
+    case 64: chunk_neon_body(q, g, k, v, cell_pos, n, pos, 64, scale, scores, part); break;
+    case 128: chunk_neon_body(q, g, k, v, cell_pos, n, pos, 128, scale, scores, part); break;
+    default: chunk_neon_body(q, g, k, v, cell_pos, n, pos, hd, scale, scores, part); break;
+    }
+}
+#endif
