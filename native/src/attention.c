@@ -264,7 +264,12 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
     }
 #else
     if (kv_type == EI_TYPE_Q8_0) {
-        chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+#if defined(__aarch64__)
+        if (isa == EI_ISA_NEON && hd <= 256)
+            ei_attend_chunk_q8_neon(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+        else
+#endif
+            chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
         return;
     }
 #if defined(__aarch64__)

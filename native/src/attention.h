@@ -33,11 +33,13 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
 void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *dq, int32_t *qsum);
 
 /* The SIMD kernels behind ei_attend_chunk (AVX-512: hd a multiple of 16, at most 256; AVX2 Q8_0 and
- * NEON F16: at most 256). */
+ * NEON: at most 256). */
 void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                           int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
+void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                              int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,

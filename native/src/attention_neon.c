@@ -1,9 +1,11 @@
-/* NEON attention over one chunk of an F16 KV arena (the contract is ei_attend_chunk's;
- * the scalar kernel in attention.c is the reference, native/tests/kernel_test.c
- * compares the two under qemu). Per head: scores with 4 accumulators and one
- * horizontal add per cell, a vector exp pass, then V summed in registers. The
- * head size is a constant where it is inlined (64, 128) so the V accumulators
- * stay in the 32 NEON registers. */
+/* NEON attention over one chunk (the contract is ei_attend_chunk's; the scalar
+ * kernels in attention.c are the references, native/tests/kernel_test.c compares
+ * them under qemu).
+ * F16 KV: per head, scores with 4 accumulators and one horizontal add per cell, a
+ * vector exp pass, then V summed in registers; the head size is a constant where
+ * it is inlined (64, 128) so the accumulators stay in the 32 NEON registers.
+ * Q8_0 KV: chunk_q8_ref's integer algorithm in integer NEON (vmull/vpadal for the
+ * scores, vmlal for V), so only exp() differs from the scalar kernel. */
 #include "attention.h"
 
 #if defined(__aarch64__)
@@ -11,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd_math.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -71,6 +74,86 @@ AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *
             for (int i = 0; i < nv; i++) acc[i] = vfmaq_n_f32(acc[i], ld4(vr, i), sc[c]);
         }
         for (int i = 0; i < nv; i++) vst1q_f32(pj + 2 + 4 * i, acc[i]);
+    }
+}
+
+/* ---- Q8_0 KV ---- */
+
+static inline float q8_scale(const uint8_t *row, int b) {
+    uint16_t h;
+    memcpy(&h, row + 34 * b, 2);
+    return ei_fp16_to_fp32(h);
+}
+
+/* sum over 32 int8 pairs, exactly */
+AI int32_t dot32(const int8_t *a, const int8_t *b) {
+    const int8x16_t a0 = vld1q_s8(a), a1 = vld1q_s8(a + 16), b0 = vld1q_s8(b), b1 = vld1q_s8(b + 16);
+    int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(a0), vget_low_s8(b0)));
+    s = vpadalq_s16(s, vmull_high_s8(a0, b0));
+    s = vpadalq_s16(s, vmull_s8(vget_low_s8(a1), vget_low_s8(b1)));
+    s = vpadalq_s16(s, vmull_high_s8(a1, b1));
+    return vaddvq_s32(s);
+}
+
+void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+    const int nb = hd / 32, pf = EI_ATTN_PART_FLOATS(hd);
+    const int32_t n = c1 - c0;
+    const size_t rb = (size_t)nb * 34;
+    k += (size_t)c0 * rb;
+    v += (size_t)c0 * rb;
+    cell_pos += c0;
+    int8_t q8[256];
+    float dq[8], dv[EI_ATTN_CHUNK];
+    int32_t qsum[8];
+    int16_t w[EI_ATTN_CHUNK];
+    for (int j = 0; j < g; j++) {
+        float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * pf;
+        ei_attn_quantize_q(q + (size_t)j * hd, hd, scale, q8, dq, qsum);
+        float mx = -INFINITY;
+        for (int32_t c = 0; c < n; c++) {
+            if (cell_pos[c] < 0 || cell_pos[c] > pos) {
+                sc[c] = -INFINITY;
+                continue;
+            }
+            const uint8_t *kr = k + (size_t)c * rb;
+            float s = 0.0f;
+            for (int b = 0; b < nb; b++)
+                s += (dq[b] * q8_scale(kr, b)) * (float)dot32(q8 + 32 * b, (const int8_t *)(kr + 34 * b + 2));
+            sc[c] = s;
+            if (s > mx) mx = s;
+        }
+        pj[0] = mx;
+        pj[1] = 0.0f;
+        memset(pj + 2, 0, sizeof(float) * (size_t)hd);
+        if (mx == -INFINITY) continue;
+        pj[1] = exp_scores4(sc, n, mx);
+        for (int b = 0; b < nb; b++) {
+            float wmax = 0.0f;
+            for (int32_t c = 0; c < n; c++) {
+                dv[c] = q8_scale(v + (size_t)c * rb, b);
+                wmax = fmaxf(wmax, sc[c] * dv[c]);
+            }
+            const float inv = wmax > 0.0f ? EI_ATTN_WMAX / wmax : 0.0f;
+            int32_t c = 0;
+            for (; c + 4 <= n; c += 4)   /* round half to even, as nearbyintf */
+                vst1_s16(w + c, vmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(vmulq_f32(vld1q_f32(sc + c), vld1q_f32(dv + c)), inv))));
+            for (; c < n; c++) w[c] = (int16_t)nearbyintf(sc[c] * dv[c] * inv);
+            int32x4_t acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = vdupq_n_s32(0);
+            for (c = 0; c < n; c++) {
+                if (!w[c]) continue;
+                const int8_t *vb = (const int8_t *)(v + (size_t)c * rb + 34 * b + 2);
+                const int8x16_t x0 = vld1q_s8(vb), x1 = vld1q_s8(vb + 16);
+                const int16x8_t h[4] = {vmovl_s8(vget_low_s8(x0)), vmovl_high_s8(x0), vmovl_s8(vget_low_s8(x1)), vmovl_high_s8(x1)};
+                for (int i = 0; i < 4; i++) {
+                    acc[2 * i] = vmlal_n_s16(acc[2 * i], vget_low_s16(h[i]), w[c]);
+                    acc[2 * i + 1] = vmlal_high_n_s16(acc[2 * i + 1], h[i], w[c]);
+                }
+            }
+            const float unit = wmax / EI_ATTN_WMAX;
+            for (int i = 0; i < 8; i++) vst1q_f32(pj + 2 + 32 * b + 4 * i, vmulq_n_f32(vcvtq_f32_s32(acc[i]), unit));
+        }
     }
 }
 
