@@ -3,7 +3,9 @@
 # tests and a GPU benchmark. Designed to finish within 6 minutes on the lent H200.
 #   EDGEINFER_CUDA_ARCHS   archs to build (default "90": the H200; CI builds all three)
 #   EDGEINFER_CACHE        where SmolLM2-135M-Instruct.Q4_1.gguf is cached (models/ under it);
-#                          without the model the end-to-end tests and the benchmark are skipped
+#                          without the model the end-to-end tests and the benchmark are skipped.
+#                          On the lent H200 (no network, 64 MiB a call) scripts/gpu_model_parts.sh
+#                          brings the model and the cffi wheels in two calls: see its header.
 # Record the figures it prints in docs/performance.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +17,7 @@ step "device"
 nvidia-smi --query-gpu=name,compute_cap,memory.total,memory.used,driver_version --format=csv 2>/dev/null || echo "nvidia-smi unavailable"
 
 step "CPU extension"
-"$PY" -c "import edgeinfer._native" 2>/dev/null || "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+"$PY" -c "import edgeinfer._native" 2>/dev/null || "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .   # deps: in the device image
 
 step "build libedgeinfer_cuda.so"
 EDGEINFER_CUDA_REQUIRE=1 EDGEINFER_CUDA_ARCHS="${EDGEINFER_CUDA_ARCHS:-90}" EDGEINFER_CUDA_JOBS=8 bash scripts/build_cuda.sh
