@@ -235,3 +235,18 @@ def test_ort_genai_runner_steps(ort_model_dir):
     ttft, tpot = r.ttft_tpot(prefix, 3)
     assert ttft > 0 and tpot > 0
     r.close()
+
+
+def test_memory_floor_script(smollm2_path):
+    """scripts/memory_floor.py builds its C probe and prints the floor for the model's bytes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "memory_floor.py"
+    out = subprocess.run([sys.executable, str(script), str(smollm2_path), "--depth", "1500", "--threads", "1",
+                          "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "KV at depth 1500 (f16) 34.6 MB" in out.stdout      # 30 x 3 x 64 x 1500 x 2 B x 2
+    pct = int(out.stdout.split("floor: at most ")[1].split("%")[0])
+    assert 30 < pct < 100
