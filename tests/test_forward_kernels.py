@@ -30,7 +30,9 @@ def reference(q, k, v, cell_pos, pos):
 @pytest.mark.parametrize("n_cells,hd,g", [(1, 64, 1), (7, 64, 3), (255, 64, 3), (256, 64, 3), (257, 64, 3),
                                           (700, 64, 3), (600, 128, 4), (300, 32, 2), (90, 48, 1), (130, 20, 2),
                                           # head tiles of the AVX-512 kernel: 4 + 1, 4 + 4, 2 + 1, one head of 256, hd 16
-                                          (333, 64, 5), (64, 64, 8), (290, 128, 3), (40, 256, 2), (17, 16, 3)])
+                                          (333, 64, 5), (64, 64, 8), (290, 128, 3), (40, 256, 2), (17, 16, 3),
+                                          # two heads of 64; AVX2 with an odd count of 8-float vectors
+                                          (150, 64, 2), (99, 24, 3), (40, 8, 1)])
 def test_attention_matches_exact_math(n_cells, hd, g):
     rng = np.random.default_rng(n_cells * 131 + hd)
     q = (rng.standard_normal((g, hd)) * 2).astype(np.float32)
@@ -86,7 +88,8 @@ def q8_attention_model(q, k_raw, v_raw, cell_pos, pos, chunk=256, wmax=32767.0):
         p = np.where(cv[None, :], np.exp(sc - mc[:, None]), 0.0)
         w = p[:, :, None] * dv[None, c0:c0 + chunk, :]                    # [j, c, b]
         top = w.max(axis=1)
-        w16 = np.round(w * np.where(top > 0, wmax / np.where(top > 0, top, 1), 0)[:, None, :])
+        keep = top > 1e-30                                                 # EI_ATTN_WMIN
+        w16 = np.round(w * np.where(keep, wmax / np.where(keep, top, 1), 0)[:, None, :])
         oc = (np.einsum("jcb,cbi->jbi", w16, v8[c0:c0 + chunk]) * (top / wmax)[:, :, None]).reshape(g, hd)
         mn = np.maximum(m, mc)
         a, bb = np.where(np.isinf(m), 0.0, np.exp(m - mn)), np.exp(mc - mn)
@@ -95,7 +98,8 @@ def q8_attention_model(q, k_raw, v_raw, cell_pos, pos, chunk=256, wmax=32767.0):
 
 
 @pytest.mark.parametrize("n_cells,hd,g", [(9, 64, 3), (300, 64, 3), (520, 128, 2), (70, 32, 1), (300, 64, 5),
-                                          (260, 128, 3), (333, 96, 2), (100, 256, 2), (40, 64, 11), (600, 64, 1)])
+                                          (260, 128, 3), (333, 96, 2), (100, 256, 2), (40, 64, 11), (600, 64, 1),
+                                          (70, 32, 3)])
 def test_attention_over_q8_0_kv(n_cells, hd, g):
     """A Q8_0 KV arena: every ISA computes the documented quantized algorithm (numpy model), and
     that algorithm stays close to the exact softmax over the dequantized rows."""
@@ -118,6 +122,20 @@ def test_attention_over_q8_0_kv(n_cells, hd, g):
     for isa in ISAS:
         out = attend(isa, q, k_raw, v_raw, cell_pos, pos, kv_type=lib.EI_TYPE_Q8_0)
         assert np.abs(out - model).max() < 1e-4, isa
+
+
+def test_attention_q8_0_tiny_weights_stay_finite():
+    """The top cell's V block is all zeros and the other cells score ~85 lower: the largest
+    weight of the block is ~1e-37. Every ISA drops the block (no WMAX / wmax overflow)."""
+    pytest.importorskip("gguf")
+    hd = 32
+    q = np.full((1, hd), 10.0, np.float32)
+    k_raw, _ = q8_0_rows(np.stack([np.full(hd, 1.0), np.full(hd, -1.0), np.full(hd, -0.5)]))
+    v_raw, v = q8_0_rows(np.stack([np.zeros(hd), np.linspace(-1, 1, hd), np.linspace(1, -1, hd)]))
+    cell_pos = np.arange(3, dtype=np.int32)
+    for isa in ISAS:
+        out = attend(isa, q, k_raw, v_raw, cell_pos, 2, kv_type=lib.EI_TYPE_Q8_0)
+        assert np.isfinite(out).all() and np.abs(out).max() < 1e-20, (isa, out)
 
 
 def test_attention_rejects_bad_arguments():

@@ -156,7 +156,7 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
         for (int b = 0; b < nb; b++) {
             float wmax = 0.0f;
             for (int32_t c = 0; c < n; c++) wmax = fmaxf(wmax, sc[c] * q8_block_scale(v + (size_t)c * rb, b));
-            const float inv = wmax > 0.0f ? EI_ATTN_WMAX / wmax : 0.0f;
+            const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;
             for (int i = 0; i < 32; i++) acc[i] = 0;
             for (int32_t c = 0; c < n; c++) {
                 const uint8_t *vr = v + (size_t)c * rb;
@@ -320,7 +320,7 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
     }
     const float scale = 1.0f / sqrtf((float)hd);
     for (int c = 0; c < n_chunks; c++) {
-        const int32_t c0 = c * EI_ATTN_CHUNK, c1 = c0 + EI_ATTN_CHUNK < n_cells ? c0 + EI_ATTN_CHUNK : n_cells;
+        const int32_t c0 = c * EI_ATTN_CHUNK, c1 = (int32_t)((int64_t)c0 + EI_ATTN_CHUNK < n_cells ? c0 + EI_ATTN_CHUNK : n_cells);
         ei_attend_chunk(isa, q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores,
                         parts + (size_t)c * g * pf);
     }

@@ -12,13 +12,16 @@
 
 #define EI_ATTN_CHUNK 256
 #define EI_ATTN_MAX_GROUP 8 /* query heads a Q8_0 SIMD kernel takes in one call */
+/* The Q8_0 kernels sum V in int32: a chunk of 256 cells x |weight| 32767 x |v| 128 fits. */
+_Static_assert((long long)EI_ATTN_CHUNK * 32767 * 128 <= 2147483647LL, "Q8_0 V sums overflow int32");
 
-/* Partial result of one chunk for one query head: m (max score), s (sum of
+/* Partial result of one chunk (c1 - c0 <= EI_ATTN_CHUNK cells) for one query head: m (max score), s (sum of
  * exp(score - m)), then o[hd] = sum exp(score - m) * V. m = -inf if no cell
  * of the chunk is visible. */
 #define EI_ATTN_PART_FLOATS(hd) ((hd) + 2)
 
-/* Query heads q[j * hd ...], j < g, all reading the same K/V (one GQA group);
+/* Query heads q[j * hd ...], j < g, all reading the same K/V (one GQA group; the
+ * dispatcher gives the Q8_0 SIMD kernels at most EI_ATTN_MAX_GROUP at a time);
  * k and v point at cell 0, one row of kv_type per cell (F16 or Q8_0).
  * Cells [c0, c1) with 0 <= cell_pos[c] <= pos are visible. scores needs
  * g * (c1 - c0) floats; part gets g partials of EI_ATTN_PART_FLOATS(hd). */
@@ -30,6 +33,9 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
  * the query quantized to Q8_0 blocks by this function, integer dots with K, and V summed
  * in integers against softmax weights quantized to EI_ATTN_WMAX per head and block. */
 #define EI_ATTN_WMAX 32767.0f
+/* A block whose largest weight is below this adds < 1e-26 to the output: it is dropped
+ * (weights 0) rather than scaled by WMAX / wmax, which would overflow to inf. */
+#define EI_ATTN_WMIN 1e-30f
 void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *dq, int32_t *qsum);
 
 /* The SIMD kernels behind ei_attend_chunk (AVX-512: hd a multiple of 16, at most 256; AVX2 Q8_0 and

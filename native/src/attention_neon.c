@@ -134,7 +134,7 @@ void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint
                 dv[c] = q8_scale(v + (size_t)c * rb, b);
                 wmax = fmaxf(wmax, sc[c] * dv[c]);
             }
-            const float inv = wmax > 0.0f ? EI_ATTN_WMAX / wmax : 0.0f;
+            const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;
             int32_t c = 0;
             for (; c + 4 <= n; c += 4)   /* round half to even, as nearbyintf */
                 vst1_s16(w + c, vmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(vmulq_f32(vld1q_f32(sc + c), vld1q_f32(dv + c)), inv))));

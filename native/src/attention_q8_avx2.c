@@ -110,7 +110,7 @@ AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const 
             r = _mm_max_ps(r, _mm_movehl_ps(r, r));
             float wmax = _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
             for (; c < n; c++) wmax = fmaxf(wmax, sc[c] * dv[b][c]);
-            const float inv = wmax > 0.0f ? EI_ATTN_WMAX / wmax : 0.0f;
+            const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;
             const __m256 inv8 = _mm256_set1_ps(inv);
             for (c = 0; c + 8 <= n; c += 8)
                 _mm256_storeu_ps(w[b] + c, _mm256_round_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(sc + c), _mm256_loadu_ps(dv[b] + c)), inv8),

@@ -137,7 +137,7 @@ static AVQ float q8_weights(const float *p, const float *dv, int32_t n, int16_t 
         mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_maskz_loadu_ps(valid, p + c), _mm512_maskz_loadu_ps(valid, dv + c)));
     }
     const float wmax = _mm512_reduce_max_ps(mx);
-    const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? EI_ATTN_WMAX / wmax : 0.0f);
+    const __m512 inv = _mm512_set1_ps(wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f);
     for (int32_t c = 0; c < n; c += 16) {
         const __mmask16 valid = lanes_below(n - c);
         const __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(valid, p + c), _mm512_maskz_loadu_ps(valid, dv + c)), inv);
@@ -147,15 +147,20 @@ static AVQ float q8_weights(const float *p, const float *dv, int32_t n, int16_t 
     return wmax / EI_ATTN_WMAX;
 }
 
+/* Is cell c or c + 1 (if in the chunk) visible? */
+AI AVQ int visible2(const int32_t *cell_pos, int32_t c, int32_t n, int32_t pos) {
+    return (cell_pos[c] >= 0 && cell_pos[c] <= pos) || (c + 1 < n && cell_pos[c + 1] >= 0 && cell_pos[c + 1] <= pos);
+}
+
 /* V summed for JN heads (weights w[j][b][c], row stride wst) over the chunk into the
  * partials' o (hd = 32 NB), scaled by unit[j][b]. JN and NB are constants where inlined. */
-AI AVQ void q8_values(const int JN, const int NB, const uint8_t *v, size_t rb, int32_t n, const float *p0,
+AI AVQ void q8_values(const int JN, const int NB, const uint8_t *v, size_t rb, int32_t n, const int32_t *cell_pos, int32_t pos,
                       const int16_t *w, size_t wst, const float *unit, float *part, int pf) {
     __m512i lo[4][8], hi[4][8];   /* [head][block]: dims 8L+0..3 and 8L+4..7 of 128-bit lane L */
     for (int j = 0; j < JN; j++)
         for (int b = 0; b < NB; b++) lo[j][b] = hi[j][b] = _mm512_setzero_si512();
     for (int32_t c = 0; c < n; c += 2) {
-        if (p0[c] == 0.0f && (c + 1 >= n || p0[c + 1] == 0.0f)) continue;   /* neither visible */
+        if (!visible2(cell_pos, c, n, pos)) continue;   /* neither cell visible: weight 0 for every head */
         const uint8_t *ra = v + (size_t)c * rb, *rn = v + (size_t)(c + 1 < n ? c + 1 : c) * rb;
         for (int b = 0; b < NB; b++) {
             const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(ra + 34 * b + 2)));
@@ -194,7 +199,9 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
     for (int j = 0; j < g; j++) quantize_q(q + (size_t)j * hd, hd, scale, q8 + j * hd, dq + j * nb, qsum + j * nb);
     mx[0] = -INFINITY;
     q8_scores(q8, dq, qsum, g, k, v, nb, cell_pos, n, pos, scores, mx);
-    if (mx[0] == -INFINITY) {   /* visibility is the same for every head */
+    int any = 0;   /* visibility is the same for every head */
+    for (int32_t c = 0; c < n && !any; c++) any = cell_pos[c] >= 0 && cell_pos[c] <= pos;
+    if (!any) {
         for (int j = 0; j < g; j++) {
             part[j * pf] = -INFINITY;
             part[j * pf + 1] = 0.0f;
@@ -223,24 +230,23 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
         for (int j = 0; j < jn; j++)
             for (int b = 0; b < nb; b++)
                 unit[j * nb + b] = q8_weights(scores + (size_t)(j0 + j) * n, dv[b], n, w + (j * nb + b) * WST);
-        const float *p0 = scores + (size_t)j0 * n;
         float *pt = part + (size_t)j0 * pf;
         switch (nb * 8 + jn) {
-        case 1 * 8 + 1: q8_values(1, 1, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 1 * 8 + 2: q8_values(2, 1, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 1 * 8 + 3: q8_values(3, 1, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 1 * 8 + 4: q8_values(4, 1, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 2 * 8 + 1: q8_values(1, 2, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 2 * 8 + 2: q8_values(2, 2, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 2 * 8 + 3: q8_values(3, 2, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 2 * 8 + 4: q8_values(4, 2, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 4 * 8 + 1: q8_values(1, 4, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 4 * 8 + 2: q8_values(2, 4, v, rb, n, p0, w, WST, unit, pt, pf); break;
-        case 8 * 8 + 1: q8_values(1, 8, v, rb, n, p0, w, WST, unit, pt, pf); break;
+        case 1 * 8 + 1: q8_values(1, 1, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 1 * 8 + 2: q8_values(2, 1, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 1 * 8 + 3: q8_values(3, 1, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 1 * 8 + 4: q8_values(4, 1, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 2 * 8 + 1: q8_values(1, 2, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 2 * 8 + 2: q8_values(2, 2, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 2 * 8 + 3: q8_values(3, 2, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 2 * 8 + 4: q8_values(4, 2, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 4 * 8 + 1: q8_values(1, 4, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 4 * 8 + 2: q8_values(2, 4, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
+        case 8 * 8 + 1: q8_values(1, 8, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
         default:   /* other head sizes (96, 160, ...): one head at a time, blocks not unrolled */
             for (int j = 0; j < jn; j++)
                 for (int b = 0; b < nb; b++)
-                    q8_values(1, 1, v + 34 * b, rb, n, p0 + (size_t)j * n, w + (j * nb + b) * WST, WST, unit + j * nb + b,
+                    q8_values(1, 1, v + 34 * b, rb, n, cell_pos, pos, w + (j * nb + b) * WST, WST, unit + j * nb + b,
                               pt + (size_t)j * pf + 32 * b, pf);
             break;
         }
