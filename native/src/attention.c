@@ -13,13 +13,7 @@
 #include <immintrin.h>
 #endif
 
-static inline int visible(int32_t cp, int32_t pos) { return cp >= 0 && cp <= pos; }
 
-static void empty_part(float *part, int hd) {
-    part[0] = -INFINITY;
-    part[1] = 0.0f;
-    for (int i = 0; i < hd; i++) part[2 + i] = 0.0f;
-}
 
 /* One F16 KV row (head_dim values) as floats. */
 static void f16_row_ref(const uint8_t *row, int hd, float *out) {
@@ -64,7 +58,7 @@ static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v,
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
         float mx = -INFINITY;
         for (int32_t c = 0; c < n; c++) {
-            if (!visible(cell_pos[c0 + c], pos)) {
+            if (!ei_attn_visible(cell_pos[c0 + c], pos)) {
                 sc[c] = -INFINITY;
                 continue;
             }
@@ -74,7 +68,7 @@ static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v,
             sc[c] = s * scale;
             if (sc[c] > mx) mx = sc[c];
         }
-        empty_part(pj, hd);
+        ei_attn_empty_parts(pj, 1, hd);
         if (mx == -INFINITY) continue;
         float sum = 0.0f;
         for (int32_t c = 0; c < n; c++) {
@@ -132,7 +126,7 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
         ei_attn_quantize_q(q + (size_t)j * hd, hd, scale, q8, dq, qsum);
         float mx = -INFINITY;
         for (int32_t c = 0; c < n; c++) {
-            if (!visible(cell_pos[c0 + c], pos)) {
+            if (!ei_attn_visible(cell_pos[c0 + c], pos)) {
                 sc[c] = -INFINITY;
                 continue;
             }
@@ -146,7 +140,7 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
             sc[c] = s;
             if (s > mx) mx = s;
         }
-        empty_part(pj, hd);
+        ei_attn_empty_parts(pj, 1, hd);
         if (mx == -INFINITY) continue;
         float sum = 0.0f;
         for (int32_t c = 0; c < n; c++) {
@@ -194,7 +188,7 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
         for (int i = 0; i < nv; i++) qv[i] = _mm256_mul_ps(_mm256_loadu_ps(qj + 8 * i), _mm256_set1_ps(scale));
         float mx = -INFINITY;
         for (int32_t c = 0; c < n; c++) {
-            if (!visible(cell_pos[c0 + c], pos)) {
+            if (!ei_attn_visible(cell_pos[c0 + c], pos)) {
                 sc[c] = -INFINITY;
                 continue;
             }
@@ -208,7 +202,7 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
             sc[c] = hsum8(_mm256_add_ps(a0, a1));
             if (sc[c] > mx) mx = sc[c];
         }
-        empty_part(pj, hd);
+        ei_attn_empty_parts(pj, 1, hd);
         if (mx == -INFINITY) continue;
         const float sum = exp_scores8(sc, n, mx);
         __m256 acc[32];

@@ -8,6 +8,8 @@
  * while a single decoded token still spreads over all threads. */
 #ifndef EI_ATTENTION_H
 #define EI_ATTENTION_H
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define EI_ATTN_CHUNK 256
@@ -50,6 +52,25 @@ void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const uint
                              int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                                int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
+
+/* Is a cell holding position cp visible to a query at pos? (-1 marks an empty cell.) */
+static inline int ei_attn_visible(int32_t cp, int32_t pos) { return cp >= 0 && cp <= pos; }
+
+/* Any visible cell among cell_pos[0..n)? */
+static inline int ei_attn_any_visible(const int32_t *cell_pos, int32_t n, int32_t pos) {
+    for (int32_t c = 0; c < n; c++)
+        if (ei_attn_visible(cell_pos[c], pos)) return 1;
+    return 0;
+}
+
+/* g partials (m = -inf, s = 0, o = 0) for a chunk with no visible cell. */
+static inline void ei_attn_empty_parts(float *part, int g, int hd) {
+    for (int j = 0; j < g; j++) {
+        float *p = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
+        p[0] = -INFINITY;
+        for (int i = 1; i < EI_ATTN_PART_FLOATS(hd); i++) p[i] = 0.0f;
+    }
+}
 
 /* Writes hd floats as one KV row of kv_type (F16, or Q8_0 blocks: d = amax / 127). */
 void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row);

@@ -92,14 +92,8 @@ AI AV5 void attend_tile(const float *q, const int JN, const uint8_t *k, const ui
     const size_t rb = (size_t)hd * 2;
     float mx[MAX_TILE], sum[MAX_TILE];
     tile_scores(q, JN, k, NV, rb, cell_pos, n, pos, scale, sc, mx);
-    int any = 0;   /* visibility is the same for every head */
-    for (int32_t c = 0; c < n && !any; c++) any = cell_pos[c] >= 0 && cell_pos[c] <= pos;
-    if (!any) {
-        for (int j = 0; j < JN; j++) {
-            part[j * pf] = -INFINITY;
-            part[j * pf + 1] = 0.0f;
-            memset(part + j * pf + 2, 0, sizeof(float) * (size_t)hd);
-        }
+    if (!ei_attn_any_visible(cell_pos, n, pos)) {   /* visibility is the same for every head */
+        ei_attn_empty_parts(part, JN, hd);
         return;
     }
     for (int j = 0; j < JN; j++) sum[j] = exp_scores16(sc + (size_t)j * n, n, mx[j]);
@@ -107,7 +101,7 @@ AI AV5 void attend_tile(const float *q, const int JN, const uint8_t *k, const ui
     for (int j = 0; j < JN; j++)
         for (int i = 0; i < NV; i++) acc[j][i] = _mm512_setzero_ps();
     for (int32_t c = 0; c < n; c++) {
-        if (cell_pos[c] < 0 || cell_pos[c] > pos) continue; /* not visible: weight 0 for every head */
+        if (!ei_attn_visible(cell_pos[c], pos)) continue; /* not visible: weight 0 for every head */
         const uint8_t *vr = v + (size_t)c * rb;
         __m512 vz[16];
         for (int i = 0; i < NV; i++) vz[i] = ld16(vr, i);

@@ -51,7 +51,7 @@ AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *
         for (int i = 0; i < nv; i++) qv[i] = vmulq_n_f32(vld1q_f32(q + (size_t)j * hd + 4 * i), scale);
         float mx = -INFINITY;
         for (int32_t c = 0; c < n; c++) {
-            if (cell_pos[c] < 0 || cell_pos[c] > pos) {
+            if (!ei_attn_visible(cell_pos[c], pos)) {
                 sc[c] = -INFINITY;
                 continue;
             }
@@ -112,7 +112,7 @@ void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint
         ei_attn_quantize_q(q + (size_t)j * hd, hd, scale, q8, dq, qsum);
         float mx = -INFINITY;
         for (int32_t c = 0; c < n; c++) {
-            if (cell_pos[c] < 0 || cell_pos[c] > pos) {
+            if (!ei_attn_visible(cell_pos[c], pos)) {
                 sc[c] = -INFINITY;
                 continue;
             }

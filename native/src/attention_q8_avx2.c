@@ -64,7 +64,7 @@ AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const 
     }
     /* scores: each K block turned into floats once for every head */
     for (int32_t c = 0; c < n; c++) {
-        if (cell_pos[c] < 0 || cell_pos[c] > pos) {
+        if (!ei_attn_visible(cell_pos[c], pos)) {
             for (int j = 0; j < g; j++) scores[(size_t)j * n + c] = -INFINITY;
             continue;
         }

@@ -149,7 +149,7 @@ static AVQ float q8_weights(const float *p, const float *dv, int32_t n, int16_t 
 
 /* Is cell c or c + 1 (if in the chunk) visible? */
 AI AVQ int visible2(const int32_t *cell_pos, int32_t c, int32_t n, int32_t pos) {
-    return (cell_pos[c] >= 0 && cell_pos[c] <= pos) || (c + 1 < n && cell_pos[c + 1] >= 0 && cell_pos[c + 1] <= pos);
+    return ei_attn_visible(cell_pos[c], pos) || (c + 1 < n && ei_attn_visible(cell_pos[c + 1], pos));
 }
 
 /* V summed for JN heads (weights w[j][b][c], row stride wst) over the chunk into the
@@ -199,14 +199,8 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
     for (int j = 0; j < g; j++) quantize_q(q + (size_t)j * hd, hd, scale, q8 + j * hd, dq + j * nb, qsum + j * nb);
     mx[0] = -INFINITY;
     q8_scores(q8, dq, qsum, g, k, v, nb, cell_pos, n, pos, scores, mx);
-    int any = 0;   /* visibility is the same for every head */
-    for (int32_t c = 0; c < n && !any; c++) any = cell_pos[c] >= 0 && cell_pos[c] <= pos;
-    if (!any) {
-        for (int j = 0; j < g; j++) {
-            part[j * pf] = -INFINITY;
-            part[j * pf + 1] = 0.0f;
-            memset(part + j * pf + 2, 0, sizeof(float) * (size_t)hd);
-        }
+    if (!ei_attn_any_visible(cell_pos, n, pos)) {   /* visibility is the same for every head */
+        ei_attn_empty_parts(part, g, hd);
         return;
     }
     for (int j = 0; j < g; j++) {
