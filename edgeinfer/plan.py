@@ -10,7 +10,8 @@ Total = weights + KV arena + working buffers + process overhead, where
   besides the KV arena: activations for ``max_batch`` tokens, the quantized
   activation blocks, per-thread attention scores, RoPE tables and cell bookkeeping;
 * overhead is an estimate for the Python process (interpreter, numpy, tokenizer
-  tables, one logits row per slot).
+  tables, one logits row per slot), plus up to 2 MiB per big arena (packed weights, K,
+  V), which the runtime places on 2 MiB pages.
 
 ``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
 ``engine.runtime.scratch_bytes``) to well within 5% (tests/test_doctor_plan.py).
@@ -118,9 +119,13 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
     return total
 
 
+HUGE_PAGE = 2 << 20   # the packed weights, K and V arenas sit on 2 MiB pages (runtime.c: alloc_huge)
+
+
 def overhead_bytes(m: ModelShape, slots: int) -> int:
-    """Process overhead estimate: interpreter and libraries, tokenizer, logits rows."""
-    return PROCESS_OVERHEAD + slots * m.n_vocab * 4 + m.n_vocab * 200
+    """Process overhead estimate: interpreter and libraries, tokenizer, logits rows, and the
+    last, partly used 2 MiB page of each of the three big arenas."""
+    return PROCESS_OVERHEAD + slots * m.n_vocab * 4 + m.n_vocab * 200 + 3 * HUGE_PAGE
 
 
 @dataclass

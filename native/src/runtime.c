@@ -25,11 +25,14 @@ static void *alloc_zeroed(size_t bytes, size_t *total) {
 }
 
 /* Big arenas (packed weights, KV) on 2 MiB pages where the kernel allows it: a decode
- * step reads every byte of them, and on 4 KiB pages that is one TLB miss per page. */
+ * step reads every byte of them, and on 4 KiB pages that is one TLB miss per page.
+ * Arenas under 4 MiB keep small pages (rounding them up would cost more than it saves). */
 static void *alloc_huge(size_t bytes) {
-    const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) / huge * huge;
+    const size_t huge = (size_t)2 << 20;
     void *p = NULL;
-    if (posix_memalign(&p, huge, size ? size : huge) != 0) return NULL;
+    if (bytes < 2 * huge) return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
+    const size_t size = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, size) != 0) return NULL;
 #ifdef MADV_HUGEPAGE
     madvise(p, size, MADV_HUGEPAGE);   /* advice only: 4 KiB pages if refused */
 #endif
