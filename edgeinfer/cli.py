@@ -37,12 +37,12 @@ def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _load_engine(model: str, ctx: int, threads: Optional[int], device: str):
+def _load_engine(model: str, ctx: int, threads: Optional[int], device: str, kv: str = "f16"):
     from . import load
     from .models import resolve_model
 
     path = resolve_model(model)  # a clear ModelNotFoundError before anything heavy
-    return load(str(path), n_ctx=ctx, n_threads=threads, device=device)
+    return load(str(path), n_ctx=ctx, n_threads=threads, device=device, kv_type=kv)
 
 
 def _write(text: str) -> None:
@@ -167,6 +167,8 @@ CtxOpt = Annotated[int, typer.Option("--ctx", "-c", "--n-ctx",
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t",
                                                    help="CPU threads; default = physical cores.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
+KvOpt = Annotated[str, typer.Option("--kv", help="KV arena type: f16, or q8_0 (half the memory, a little "
+                                    "accuracy).")]
 
 
 # --------------------------------------------------------------------------- commands
@@ -192,6 +194,7 @@ def run(
     ctx: CtxOpt = 2048,
     threads: ThreadsOpt = None,
     device: DeviceOpt = "cpu",
+    kv: KvOpt = "f16",
     chat: Annotated[bool, typer.Option("--chat/--raw",
                                        help="--chat: wrap the prompt as a user message in the "
                                             "model's chat template; --raw (default): plain "
@@ -205,7 +208,7 @@ def run(
     text = _read_prompt(prompt, file)
     kw = _sampling_kwargs(max_tokens, temp, seed, top_k, top_p, min_p, repeat_penalty, stop,
                           ignore_eos)
-    eng = _load_engine(model, ctx, threads, device)
+    eng = _load_engine(model, ctx, threads, device, kv)
     timed = _Timed()
     if chat:
         messages = ([{"role": "system", "content": system}] if system else [])
@@ -245,12 +248,13 @@ def chat(
     ctx: CtxOpt = 2048,
     threads: ThreadsOpt = None,
     device: DeviceOpt = "cpu",
+    kv: KvOpt = "f16",
     stats: Annotated[bool, typer.Option("--stats/--no-stats",
                                         help="Print a stats line after each reply.")] = False,
 ) -> None:
     """Chat interactively: one line per message; /reset clears the history, /exit or EOF quits."""
     kw = _sampling_kwargs(max_tokens, temp, seed, top_k, top_p, min_p, repeat_penalty, None, False)
-    eng = _load_engine(model, ctx, threads, device)
+    eng = _load_engine(model, ctx, threads, device, kv)
     interactive = sys.stdin.isatty()
     base = [{"role": "system", "content": system}] if system else []
     history: list[dict] = list(base)
@@ -347,9 +351,10 @@ def info(
     ctx: CtxOpt = 2048,
     threads: ThreadsOpt = None,
     device: DeviceOpt = "cpu",
+    kv: KvOpt = "f16",
 ) -> None:
     """Show a model's architecture, parameters, tensor types and KV arena size."""
-    eng = _load_engine(model, ctx, threads, device)
+    eng = _load_engine(model, ctx, threads, device, kv)
     d = dict(eng.info())
     if as_json:
         _write(json.dumps(d, indent=2, default=str) + "\n")

@@ -85,7 +85,7 @@ def fake_engine(monkeypatch):
     eng = FakeEngine()
     loads = []
 
-    def fake_load(model, ctx, threads, device):
+    def fake_load(model, ctx, threads, device, kv="f16"):
         loads.append((model, ctx, threads, device))
         return eng
 
@@ -342,6 +342,19 @@ def test_real_chat(smollm2_path):
                       input="Hi!\n/exit\n")
     assert r.exit_code == 0, r.output
     assert r.stdout.strip()
+
+
+@needs_engine
+def test_real_info_q8_0_kv_and_a_bad_kv(smollm2_path):
+    """--kv on run/chat/info: q8_0 holds 34 bytes per 32 values where f16 holds 64."""
+    sizes = {}
+    for kv in ("f16", "q8_0"):
+        r = runner.invoke(app, ["info", str(smollm2_path), "--json", "--ctx", "256", "--kv", kv])
+        assert r.exit_code == 0, r.output
+        sizes[kv] = json.loads(r.stdout)["kv_bytes"]
+    assert sizes["q8_0"] * 64 == sizes["f16"] * 34
+    r = runner.invoke(app, ["run", str(smollm2_path), "-p", "x", "-n", "2", "--kv", "q4_0"])
+    assert r.exit_code == 1 and "kv_type must be one of" in r.output
 
 
 def test_serve_rejects_an_unknown_kv_type():
