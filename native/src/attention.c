@@ -13,8 +13,6 @@
 #include <immintrin.h>
 #endif
 
-
-
 /* One F16 KV row (head_dim values) as floats. */
 static void f16_row_ref(const uint8_t *row, int hd, float *out) {
     for (int i = 0; i < hd; i++) {
@@ -99,12 +97,6 @@ void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *
     }
 }
 
-static inline float q8_block_scale(const uint8_t *row, int b) {
-    uint16_t h;
-    memcpy(&h, row + 34 * b, 2);
-    return ei_fp16_to_fp32(h);
-}
-
 /* Q8_0 K/V, as llama.cpp attends over a quantized KV cache: the query is quantized to
  * Q8_0 blocks and dotted with K in integers; V is accumulated in integers against the
  * softmax weights times V's block scales, quantized to 15 bits per head and block
@@ -135,7 +127,7 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
             for (int b = 0; b < nb; b++) {
                 int32_t dot = 0;
                 for (int i = 0; i < 32; i++) dot += (int32_t)q8[32 * b + i] * (int8_t)kr[34 * b + 2 + i];
-                s += (dq[b] * q8_block_scale(kr, b)) * (float)dot;
+                s += (dq[b] * ei_attn_q8_scale(kr, b)) * (float)dot;
             }
             sc[c] = s;
             if (s > mx) mx = s;
@@ -149,12 +141,12 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
         }
         for (int b = 0; b < nb; b++) {
             float wmax = 0.0f;
-            for (int32_t c = 0; c < n; c++) wmax = fmaxf(wmax, sc[c] * q8_block_scale(v + (size_t)c * rb, b));
+            for (int32_t c = 0; c < n; c++) wmax = fmaxf(wmax, sc[c] * ei_attn_q8_scale(v + (size_t)c * rb, b));
             const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;
             for (int i = 0; i < 32; i++) acc[i] = 0;
             for (int32_t c = 0; c < n; c++) {
                 const uint8_t *vr = v + (size_t)c * rb;
-                const int32_t w = (int32_t)nearbyintf(sc[c] * q8_block_scale(vr, b) * inv);
+                const int32_t w = (int32_t)nearbyintf(sc[c] * ei_attn_q8_scale(vr, b) * inv);
                 for (int i = 0; w && i < 32; i++) acc[i] += w * (int8_t)vr[34 * b + 2 + i];
             }
             for (int i = 0; i < 32; i++) pj[2 + 32 * b + i] = (wmax / EI_ATTN_WMAX) * (float)acc[i];

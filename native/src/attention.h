@@ -11,6 +11,9 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
 
 #define EI_ATTN_CHUNK 256
 #define EI_ATTN_MAX_GROUP 8 /* query heads a Q8_0 SIMD kernel takes in one call */
@@ -39,6 +42,13 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
  * (weights 0) rather than scaled by WMAX / wmax, which would overflow to inf. */
 #define EI_ATTN_WMIN 1e-30f
 void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *dq, int32_t *qsum);
+
+/* The f16 scale of block b of a Q8_0 KV row (34 bytes a block). */
+static inline float ei_attn_q8_scale(const uint8_t *row, int b) {
+    uint16_t h;
+    memcpy(&h, row + 34 * b, 2);
+    return ei_fp16_to_fp32(h);
+}
 
 /* The SIMD kernels behind ei_attend_chunk (AVX-512: hd a multiple of 16, at most 256; AVX2 Q8_0 and
  * NEON: at most 256). */

@@ -117,9 +117,6 @@ AI AV5 void attend_tile(const float *q, const int JN, const uint8_t *k, const ui
     }
 }
 
-/* Heads per tile so that a tile's query and accumulator vectors fit the 32 registers. */
-static int tile_heads(int nv) { return nv <= 4 ? 4 : nv <= 8 ? 2 : 1; }
-
 #define TILE(JN, NV) attend_tile(qj, JN, k, v, NV, cell_pos, n, pos, scale, scj, partj)
 
 AV5 void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
@@ -129,7 +126,8 @@ AV5 void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const u
     k += (size_t)c0 * hd * 2;
     v += (size_t)c0 * hd * 2;
     cell_pos += c0;
-    const int per_tile = nv == 4 || nv == 8 ? tile_heads(nv) : 1;
+    /* heads per tile so that a tile's query and accumulator vectors fit the 32 registers */
+    const int per_tile = nv == 4 ? 4 : nv == 8 ? 2 : 1;
     for (int j0 = 0; j0 < g; j0 += per_tile) {
         const int jn = g - j0 < per_tile ? g - j0 : per_tile;
         const float *qj = q + (size_t)j0 * hd;

@@ -13,33 +13,12 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels.h"
 #include "simd_math.h"
 
 #define AI static inline __attribute__((always_inline))
 
 /* Values 4i..4i+3 of an F16 KV row as floats. */
 AI float32x4_t ld4(const uint8_t *row, int i) { return vcvt_f32_f16(vld1_f16((const float16_t *)(row + 8 * i))); }
-
-/* exp(score - mx) for sc[0..n), 0 where the score is -inf (not visible); returns the sum. */
-static float exp_scores4(float *sc, int32_t n, float mx) {
-    const float32x4_t mxv = vdupq_n_f32(mx), ninf = vdupq_n_f32(-INFINITY);
-    float32x4_t sum = vdupq_n_f32(0.0f);
-    int32_t c = 0;
-    for (; c + 4 <= n; c += 4) {
-        const float32x4_t x = vld1q_f32(sc + c);
-        const uint32x4_t live = vmvnq_u32(vceqq_f32(x, ninf));
-        const float32x4_t e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(exp4(vsubq_f32(x, mxv))), live));
-        vst1q_f32(sc + c, e);
-        sum = vaddq_f32(sum, e);
-    }
-    float s = vaddvq_f32(sum);
-    for (; c < n; c++) {
-        sc[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
-        s += sc[c];
-    }
-    return s;
-}
 
 AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                         int32_t n, int32_t pos, const int hd, float scale, float *scores, float *part) {
@@ -79,12 +58,6 @@ AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *
 
 /* ---- Q8_0 KV ---- */
 
-static inline float q8_scale(const uint8_t *row, int b) {
-    uint16_t h;
-    memcpy(&h, row + 34 * b, 2);
-    return ei_fp16_to_fp32(h);
-}
-
 /* sum over 32 int8 pairs, exactly */
 AI int32_t dot32(const int8_t *a, const int8_t *b) {
     const int8x16_t a0 = vld1q_s8(a), a1 = vld1q_s8(a + 16), b0 = vld1q_s8(b), b1 = vld1q_s8(b + 16);
@@ -119,7 +92,7 @@ void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint
             const uint8_t *kr = k + (size_t)c * rb;
             float s = 0.0f;
             for (int b = 0; b < nb; b++)
-                s += (dq[b] * q8_scale(kr, b)) * (float)dot32(q8 + 32 * b, (const int8_t *)(kr + 34 * b + 2));
+                s += (dq[b] * ei_attn_q8_scale(kr, b)) * (float)dot32(q8 + 32 * b, (const int8_t *)(kr + 34 * b + 2));
             sc[c] = s;
             if (s > mx) mx = s;
         }
@@ -131,7 +104,7 @@ void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint
         for (int b = 0; b < nb; b++) {
             float wmax = 0.0f;
             for (int32_t c = 0; c < n; c++) {
-                dv[c] = q8_scale(v + (size_t)c * rb, b);
+                dv[c] = ei_attn_q8_scale(v + (size_t)c * rb, b);
                 wmax = fmaxf(wmax, sc[c] * dv[c]);
             }
             const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;

@@ -36,10 +36,7 @@ static AV2 void quantize_q(const float *q, int hd, float scale, __m256 *qf, floa
             x[i] = _mm256_mul_ps(_mm256_loadu_ps(q + 32 * b + 8 * i), sc);
             m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[i]));
         }
-        __m128 r = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-        r = _mm_max_ss(r, _mm_movehdup_ps(r));
-        const float d = _mm_cvtss_f32(r) / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = hmax8(m) / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
         for (int i = 0; i < 4; i++) {
             const __m256 y = _mm256_round_ps(_mm256_mul_ps(x[i], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             qf[4 * b + i] = _mm256_max_ps(_mm256_min_ps(y, lim), nlim);
@@ -106,9 +103,7 @@ AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const 
             __m256 m8 = _mm256_setzero_ps();
             int32_t c = 0;
             for (; c + 8 <= n; c += 8) m8 = _mm256_max_ps(m8, _mm256_mul_ps(_mm256_loadu_ps(sc + c), _mm256_loadu_ps(dv[b] + c)));
-            __m128 r = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-            r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-            float wmax = _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+            float wmax = hmax8(m8);
             for (; c < n; c++) wmax = fmaxf(wmax, sc[c] * dv[b][c]);
             const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;
             const __m256 inv8 = _mm256_set1_ps(inv);

@@ -215,7 +215,7 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
         for (int b = 0; b < nb; b++) _mm512_storeu_ps(dv[b] + c, block_scales(v, offs, b));
     }
     /* heads in tiles whose int32 accumulators (2 per head and block) fit the registers */
-    const int tile = nb == 1 ? 4 : nb == 2 ? 4 : nb == 4 ? 2 : 1;
+    const int tile = nb <= 2 ? 4 : nb == 4 ? 2 : 1;
     enum { WST = EI_ATTN_CHUNK + 2 };
     int16_t w[4 * 8 * WST];
     float unit[4 * 8];

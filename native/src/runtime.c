@@ -39,6 +39,14 @@ static void *alloc_huge(size_t bytes) {
     return p;
 }
 
+/* A zeroed big arena (the KV), counted in *total like alloc_zeroed's buffers. */
+static void *alloc_huge_zeroed(size_t bytes, size_t *total) {
+    *total += bytes;
+    void *p = alloc_huge(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
 static const ei_weight *packable(const ei_model *m, int i) {
     const int n = m->cfg.n_layer * EI_PACKED_PER_LAYER;
     if (i == n) return ei_model_output(m);
@@ -133,9 +141,8 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->kv_row_bytes = (size_t)ei_row_bytes(prm.kv_type, c->head_dim);
     size_t kv_rows = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx;
     size_t kv_total = 0, scratch = 0;
-    if ((rt->k = alloc_huge(kv_rows * rt->kv_row_bytes))) memset(rt->k, 0, kv_rows * rt->kv_row_bytes);
-    if ((rt->v = alloc_huge(kv_rows * rt->kv_row_bytes))) memset(rt->v, 0, kv_rows * rt->kv_row_bytes);
-    kv_total += 2 * kv_rows * rt->kv_row_bytes;
+    rt->k = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
+    rt->v = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
     rt->cell_pos = alloc_zeroed((size_t)prm.n_slots * prm.n_ctx * sizeof(int32_t), &scratch);
     rt->n_used = alloc_zeroed((size_t)prm.n_slots * sizeof(int32_t), &scratch);
 

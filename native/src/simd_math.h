@@ -32,6 +32,13 @@ static inline __attribute__((target("avx2"))) float hsum8(__m256 x) {
     return _mm_cvtss_f32(r);
 }
 
+/* The largest of 8 lanes. */
+static inline __attribute__((target("avx2"))) float hmax8(__m256 x) {
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+}
+
 /* Attention scores sc[0..n) -> exp(score - mx), 0 where the score is -inf (not visible);
  * returns their sum. 8 lanes at a time, the tail with expf. */
 static inline __attribute__((target("avx2,fma"))) float exp_scores8(float *sc, int32_t n, float mx) {
@@ -93,6 +100,8 @@ static inline __attribute__((target("avx512f"))) float exp_scores16(float *sc, i
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
+#include <stdint.h>
 
 /* exp8's polynomial on 4 lanes (NEON). */
 static inline float32x4_t exp4(float32x4_t x) {
@@ -109,6 +118,27 @@ static inline float32x4_t exp4(float32x4_t x) {
     p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
     const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
     return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+/* Attention scores sc[0..n) -> exp(score - mx), 0 where the score is -inf (not visible);
+ * returns their sum. 4 lanes at a time, the tail with expf. */
+static inline float exp_scores4(float *sc, int32_t n, float mx) {
+    const float32x4_t mxv = vdupq_n_f32(mx), ninf = vdupq_n_f32(-INFINITY);
+    float32x4_t sum = vdupq_n_f32(0.0f);
+    int32_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        const float32x4_t x = vld1q_f32(sc + c);
+        const uint32x4_t live = vmvnq_u32(vceqq_f32(x, ninf));
+        const float32x4_t e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(exp4(vsubq_f32(x, mxv))), live));
+        vst1q_f32(sc + c, e);
+        sum = vaddq_f32(sum, e);
+    }
+    float s = vaddvq_f32(sum);
+    for (; c < n; c++) {
+        sc[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
+        s += sc[c];
+    }
+    return s;
 }
 #endif
 #endif
