@@ -137,8 +137,9 @@ template <> struct Deq<EI_TYPE_Q5_0> {
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const int q = b[6 + j];
-            w[j] = d * (float)(((q & 15) | (((qh >> j) & 1) << 4)) - 16);
-            w[j + 16] = d * (float)(((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+            /* int, not the uint32_t of qh: q - 16 is negative for half the values */
+            w[j] = d * (float)((int)((q & 15) | (((qh >> j) & 1) << 4)) - 16);
+            w[j + 16] = d * (float)((int)((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
         }
     }
 };

@@ -1,0 +1,157 @@
+"""eisim, the CPU simulator of the CUDA runtime (native/cuda/sim), and the CUDA
+backend's own tests run through it on a machine without a GPU.
+
+- The simulator's checks: each kernel of native/cuda/sim/selftest.cu breaks one
+  CUDA rule and must fail the way a GPU would (a kernel fault is sticky in CUDA,
+  so every case runs in a fresh process).
+- tests/test_cuda.py in a subprocess with EDGEINFER_CUDA_LIB set to the simulator
+  build of native/cuda: every per-op and end-to-end test runs the real kernels.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def sim_build(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cuda_sim")
+    env = dict(os.environ, EDGEINFER_CUDA_SIM_OUT=str(out), PYTHON=sys.executable)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build_cuda_sim.sh")], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def _case(sim_build: Path, body: str, **env: str) -> subprocess.CompletedProcess:
+    """Runs body with `lib` (the self-test library) and `ffi` in a fresh Python."""
+    code = textwrap.dedent("""
+        import cffi, math
+        ffi = cffi.FFI()
+        ffi.cdef('''
+            int eisim_test_warp_sum(const float *x, int n, float *out);
+            int eisim_test_shuffle_after_exit(void);
+            int eisim_test_divergent_barrier(void);
+            int eisim_test_neighbour(int threads, float *out);
+            int eisim_test_dynamic_smem(int bytes, int optin);
+            int eisim_test_bad_grid(void);
+            int eisim_test_async_needs_sync(float *seen, float *synced);
+            int eisim_test_graph(int replays, int spoil, float *out);
+            int eisim_test_copy_overrun(void);
+            int eisim_test_fresh_memory(float *out);
+            float eisim_test_host_deref(void);
+        ''')
+        lib = ffi.dlopen(%r)
+    """ % str(sim_build / "libeisim_selftest.so")) + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True,
+                          timeout=120)
+
+
+def _ok(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+LAUNCH_FAILURE, INVALID_VALUE, INVALID_CONFIGURATION, CAPTURE_INVALIDATED = 719, 1, 9, 901
+
+
+def test_warp_shuffles_exchange_lane_values(sim_build):
+    out = _ok(_case(sim_build, """
+        x = ffi.new("float[96]", list(range(96)))
+        out = ffi.new("float[3]")
+        assert lib.eisim_test_warp_sum(x, 3, out) == 0
+        print(list(out))
+    """))
+    assert out.strip() == str([float(sum(range(32 * w, 32 * w + 32))) for w in range(3)])
+
+
+@pytest.mark.parametrize("threads", [32, 96, 128])
+def test_barrier_orders_shared_memory(sim_build, threads):
+    out = _ok(_case(sim_build, f"""
+        out = ffi.new("float[{threads}]")
+        assert lib.eisim_test_neighbour({threads}, out) == 0
+        print(list(out))
+    """))
+    assert out.strip() == str([float((i + 1) % threads) for i in range(threads)])
+
+
+def test_shuffle_with_exited_lanes_is_a_launch_failure(sim_build):
+    r = _case(sim_build, "print(lib.eisim_test_shuffle_after_exit())")
+    assert _ok(r).strip() == str(LAUNCH_FAILURE) and "exited" in r.stderr
+
+
+def test_divergent_barrier_is_a_launch_failure(sim_build):
+    r = _case(sim_build, "print(lib.eisim_test_divergent_barrier())")
+    assert _ok(r).strip() == str(LAUNCH_FAILURE) and "barriers" in r.stderr
+
+
+@pytest.mark.parametrize("cc,bytes_,optin,expected", [
+    (90, 32 * 1024, 0, 0),                  # under the default 48 KiB
+    (90, 64 * 1024, 0, INVALID_VALUE),      # over it without opting in
+    (90, 64 * 1024, 64 * 1024, 0),
+    (75, 96 * 1024, 96 * 1024, INVALID_VALUE),   # a T4 allows at most 64 KiB
+    (87, 96 * 1024, 96 * 1024, 0),
+])
+def test_dynamic_shared_memory_limits(sim_build, cc, bytes_, optin, expected):
+    r = _case(sim_build, f"print(lib.eisim_test_dynamic_smem({bytes_}, {optin}))", EISIM_CC=str(cc))
+    assert _ok(r).strip() == str(expected)
+
+
+def test_bad_grid_is_an_invalid_configuration(sim_build):
+    assert _ok(_case(sim_build, "print(lib.eisim_test_bad_grid())")).strip() == str(INVALID_CONFIGURATION)
+
+
+def test_stream_work_lands_only_after_synchronize(sim_build):
+    out = _ok(_case(sim_build, """
+        seen, synced = ffi.new("float *"), ffi.new("float *")
+        assert lib.eisim_test_async_needs_sync(seen, synced) == 0
+        print(seen[0], synced[0])
+    """))
+    assert out.split() == ["-1.0", "6.0"]
+
+
+def test_graph_replays_and_synchronous_calls_spoil_a_capture(sim_build):
+    out = _ok(_case(sim_build, """
+        v = ffi.new("float *")
+        print(lib.eisim_test_graph(3, 0, v), v[0])
+        print(lib.eisim_test_graph(3, 1, v), v[0])
+    """))
+    assert out.split() == ["0", "3.0", str(CAPTURE_INVALIDATED), "0.0"]
+
+
+def test_copies_stay_inside_allocations_and_fresh_memory_is_garbage(sim_build):
+    out = _ok(_case(sim_build, """
+        v = ffi.new("float *")
+        print(lib.eisim_test_copy_overrun(), lib.eisim_test_fresh_memory(v), math.isnan(v[0]))
+    """))
+    assert out.split() == [str(INVALID_VALUE), "0", "True"]
+
+
+def test_host_code_cannot_read_device_memory(sim_build):
+    r = _case(sim_build, "print(lib.eisim_test_host_deref())")
+    assert r.returncode == -11, (r.returncode, r.stdout, r.stderr)   # SIGSEGV, as on a GPU system
+    r = _case(sim_build, "print(lib.eisim_test_host_deref())", EISIM_PROTECT="0")
+    assert r.returncode == 0 and r.stdout.strip() == "nan"
+
+
+@pytest.mark.slow
+def test_the_cuda_tests_pass_on_the_simulator(sim_build):
+    """Every test of tests/test_cuda.py that needs a GPU runs, on the simulator build of native/cuda."""
+    env = dict(os.environ, EDGEINFER_CUDA_LIB=str(sim_build / "libedgeinfer_cuda_sim.so"))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                        str(ROOT / "tests" / "test_cuda.py"), "-k", "not test_library_builds and not end_to_end and not decode_steps and not greedy"],
+                       env=env, capture_output=True, text=True, timeout=3000, cwd=ROOT)
+    tail = r.stdout[-6000:] + r.stderr[-3000:]
+    assert r.returncode == 0, tail
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", r.stdout.splitlines()[-1])}
+    assert counts.get("passed", 0) >= 95, tail
+    # the only skips are the two tests of the no-GPU fallback, which a device (even a simulated one) disables
+    assert counts.get("skipped", 0) <= 2 and "needs a CUDA GPU" not in r.stdout, tail
