@@ -185,7 +185,7 @@ struct Worker {   /* one per OS thread that runs blocks */
     }
     unsigned char *stack_top(int i) const { return stacks + (size_t)(i + 1) * (STACK_BYTES + page()); }
 };
-thread_local Worker *t_worker = NULL;
+EISIM_TLS Worker *t_worker = NULL;
 
 Worker &worker() {
     if (!t_worker) t_worker = new Worker();   /* lives as long as its thread; the pool's threads never end */
@@ -250,6 +250,7 @@ void yield(Worker &w, Fiber &f) {
     for (Fiber *g = &f + 1; g < end; ++g)
         if (g->state == RUNNABLE) {
             w.cur = g;
+            eisim::t_thread = &g->ctx;
             fiber_to_fiber(f, *g);
             return;
         }
@@ -265,8 +266,8 @@ extern "C" void eisim_fiber_main() {
     yield(w, *w.cur);   /* never resumed */
 }
 
-eisim::ThreadCtx *eisim::self() { return &t_worker->cur->ctx; }
-const eisim::BlockCtx *eisim::block() { return &t_worker->blk; }
+EISIM_TLS eisim::ThreadCtx *eisim::t_thread = NULL;
+EISIM_TLS const eisim::BlockCtx *eisim::t_block = NULL;
 
 void eisim::sync_block() {
     Worker &w = *t_worker;
@@ -328,6 +329,7 @@ bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t 
     if (w.dyn.size() < smem + 16) w.dyn.resize(smem + 16);
     memset(w.dyn.data(), 0xff, smem);   /* uninitialized shared memory reads as NaN */
     w.blk.dyn_smem = w.dyn.data();
+    eisim::t_block = &w.blk;
     w.n = n;
     for (int i = 0; i < n; i++) {
         Fiber &f = w.fibers[i];
@@ -341,6 +343,7 @@ bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t 
         for (int i = 0; i < n; i++)   /* one round: the fibers pass control along (yield) */
             if (w.fibers[i].state == RUNNABLE) {
                 w.cur = &w.fibers[i];
+                eisim::t_thread = &w.cur->ctx;
                 to_fiber(w, w.fibers[i]);
                 break;
             }

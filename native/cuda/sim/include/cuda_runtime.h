@@ -141,8 +141,12 @@ struct BlockCtx {
     dim3 dim, grid;
     unsigned char *dyn_smem;
 };
-ThreadCtx *self();
-const BlockCtx *block();
+/* Initial-exec TLS: threadIdx costs one load, not a __tls_get_addr call. */
+#define EISIM_TLS __thread __attribute__((tls_model("initial-exec")))
+extern EISIM_TLS ThreadCtx *t_thread;   /* the CUDA thread running on this OS thread */
+extern EISIM_TLS const BlockCtx *t_block;
+inline ThreadCtx *self() { return t_thread; }
+inline const BlockCtx *block() { return t_block; }
 void sync_block();
 /* The value of lane src_lane (the caller's own when src_lane is outside the warp),
  * once every lane of mask has arrived. */
