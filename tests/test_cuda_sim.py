@@ -41,6 +41,7 @@ def _case(sim_build: Path, body: str, **env: str) -> subprocess.CompletedProcess
             int eisim_test_shuffle_after_exit(void);
             int eisim_test_divergent_barrier(void);
             int eisim_test_neighbour(int threads, float *out);
+            int eisim_test_racy_neighbour(int threads, float *out);
             int eisim_test_dynamic_smem(int bytes, int optin);
             int eisim_test_bad_grid(void);
             int eisim_test_async_needs_sync(float *seen, float *synced);
@@ -81,6 +82,27 @@ def test_barrier_orders_shared_memory(sim_build, threads):
         print(list(out))
     """))
     assert out.strip() == str([float((i + 1) % threads) for i in range(threads)])
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_barrier_orders_shared_memory_in_either_thread_order(sim_build, order):
+    out = _ok(_case(sim_build, """
+        out = ffi.new("float[64]")
+        assert lib.eisim_test_neighbour(64, out) == 0
+        print(list(out))
+    """, EISIM_ORDER=order))
+    assert out.strip() == str([float((i + 1) % 64) for i in range(64)])
+
+
+def test_a_race_shows_as_results_that_depend_on_thread_order(sim_build):
+    body = """
+        out = ffi.new("float[64]")
+        assert lib.eisim_test_racy_neighbour(64, out) == 0
+        print(list(out))
+    """
+    forward = _ok(_case(sim_build, body, EISIM_ORDER="forward"))
+    reverse = _ok(_case(sim_build, body, EISIM_ORDER="reverse"))
+    assert forward != reverse and "nan" in forward   # forward: reads the neighbour's slot before it is written
 
 
 def test_shuffle_with_exited_lanes_is_a_launch_failure(sim_build):

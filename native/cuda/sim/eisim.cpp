@@ -18,7 +18,9 @@
  *   a graph replays the launches with the arguments they had at capture.
  * Environment: EISIM_CC (default 90), EISIM_MEM_MB (default 8192),
  * EISIM_INTEGRATED (0), EISIM_THREADS (OS threads for blocks, default all cores),
- * EISIM_PROTECT (1), EISIM_NO_DEVICE (0; 1 = the runtime reports no device). */
+ * EISIM_PROTECT (1), EISIM_NO_DEVICE (0; 1 = the runtime reports no device),
+ * EISIM_ORDER (forward; reverse = a block's threads run last to first between
+ * barriers: a kernel whose result depends on the order has a race). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -52,6 +54,7 @@ struct Config {
     int cc = 90;
     size_t mem = (size_t)8192 << 20;
     int integrated = 0, threads = 1, protect = 1, no_device = 0;
+    int reverse = 0;   /* run a block's threads last to first between barriers */
     size_t smem_optin = 232448;
     Config() {
         cc = (int)env_long("EISIM_CC", 90);
@@ -62,6 +65,8 @@ struct Config {
         if (threads < 1) threads = 1;
         protect = (int)env_long("EISIM_PROTECT", 1);
         no_device = (int)env_long("EISIM_NO_DEVICE", 0);
+        const char *order = getenv("EISIM_ORDER");
+        reverse = order && !strcmp(order, "reverse");
         smem_optin = cc < 80 ? 65536 : cc < 90 ? 166912 : 232448;
     }
 };
@@ -246,8 +251,9 @@ void to_scheduler(Worker &w, Fiber &f) { swapcontext(&f.uc, &w.sched); }
 /* The fiber f stops here: on to the next runnable fiber of the block, or back
  * to the scheduler once every one has had its turn this round. */
 void yield(Worker &w, Fiber &f) {
-    Fiber *end = w.fibers.data() + w.n;
-    for (Fiber *g = &f + 1; g < end; ++g)
+    Fiber *first = w.fibers.data(), *end = first + w.n;
+    const int step = cfg().reverse ? -1 : 1;
+    for (Fiber *g = &f + step; g >= first && g < end; g += step)
         if (g->state == RUNNABLE) {
             w.cur = g;
             eisim::t_thread = &g->ctx;
@@ -340,13 +346,15 @@ bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t 
         fiber_init(w, i);
     }
     for (;;) {
-        for (int i = 0; i < n; i++)   /* one round: the fibers pass control along (yield) */
+        for (int k = 0; k < n; k++) {   /* one round: the fibers pass control along (yield) */
+            const int i = cfg().reverse ? n - 1 - k : k;
             if (w.fibers[i].state == RUNNABLE) {
                 w.cur = &w.fibers[i];
                 eisim::t_thread = &w.cur->ctx;
                 to_fiber(w, w.fibers[i]);
                 break;
             }
+        }
         bool released = false;
         const char *bad = NULL;
         if (!release_shuffles(w, n, &released, &bad)) {

@@ -35,6 +35,13 @@ __global__ void neighbour_kernel(float *out) {
     out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
 }
 
+/* The same without the barrier: a race, whose result depends on the order threads run in. */
+__global__ void racy_neighbour_kernel(float *out) {
+    extern __shared__ float racy[];
+    racy[threadIdx.x] = (float)threadIdx.x;
+    out[threadIdx.x] = racy[(threadIdx.x + 1) % blockDim.x];
+}
+
 __global__ void dynamic_smem_kernel(float *out) {
     extern __shared__ float dyn[];
     dyn[threadIdx.x] = 2.0f;
@@ -81,6 +88,15 @@ EXPORT int eisim_test_neighbour(int threads, float *out) {
     float *d;
     if (cudaMalloc((void **)&d, threads * 4)) return -1;
     neighbour_kernel<<<1, threads>>>(d);
+    const int e = (int)cudaMemcpy(out, d, threads * 4, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    return e;
+}
+
+EXPORT int eisim_test_racy_neighbour(int threads, float *out) {
+    float *d;
+    if (cudaMalloc((void **)&d, threads * 4)) return -1;
+    racy_neighbour_kernel<<<1, threads, threads * 4>>>(d);
     const int e = (int)cudaMemcpy(out, d, threads * 4, cudaMemcpyDeviceToHost);
     cudaFree(d);
     return e;
