@@ -51,6 +51,12 @@ int ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens
 int ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
 int ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                       int64_t n_tok, const float *bias, int32_t accumulate, float *y);
+int ei_cuda_op_matmul_multi(int32_t type, int32_t n_parts, const void *const *w, const int64_t *n_rows,
+                            int64_t n_cols, const float *x, int64_t n_tok, const float *const *bias,
+                            const float *norm, float eps, float *const *y);
+int ei_cuda_op_matmul_glu(int32_t type, const void *w_gate, const void *w_up, int64_t n_rows, int64_t n_cols,
+                          const float *x, int64_t n_tok, const float *b_gate, const float *b_up,
+                          const float *norm, float eps, float *y);
 int ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
                      int64_t n_tok, float *out);
 int ei_cuda_op_rmsnorm(const float *x, const float *w, int64_t n_tok, int64_t n, float eps, float *out);

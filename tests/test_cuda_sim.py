@@ -164,16 +164,30 @@ def test_host_code_cannot_read_device_memory(sim_build):
     assert r.returncode == 0 and r.stdout.strip() == "nan"
 
 
-@pytest.mark.slow
-def test_the_cuda_tests_pass_on_the_simulator(sim_build):
-    """Every test of tests/test_cuda.py that needs a GPU runs, on the simulator build of native/cuda."""
-    env = dict(os.environ, EDGEINFER_CUDA_LIB=str(sim_build / "libedgeinfer_cuda_sim.so"))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                        str(ROOT / "tests" / "test_cuda.py"), "-k", "not test_library_builds and not end_to_end and not decode_steps and not greedy"],
+def _run_cuda_tests(sim_build: Path, select: str, **env: str) -> dict[str, int]:
+    """tests/test_cuda.py -k select on the simulator build; the counts of its summary line."""
+    env = dict(os.environ, EDGEINFER_CUDA_LIB=str(sim_build / "libedgeinfer_cuda_sim.so"), **env)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "",
+                        str(ROOT / "tests" / "test_cuda.py"), "-k", select],
                        env=env, capture_output=True, text=True, timeout=3000, cwd=ROOT)
     tail = r.stdout[-6000:] + r.stderr[-3000:]
     assert r.returncode == 0, tail
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", r.stdout.splitlines()[-1])}
-    assert counts.get("passed", 0) >= 95, tail
-    # the only skips are the two tests of the no-GPU fallback, which a device (even a simulated one) disables
-    assert counts.get("skipped", 0) <= 2 and "needs a CUDA GPU" not in r.stdout, tail
+    assert "needs a CUDA GPU" not in r.stdout, tail   # the simulated device ran every GPU test
+    return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|deselected)", r.stdout.splitlines()[-1])}
+
+
+E2E = "end_to_end or decode_steps or greedy or tiny"
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_cuda_op_tests_pass_on_the_simulator(sim_build, order):
+    """Every per-op test of tests/test_cuda.py, in both thread orders (a race would differ)."""
+    counts = _run_cuda_tests(sim_build, f"not test_library_builds and not ({E2E})", EISIM_ORDER=order)
+    assert counts.get("passed", 0) >= 95 and counts.get("skipped", 0) <= 2, counts   # 2: the no-GPU fallback tests
+
+
+@pytest.mark.slow
+def test_cuda_end_to_end_tests_pass_on_the_simulator(sim_build):
+    """SmolLM2 through the CUDA runtime (graphs, slots, prefix reuse) against the CPU and float64 oracles."""
+    counts = _run_cuda_tests(sim_build, E2E)
+    assert counts.get("passed", 0) >= 4, counts

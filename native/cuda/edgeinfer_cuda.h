@@ -80,6 +80,18 @@ ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
 /* y[t*n_rows + r] = bias[r] + (accumulate ? y[..] : 0) + dot(W row r, x[t*n_cols ..]); bias may be NULL. */
 ei_status ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                             int64_t n_tok, const float *bias, int32_t accumulate, float *y);
+/* The fused QKV launch: n_parts (1..3) weights of one type on the same input; for p < n_parts,
+ * y[p][t*n_rows[p] + r] = bias[p][r] + dot(W_p row r, xn[t]), where xn[t] is x[t] RMS-normalized
+ * (eps) times norm elementwise (the fused attn_norm / ffn_norm), or x[t] when norm is NULL.
+ * bias may be NULL or hold NULLs. */
+ei_status ei_cuda_op_matmul_multi(int32_t type, int32_t n_parts, const void *const *w, const int64_t *n_rows,
+                                  int64_t n_cols, const float *x, int64_t n_tok, const float *const *bias,
+                                  const float *norm, float eps, float *const *y);
+/* The fused gate + up + SwiGLU launch: y[t*n_rows + r] = silu(g) * u, g = b_gate[r] + dot(W_gate
+ * row r, xn[t]), u = b_up[r] + dot(W_up row r, xn[t]); one type; biases may be NULL; xn as above. */
+ei_status ei_cuda_op_matmul_glu(int32_t type, const void *w_gate, const void *w_up, int64_t n_rows, int64_t n_cols,
+                                const float *x, int64_t n_tok, const float *b_gate, const float *b_up,
+                                const float *norm, float eps, float *y);
 /* out[t*ne0 ..] = dequantized row tokens[t] of a (ne1 x ne0) table of `type`. */
 ei_status ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
                            int64_t n_tok, float *out);

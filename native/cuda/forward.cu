@@ -123,7 +123,7 @@ struct ei_cuda_runtime {
 
     /* device batch: tokens, slots, pos, cells, n_cells, out_rows; each max_batch int32 */
     int32_t *d_batch, *h_batch;   /* h_batch is pinned */
-    float *x, *xn, *q, *kc, *vc, *att, *gate, *up, *rope_cos, *rope_sin, *onorm, *logits, *part;
+    float *x, *q, *kc, *vc, *att, *gate, *up, *rope_cos, *rope_sin, *onorm, *logits, *part;
     int32_t *d_argmax;
     int32_t attn_tokens, max_chunks, last_n_out;
 
@@ -234,8 +234,8 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
     for (int i = 0; i <= MAX_GRAPH_TOKENS; i++)
         for (int j = 0; j <= MAX_GRAPH_TOKENS; j++)
             if (rt->graphs[i][j]) cudaGraphExecDestroy(rt->graphs[i][j]);
-    void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->xn, rt->q, rt->kc,
-                   rt->vc, rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
+    void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->q, rt->kc, rt->vc,
+                   rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
                    rt->d_argmax};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
@@ -292,8 +292,8 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (attn_tokens < 1) attn_tokens = 1;
     if (attn_tokens > B) attn_tokens = B;
     if (attn_tokens > 65535) attn_tokens = 65535;
-    const size_t scr[] = {6 * B * 4,  B * d * 4,  B * d * 4,  B * qd * 4, B * kvd * 4,       B * kvd * 4,
-                          B * qd * 4, B * ff * 4, B * ff * 4, B * half * 4, B * half * 4,    B * d * 4,
+    const size_t scr[] = {6 * B * 4,  B * d * 4,  B * qd * 4,   B * kvd * 4,  B * kvd * 4, B * qd * 4,
+                          B * ff * 4, B * ff * 4, B * half * 4, B * half * 4, B * d * 4,
                           B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * 4,
                           (size_t)p->n_slots * p->n_ctx * 4};
     size_t scratch = 0;
@@ -349,7 +349,6 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     DALLOC(rt->d_cell_pos, (size_t)p->n_slots * p->n_ctx * 4);
     DALLOC(rt->d_batch, 6 * B * 4);
     DALLOC(rt->x, B * d * 4);
-    DALLOC(rt->xn, B * d * 4);
     DALLOC(rt->q, B * qd * 4);
     DALLOC(rt->kc, B * kvd * 4);
     DALLOC(rt->vc, B * kvd * 4);
@@ -472,7 +471,27 @@ extern "C" ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot) { ret
         if (e_ != cudaSuccess) return e_;          \
     } while (0)
 
-/* Every launch of one step, on rt->stream; batch arrays already on the device. */
+/* The matmuls of parts (n <= EIC_MM_MAX_PARTS) on rmsnorm(x) * norm: one launch per
+ * distinct weight type, the rows of same-typed weights concatenated. */
+static cudaError_t matmul_by_type(cudaStream_t s, const eic_mm_part *parts, const int *types, int n, int64_t n_cols,
+                                  const float *x, int64_t n_tok, const float *norm, float eps) {
+    for (int i = 0; i < n; i++) {
+        int first = 1;
+        for (int j = 0; j < i; j++) first &= types[j] != types[i];
+        if (!first) continue;   /* launched with an earlier part of its type */
+        eic_mm_part group[EIC_MM_MAX_PARTS];
+        int m = 0;
+        for (int j = i; j < n; j++)
+            if (types[j] == types[i]) group[m++] = parts[j];
+        LCK(eic_matmul_multi(s, types[i], group, m, n_cols, x, n_cols, n_tok, norm, eps, 0));
+    }
+    return cudaSuccess;
+}
+
+/* Every launch of one step, on rt->stream; batch arrays already on the device.
+ * Per layer: QKV (with attn_norm), rope_store, attention (chunks + merge), O,
+ * gate/up/SwiGLU (with ffn_norm), down: 7 launches when Q, K, V share a type
+ * and gate, up share one. */
 static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, int n_chunks) {
     const ei_model_config *c = &rt->cfg;
     cudaStream_t s = rt->stream;
@@ -488,10 +507,12 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
     for (int l = 0; l < c->n_layer; l++) {
         const dlayer *L = &rt->layers[l];
-        LCK(eic_rmsnorm(s, rt->x, (const float *)L->attn_norm.data, NULL, T, d, c->rms_eps, rt->xn));
-        LCK(eic_matmul(s, L->wq.type, L->wq.data, qd, d, rt->xn, d, T, (const float *)L->bq.data, 0, rt->q, qd));
-        LCK(eic_matmul(s, L->wk.type, L->wk.data, kvd, d, rt->xn, d, T, (const float *)L->bk.data, 0, rt->kc, kvd));
-        LCK(eic_matmul(s, L->wv.type, L->wv.data, kvd, d, rt->xn, d, T, (const float *)L->bv.data, 0, rt->vc, kvd));
+        /* attn_norm + Q, K, V: one launch unless the recipe mixes their types */
+        const eic_mm_part qkv[3] = {{L->wq.data, (const float *)L->bq.data, rt->q, qd, qd},
+                                    {L->wk.data, (const float *)L->bk.data, rt->kc, kvd, kvd},
+                                    {L->wv.data, (const float *)L->bv.data, rt->vc, kvd, kvd}};
+        const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
+        LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
         LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
                            c->rope_neox, rt->rope_cos, rt->rope_sin, &rt->kv, l, slots, cells));
         for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
@@ -500,10 +521,17 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
                               rt->d_cell_pos, n_chunks, rt->part, rt->att + t0 * qd));
         }
         LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
-        LCK(eic_rmsnorm(s, rt->x, (const float *)L->ffn_norm.data, NULL, T, d, c->rms_eps, rt->xn));
-        LCK(eic_matmul(s, L->w_gate.type, L->w_gate.data, ff, d, rt->xn, d, T, NULL, 0, rt->gate, ff));
-        LCK(eic_matmul(s, L->w_up.type, L->w_up.data, ff, d, rt->xn, d, T, NULL, 0, rt->up, ff));
-        LCK(eic_swiglu(s, rt->gate, rt->up, (int64_t)T * ff));
+        /* ffn_norm + gate, up and SwiGLU: one launch when gate and up share a type */
+        const float *fn = (const float *)L->ffn_norm.data;
+        if (L->w_gate.type == L->w_up.type) {
+            LCK(eic_matmul_glu(s, L->w_gate.type, L->w_gate.data, NULL, L->w_up.data, NULL, ff, d, rt->x, d, T, fn,
+                               c->rms_eps, rt->gate, ff));
+        } else {
+            const eic_mm_part gu[2] = {{L->w_gate.data, NULL, rt->gate, ff, ff}, {L->w_up.data, NULL, rt->up, ff, ff}};
+            const int gu_types[2] = {L->w_gate.type, L->w_up.type};
+            LCK(matmul_by_type(s, gu, gu_types, 2, d, rt->x, T, fn, c->rms_eps));
+            LCK(eic_swiglu(s, rt->gate, rt->up, (int64_t)T * ff));
+        }
         LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
     }
     (void)half;

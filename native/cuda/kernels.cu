@@ -1,6 +1,8 @@
 /* CUDA kernels of the forward pass: dequantize-on-the-fly matmuls for every
- * GGUF weight type, RMSNorm, RoPE + KV store, SwiGLU, embedding lookup,
- * chunked attention over the f16 KV ring (f32 accumulation, GQA), argmax.
+ * GGUF weight type (several weights per launch, RMSNorm and SwiGLU fusable
+ * into them, to cut a decode step's launches), RMSNorm, RoPE + KV store,
+ * SwiGLU, embedding lookup, chunked attention over the f16 KV ring (f32
+ * accumulation, GQA), argmax.
  *
  * Weights are read in their GGUF block layout (quants_impl.h describes it);
  * each lane dequantizes one unit of 32 consecutive elements of a row into
@@ -52,6 +54,11 @@ __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -211,94 +218,205 @@ template <> struct Deq<EI_TYPE_Q6_K> {
 /* ---------------------------------------------------------------- matmul */
 enum { MM_WARPS = 4 };
 
-/* One warp per output row, TT tokens per block row of the grid. vec: x rows
- * are 16-byte aligned and whole units, so float4 loads are safe. */
-template <int TYPE, int TT>
-__global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const uint8_t *__restrict__ W, int64_t row_bytes,
-                                                           int64_t n_rows, int64_t n_cols,
-                                                           const float *__restrict__ x, int64_t ldx, int64_t n_tok,
-                                                           const float *__restrict__ bias, int accumulate,
-                                                           float *y, int64_t ldy, int vec) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (r >= n_rows) return;
-    const int64_t t0 = (int64_t)blockIdx.y * TT;
-    const int nt = (int)min((int64_t)TT, n_tok - t0);
-    const uint8_t *row = W + r * row_bytes;
-    const int64_t n_units = (n_cols + 31) / 32;
-    float acc[TT];
+/* One launch's operands. NR == 1: the rows of the n_parts weights (one type,
+ * one n_cols) are concatenated along the grid's x, so Q, K and V take one
+ * launch. NR == 2 (GLU): a warp computes row r of part 0 (gate) and of part 1
+ * (up) from the same x loads and writes silu(g) * u to part 0's y. */
+typedef struct {
+    eic_mm_part part[EIC_MM_MAX_PARTS];
+    int n_parts;
+    int64_t row_bytes, n_cols;
+    const float *x;
+    int64_t ldx, n_tok;
+    const float *norm;   /* NORM: the matmul reads rmsnorm(x) * norm (fused RMSNorm) */
+    float eps;
+    int accumulate, vec;
+} mm_args;
+
+/* w[k][i] *= nw[i] for the unit at nw (left = n_cols - its first column):
+ * (w * nw) . x is the dot with x * nw at one multiply per weight, not per token. */
+template <int NR>
+__device__ __forceinline__ void fold_norm(float (&w)[NR][32], const float *nw, int64_t left, int vec) {
+    if (vec) {
 #pragma unroll
-    for (int t = 0; t < TT; t++) acc[t] = 0.0f;
-    for (int64_t u = lane; u < n_units; u += 32) {
-        float w[32];
-        Deq<TYPE>::unit(row, u, n_cols, w);
+        for (int i = 0; i < 8; i++) {
+            const float4 v = __ldg((const float4 *)nw + i);
 #pragma unroll
-        for (int t = 0; t < TT; t++) {
-            if (t >= nt) break;
-            const float *xt = x + (t0 + t) * ldx + 32 * u;
-            float s = 0.0f;
-            if (vec) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const float4 v = __ldg((const float4 *)xt + i);
-                    s += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
-                }
-            } else {
-                const int64_t left = n_cols - 32 * u;
-#pragma unroll
-                for (int i = 0; i < 32; i++)
-                    if (i < left) s += w[i] * __ldg(xt + i);
+            for (int k = 0; k < NR; k++) {
+                w[k][4 * i] *= v.x;
+                w[k][4 * i + 1] *= v.y;
+                w[k][4 * i + 2] *= v.z;
+                w[k][4 * i + 3] *= v.w;
             }
-            acc[t] += s;
         }
-    }
+    } else {
 #pragma unroll
-    for (int t = 0; t < TT; t++) acc[t] = warp_sum(acc[t]);
-    if (lane == 0) {
-        const float b = bias ? bias[r] : 0.0f;
-        for (int t = 0; t < nt; t++) {
-            float *o = y + (t0 + t) * ldy + r;
-            const float v = acc[t] + b;
-            *o = accumulate ? *o + v : v;
+        for (int i = 0; i < 32; i++) {
+            const float v = i < left ? __ldg(nw + i) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < NR; k++) w[k][i] *= v;
         }
     }
 }
 
-template <int TYPE>
-static cudaError_t mm_launch(cudaStream_t s, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
-                             int64_t ldx, int64_t n_tok, const float *bias, int accumulate, float *y, int64_t ldy) {
-    const int64_t row_bytes = TYPE == EI_TYPE_F32 ? n_cols * 4
-                              : (TYPE == EI_TYPE_F16 || TYPE == EI_TYPE_BF16) ? n_cols * 2
-                                                                               : eic_row_bytes(TYPE, n_cols);
-    const int vec = n_cols % 32 == 0 && ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    const unsigned gx = (unsigned)((n_rows + MM_WARPS - 1) / MM_WARPS);
-    const uint8_t *W = (const uint8_t *)w;
-    const dim3 block(MM_WARPS * 32);
-    /* Token tiles: 1, 2 or 4 for decode-sized batches, 8 beyond. */
-    if (n_tok == 1) {
-        mm_kernel<TYPE, 1><<<dim3(gx, 1), block, 0, s>>>(W, row_bytes, n_rows, n_cols, x, ldx, n_tok, bias,
-                                                         accumulate, y, ldy, vec);
-    } else if (n_tok == 2) {
-        mm_kernel<TYPE, 2><<<dim3(gx, 1), block, 0, s>>>(W, row_bytes, n_rows, n_cols, x, ldx, n_tok, bias,
-                                                         accumulate, y, ldy, vec);
-    } else if (n_tok <= 4) {
-        mm_kernel<TYPE, 4><<<dim3(gx, 1), block, 0, s>>>(W, row_bytes, n_rows, n_cols, x, ldx, n_tok, bias,
-                                                         accumulate, y, ldy, vec);
+/* s[k] += w[k] . xt over one unit; with NORM also q += xt . xt (the RMSNorm's
+ * sum of squares, from the loads the dot makes anyway). */
+template <int NR, bool NORM>
+__device__ __forceinline__ void dot_unit(const float (&w)[NR][32], const float *xt, int64_t left, int vec,
+                                         float (&s)[NR], float &q) {
+    if (vec) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = __ldg((const float4 *)xt + i);
+#pragma unroll
+            for (int k = 0; k < NR; k++)
+                s[k] += w[k][4 * i] * v.x + w[k][4 * i + 1] * v.y + w[k][4 * i + 2] * v.z + w[k][4 * i + 3] * v.w;
+            if (NORM) q += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
     } else {
-        for (int64_t t = 0; t < n_tok; t += 8 * 65535LL) {   /* gridDim.y <= 65535 */
-            const int64_t nt = n_tok - t < 8 * 65535LL ? n_tok - t : 8 * 65535LL;
-            mm_kernel<TYPE, 8><<<dim3(gx, (unsigned)((nt + 7) / 8)), block, 0, s>>>(
-                W, row_bytes, n_rows, n_cols, x + t * ldx, ldx, nt, bias, accumulate, y + t * ldy, ldy, vec);
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            if (i < left) {
+                const float v = __ldg(xt + i);
+#pragma unroll
+                for (int k = 0; k < NR; k++) s[k] += w[k][i] * v;
+                if (NORM) q += v * v;
+            }
+    }
+}
+
+/* One warp per output row (row r of NR weights), TT tokens per block row of
+ * the grid. vec: x rows (and norm) are 16-byte aligned and whole units, so
+ * float4 loads are safe. The RMSNorm scale is constant per token, so it scales
+ * the finished dot. Its sum of squares is float: positive terms summed at most
+ * ~40 + n_cols/1024 deep, a relative error < 1e-5 (an NMSE near 1e-12); the
+ * scale itself is computed in double, as the CPU does. */
+/* a.part[p] for a run-time p, read with static indices: kernel parameters indexed
+ * at run time are copied to local memory first. */
+__device__ __forceinline__ eic_mm_part mm_part(const mm_args &a, int p) {
+    eic_mm_part r = a.part[0];
+#pragma unroll
+    for (int i = 1; i < EIC_MM_MAX_PARTS; i++)
+        if (p == i) r = a.part[i];
+    return r;
+}
+
+template <int TYPE, int TT, int NR, bool NORM>
+__global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const mm_args a) {
+    const int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    int p = 0;   /* NR == 1: the part holding concatenated row r */
+    if (NR == 1) {
+#pragma unroll
+        for (int i = 0; i + 1 < EIC_MM_MAX_PARTS; i++)
+            if (p == i && i + 1 < a.n_parts && r >= a.part[i].n_rows) {
+                r -= a.part[i].n_rows;
+                p = i + 1;
+            }
+    }
+    if (r >= mm_part(a, p).n_rows) return;
+    const int64_t t0 = (int64_t)blockIdx.y * TT;
+    const int nt = (int)min((int64_t)TT, a.n_tok - t0);
+    const uint8_t *row[NR];
+#pragma unroll
+    for (int k = 0; k < NR; k++) row[k] = (const uint8_t *)mm_part(a, p + k).w + r * a.row_bytes;
+    const int64_t n_units = (a.n_cols + 31) / 32;
+    float acc[NR][TT], ss[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        ss[t] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NR; k++) acc[k][t] = 0.0f;
+    }
+    for (int64_t u = lane; u < n_units; u += 32) {
+        const int64_t left = a.n_cols - 32 * u;
+        float w[NR][32];
+#pragma unroll
+        for (int k = 0; k < NR; k++) Deq<TYPE>::unit(row[k], u, a.n_cols, w[k]);
+        if (NORM) fold_norm<NR>(w, a.norm + 32 * u, left, a.vec);
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (t >= nt) break;
+            float s[NR], q = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NR; k++) s[k] = 0.0f;
+            dot_unit<NR, NORM>(w, a.x + (t0 + t) * a.ldx + 32 * u, left, a.vec, s, q);
+#pragma unroll
+            for (int k = 0; k < NR; k++) acc[k][t] += s[k];
+            if (NORM) ss[t] += q;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+#pragma unroll
+        for (int k = 0; k < NR; k++) acc[k][t] = warp_sum(acc[k][t]);
+        if (NORM) ss[t] = warp_sum(ss[t]);
+    }
+    if (lane == 0) {
+        const eic_mm_part P = mm_part(a, p);
+        float b[NR];
+#pragma unroll
+        for (int k = 0; k < NR; k++) {
+            const float *bk = mm_part(a, p + k).bias;
+            b[k] = bk ? bk[r] : 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < TT; t++) {   /* unrolled: acc and ss stay in registers */
+            if (t >= nt) break;
+            const float sc = NORM ? (float)(1.0 / sqrt((double)ss[t] / (double)a.n_cols + (double)a.eps)) : 1.0f;
+            float v[NR];
+#pragma unroll
+            for (int k = 0; k < NR; k++) v[k] = acc[k][t] * sc + b[k];
+            float *o = P.y + (t0 + t) * P.ldy + r;
+            if (NR == 2) *o = v[0] / (1.0f + expf(-v[0])) * v[NR - 1];   /* as swiglu_kernel */
+            else *o = a.accumulate ? *o + v[0] : v[0];
+        }
+    }
+}
+
+/* Token tiles: 1, 2 or 4 for decode-sized batches, 8 beyond; rows: the grid's x. */
+template <int TYPE, int NR, bool NORM>
+static cudaError_t mm_launch(cudaStream_t s, mm_args a, int64_t n_rows) {
+    const unsigned gx = (unsigned)((n_rows + MM_WARPS - 1) / MM_WARPS);
+    const dim3 block(MM_WARPS * 32);
+    if (a.n_tok == 1) {
+        mm_kernel<TYPE, 1, NR, NORM><<<dim3(gx, 1), block, 0, s>>>(a);
+    } else if (a.n_tok == 2) {
+        mm_kernel<TYPE, 2, NR, NORM><<<dim3(gx, 1), block, 0, s>>>(a);
+    } else if (a.n_tok <= 4) {
+        mm_kernel<TYPE, 4, NR, NORM><<<dim3(gx, 1), block, 0, s>>>(a);
+    } else {
+        const int64_t n_tok = a.n_tok, step = 8 * 65535LL;   /* gridDim.y <= 65535 */
+        for (int64_t t = 0; t < n_tok; t += step) {
+            mm_args at = a;
+            at.n_tok = n_tok - t < step ? n_tok - t : step;
+            at.x = a.x + t * a.ldx;
+            for (int k = 0; k < a.n_parts; k++) at.part[k].y = a.part[k].y + t * a.part[k].ldy;
+            mm_kernel<TYPE, 8, NR, NORM><<<dim3(gx, (unsigned)((at.n_tok + 7) / 8)), block, 0, s>>>(at);
         }
     }
     return cudaGetLastError();
 }
 
-cudaError_t eic_matmul(cudaStream_t s, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
-                       int64_t ldx, int64_t n_tok, const float *bias, int accumulate, float *y, int64_t ldy) {
-    if (n_rows <= 0 || n_tok <= 0) return cudaSuccess;
+template <int TYPE>
+static cudaError_t mm_dispatch(cudaStream_t s, const mm_args &a, int64_t n_rows, int glu) {
+    if (glu) return a.norm ? mm_launch<TYPE, 2, true>(s, a, n_rows) : mm_launch<TYPE, 2, false>(s, a, n_rows);
+    return a.norm ? mm_launch<TYPE, 1, true>(s, a, n_rows) : mm_launch<TYPE, 1, false>(s, a, n_rows);
+}
+
+/* Bytes of a weight row as the kernels read it: float rows may have any length. */
+static int64_t dev_row_bytes(int type, int64_t n) {
+    if (type == EI_TYPE_F32) return n * 4;
+    if (type == EI_TYPE_F16 || type == EI_TYPE_BF16) return n * 2;
+    return eic_row_bytes(type, n);
+}
+
+static cudaError_t mm_run(cudaStream_t s, int type, mm_args a, int64_t n_rows, int glu) {
+    if (n_rows <= 0 || a.n_tok <= 0) return cudaSuccess;
+    a.row_bytes = dev_row_bytes(type, a.n_cols);
+    a.vec = a.n_cols % 32 == 0 && a.ldx % 4 == 0 && ((uintptr_t)a.x & 15) == 0 && ((uintptr_t)a.norm & 15) == 0;
 #define EIC_MM(T) \
-    case T: return mm_launch<T>(s, w, n_rows, n_cols, x, ldx, n_tok, bias, accumulate, y, ldy)
+    case T: return mm_dispatch<T>(s, a, n_rows, glu)
     switch (type) {
         EIC_MM(EI_TYPE_F32);
         EIC_MM(EI_TYPE_F16);
@@ -314,6 +432,50 @@ cudaError_t eic_matmul(cudaStream_t s, int type, const void *w, int64_t n_rows, 
     default: return cudaErrorInvalidValue;
     }
 #undef EIC_MM
+}
+
+static mm_args mm_operands(int64_t n_cols, const float *x, int64_t ldx, int64_t n_tok, const float *norm, float eps,
+                           int accumulate) {
+    mm_args a = {};
+    a.n_cols = n_cols;
+    a.x = x;
+    a.ldx = ldx;
+    a.n_tok = n_tok;
+    a.norm = norm;
+    a.eps = eps;
+    a.accumulate = accumulate;
+    return a;
+}
+
+cudaError_t eic_matmul(cudaStream_t s, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                       int64_t ldx, int64_t n_tok, const float *bias, int accumulate, float *y, int64_t ldy) {
+    const eic_mm_part p = {w, bias, y, n_rows, ldy};
+    return eic_matmul_multi(s, type, &p, 1, n_cols, x, ldx, n_tok, NULL, 0.0f, accumulate);
+}
+
+cudaError_t eic_matmul_multi(cudaStream_t s, int type, const eic_mm_part *parts, int n_parts, int64_t n_cols,
+                             const float *x, int64_t ldx, int64_t n_tok, const float *norm, float eps, int accumulate) {
+    if (n_parts < 1 || n_parts > EIC_MM_MAX_PARTS) return cudaErrorInvalidValue;
+    mm_args a = mm_operands(n_cols, x, ldx, n_tok, norm, eps, accumulate);
+    int64_t n_rows = 0;
+    for (int k = 0; k < n_parts; k++) {
+        if (parts[k].n_rows < 0) return cudaErrorInvalidValue;
+        a.part[k] = parts[k];
+        n_rows += parts[k].n_rows;
+    }
+    a.n_parts = n_parts;
+    return mm_run(s, type, a, n_rows, 0);
+}
+
+cudaError_t eic_matmul_glu(cudaStream_t s, int type, const void *w_gate, const float *b_gate, const void *w_up,
+                           const float *b_up, int64_t n_rows, int64_t n_cols, const float *x, int64_t ldx,
+                           int64_t n_tok, const float *norm, float eps, float *y, int64_t ldy) {
+    mm_args a = mm_operands(n_cols, x, ldx, n_tok, norm, eps, 0);
+    const eic_mm_part g = {w_gate, b_gate, y, n_rows, ldy}, u = {w_up, b_up, y, n_rows, ldy};   /* u.y unused */
+    a.part[0] = g;
+    a.part[1] = u;
+    a.n_parts = 2;
+    return mm_run(s, type, a, n_rows, 1);
 }
 
 /* ---------------------------------------------------------------- embedding */
@@ -337,9 +499,7 @@ __global__ void embed_kernel(const uint8_t *__restrict__ table, int64_t row_byte
 template <int TYPE>
 static cudaError_t embed_launch(cudaStream_t s, const void *table, int64_t ne0, const int32_t *tokens, int64_t n_tok,
                                 float *out) {
-    const int64_t row_bytes = TYPE == EI_TYPE_F32 ? ne0 * 4
-                              : (TYPE == EI_TYPE_F16 || TYPE == EI_TYPE_BF16) ? ne0 * 2
-                                                                               : eic_row_bytes(TYPE, ne0);
+    const int64_t row_bytes = dev_row_bytes(TYPE, ne0);
     const int64_t n_units = (ne0 + 31) / 32;
     const unsigned gx = (unsigned)((n_units + 127) / 128);
     for (int64_t t = 0; t < n_tok; t += 65535) {
@@ -384,8 +544,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__re
     const float *xr = x + (rows ? (int64_t)rows[t] : t) * n;
     double ss = 0.0;   /* double, like the CPU reference: rows can be long */
     for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) ss += (double)xr[i] * (double)xr[i];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    ss = warp_sum_d(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     if (threadIdx.x == 0) {

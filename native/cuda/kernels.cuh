@@ -27,6 +27,25 @@ int eic_type_supported(int type);   /* a matmul / embedding weight type we have 
 /* y[t*ldy + r] = bias[r] + (accumulate ? y : 0) + W[r] . x[t*ldx ..], r < n_rows, t < n_tok. */
 cudaError_t eic_matmul(cudaStream_t s, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                        int64_t ldx, int64_t n_tok, const float *bias, int accumulate, float *y, int64_t ldy);
+#define EIC_MM_MAX_PARTS 3
+/* One weight of a fused matmul: y[t*ldy + r] (r < n_rows) from row r of w; bias may be NULL. */
+typedef struct {
+    const void *w;
+    const float *bias;
+    float *y;
+    int64_t n_rows, ldy;
+} eic_mm_part;
+/* The matmuls of n_parts (<= EIC_MM_MAX_PARTS) weights of one type and n_cols on the same
+ * x in one launch (Q, K, V), each as eic_matmul. When norm is not NULL the input is
+ * rmsnorm(x[t], eps) * norm instead of x (attn_norm / ffn_norm fused into the matmul). */
+cudaError_t eic_matmul_multi(cudaStream_t s, int type, const eic_mm_part *parts, int n_parts, int64_t n_cols,
+                             const float *x, int64_t ldx, int64_t n_tok, const float *norm, float eps, int accumulate);
+/* y[t*ldy + r] = silu(g) * u with g, u the rows r of w_gate and w_up (one type) dotted with
+ * the input as eic_matmul_multi's, plus b_gate[r], b_up[r] (may be NULL): gate, up and
+ * SwiGLU in one launch. */
+cudaError_t eic_matmul_glu(cudaStream_t s, int type, const void *w_gate, const float *b_gate, const void *w_up,
+                           const float *b_up, int64_t n_rows, int64_t n_cols, const float *x, int64_t ldx,
+                           int64_t n_tok, const float *norm, float eps, float *y, int64_t ldy);
 /* out[t*ne0 ..] = dequantized row tokens[t]. */
 cudaError_t eic_embed(cudaStream_t s, int type, const void *table, int64_t ne0, const int32_t *tokens,
                       int64_t n_tok, float *out);

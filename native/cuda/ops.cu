@@ -90,6 +90,94 @@ done:
     return st;
 }
 
+/* *bytes = the size of n_rows rows of type, or a failure naming `what`. */
+static ei_status weight_bytes(const char *what, int32_t type, int64_t n_rows, int64_t n_cols, size_t *bytes) {
+    int e, bb;
+    if (!eic_type_block(type, &e, &bb)) return eic_fail(EI_ERR_UNSUPPORTED, "%s: type %d has no CUDA kernel", what, type);
+    if (n_cols % e)
+        return eic_fail(EI_ERR_INVALID_ARG, "%s: n_cols=%lld not a multiple of %d", what, (long long)n_cols, e);
+    *bytes = (size_t)(n_cols / e * bb) * (size_t)n_rows;
+    return EI_OK;
+}
+
+extern "C" ei_status ei_cuda_op_matmul_multi(int32_t type, int32_t n_parts, const void *const *w, const int64_t *n_rows,
+                                             int64_t n_cols, const float *x, int64_t n_tok, const float *const *bias,
+                                             const float *norm, float eps, float *const *y) {
+    if (!w || !n_rows || !x || !y || n_parts < 1 || n_parts > EIC_MM_MAX_PARTS || n_cols < 1 || n_tok < 1)
+        return eic_fail(EI_ERR_INVALID_ARG, "op_matmul_multi: bad arguments (1 <= n_parts <= %d)", EIC_MM_MAX_PARTS);
+    size_t wb[EIC_MM_MAX_PARTS];
+    ei_status st;
+    for (int p = 0; p < n_parts; p++) {
+        if (!w[p] || !y[p] || n_rows[p] < 1) return eic_fail(EI_ERR_INVALID_ARG, "op_matmul_multi: bad part %d", p);
+        if ((st = weight_bytes("op_matmul_multi", type, n_rows[p], n_cols, &wb[p])) != EI_OK) return st;
+    }
+    if ((st = ready()) != EI_OK) return st;
+    gbuf gw[EIC_MM_MAX_PARTS] = {}, gb[EIC_MM_MAX_PARTS] = {}, gy[EIC_MM_MAX_PARTS] = {}, gx = {}, gn = {};
+    eic_mm_part parts[EIC_MM_MAX_PARTS] = {};
+    TRY(gb_alloc(&gx, (size_t)(n_tok * n_cols) * 4, x));
+    if (norm) TRY(gb_alloc(&gn, (size_t)n_cols * 4, norm));
+    for (int p = 0; p < n_parts; p++) {
+        TRY(gb_alloc(&gw[p], wb[p], w[p]));
+        if (bias && bias[p]) TRY(gb_alloc(&gb[p], (size_t)n_rows[p] * 4, bias[p]));
+        TRY(gb_alloc(&gy[p], (size_t)(n_tok * n_rows[p]) * 4, y[p]));
+        parts[p] = {gw[p].ptr, bias && bias[p] ? (const float *)gb[p].ptr : NULL, (float *)gy[p].ptr, n_rows[p],
+                    n_rows[p]};
+    }
+    TRY(eic_check(eic_matmul_multi(0, type, parts, n_parts, n_cols, (const float *)gx.ptr, n_cols, n_tok,
+                                   norm ? (const float *)gn.ptr : NULL, eps, 0), "matmul_multi"));
+    TRY(eic_check(cudaDeviceSynchronize(), "matmul_multi"));
+    for (int p = 0; p < n_parts; p++) {
+        TRY(gb_finish(&gy[p], y[p], "matmul_multi"));
+        TRY(gb_finish(&gw[p], NULL, "matmul_multi weights"));
+    }
+    TRY(gb_finish(&gx, NULL, "matmul_multi input"));
+done:
+    for (int p = 0; p < EIC_MM_MAX_PARTS; p++) {
+        gb_free(&gw[p]);
+        gb_free(&gb[p]);
+        gb_free(&gy[p]);
+    }
+    gb_free(&gx);
+    gb_free(&gn);
+    return st;
+}
+
+extern "C" ei_status ei_cuda_op_matmul_glu(int32_t type, const void *w_gate, const void *w_up, int64_t n_rows,
+                                           int64_t n_cols, const float *x, int64_t n_tok, const float *b_gate,
+                                           const float *b_up, const float *norm, float eps, float *y) {
+    if (!w_gate || !w_up || !x || !y || n_rows < 1 || n_cols < 1 || n_tok < 1)
+        return eic_fail(EI_ERR_INVALID_ARG, "op_matmul_glu: bad arguments");
+    size_t wb;
+    ei_status st = weight_bytes("op_matmul_glu", type, n_rows, n_cols, &wb);
+    if (st != EI_OK || (st = ready()) != EI_OK) return st;
+    gbuf gg = {}, gu = {}, gbg = {}, gbu = {}, gx = {}, gn = {}, gy = {};
+    TRY(gb_alloc(&gg, wb, w_gate));
+    TRY(gb_alloc(&gu, wb, w_up));
+    if (b_gate) TRY(gb_alloc(&gbg, (size_t)n_rows * 4, b_gate));
+    if (b_up) TRY(gb_alloc(&gbu, (size_t)n_rows * 4, b_up));
+    TRY(gb_alloc(&gx, (size_t)(n_tok * n_cols) * 4, x));
+    if (norm) TRY(gb_alloc(&gn, (size_t)n_cols * 4, norm));
+    TRY(gb_alloc(&gy, (size_t)(n_tok * n_rows) * 4, y));
+    TRY(eic_check(eic_matmul_glu(0, type, gg.ptr, b_gate ? (const float *)gbg.ptr : NULL, gu.ptr,
+                                 b_up ? (const float *)gbu.ptr : NULL, n_rows, n_cols, (const float *)gx.ptr, n_cols,
+                                 n_tok, norm ? (const float *)gn.ptr : NULL, eps, (float *)gy.ptr, n_rows),
+                  "matmul_glu"));
+    TRY(eic_check(cudaDeviceSynchronize(), "matmul_glu"));
+    TRY(gb_finish(&gy, y, "matmul_glu"));
+    TRY(gb_finish(&gg, NULL, "matmul_glu gate weights"));
+    TRY(gb_finish(&gu, NULL, "matmul_glu up weights"));
+    TRY(gb_finish(&gx, NULL, "matmul_glu input"));
+done:
+    gb_free(&gg);
+    gb_free(&gu);
+    gb_free(&gbg);
+    gb_free(&gbu);
+    gb_free(&gx);
+    gb_free(&gn);
+    gb_free(&gy);
+    return st;
+}
+
 extern "C" ei_status ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
                                       int64_t n_tok, float *out) {
     if (!table || !tokens || !out || ne0 < 1 || ne1 < 1 || n_tok < 1) return eic_fail(EI_ERR_INVALID_ARG, "op_embed: bad arguments");

@@ -188,7 +188,8 @@ struct Worker {   /* one per OS thread that runs blocks */
         for (int i = 0; i < MAX_THREADS; i++) mprotect(stacks + i * slot, page(), PROT_NONE);
         fibers.resize(MAX_THREADS);
     }
-    unsigned char *stack_top(int i) const { return stacks + (size_t)(i + 1) * (STACK_BYTES + page()); }
+    unsigned char *stack_top(int i) const { return stacks + (size_t)(i + 1) * slot_bytes; }
+    size_t slot_bytes = STACK_BYTES + page();
 };
 EISIM_TLS Worker *t_worker = NULL;
 
@@ -341,7 +342,7 @@ bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t 
         Fiber &f = w.fibers[i];
         f.state = RUNNABLE;
         f.index = i;
-        f.ctx.tid = uint3{i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y)};
+        f.ctx.tid = bd.y == 1 && bd.z == 1 ? uint3{(unsigned)i, 0, 0} : uint3{i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y)};
         f.ctx.lane = (unsigned)(i % 32);
         fiber_init(w, i);
     }
