@@ -253,26 +253,17 @@ inline float __logf(float x) { return logf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
-inline float __uint_as_float(unsigned u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+template <class To, class From>
+inline To eisim_bits(From v) {
+    static_assert(sizeof(To) == sizeof(From), "bit cast between sizes");
+    To t;
+    memcpy(&t, &v, sizeof t);
+    return t;
 }
-inline unsigned __float_as_uint(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-inline float __int_as_float(int i) {
-    float f;
-    memcpy(&f, &i, 4);
-    return f;
-}
-inline int __float_as_int(float f) {
-    int i;
-    memcpy(&i, &f, 4);
-    return i;
-}
+inline float __uint_as_float(unsigned u) { return eisim_bits<float>(u); }
+inline unsigned __float_as_uint(float f) { return eisim_bits<unsigned>(f); }
+inline float __int_as_float(int i) { return eisim_bits<float>(i); }
+inline int __float_as_int(float f) { return eisim_bits<int>(f); }
 /* Sum of the four signed byte products of a and b, plus c. */
 inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
