@@ -166,7 +166,7 @@ CtxOpt = Annotated[int, typer.Option("--ctx", "-c", "--n-ctx",
                                      help="Context size (KV ring cells per sequence).")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t",
                                                    help="CPU threads; default = physical cores.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, or auto (CUDA when a GPU answers, else the CPU).")]
 KvOpt = Annotated[str, typer.Option("--kv", help="KV arena type: f16, or q8_0 (half the memory, a little "
                                     "accuracy).")]
 
