@@ -49,6 +49,7 @@ int ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
 int ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                     const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows, float *logits);
 int ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
+int ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k, int32_t *ids, float *vals);
 int ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                       int64_t n_tok, const float *bias, int32_t accumulate, float *y);
 int ei_cuda_op_matmul_multi(int32_t type, int32_t n_parts, const void *const *w, const int64_t *n_rows,
@@ -63,6 +64,7 @@ int ei_cuda_op_rmsnorm(const float *x, const float *w, int64_t n_tok, int64_t n,
 int ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
                     int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos);
 int ei_cuda_op_swiglu(float *gate, const float *up, int64_t n);
+int ei_cuda_op_topk(const float *x, int64_t n_rows, int64_t n, int32_t k, int32_t *ids, float *vals);
 int ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                          const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);
 """
@@ -203,6 +205,7 @@ class CudaRuntime:
 
     PROFILE_STAGES = ()
     device_kind = "cuda"
+    max_topk = 256          # the largest k of topk() (EIC_TOPK_MAX)
 
     def __init__(self, gguf, cfg, *, n_slots: int, n_ctx: int, max_batch: int, device: DeviceInfo | None = None,
                  use_graphs: bool = True, drop_host_pages: bool = False):
@@ -258,19 +261,24 @@ class CudaRuntime:
         return self.ffi.from_buffer("int32_t[]", np.ascontiguousarray(arr, dtype=np.int32))
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray, cells: np.ndarray,
-                out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
+                out_rows: np.ndarray, logits: np.ndarray | None = None,
+                download: bool = True) -> np.ndarray | None:
+        """As NativeRuntime.forward. download=False keeps the logits rows on the device (for
+        argmax / topk) and returns None: no n_out x n_vocab copy back."""
         ffi = self.ffi
         n, n_out = len(tokens), len(out_rows)
-        if logits is None:
+        if not download:
+            logits = None
+        elif logits is None:
             logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
-        out_ptr = ffi.from_buffer("float[]", logits) if n_out else ffi.NULL
+        out_ptr = ffi.from_buffer("float[]", logits) if n_out and logits is not None else ffi.NULL
         arrays = [np.ascontiguousarray(a, dtype=np.int32) for a in (tokens, slots, pos, cells, out_rows)]
         bufs = [ffi.from_buffer("int32_t[]", a) for a in arrays]
         st = self.lib.ei_cuda_forward(self.handle, n, bufs[0], bufs[1], bufs[2], bufs[3], n_out,
                                       bufs[4] if n_out else ffi.NULL, out_ptr)
         if st != 0:
             raise NativeError(f"CUDA forward failed (status {st}): {last_error(self.lib, ffi)}")
-        return logits[:n_out]
+        return logits[:n_out] if logits is not None else None
 
     def argmax(self, n_out: int) -> np.ndarray:
         """Argmax of each logits row of the last forward, computed on the device."""
@@ -279,6 +287,17 @@ class CudaRuntime:
         if st != 0:
             raise NativeError(f"CUDA argmax failed (status {st}): {last_error(self.lib, self.ffi)}")
         return out
+
+    def topk(self, n_out: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int32 [n_out, k], vals float32 [n_out, k]): the k largest logits of each row of the
+        last forward, computed on the device; value descending, ties to the lower id, NaN as -inf."""
+        ids = np.empty((n_out, k), dtype=np.int32)
+        vals = np.empty((n_out, k), dtype=np.float32)
+        st = self.lib.ei_cuda_topk(self.handle, n_out, k, self.ffi.from_buffer("int32_t[]", ids),
+                                   self.ffi.from_buffer("float[]", vals))
+        if st != 0:
+            raise NativeError(f"CUDA topk failed (status {st}): {last_error(self.lib, self.ffi)}")
+        return ids, vals
 
     def clear_slot(self, slot: int) -> None:
         if self.lib.ei_cuda_clear_slot(self.handle, slot) != 0:

@@ -363,6 +363,46 @@ def test_attention_over_the_ring(g, hd, n_cells):
     assert nmse(cpu, out) <= NMSE_MAX
 
 
+def _topk_ref(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.where(np.isnan(x), np.float32(-np.inf), x)   # NaN is never above a number
+    ids = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    return ids, np.take_along_axis(x, ids, axis=1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("n,k", [(300, 1), (300, 40), (5000, 256), (256, 256), (49152, 40)])
+def test_topk_matches_numpy(n, k):
+    ffi, lib = cb.load_library()
+    rng = np.random.default_rng(n + k)
+    x = (rng.standard_normal((5, n)) * 3).astype(np.float32)
+    x[1] = np.round(x[1])                                  # many ties, also across the k-th place
+    x[2, rng.integers(0, n, n // 3)] = np.nan
+    x[2, rng.integers(0, n, 10)] = -np.inf
+    x[2, rng.integers(0, n, 3)] = np.inf
+    x[3] = np.nan                                          # nothing but NaN: -inf, in id order
+    x[4, : n // 2] = np.nan                                # fewer numbers than k
+    x[4, n // 2 + 5:] = -np.inf
+    ids = np.zeros((5, k), dtype=np.int32)
+    vals = np.zeros((5, k), dtype=np.float32)
+    _ok(lib.ei_cuda_op_topk(_f(ffi, x), 5, n, k, ffi.from_buffer("int32_t[]", ids), _f(ffi, vals)))
+    ref_ids, ref_vals = _topk_ref(x, k)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_array_equal(vals, ref_vals)
+    if k == 1:
+        assert ids[:, 0].tolist() == [int(np.argmax(np.where(np.isnan(r), -np.inf, r))) for r in x]
+
+
+@needs_gpu
+def test_topk_bad_k_is_a_range_error():
+    ffi, lib = cb.load_library()
+    x = np.zeros((1, 300), dtype=np.float32)
+    ids, vals = np.zeros(300, dtype=np.int32), np.zeros(300, dtype=np.float32)
+    for n, k in [(300, 0), (300, 257), (300, -1), (10, 11)]:
+        assert lib.ei_cuda_op_topk(_f(ffi, x), 1, n, k, ffi.from_buffer("int32_t[]", ids),
+                                   _f(ffi, vals)) == cpu_lib.EI_ERR_RANGE, (n, k)
+        assert "k=" in cb.last_error(lib, ffi)
+
+
 @needs_gpu
 def test_op_errors_are_codes_not_crashes():
     ffi, lib = cb.load_library()
@@ -458,6 +498,56 @@ def test_greedy_generation_runs_on_gpu(engines):
     a = gpu.generate("The capital of France is", max_tokens=n, temperature=0)
     b = cpu.generate("The capital of France is", max_tokens=n, temperature=0)
     assert a.tokens and a.tokens[:4] == b.tokens[:4]
+
+
+@needs_gpu
+def test_topk_end_to_end_on_logits_kept_on_the_device(engines):
+    """forward(download=False) keeps the rows on the device; topk / argmax read them there."""
+    gpu, _ = engines
+    rt = gpu.runtime
+    ids = np.array(_text_ids(gpu)[:6], np.int32)
+    rows = np.array([5, 2], np.int32)
+    with gpu.scheduler.lease_slot() as slot:
+        rt.clear_slot(slot)
+        args = (ids, np.full(6, slot, np.int32), np.arange(6, dtype=np.int32), np.arange(6, dtype=np.int32), rows)
+        lg = rt.forward(*args).copy()
+        rt.clear_slot(slot)
+        assert rt.forward(*args, download=False) is None
+        top_ids, top_vals = rt.topk(2, 256)
+        ref_ids, ref_vals = _topk_ref(lg, 256)
+        np.testing.assert_array_equal(top_ids, ref_ids)
+        np.testing.assert_array_equal(top_vals, ref_vals)
+        assert rt.topk(1, 3)[0].tolist() == [ref_ids[0, :3].tolist()]
+        assert rt.argmax(2).tolist() == ref_ids[:, 0].tolist()
+        for n_out, k in [(3, 1), (0, 1), (2, 0), (2, 257)]:
+            with pytest.raises(EdgeInferError, match="topk"):
+                rt.topk(n_out, k)
+        rt.forward(*args[:4], np.zeros(0, np.int32), download=False)   # no rows: nothing to read
+        with pytest.raises(EdgeInferError, match="last forward produced 0"):
+            rt.topk(1, 1)
+        rt.clear_slot(slot)
+
+
+@needs_gpu
+def test_greedy_and_top_k_sampling_on_device_candidates_match_full_logits(engines, monkeypatch):
+    """The scheduler's device top-k path draws the same tokens as the host sampler on the whole row."""
+    gpu, _ = engines
+    rt = gpu.runtime
+    calls = []
+    topk = rt.topk
+    monkeypatch.setattr(rt, "topk", lambda n_out, k: calls.append(k) or topk(n_out, k))
+    n = 4 if SIMULATED else 16
+    runs = [dict(temperature=0), dict(temperature=1.5, top_k=40, top_p=0.98, min_p=0.0, seed=7)]
+
+    def generate():   # both requests at once: one step serves k = 1 and k = 40 from one topk
+        gens = [gpu.stream("Once upon a time", max_tokens=n, ignore_eos=True, **p) for p in runs]
+        return [g.result().tokens for g in gens]
+
+    on_device = generate()
+    assert calls and set(calls) <= {1, 40} and len(on_device[0]) == len(on_device[1]) == n
+    monkeypatch.setattr(rt, "max_topk", 0)   # the full-logits path: host sampler on downloaded rows
+    calls.clear()
+    assert generate() == on_device and not calls
 
 
 # Tiny models whose layers take each path of launch_step: Q, K, V (and gate, up) of one

@@ -140,6 +140,58 @@ def test_temperature_reshapes_distribution():
         assert abs(frac0 - want) < 0.015, (temp, frac0, want)
 
 
+def test_top_k_ties_at_the_boundary_keep_the_lowest_ids():
+    x = np.zeros(1000, dtype=np.float32)
+    x[[900, 5]] = 2.0
+    s = make_sampler(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0, seed=0)
+    assert s.candidates(x)[0].tolist() == [5, 900, 0, 1]
+
+
+def test_top_k_needed():
+    n = 1000
+    assert make_sampler(temperature=0).top_k_needed(n) == 1
+    assert make_sampler(temperature=0, repeat_penalty=1.1).top_k_needed(n) is None
+    assert make_sampler(top_k=40).top_k_needed(n) == 40
+    assert make_sampler(top_k=40, presence_penalty=0.5).top_k_needed(n) is None
+    assert make_sampler(top_k=40, frequency_penalty=0.5).top_k_needed(n) is None
+    assert make_sampler(top_k=40, repeat_penalty=1.3, penalty_last_n=0).top_k_needed(n) == 40
+    assert make_sampler(top_k=0).top_k_needed(n) is None          # every id may be drawn
+    assert make_sampler(top_k=n).top_k_needed(n) is None
+
+
+def _device_top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """What ei_cuda_topk returns: the k best, value descending, ties to the lower id, NaN = -inf."""
+    x = np.where(np.isnan(x), np.float32(-np.inf), x)
+    ids = np.argsort(-x, kind="stable")[:k]
+    return ids.astype(np.int32), x[ids]
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=0.0),
+    dict(temperature=0.0, top_k=1),
+    dict(),                                                     # the defaults: top-k 40, top-p, min-p
+    dict(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0),
+    dict(temperature=1.5, top_k=200, top_p=0.9, min_p=0.0),
+    dict(temperature=0.3, top_k=64, top_p=1.0, min_p=0.1),
+    dict(temperature=2.0, top_k=1, top_p=0.5, min_p=0.5),
+    dict(temperature=1.0, top_k=256, top_p=0.99, min_p=0.01, repeat_penalty=1.4, penalty_last_n=0),
+])
+def test_sampling_from_candidates_equals_sampling_from_logits(params):
+    n = 3000
+    for seed in range(25):
+        rng = np.random.default_rng(seed)
+        # coarse values make ties (also at the k-th place); some NaN and -inf
+        x = np.round(rng.standard_normal(n) * 3, 0 if seed % 2 else 2).astype(np.float32)
+        x[rng.integers(0, n, 20)] = np.nan
+        x[rng.integers(0, n, 20)] = -np.inf
+        full, cand = make_sampler(seed=seed, **params), make_sampler(seed=seed, **params)
+        k = cand.top_k_needed(n)
+        assert k is not None
+        ids, vals = _device_top_k(x, k + seed % 3)           # more than needed: a prefix is used
+        for _ in range(10):
+            assert cand.sample_candidates(ids, vals) == full(x, [1, 2, 3]), (params, seed)
+
+
 # --------------------------------------------------------------------------- top-p / min-p
 
 def _from_probs(p) -> np.ndarray:

@@ -122,13 +122,29 @@ class SequenceState:
     def wants_no_tokens(self) -> bool:
         return self.limit is not None and self.limit <= 0
 
+    def top_k_needed(self, n_vocab: int) -> int | None:
+        """How many of the best logits `on_candidates` needs; None: give it the whole row
+        (`on_logits`), as penalties and logprobs do."""
+        return None if self.n_logprobs is not None else self.sampler.top_k_needed(n_vocab)
+
     def on_logits(self, logits: np.ndarray, has_room: bool) -> tuple[list, int | None]:
         """Samples one token. Returns (events, token to feed next or None when finished)."""
+        t = time.perf_counter()
+        return self._advance(self.sampler(logits, self.history), t, has_room, logits)
+
+    def on_candidates(self, ids: np.ndarray, vals: np.ndarray, has_room: bool) -> tuple[list, int | None]:
+        """As on_logits, from the best logits of the row only (ids, vals: at least
+        `top_k_needed` of them, sorted as Sampler.sample_candidates wants). Only when
+        `top_k_needed` is not None: there are no logprobs without the whole row."""
+        t = time.perf_counter()
+        return self._advance(self.sampler.sample_candidates(ids, vals), t, has_room, None)
+
+    def _advance(self, tok: int, t_logits: float, has_room: bool,
+                 logits: np.ndarray | None) -> tuple[list, int | None]:
+        """Everything after the draw of `tok` from logits that arrived at t_logits."""
         events: list = []
-        now = time.perf_counter()
         if self.t_first is None and self.t_admit is not None:
-            self.stats.prefill_s = now - self.t_admit
-        tok = self.sampler(logits, self.history)
+            self.stats.prefill_s = t_logits - self.t_admit
         if tok in self.eog:
             events.append(self.finish("stop"))
             return events, None

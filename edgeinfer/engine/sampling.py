@@ -9,7 +9,10 @@ reshapes what survives. ``temperature <= 0`` is greedy: argmax after penalties, 
 to the lowest token id.
 
 Everything is vectorised with numpy; with ``top_k`` set only the k best logits are ever
-sorted (``np.argpartition``), so a step costs O(n_vocab) plus O(k log k).
+sorted (``np.argpartition``), so a step costs O(n_vocab) plus O(k log k). Without penalties,
+greedy and top-k sampling only ever look at the k best logits: ``Sampler.top_k_needed`` says
+how many, and ``Sampler.sample_candidates`` draws from them (computed elsewhere, e.g. on a
+GPU) exactly as ``Sampler.__call__`` would from the whole vector.
 """
 from __future__ import annotations
 
@@ -134,13 +137,29 @@ class Sampler:
 
     # -- stages ----------------------------------------------------------------------
 
+    @property
+    def penalized(self) -> bool:
+        """Whether a repeat / presence / frequency penalty can change the logits."""
+        return self.penalty_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+    def top_k_needed(self, n_vocab: int) -> int | None:
+        """k such that ``sample_candidates`` on the k best logits (of n_vocab) draws exactly what
+        ``__call__`` draws on all of them: 1 when greedy, top_k with top-k on; None when the
+        whole vector is needed (penalties change logits anywhere; no top-k keeps every id)."""
+        if self.penalized:
+            return None
+        if self.greedy:
+            return 1
+        return self.top_k if 0 < self.top_k < n_vocab else None
+
     def apply_penalties(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """Returns logits with the repeat / presence / frequency penalties applied.
 
         Returns the input array itself when no penalty is active (callers never modify it).
         """
         rp, pres, freq = self.repeat_penalty, self.presence_penalty, self.frequency_penalty
-        if (rp == 1.0 and pres == 0.0 and freq == 0.0) or self.penalty_last_n == 0:
+        if not self.penalized:
             return logits
         if history is None or len(history) == 0:
             return logits
@@ -166,24 +185,16 @@ class Sampler:
         lower id first); otherwise they are in id order.
         """
         n = logits.shape[0]
-        k = self.top_k
-        ids: np.ndarray
-        vals: np.ndarray
-        sorted_ = False
-        if 0 < k < n:
-            part = np.argpartition(logits, n - k)[n - k:]
-            order = np.lexsort((part, -logits[part]))
-            ids = part[order]
-            vals = logits[ids]
-            sorted_ = True
-        elif self.top_p < 1.0:
+        if 0 < self.top_k < n:
+            ids = _top_k_ids(logits, self.top_k)
+            return self._filter(ids, logits[ids], sorted_=True)
+        if self.top_p < 1.0:
             ids = np.argsort(-logits, kind="stable")
-            vals = logits[ids]
-            sorted_ = True
-        else:
-            ids = np.arange(n)
-            vals = logits
+            return self._filter(ids, logits[ids], sorted_=True)
+        return self._filter(np.arange(n), logits, sorted_=False)
 
+    def _filter(self, ids: np.ndarray, vals: np.ndarray, sorted_: bool) -> tuple[np.ndarray, np.ndarray]:
+        """top-p -> min-p on the survivors of top-k (sorted_: in descending order)."""
         if self.top_p < 1.0 and vals.shape[0] > 1 and math.isfinite(float(vals[0])):
             # sorted descending: keep the smallest prefix whose mass reaches top_p
             p = np.exp(vals.astype(np.float64) - float(vals[0]))
@@ -229,7 +240,22 @@ class Sampler:
         x = self._prepare(logits, history)
         if self.greedy:
             return _argmax(x)
-        ids, vals = self.candidates(x)
+        return self._draw(*self.candidates(x))
+
+    def sample_candidates(self, ids: np.ndarray, vals: np.ndarray) -> int:
+        """The draw of ``__call__`` from the k >= ``top_k_needed(n_vocab)`` best logits alone.
+
+        ids, vals: the k largest logits of the vector (NaN counted as -inf, so none left),
+        sorted by value descending, ties to the lower id, as np.argsort(-x, kind="stable")
+        orders them (ei_cuda_topk's output). Only valid when ``top_k_needed`` is not None:
+        no penalty is applied (there is no history)."""
+        if self.greedy:
+            return int(ids[0])
+        k = self.top_k
+        return self._draw(*self._filter(np.asarray(ids[:k]), np.asarray(vals[:k], dtype=np.float32), sorted_=True))
+
+    def _draw(self, ids: np.ndarray, vals: np.ndarray) -> int:
+        """temperature -> the seeded draw among the candidates."""
         if ids.shape[0] == 1:
             return int(ids[0])
         v = vals.astype(np.float64)
@@ -241,6 +267,18 @@ class Sampler:
         r = self._rng.random() * cum[-1]
         j = int(np.searchsorted(cum, r, side="right"))
         return int(ids[min(j, ids.shape[0] - 1)])
+
+
+def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest of x (no NaN; 0 < k < len(x)), value descending, ties to the lower id.
+
+    argpartition alone leaves which of the ids tied with the k-th value survive to chance;
+    here they are the lowest ones, as a stable sort (and the CUDA top-k) picks them.
+    """
+    t = x[np.argpartition(x, x.shape[0] - k)[x.shape[0] - k]]   # the k-th largest value
+    above = np.flatnonzero(x > t)
+    ids = np.concatenate([above, np.flatnonzero(x == t)[:k - above.shape[0]]])
+    return ids[np.lexsort((ids, -x[ids]))]
 
 
 def _argmax(x: np.ndarray) -> int:

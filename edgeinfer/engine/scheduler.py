@@ -306,6 +306,17 @@ class Scheduler:
                 r.done = True
                 self._emit(r, [ErrorEvent(exc)])
 
+    def _device_top_k(self, owners: list[Request]) -> int | None:
+        """The k of one device top-k from which every owner of the step samples exactly
+        (SequenceState.on_candidates), or None: download the logits rows (on_logits)."""
+        limit = getattr(self.engine.runtime, "max_topk", 0)   # 0: the runtime has no topk (CPU)
+        if not owners or not limit:
+            return None
+        ks = [r.seq.top_k_needed(self.engine.config.n_vocab) for r in owners]
+        if None in ks or max(ks) > limit:
+            return None
+        return max(ks)
+
     def _step(self, reqs: list[Request]) -> None:
         eng = self.engine
         ring = eng.ring
@@ -352,11 +363,16 @@ class Scheduler:
             if not toks:
                 return
             n_out = len(out_rows)
-            logits = eng.runtime.forward(
-                np.asarray(toks, dtype=np.int32), np.asarray(slots, dtype=np.int32),
-                np.concatenate(pos_parts).astype(np.int32, copy=False),
-                np.concatenate(cell_parts).astype(np.int32, copy=False),
-                np.asarray(out_rows, dtype=np.int32), self._logits[:n_out])
+            batch = (np.asarray(toks, dtype=np.int32), np.asarray(slots, dtype=np.int32),
+                     np.concatenate(pos_parts).astype(np.int32, copy=False),
+                     np.concatenate(cell_parts).astype(np.int32, copy=False),
+                     np.asarray(out_rows, dtype=np.int32))
+            k = self._device_top_k(owners)
+            if k is None:
+                logits = eng.runtime.forward(*batch, self._logits[:n_out])
+            else:   # the logits stay on the device: only n_out x k candidates come back
+                eng.runtime.forward(*batch, download=False)
+                top_ids, top_vals = eng.runtime.topk(n_out, k)
             self.steps += 1
             self.last_batch_tokens = len(toks)
         finished: list[Request] = []
@@ -364,7 +380,11 @@ class Scheduler:
             if r.cancelled:
                 continue        # reaped (and its slot freed) at the top of the next step
             room = ring.room(r.slot)
-            events, nxt = r.seq.on_logits(logits[i], has_room=room is None or room > 0)
+            has_room = room is None or room > 0
+            if k is None:
+                events, nxt = r.seq.on_logits(logits[i], has_room)
+            else:
+                events, nxt = r.seq.on_candidates(top_ids[i], top_vals[i], has_room)
             r.next_token = nxt
             if nxt is None:
                 r.done = True

@@ -67,12 +67,17 @@ void ei_cuda_runtime_free(ei_cuda_runtime *rt);
 ei_status ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_sizes *out);
 ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot);
 ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
-/* As ei_forward. */
+/* As ei_forward, except that logits may be NULL with n_out > 0: the n_out rows are computed
+ * but stay on the device, for ei_cuda_argmax / ei_cuda_topk (no n_out x n_vocab download). */
 ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                           const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
                           float *logits);
 /* out[j] = argmax of logits row j of the last forward (on the device), j < n_out. */
 ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
+/* ids[j*k + i], vals[j*k + i] (i < k): the k largest logits of row j < n_out of the last forward
+ * (on the device), value descending, ties to the lower id; NaN counts as -inf. 1 <= k <= 256 and
+ * k <= n_vocab, else EI_ERR_RANGE. */
+ei_status ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k, int32_t *ids, float *vals);
 
 /* ---- Single ops on host arrays, for tests. Each copies in, runs the kernel the
  * forward pass uses, copies out, and checks guard bytes around every device
@@ -101,6 +106,8 @@ ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head
                           int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos);
 /* gate[i] = silu(gate[i]) * up[i]. */
 ei_status ei_cuda_op_swiglu(float *gate, const float *up, int64_t n);
+/* ids / vals [n_rows][k]: the top-k of each row of x [n_rows][n], as ei_cuda_topk. */
+ei_status ei_cuda_op_topk(const float *x, int64_t n_rows, int64_t n, int32_t k, int32_t *ids, float *vals);
 /* As ei_kernel_attention. */
 ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                                const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);

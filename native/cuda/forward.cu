@@ -124,7 +124,8 @@ struct ei_cuda_runtime {
     /* device batch: tokens, slots, pos, cells, n_cells, out_rows; each max_batch int32 */
     int32_t *d_batch, *h_batch;   /* h_batch is pinned */
     float *x, *q, *kc, *vc, *att, *gate, *up, *rope_cos, *rope_sin, *onorm, *logits, *part;
-    int32_t *d_argmax;
+    int32_t *d_top_ids;        /* argmax / top-k results: max_batch x EIC_TOPK_MAX each */
+    float *d_top_vals;
     int32_t attn_tokens, max_chunks, last_n_out;
 
     cudaGraphExec_t graphs[MAX_GRAPH_TOKENS + 1][MAX_GRAPH_TOKENS + 1];   /* [n_tokens][n_out] */
@@ -236,7 +237,7 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
             if (rt->graphs[i][j]) cudaGraphExecDestroy(rt->graphs[i][j]);
     void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->q, rt->kc, rt->vc,
                    rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
-                   rt->d_argmax};
+                   rt->d_top_ids, rt->d_top_vals};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (rt->h_batch) cudaFreeHost(rt->h_batch);
@@ -294,7 +295,8 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (attn_tokens > 65535) attn_tokens = 65535;
     const size_t scr[] = {6 * B * 4,  B * d * 4,  B * qd * 4,   B * kvd * 4,  B * kvd * 4, B * qd * 4,
                           B * ff * 4, B * ff * 4, B * half * 4, B * half * 4, B * d * 4,
-                          B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * 4,
+                          B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * EIC_TOPK_MAX * 4,
+                          B * EIC_TOPK_MAX * 4,
                           (size_t)p->n_slots * p->n_ctx * 4};
     size_t scratch = 0;
     for (size_t i = 0; i < sizeof scr / sizeof scr[0]; i++) scratch += al256(scr[i]);
@@ -360,7 +362,8 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     DALLOC(rt->onorm, B * d * 4);
     DALLOC(rt->logits, B * (size_t)c->n_vocab * 4);
     DALLOC(rt->part, attn_tokens * part_per_tok);
-    DALLOC(rt->d_argmax, B * 4);
+    DALLOC(rt->d_top_ids, B * EIC_TOPK_MAX * 4);
+    DALLOC(rt->d_top_vals, B * EIC_TOPK_MAX * 4);
 #undef DALLOC
     if ((st = eic_check(cudaMallocHost((void **)&rt->h_batch, 6 * B * 4), "cudaMallocHost")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->kv.k, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
@@ -577,8 +580,9 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
     if (n_tokens < 1 || n_tokens > rt->p.max_batch)
         return eic_fail(EI_ERR_RANGE, "batch of %d tokens outside [1, max_batch=%d]", n_tokens, rt->p.max_batch);
     if (!tokens || !slots || !pos || !cells) return eic_fail(EI_ERR_INVALID_ARG, "forward: null batch array");
-    if (n_out < 0 || n_out > n_tokens || (n_out > 0 && (!out_rows || !logits)))
-        return eic_fail(EI_ERR_INVALID_ARG, "forward: bad output rows (n_out=%d)", n_out);
+    if (n_out < 0 || n_out > n_tokens || (n_out > 0 && !out_rows))
+        return eic_fail(EI_ERR_INVALID_ARG, "forward: n_out=%d must be in [0, n_tokens=%d], with out_rows when > 0",
+                        n_out, n_tokens);
     for (int32_t i = 0; i < n_tokens; i++) {
         if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
             return eic_fail(EI_ERR_RANGE, "token id %d at batch index %d outside [0, %d)", tokens[i], i, c->n_vocab);
@@ -617,7 +621,7 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
         if ((st = eic_check(launch_step(rt, n_tokens, n_out, n_chunks > 0 ? n_chunks : 1), "forward launch")) != EI_OK)
             return st;
     }
-    if (n_out > 0 &&
+    if (n_out > 0 && logits &&   /* NULL: the logits stay on the device for argmax / topk */
         (st = eic_check(cudaMemcpyAsync(logits, rt->logits, (size_t)n_out * c->n_vocab * 4, cudaMemcpyDeviceToHost,
                                         rt->stream), "logits download")) != EI_OK)
         return st;
@@ -630,10 +634,28 @@ extern "C" ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t 
     if (!rt || !out) return eic_fail(EI_ERR_INVALID_ARG, "argmax: null argument");
     if (n_out < 1 || n_out > rt->last_n_out)
         return eic_fail(EI_ERR_RANGE, "argmax of %d rows, the last forward produced %d", n_out, rt->last_n_out);
-    ei_status st = eic_check(eic_argmax(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, rt->d_argmax), "argmax");
+    ei_status st = eic_check(eic_argmax(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, rt->d_top_ids), "argmax");
     if (st != EI_OK) return st;
-    if ((st = eic_check(cudaMemcpyAsync(out, rt->d_argmax, (size_t)n_out * 4, cudaMemcpyDeviceToHost, rt->stream),
+    if ((st = eic_check(cudaMemcpyAsync(out, rt->d_top_ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost, rt->stream),
                         "argmax download")) != EI_OK)
         return st;
     return eic_check(cudaStreamSynchronize(rt->stream), "argmax");
+}
+
+extern "C" ei_status ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k, int32_t *ids, float *vals) {
+    if (!rt || !ids || !vals) return eic_fail(EI_ERR_INVALID_ARG, "topk: null argument");
+    if (n_out < 1 || n_out > rt->last_n_out)
+        return eic_fail(EI_ERR_RANGE, "topk of %d rows, the last forward produced %d", n_out, rt->last_n_out);
+    if (k < 1 || k > EIC_TOPK_MAX || k > rt->cfg.n_vocab)
+        return eic_fail(EI_ERR_RANGE, "topk: k=%d outside [1, %d]", k,
+                        rt->cfg.n_vocab < EIC_TOPK_MAX ? rt->cfg.n_vocab : EIC_TOPK_MAX);
+    const size_t n = (size_t)n_out * k;
+    ei_status st = eic_check(eic_topk(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, k, rt->d_top_ids, rt->d_top_vals),
+                             "topk");
+    if (st == EI_OK)
+        st = eic_check(cudaMemcpyAsync(ids, rt->d_top_ids, n * 4, cudaMemcpyDeviceToHost, rt->stream), "topk download");
+    if (st == EI_OK)
+        st = eic_check(cudaMemcpyAsync(vals, rt->d_top_vals, n * 4, cudaMemcpyDeviceToHost, rt->stream), "topk download");
+    if (st != EI_OK) return st;
+    return eic_check(cudaStreamSynchronize(rt->stream), "topk");
 }

@@ -2,7 +2,7 @@
  * GGUF weight type (several weights per launch, RMSNorm and SwiGLU fusable
  * into them, to cut a decode step's launches), RMSNorm, RoPE + KV store,
  * SwiGLU, embedding lookup, chunked attention over the f16 KV ring (f32
- * accumulation, GQA), argmax.
+ * accumulation, GQA), argmax, top-k.
  *
  * Weights are read in their GGUF block layout (quants_impl.h describes it);
  * each lane dequantizes one unit of 32 consecutive elements of a row into
@@ -834,5 +834,93 @@ __global__ void argmax_kernel(const float *__restrict__ x, int64_t n, int32_t *o
 cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int32_t *out) {
     if (n_rows <= 0) return cudaSuccess;
     argmax_kernel<<<(unsigned)n_rows, 256, 0, s>>>(x, n, out);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- top-k */
+/* The order of top-k: value descending, ties to the lower id (np.argsort(-x, kind="stable")). */
+__device__ __forceinline__ bool topk_before(float a, int32_t ia, float b, int32_t ib) {
+    return a > b || (a == b && ia < ib);
+}
+
+/* (*bv, *bi) = the first in topk_before order of r[i], i = first, first + step, ... < n, among
+ * those strictly after (pv, pi); (-inf, INT32_MAX) when none is. NaN reads as -inf. */
+__device__ void topk_scan(const float *__restrict__ r, int64_t n, int64_t first, int64_t step, float pv, int32_t pi,
+                          float *bv, int32_t *bi) {
+    float best = -INFINITY;
+    int32_t idx = INT32_MAX;
+    for (int64_t i = first; i < n; i += step) {
+        const float x = r[i], v = isnan(x) ? -INFINITY : x;
+        if (topk_before(pv, pi, v, (int32_t)i) && topk_before(v, (int32_t)i, best, idx)) {
+            best = v;
+            idx = (int32_t)i;
+        }
+    }
+    *bv = best;
+    *bi = idx;
+}
+
+/* Every lane gets the first of the warp's (v, i) in topk_before order. */
+__device__ __forceinline__ void topk_warp_best(float *v, int32_t *i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, *i, o);
+        if (topk_before(ov, oi, *v, *i)) {
+            *v = ov;
+            *i = oi;
+        }
+    }
+}
+
+#define TOPK_THREADS 256
+/* One block per row, k rounds of a block-wide argmax. Thread t owns the elements i with
+ * i % TOPK_THREADS == t and keeps the best of them not yet picked; a round picks the best of
+ * those, and only the owner of the pick looks for its next one, with the 31 other lanes of its
+ * warp: the row is read about once, not k times, and a round costs a few loads per lane. */
+__global__ void topk_kernel(const float *__restrict__ x, int64_t n, int k, int32_t *ids, float *vals) {
+    extern __shared__ float topk_sm[];   /* the best (value, id) of each warp */
+    float *wv = topk_sm;
+    int32_t *wi = (int32_t *)(topk_sm + TOPK_THREADS / 32);
+    const float *r = x + (int64_t)blockIdx.x * n;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float bv;
+    int32_t bi;
+    topk_scan(r, n, threadIdx.x, TOPK_THREADS, INFINITY, -1, &bv, &bi);
+    for (int j = 0; j < k; j++) {
+        float v = bv;
+        int32_t i = bi;
+        topk_warp_best(&v, &i);
+        if (lane == 0) {
+            wv[warp] = v;
+            wi[warp] = i;
+        }
+        __syncthreads();
+        for (int w = 0; w < TOPK_THREADS / 32; w++)
+            if (topk_before(wv[w], wi[w], v, i)) {
+                v = wv[w];
+                i = wi[w];
+            }
+        __syncthreads();   /* every thread has read wv / wi before the next round writes them */
+        if (threadIdx.x == 0) {
+            ids[(int64_t)blockIdx.x * k + j] = i;
+            vals[(int64_t)blockIdx.x * k + j] = v;
+        }
+        const int owner = i % TOPK_THREADS;
+        if (owner >> 5 == warp) {   /* uniform over the warp: all 32 lanes shuffle */
+            float cv;
+            int32_t ci;
+            topk_scan(r, n, owner + (int64_t)lane * TOPK_THREADS, 32 * TOPK_THREADS, v, i, &cv, &ci);
+            topk_warp_best(&cv, &ci);
+            if (lane == (owner & 31)) {
+                bv = cv;
+                bi = ci;
+            }
+        }
+    }
+}
+cudaError_t eic_topk(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int k, int32_t *ids, float *vals) {
+    if (n_rows <= 0) return cudaSuccess;
+    if (k < 1 || k > EIC_TOPK_MAX || k > n || n > INT32_MAX) return cudaErrorInvalidValue;
+    topk_kernel<<<(unsigned)n_rows, TOPK_THREADS, TOPK_THREADS / 32 * 8, s>>>(x, n, k, ids, vals);
     return cudaGetLastError();
 }

@@ -76,4 +76,8 @@ cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_h
                           int n_chunks, float *part, float *out);
 /* out[j] = argmax of row j of x (n_rows x n). */
 cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int32_t *out);
+/* ids[j*k + i], vals[j*k + i], i < k: the k largest of row j of x (n_rows x n), value descending,
+ * ties to the lower id; NaN counts as -inf. 1 <= k <= min(n, EIC_TOPK_MAX). */
+#define EIC_TOPK_MAX 256
+cudaError_t eic_topk(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int k, int32_t *ids, float *vals);
 #endif

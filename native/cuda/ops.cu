@@ -266,6 +266,27 @@ done:
     return st;
 }
 
+extern "C" ei_status ei_cuda_op_topk(const float *x, int64_t n_rows, int64_t n, int32_t k, int32_t *ids, float *vals) {
+    if (!x || !ids || !vals || n_rows < 1 || n < 1 || n > INT32_MAX) return eic_fail(EI_ERR_INVALID_ARG, "op_topk: bad arguments");
+    if (k < 1 || k > EIC_TOPK_MAX || k > n)
+        return eic_fail(EI_ERR_RANGE, "op_topk: k=%d outside [1, min(n=%lld, %d)]", k, (long long)n, EIC_TOPK_MAX);
+    ei_status st = ready();
+    if (st != EI_OK) return st;
+    gbuf gx = {}, gi = {}, gv = {};
+    TRY(gb_alloc(&gx, (size_t)(n_rows * n) * 4, x));
+    TRY(gb_alloc(&gi, (size_t)(n_rows * k) * 4, NULL));
+    TRY(gb_alloc(&gv, (size_t)(n_rows * k) * 4, NULL));
+    TRY(eic_check(eic_topk(0, (const float *)gx.ptr, n_rows, n, k, (int32_t *)gi.ptr, (float *)gv.ptr), "topk"));
+    TRY(eic_check(cudaDeviceSynchronize(), "topk"));
+    TRY(gb_finish(&gi, ids, "topk ids"));
+    TRY(gb_finish(&gv, vals, "topk vals"));
+done:
+    gb_free(&gx);
+    gb_free(&gi);
+    gb_free(&gv);
+    return st;
+}
+
 extern "C" ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                                           const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out) {
     if (!q || !k || !v || !cell_pos || !out || g < 1 || g > EIC_MAX_GROUP || n_cells < 1 || hd < 1 || hd > EIC_MAX_HEAD_DIM)

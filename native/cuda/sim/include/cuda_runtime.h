@@ -141,8 +141,10 @@ struct BlockCtx {
     dim3 dim, grid;
     unsigned char *dyn_smem;
 };
-/* Initial-exec TLS: threadIdx costs one load, not a __tls_get_addr call. */
-#define EISIM_TLS __thread __attribute__((tls_model("initial-exec")))
+/* Not initial-exec TLS, though it would be cheaper: that marks the whole library
+ * (every __shared__ array included) for the static TLS block, whose small surplus
+ * other dlopen'ed libraries need (libgomp, under llama-cpp-python, then fails to load). */
+#define EISIM_TLS thread_local
 extern EISIM_TLS ThreadCtx *t_thread;   /* the CUDA thread running on this OS thread */
 extern EISIM_TLS const BlockCtx *t_block;
 inline ThreadCtx *self() { return t_thread; }
