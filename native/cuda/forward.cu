@@ -437,6 +437,12 @@ extern "C" ei_status ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_si
     return EI_OK;
 }
 
+/* The current device is per host thread, and the engine calls from its scheduler
+ * thread, not the one that created the runtime: select ours on every entry. */
+static ei_status use_device(const ei_cuda_runtime *rt) {
+    return eic_check(cudaSetDevice(rt->p.device), "cudaSetDevice");
+}
+
 /* ---------------------------------------------------------------- KV bookkeeping */
 static ei_status sync_slot(ei_cuda_runtime *rt, int32_t slot) {
     const size_t off = (size_t)slot * rt->p.n_ctx;
@@ -462,7 +468,8 @@ extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int3
         if (cp[c] >= 0) used = c + 1;
     }
     rt->h_n_used[slot] = used;
-    return sync_slot(rt, slot);
+    const ei_status st = use_device(rt);
+    return st != EI_OK ? st : sync_slot(rt, slot);
 }
 
 extern "C" ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot) { return ei_cuda_forget_from(rt, slot, 0); }
@@ -596,6 +603,10 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
         if (out_rows[j] < 0 || out_rows[j] >= n_tokens)
             return eic_fail(EI_ERR_RANGE, "output row %d outside [0, %d)", out_rows[j], n_tokens);
 
+    ei_status st = use_device(rt);
+    if (st != EI_OK) return st;
+    rt->last_n_out = 0;   /* until this step succeeds, argmax / topk have no rows to read */
+
     /* Host bookkeeping, as layer 0 of the CPU pass does it before any attention. */
     for (int32_t i = 0; i < n_tokens; i++) {
         rt->h_cell_pos[(size_t)slots[i] * rt->p.n_ctx + cells[i]] = pos[i];
@@ -613,7 +624,7 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
         if (hb[4 * B + i] > used) used = hb[4 * B + i];
     }
     for (int32_t j = 0; j < n_out; j++) hb[5 * B + j] = out_rows[j];
-    ei_status st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, 6 * B * 4, cudaMemcpyHostToDevice, rt->stream),
+    st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, 6 * B * 4, cudaMemcpyHostToDevice, rt->stream),
                              "batch upload");
     if (st != EI_OK) return st;
     if (run_graph(rt, n_tokens, n_out) != 0) {
@@ -634,7 +645,9 @@ extern "C" ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t 
     if (!rt || !out) return eic_fail(EI_ERR_INVALID_ARG, "argmax: null argument");
     if (n_out < 1 || n_out > rt->last_n_out)
         return eic_fail(EI_ERR_RANGE, "argmax of %d rows, the last forward produced %d", n_out, rt->last_n_out);
-    ei_status st = eic_check(eic_argmax(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, rt->d_top_ids), "argmax");
+    ei_status st = use_device(rt);
+    if (st != EI_OK) return st;
+    st = eic_check(eic_argmax(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, rt->d_top_ids), "argmax");
     if (st != EI_OK) return st;
     if ((st = eic_check(cudaMemcpyAsync(out, rt->d_top_ids, (size_t)n_out * 4, cudaMemcpyDeviceToHost, rt->stream),
                         "argmax download")) != EI_OK)
@@ -650,8 +663,10 @@ extern "C" ei_status ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k,
         return eic_fail(EI_ERR_RANGE, "topk: k=%d outside [1, %d]", k,
                         rt->cfg.n_vocab < EIC_TOPK_MAX ? rt->cfg.n_vocab : EIC_TOPK_MAX);
     const size_t n = (size_t)n_out * k;
-    ei_status st = eic_check(eic_topk(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, k, rt->d_top_ids, rt->d_top_vals),
-                             "topk");
+    ei_status st = use_device(rt);
+    if (st == EI_OK)
+        st = eic_check(eic_topk(rt->stream, rt->logits, n_out, rt->cfg.n_vocab, k, rt->d_top_ids, rt->d_top_vals),
+                       "topk");
     if (st == EI_OK)
         st = eic_check(cudaMemcpyAsync(ids, rt->d_top_ids, n * 4, cudaMemcpyDeviceToHost, rt->stream), "topk download");
     if (st == EI_OK)
