@@ -100,6 +100,7 @@ class BenchConfig:
     compare: list[str] = field(default_factory=list)
     isa: str = "best"
     kv: str = "f16"                 # KV arena type of every engine: f16 or q8_0
+    device: str = "cpu"             # edgeinfer's device: cpu, cuda or auto (peers stay on the CPU)
     seed: int = 0
     isolated_rss: bool = True
     warmup: bool = True
@@ -115,6 +116,8 @@ class BenchConfig:
             raise ValueError(f"ctx_depth must be >= 1, got {self.ctx_depth}")
         if self.kv not in KV_TYPES:
             raise ValueError(f"kv must be one of {', '.join(KV_TYPES)}, got {self.kv!r}")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.price_per_hour is not None and self.price_per_hour < 0:
             raise ValueError("price_per_hour must be >= 0")
         need = self.needed_ctx()
@@ -246,16 +249,20 @@ class Runner:
 class EdgeinferRunner(Runner):
     engine = "edgeinfer"
 
-    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, isa: str = "best", kv: str = "f16"):
+    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, isa: str = "best", kv: str = "f16",
+                 device: str = "cpu"):
         from . import load
 
-        self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa, kv_type=kv)
+        self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa, kv_type=kv,
+                        device=device)
         self.rt = self.eng.runtime
         self.n_vocab = int(self.eng.config.n_vocab)
         self.batch = int(self.rt.max_batch)
         self.kv_bytes = int(self.rt.kv_bytes)
         self.scratch_bytes = int(self.rt.scratch_bytes)
         self.isa = getattr(self.rt, "isa_name", None)
+        if getattr(self.rt, "device_kind", "cpu") == "cuda":
+            self.isa = "cuda"
         self.label = f"edgeinfer ({self.isa})" if self.isa else "edgeinfer"
         self._logits = np.empty((1, self.n_vocab), dtype=np.float32)
         self._no_rows = np.empty(0, dtype=np.int32)
@@ -519,9 +526,9 @@ def _parse_peer(spec: str) -> tuple[str, Optional[str]]:
 
 
 def make_runner(kind: str, arg: Optional[str], model_path: str, threads: int, n_ctx: int,
-                batch: int, isa: str = "best", kv: str = "f16") -> Runner:
+                batch: int, isa: str = "best", kv: str = "f16", device: str = "cpu") -> Runner:
     if kind == "edgeinfer":
-        return EdgeinferRunner(model_path, threads, n_ctx, batch, isa, kv)
+        return EdgeinferRunner(model_path, threads, n_ctx, batch, isa, kv, device)
     if kind == "llama.cpp":
         return LlamaCppRunner(model_path, threads, n_ctx, batch, kv)
     if kind == "ort-genai":
@@ -546,7 +553,7 @@ def _rss_probe(args: dict) -> dict:
         from . import load  # noqa: F401
     base = _maxrss_bytes()
     r = make_runner(args["kind"], args.get("arg"), args["path"], args["threads"], args["n_ctx"],
-                    args["batch"], args.get("isa", "best"), args.get("kv", "f16"))
+                    args["batch"], args.get("isa", "best"), args.get("kv", "f16"), args.get("device", "cpu"))
     rng = np.random.default_rng(1)
     n_vocab = r.n_vocab or 32000
     r.pp(_random_ids(rng, args["pp"], n_vocab))
@@ -561,7 +568,7 @@ def _rss_probe_main() -> None:  # pragma: no cover - runs in the child
 def isolated_peak_rss(kind: str, arg: Optional[str], path: str, threads: int, cfg: BenchConfig,
                       timeout: float = 600) -> tuple[Optional[int], Optional[int], Optional[str]]:
     payload = json.dumps({"kind": kind, "arg": arg, "path": path, "threads": threads,
-                          "n_ctx": cfg.effective_ctx(), "batch": cfg.batch, "isa": cfg.isa, "kv": cfg.kv,
+                          "n_ctx": cfg.effective_ctx(), "batch": cfg.batch, "isa": cfg.isa, "kv": cfg.kv, "device": cfg.device,
                           "pp": cfg.pp, "tg_prompt": cfg.tg_prompt, "tg": cfg.tg})
     code = "from edgeinfer.bench import _rss_probe_main; _rss_probe_main()"
     try:
@@ -688,8 +695,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
     for threads in cfg.threads:
         runners: list[tuple[Runner, Optional[str], str]] = []
         say(f"[{threads} thread(s)] loading edgeinfer ({path.name}, n_ctx={n_ctx}, batch={cfg.batch})")
-        runners.append((make_runner("edgeinfer", None, str(path), threads, n_ctx, cfg.batch, cfg.isa, cfg.kv),
-                        None, "edgeinfer"))
+        edge = make_runner("edgeinfer", None, str(path), threads, n_ctx, cfg.batch, cfg.isa, cfg.kv, cfg.device)
+        runners.append((edge, None, "edgeinfer"))
         for (kind, arg), spec in peers:
             if spec in skipped_specs:
                 continue

@@ -41,6 +41,8 @@ def bench(
                                      "neon, scalar.")] = "best",
     kv: Annotated[str, typer.Option("--kv", help="KV arena type of every engine: f16, or q8_0 "
                                     "(llama.cpp: -fa -ctk q8_0 -ctv q8_0).")] = "f16",
+    device: Annotated[str, typer.Option("--device", help="edgeinfer's device: cpu, cuda or auto "
+                                        "(peers run on the CPU).")] = "cpu",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random prompt tokens.")] = 0,
     isolated_rss: Annotated[bool, typer.Option(
         "--isolated-rss/--no-isolated-rss",
@@ -77,7 +79,8 @@ def bench(
     cfg = BenchConfig(model=model, threads=parse_threads(threads), pp=pp, tg=tg, reps=reps,
                       batch=batch, n_ctx=ctx, tg_prompt=tg_prompt, prompt_len=prompt_len,
                       output_len=output_len, ctx_depth=ctx_depth, price_per_hour=price_per_hour,
-                      compare=list(compare or []), isa=isa, kv=kv, seed=seed, isolated_rss=isolated_rss)
+                      compare=list(compare or []), isa=isa, kv=kv, device=device, seed=seed,
+                      isolated_rss=isolated_rss)
     log = None if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     res = run_bench(cfg, log=log, command=["edgeinfer", "bench", *sys.argv[2:]]
                     if len(sys.argv) > 1 and sys.argv[1] == "bench" else None)

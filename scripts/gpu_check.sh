@@ -46,6 +46,9 @@ set -e
 if [ "$HAVE_MODEL" = 1 ]; then
     step "GPU benchmark (targets on H200: tg >= 1000 tok/s, batch-8 >= 4000, pp512 >= 20000)"
     timeout 150 "$PY" scripts/gpu_bench.py || echo "benchmark failed (rc=$?)"
+    step "edgeinfer bench --device cuda (pp512 / tg128 / TTFT, TPOT through the engine)"
+    timeout 120 "$PY" -m edgeinfer bench default --device cuda --threads 1 --reps 3 --no-isolated-rss --quiet \
+        || echo "edgeinfer bench failed (rc=$?)"
 fi
 step "done: GPU tests rc=$TESTS_RC"
 exit $TESTS_RC

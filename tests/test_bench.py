@@ -20,7 +20,7 @@ RUN_KEYS = {"engine", "label", "threads", "n_ctx", "pp", "tg", "tg_depth", "tg_d
             "cost_per_1m_output_tokens"}
 RATIO_KEYS = {"threads", "engine", "peer", "pp", "tg", "tg_depth", "ttft", "tpot", "peak_rss"}
 CONFIG_KEYS = {"threads", "pp", "tg", "reps", "batch", "n_ctx", "tg_prompt", "prompt_len",
-               "output_len", "ctx_depth", "price_per_hour", "compare", "isa", "kv", "seed",
+               "output_len", "ctx_depth", "price_per_hour", "compare", "isa", "kv", "device", "seed",
                "isolated_rss", "order"}
 SYSTEM_KEYS = {"cpu", "n_cpus", "isa", "platform", "python", "edgeinfer", "llama_cpp",
                "onnxruntime_genai", "loadavg_start", "loadavg_end"}
@@ -169,6 +169,8 @@ def test_helpers():
     cfg = BenchConfig(pp=512, tg=128, ctx_depth=1500)
     assert cfg.effective_ctx() == 1792 and cfg.effective_ctx() % 256 == 0
     assert BenchConfig(pp=512, tg=128).effective_ctx() == 512
+    with pytest.raises(ValueError, match="device must be cpu, cuda or auto"):
+        BenchConfig(device="gpu").validate()
 
 
 @pytest.fixture(scope="module")

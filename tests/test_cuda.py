@@ -492,6 +492,19 @@ def test_decode_steps_and_slots_agree_with_prefill(engines):
 
 
 @needs_gpu
+def test_end_to_end_bench_on_gpu(smollm2_path):
+    """`edgeinfer bench --device cuda` (what gpu_check.sh runs) measures the CUDA runtime."""
+    from edgeinfer.bench import BenchConfig, run_bench
+
+    n = 8 if SIMULATED else 128
+    cfg = BenchConfig(model=str(smollm2_path), threads=[1], pp=n, tg=n // 4, reps=1, tg_prompt=4, prompt_len=n,
+                      output_len=2, device="cuda", isolated_rss=False, warmup=False)
+    (run,) = run_bench(cfg).to_dict()["runs"]
+    assert run["engine"] == "edgeinfer" and "cuda" in run["label"]
+    assert run["pp"]["tokens_per_s"]["median"] > 0 and run["tg"]["tokens_per_s"]["median"] > 0
+
+
+@needs_gpu
 def test_greedy_generation_runs_on_gpu(engines):
     gpu, cpu = engines
     n = 8 if SIMULATED else 16
