@@ -285,12 +285,6 @@ __device__ __forceinline__ void dot_unit(const float (&w)[NR][32], const float *
     }
 }
 
-/* One warp per output row (row r of NR weights), TT tokens per block row of
- * the grid. vec: x rows (and norm) are 16-byte aligned and whole units, so
- * float4 loads are safe. The RMSNorm scale is constant per token, so it scales
- * the finished dot. Its sum of squares is float: positive terms summed at most
- * ~40 + n_cols/1024 deep, a relative error < 1e-5 (an NMSE near 1e-12); the
- * scale itself is computed in double, as the CPU does. */
 /* a.part[p] for a run-time p, read with static indices: kernel parameters indexed
  * at run time are copied to local memory first. */
 __device__ __forceinline__ eic_mm_part mm_part(const mm_args &a, int p) {
@@ -301,6 +295,12 @@ __device__ __forceinline__ eic_mm_part mm_part(const mm_args &a, int p) {
     return r;
 }
 
+/* One warp per output row (row r of NR weights), TT tokens per block row of
+ * the grid. vec: x rows (and norm) are 16-byte aligned and whole units, so
+ * float4 loads are safe. The RMSNorm scale is constant per token, so it scales
+ * the finished dot. Its sum of squares is float: positive terms summed at most
+ * ~40 + n_cols/1024 deep, a relative error < 1e-5 (an NMSE near 1e-12); the
+ * scale itself is computed in double, as the CPU does. */
 template <int TYPE, int TT, int NR, bool NORM>
 __global__ void __launch_bounds__(MM_WARPS * 32) mm_kernel(const mm_args a) {
     const int lane = threadIdx.x & 31;

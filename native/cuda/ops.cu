@@ -62,16 +62,23 @@ static ei_status ready(void) {
             goto done;           \
     } while (0)
 
+/* *bytes = the size of n_rows rows of type, or a failure naming `what`. */
+static ei_status weight_bytes(const char *what, int32_t type, int64_t n_rows, int64_t n_cols, size_t *bytes) {
+    int e, bb;
+    if (!eic_type_block(type, &e, &bb)) return eic_fail(EI_ERR_UNSUPPORTED, "%s: type %d has no CUDA kernel", what, type);
+    if (n_cols % e)
+        return eic_fail(EI_ERR_INVALID_ARG, "%s: n_cols=%lld not a multiple of %d", what, (long long)n_cols, e);
+    *bytes = (size_t)(n_cols / e * bb) * (size_t)n_rows;
+    return EI_OK;
+}
+
 extern "C" ei_status ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
                                        int64_t n_tok, const float *bias, int32_t accumulate, float *y) {
     if (!w || !x || !y || n_rows < 1 || n_cols < 1 || n_tok < 1) return eic_fail(EI_ERR_INVALID_ARG, "op_matmul: bad arguments");
-    int e, bb;
-    if (!eic_type_block(type, &e, &bb)) return eic_fail(EI_ERR_UNSUPPORTED, "op_matmul: type %d has no CUDA kernel", type);
-    if (n_cols % e) return eic_fail(EI_ERR_INVALID_ARG, "op_matmul: n_cols=%lld not a multiple of %d", (long long)n_cols, e);
-    ei_status st = ready();
-    if (st != EI_OK) return st;
+    size_t wb;
+    ei_status st = weight_bytes("op_matmul", type, n_rows, n_cols, &wb);
+    if (st != EI_OK || (st = ready()) != EI_OK) return st;
     gbuf gw = {}, gx = {}, gb = {}, gy = {};
-    const size_t wb = (size_t)(n_cols / e * bb) * (size_t)n_rows;
     TRY(gb_alloc(&gw, wb, w));
     TRY(gb_alloc(&gx, (size_t)(n_tok * n_cols) * 4, x));
     if (bias) TRY(gb_alloc(&gb, (size_t)n_rows * 4, bias));
@@ -88,16 +95,6 @@ done:
     gb_free(&gb);
     gb_free(&gy);
     return st;
-}
-
-/* *bytes = the size of n_rows rows of type, or a failure naming `what`. */
-static ei_status weight_bytes(const char *what, int32_t type, int64_t n_rows, int64_t n_cols, size_t *bytes) {
-    int e, bb;
-    if (!eic_type_block(type, &e, &bb)) return eic_fail(EI_ERR_UNSUPPORTED, "%s: type %d has no CUDA kernel", what, type);
-    if (n_cols % e)
-        return eic_fail(EI_ERR_INVALID_ARG, "%s: n_cols=%lld not a multiple of %d", what, (long long)n_cols, e);
-    *bytes = (size_t)(n_cols / e * bb) * (size_t)n_rows;
-    return EI_OK;
 }
 
 extern "C" ei_status ei_cuda_op_matmul_multi(int32_t type, int32_t n_parts, const void *const *w, const int64_t *n_rows,

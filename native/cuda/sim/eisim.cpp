@@ -156,7 +156,6 @@ struct Fiber {
     ucontext_t uc;
 #endif
     State state;
-    int index;
     eisim::ThreadCtx ctx;
     unsigned mask;
     int src;
@@ -179,13 +178,12 @@ struct Worker {   /* one per OS thread that runs blocks */
     std::vector<unsigned char> dyn;
     const std::function<void()> *body = NULL;
     Worker() {
-        const size_t slot = STACK_BYTES + page();
-        stacks = (unsigned char *)mmap(NULL, slot * MAX_THREADS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        stacks = (unsigned char *)mmap(NULL, slot_bytes * MAX_THREADS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (stacks == MAP_FAILED) {
             fprintf(stderr, "eisim: cannot map fiber stacks: %s\n", strerror(errno));
             abort();   /* the simulator itself cannot run; not reachable from bad input */
         }
-        for (int i = 0; i < MAX_THREADS; i++) mprotect(stacks + i * slot, page(), PROT_NONE);
+        for (int i = 0; i < MAX_THREADS; i++) mprotect(stacks + i * slot_bytes, page(), PROT_NONE);
         fibers.resize(MAX_THREADS);
     }
     unsigned char *stack_top(int i) const { return stacks + (size_t)(i + 1) * slot_bytes; }
@@ -341,7 +339,6 @@ bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t 
     for (int i = 0; i < n; i++) {
         Fiber &f = w.fibers[i];
         f.state = RUNNABLE;
-        f.index = i;
         f.ctx.tid = bd.y == 1 && bd.z == 1 ? uint3{(unsigned)i, 0, 0} : uint3{i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y)};
         f.ctx.lane = (unsigned)(i % 32);
         fiber_init(w, i);
@@ -575,7 +572,6 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     }
     return "cudaErrorUnknown";
 }

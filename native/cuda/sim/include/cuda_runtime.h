@@ -60,7 +60,6 @@ typedef enum cudaError {
     cudaErrorLaunchFailure = 719,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
-    cudaErrorStreamCaptureImplicit = 906,
 } cudaError_t;
 
 typedef enum cudaMemcpyKind {
