@@ -108,6 +108,10 @@ def test_build_script_skips_cleanly_without_nvcc(tmp_path):
     env = dict(os.environ, NVCC="", EDGEINFER_CUDA_OUT=str(tmp_path))
     r = subprocess.run(["bash", str(ROOT / "scripts" / "build_cuda.sh")], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and "nvcc not found" in r.stdout
+    # EDGEINFER_CUDA=1 pip install asks for it (EDGEINFER_CUDA_REQUIRE=1): then a missing nvcc fails, saying why
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build_cuda.sh")], env=dict(env, EDGEINFER_CUDA_REQUIRE="1"),
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "nvcc not found" in r.stdout
 
 
 # ------------------------------------------------------------------ selection (runs here without a GPU)
