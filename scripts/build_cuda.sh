@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA backend, libedgeinfer_cuda.so, with real cubins for sm_75 (T4),
 # sm_87 (Jetson Orin) and sm_90 (H200), into native/cuda/build/ and a copy in
-# edgeinfer/ (where edgeinfer.cuda_backend looks for it; $EDGEINFER_CUDA_LIB wins).
+# edgeinfer/ (where edgeinfer.backends.cuda looks for it; $EDGEINFER_CUDA_LIB wins).
 #
 # Without nvcc it prints why and exits 0, so CPU-only machines and CI without
 # CUDA pass; with nvcc a compile error fails (exit != 0).

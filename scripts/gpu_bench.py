@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import edgeinfer
-from edgeinfer.models import DEFAULT_MODEL, ensure_model
+from edgeinfer.hub import DEFAULT_MODEL, ensure_model
 
 
 def main() -> int:

@@ -24,13 +24,13 @@ EDGEINFER_CUDA_REQUIRE=1 EDGEINFER_CUDA_ARCHS="${EDGEINFER_CUDA_ARCHS:-90}" EDGE
 
 step "probe"
 "$PY" - <<'PYEOF'
-from edgeinfer import cuda_backend as cb
+from edgeinfer.backends import cuda as cb
 devs, why = cb.probe()
 print(devs[0].describe() if devs else f"NO CUDA DEVICE: {why}")
 raise SystemExit(0 if devs else 1)
 PYEOF
 
-HAVE_MODEL=$("$PY" -c "from edgeinfer.models import DEFAULT_MODEL, is_cached; print(int(bool(is_cached(DEFAULT_MODEL))))" 2>/dev/null || echo 0)
+HAVE_MODEL=$("$PY" -c "from edgeinfer.hub import DEFAULT_MODEL, is_cached; print(int(bool(is_cached(DEFAULT_MODEL))))" 2>/dev/null || echo 0)
 SEL=""
 if [ "$HAVE_MODEL" != 1 ]; then
     echo "note: SmolLM2 Q4_1 is not cached here (set EDGEINFER_CACHE); end-to-end tests and the benchmark are skipped"

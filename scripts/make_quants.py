@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true", help="show llama.cpp's quantizer log")
     args = ap.parse_args(argv)
 
-    from edgeinfer.models import models_dir, resolve_model
+    from edgeinfer.hub import models_dir, resolve_model
 
     bad = [t for t in args.types if t.lower() not in TYPES]
     if bad:

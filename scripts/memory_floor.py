@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from edgeinfer.plan import kv_bytes, model_shape  # noqa: E402
+from edgeinfer.tools.plan import kv_bytes, model_shape  # noqa: E402
 
 
 def build() -> Path:

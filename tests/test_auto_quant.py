@@ -186,7 +186,7 @@ def test_auto_respects_budget(auto256):
 
 
 def test_auto_beats_fixed_types_on_tiny_model(auto256):
-    from edgeinfer.eval import evaluate
+    from edgeinfer.tools.eval import evaluate
     from texts import TEXTS
     text = TEXTS["story"]
     kl = {k: evaluate(str(auto256[k].path), str(auto256["ref"]), text, ctx=128,
@@ -269,7 +269,7 @@ def test_smollm2_auto_beats_q4_k_m_and_q4_0(smollm2_path, tmp_path):
     1186 tokens with the default 512-token calibration, are in docs/quantization.md; this
     uses 160 calibration tokens and 256 scored tokens)."""
     pytest.importorskip("gguf")
-    from edgeinfer.eval import evaluate
+    from edgeinfer.tools.eval import evaluate
     from texts import TEXTS
     src = tiny_checkpoints.build_from_gguf(smollm2_path, tmp_path / "smol")
     ref = tmp_path / "f32.gguf"

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from edgeinfer.bench import (SCHEMA, BenchConfig, Spread, _parse_peer, format_table, parse_threads,
+from edgeinfer.tools.bench import (SCHEMA, BenchConfig, Spread, _parse_peer, format_table, parse_threads,
                              run_bench)
 
 SPREAD_KEYS = {"median", "min", "max", "stdev", "values"}
@@ -178,7 +178,7 @@ def ort_model_dir(smollm2_path, tmp_path_factory):
     """The ORT GenAI int4 model of scripts/make_ort_model.py: the cached one if it exists,
     else built here (HF checkpoint rebuilt from the GGUF, then ORT GenAI's builder)."""
     pytest.importorskip("onnxruntime_genai")
-    from edgeinfer.models import cache_dir
+    from edgeinfer.hub import cache_dir
 
     cached = cache_dir() / "ort" / "smollm2-int4"
     if (cached / "genai_config.json").is_file():
@@ -223,7 +223,7 @@ def test_ort_genai_runner_steps(ort_model_dir):
     """tg(prefix, n) runs exactly n one-token forwards after the prompt: the sequence ends
     n + 1 tokens past the prefix (the untimed first pick, then n forward+pick steps)."""
     pytest.importorskip("onnxruntime_genai")
-    from edgeinfer.bench import OrtGenaiRunner
+    from edgeinfer.tools.bench import OrtGenaiRunner
 
     r = OrtGenaiRunner(str(ort_model_dir), threads=1, n_ctx=256)
     assert r.n_vocab == 49152

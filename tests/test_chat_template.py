@@ -6,7 +6,7 @@ import time
 import jinja2
 import pytest
 
-from edgeinfer.engine.chat_template import CHATML_TEMPLATE, ChatTemplate, validate_messages
+from edgeinfer.text.chat_template import CHATML_TEMPLATE, ChatTemplate, validate_messages
 from edgeinfer.errors import TemplateError
 
 SMOLLM2_TEMPLATE = (

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 import pytest
 from typer.testing import CliRunner
 
-from edgeinfer import cli, models
+from edgeinfer import hub as models
+from edgeinfer.cli import main as cli
 from edgeinfer.cli import app
 from edgeinfer.errors import ContextOverflowError, EdgeInferError
-from edgeinfer.models import ModelSpec
+from edgeinfer.hub import ModelSpec
 
 runner = CliRunner()
 

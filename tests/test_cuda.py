@@ -1,4 +1,4 @@
-"""The CUDA backend (native/cuda, edgeinfer/cuda_backend.py).
+"""The CUDA backend (native/cuda, edgeinfer/backends/cuda.py).
 
 Runs everywhere:
 - the library compiles with nvcc for sm_75, sm_87 and sm_90 and holds a real
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer import cuda_backend as cb
+from edgeinfer.backends import cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
 from edgeinfer.errors import EdgeInferError
 
@@ -498,7 +498,7 @@ def test_decode_steps_and_slots_agree_with_prefill(engines):
 @needs_gpu
 def test_end_to_end_bench_on_gpu(smollm2_path):
     """`edgeinfer bench --device cuda` (what gpu_check.sh runs) measures the CUDA runtime."""
-    from edgeinfer.bench import BenchConfig, run_bench
+    from edgeinfer.tools.bench import BenchConfig, run_bench
 
     n = 8 if SIMULATED else 128
     cfg = BenchConfig(model=str(smollm2_path), threads=[1], pp=n, tg=n // 4, reps=1, tg_prompt=4, prompt_len=n,

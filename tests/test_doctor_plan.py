@@ -10,10 +10,10 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from edgeinfer import plan as P
+from edgeinfer.tools import plan as P
 from edgeinfer._native import ffi, lib
 from edgeinfer.cli import app
-from edgeinfer.doctor import cpu_report, cuda_report, doctor_report, format_report, memory_report
+from edgeinfer.tools.doctor import cpu_report, cuda_report, doctor_report, format_report, memory_report
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from edgeinfer.errors import EdgeInferError, GGUFError  # noqa: E402
-from edgeinfer.eval import compare_logits, evaluate, format_table  # noqa: E402
+from edgeinfer.tools.eval import compare_logits, evaluate, format_table  # noqa: E402
 from edgeinfer.gguf import GGUFFile  # noqa: E402
 from edgeinfer.gguf.types import GGMLType as T  # noqa: E402
 from edgeinfer.gguf.types import GGUFValueType as V  # noqa: E402

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer import models
+from edgeinfer import hub as models
 from edgeinfer.errors import EdgeInferError, ModelNotFoundError
-from edgeinfer.models import DEFAULT_MODEL, ModelSpec, ensure_model, resolve_model
+from edgeinfer.hub import DEFAULT_MODEL, ModelSpec, ensure_model, resolve_model
 
 REAL_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 REAL_SIZE = 98362432

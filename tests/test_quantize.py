@@ -93,7 +93,7 @@ def test_bad_arguments():
 # ------------------------------------------------------------------ llama.cpp comparisons
 def _synth_model(path, n_embd=256, n_ff=512, n_layer=2, n_vocab=256, tied=False, seed=0):
     """An F32 llama GGUF with weight-like random tensors (per-row scales, outliers)."""
-    from edgeinfer.engine.tokenizer import _BYTE_TO_CHAR
+    from edgeinfer.text.tokenizer import _BYTE_TO_CHAR
 
     rng = np.random.default_rng(seed)
 

@@ -331,7 +331,7 @@ def test_cli_serve_and_sigterm(smollm2_path):
 
 
 def test_load_bench_against_the_server(server):
-    from edgeinfer.loadbench import run_server_bench
+    from edgeinfer.tools.loadbench import run_server_bench
 
     lines: list[str] = []
     r = run_server_bench(server.url, concurrency=[1, 2], requests=2, max_tokens=4, warmup=0, json=True,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.engine.tokenizer import StreamDecoder, Tokenizer, TokenType
+from edgeinfer.text.tokenizer import StreamDecoder, Tokenizer, TokenType
 from edgeinfer.errors import InvalidTokenError, TokenizerError
 
 # ---------------------------------------------------------------------------------------------

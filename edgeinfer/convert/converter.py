@@ -217,7 +217,7 @@ def _item_bytes(it: _Item) -> int:
 
 def _measure(hp: HParams, tmap: TensorMap, tok_kv, load_hf, calibration: str | None,
              max_tokens: int, n_threads: int, progress) -> "Sensitivity":
-    from ..engine.tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
     from .sensitivity import analyze, default_calibration_text
 
     if calibration is None:

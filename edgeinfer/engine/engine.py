@@ -12,13 +12,13 @@ from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsErro
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig
 from ..model.native_model import NativeModel
-from ..model.runtime import NativeRuntime
-from .chat_template import ChatTemplate
+from ..backends.cpu import NativeRuntime
+from ..text.chat_template import ChatTemplate
 from .generation import Completion, Generation
 from .kv import KVRing
 from .scheduler import Scheduler
 from .sampling import SamplingParams
-from .tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("edgeinfer")
 
@@ -51,11 +51,11 @@ class Engine:
     def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",
              n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
              isa: str = "best", max_queue: int = 256, kv_type: str = "f16") -> "Engine":
-        from ..models import resolve_model
+        from ..hub import resolve_model
 
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-        from ..cuda_backend import CudaRuntime, select_device
+        from ..backends.cuda import CudaRuntime, select_device
         backend, dev = select_device(device)   # device='cuda' without a usable GPU raises EdgeInferError
         if not isinstance(n_ctx, int) or n_ctx < 8:
             raise ValueError(f"n_ctx must be an int >= 8, got {n_ctx!r}")

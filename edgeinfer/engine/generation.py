@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from .sampling import SamplingParams
-from .tokenizer import StreamDecoder, Tokenizer
+from ..text.tokenizer import StreamDecoder, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .scheduler import Request, Scheduler

@@ -115,7 +115,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
     """Blocks serving until SIGTERM / SIGINT. Listens at once; the model loads in the
     background (/health answers 503 until it is ready, or if loading failed)."""
     from .. import load
-    from ..models import DEFAULT_MODEL
+    from ..hub import DEFAULT_MODEL
 
     name = model or DEFAULT_MODEL
     state = ServerState(None, model_name=name, api_key=api_key, max_body=max_body)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .errors import EdgeInferError
+from ..errors import EdgeInferError
 
 __all__ = ["EvalResult", "evaluate", "compare_logits", "format_table", "SweepPoint", "sweep",
            "plot_sweep", "format_sweep", "SWEEP_TYPES"]
@@ -69,8 +69,8 @@ def compare_logits(ref: np.ndarray, model: np.ndarray, ids: list[int], rows: int
 
 def evaluate(model: str, reference: str, text: str, ctx: int = 512, n_threads: int | None = None,
              max_tokens: int | None = None) -> EvalResult:
-    from . import load
-    from .models import resolve_model
+    from .. import load
+    from ..hub import resolve_model
 
     if ctx < 8:
         raise EdgeInferError(f"--ctx must be at least 8, got {ctx}")
@@ -160,7 +160,7 @@ def sweep(checkpoint: str, reference: str, text: str, types=SWEEP_TYPES,
     directory (removed)."""
     import tempfile
 
-    from .convert import convert_checkpoint
+    from ..convert import convert_checkpoint
 
     note = progress or (lambda s: None)
     threads = n_threads or 0

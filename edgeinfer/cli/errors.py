@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import typer
 
-from .errors import EdgeInferError
+from ..errors import EdgeInferError
 
 # Errors a user can cause with arguments or files; anything else is a bug and keeps its traceback.
 USER_ERRORS = (EdgeInferError, ValueError, OSError)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_errors import handle_errors
+from .errors import handle_errors
 
 __all__ = ["doctor", "plan_cmd", "register"]
 
@@ -33,7 +33,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Check this machine: CPU features and chosen kernels, CUDA, free memory, what fits."""
-    from .doctor import doctor_report, format_report
+    from ..tools.doctor import doctor_report, format_report
 
     rep = doctor_report(model, kv=kv, max_batch=max_batch, n_threads=threads)
     sys.stdout.write((json.dumps(rep, indent=2) if as_json else format_report(rep)) + "\n")
@@ -55,14 +55,14 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")] = False,
 ) -> None:
     """Memory plan: weights + KV arena + working buffers for a grid of contexts and slots."""
-    from . import plan as P
+    from ..tools import plan as P
 
     if kv not in P.KV_TYPES:
         raise ValueError(f"--kv must be one of {', '.join(P.KV_TYPES)}, got {kv!r}")
     if max_batch < 1:
         raise ValueError("--max-batch must be >= 1")
     if memory is None:
-        from .doctor import memory_report
+        from ..tools.doctor import memory_report
 
         budget = memory_report().get("available")
         budget_src = "available now"

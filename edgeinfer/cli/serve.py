@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import EdgeInferError
+from ..errors import EdgeInferError
 
 __all__ = ["register", "serve_cmd"]
 
@@ -39,7 +39,7 @@ def serve_cmd(
                                     "a little accuracy).")] = "f16",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
-    from .server import serve
+    from ..server import serve
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     if slots < 1 or ctx < 8 or max_queue < 0 or max_batch < 1 or max_body < 1024:

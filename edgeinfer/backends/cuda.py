@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import EdgeInferError, NativeError
+from ..errors import EdgeInferError, NativeError
 
 log = logging.getLogger("edgeinfer")
 
@@ -104,8 +104,8 @@ def library_candidates() -> list[Path]:
     env = os.environ.get("EDGEINFER_CUDA_LIB")
     if env:
         return [Path(env)]
-    here = Path(__file__).resolve().parent
-    return [here / LIB_NAME, here.parent / "native" / "cuda" / "build" / LIB_NAME]
+    package = Path(__file__).resolve().parent.parent  # edgeinfer/, where the install puts it
+    return [package / LIB_NAME, package.parent / "native" / "cuda" / "build" / LIB_NAME]
 
 
 def load_library() -> tuple[object, object] | tuple[None, str]:
@@ -191,7 +191,7 @@ def select_device(device: str) -> tuple[str, DeviceInfo | str]:
 
 # ---------------------------------------------------------------------------- the runtime
 def _role(name: str) -> tuple[int, int | None]:
-    from .model.native_model import NativeModel
+    from ..model.native_model import NativeModel
 
     return NativeModel._role(name)
 
@@ -209,7 +209,7 @@ class CudaRuntime:
 
     def __init__(self, gguf, cfg, *, n_slots: int, n_ctx: int, max_batch: int, device: DeviceInfo | None = None,
                  use_graphs: bool = True, drop_host_pages: bool = False):
-        from .model.native_model import ARCH_IDS
+        from ..model.native_model import ARCH_IDS
 
         ffi, lib = load_library()
         if ffi is None:

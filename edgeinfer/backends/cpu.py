@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._native import check, ffi, lib
-from .native_model import NativeModel
+from ..model.native_model import NativeModel
 
 KV_TYPES = {"f16": lib.EI_TYPE_F16, "q8_0": lib.EI_TYPE_Q8_0}
 ISA_NAMES = {"best": lib.EI_ISA_BEST, "scalar": lib.EI_ISA_SCALAR, "avx2": lib.EI_ISA_AVX2,

@@ -77,7 +77,7 @@ def cpu_report() -> dict[str, Any]:
 
 def _native_report(flags: set[str]) -> dict[str, Any]:
     try:
-        from ._native import ffi, lib
+        from .._native import ffi, lib
     except ImportError as e:
         return {"native": f"not built ({e})"}
     name = lambda isa: ffi.string(lib.ei_isa_name(isa)).decode()  # noqa: E731
@@ -168,7 +168,7 @@ def _libcuda() -> tuple[Optional[list[dict]], str]:
 
 
 def _cuda_backend() -> str:
-    here = Path(__file__).parent
+    here = Path(__file__).resolve().parent.parent  # edgeinfer/
     for p in list(here.glob("libedgeinfer_cuda*.so")) + list(here.glob("*/libedgeinfer_cuda*.so")):
         return f"built ({p.name})"
     return "not built (EDGEINFER_CUDA=1 pip install . with nvcc present); CPU kernels are used"
@@ -231,7 +231,7 @@ def doctor_report(model: Optional[str] = None, kv: str = "f16", max_batch: int =
                   n_threads: Optional[int] = None) -> dict[str, Any]:
     rep: dict[str, Any] = {"cpu": cpu_report(), "cuda": cuda_report(), "memory": memory_report()}
     try:
-        from ._native import ffi, lib
+        from .._native import ffi, lib
 
         rep["edgeinfer"] = ffi.string(lib.ei_version()).decode()
     except Exception:  # pragma: no cover

@@ -69,9 +69,9 @@ class ModelShape:
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
     """Reads the shape and tensor bytes of a GGUF model (a path or a known model name)."""
-    from .gguf.reader import GGUFFile
-    from .model.config import ModelConfig
-    from .models import resolve_model
+    from ..gguf.reader import GGUFFile
+    from ..model.config import ModelConfig
+    from ..hub import resolve_model
 
     p = Path(resolve_model(str(path)))
     g = GGUFFile(p)
@@ -220,7 +220,7 @@ def human(n: float) -> str:
 
 def _physical_cores() -> int:
     try:
-        from ._native import lib
+        from .._native import lib
 
         return int(lib.ei_physical_cores())
     except Exception:  # pragma: no cover - planning works without the native library

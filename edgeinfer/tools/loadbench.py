@@ -248,7 +248,7 @@ def run_server_bench(url: str, concurrency: Sequence[int] = (1, 2, 4, 8), reques
     return result
 
 
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - `python -m edgeinfer.loadbench`
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - `python -m edgeinfer.tools.loadbench`
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_errors import handle_errors
+from .errors import handle_errors
 
 __all__ = ["bench", "register"]
 
@@ -48,7 +48,7 @@ def bench(
         "--isolated-rss/--no-isolated-rss",
         help="Measure each engine's peak RSS in a fresh child process (else process-wide).")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field; see "
-                                          "edgeinfer/bench.py) instead of a table.")] = False,
+                                          "edgeinfer/tools/bench.py) instead of a table.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
     server: Annotated[Optional[str], typer.Option(
         "--server", help="Load-test a running server at this URL instead of a local model.")] = None,
@@ -68,13 +68,13 @@ def bench(
     """Measure prefill/decode tokens/s, TTFT/TPOT, peak RSS and KV bytes (llama-bench style),
     or with --server the throughput and latency percentiles of a running server under load."""
     if server:
-        from .loadbench import run_server_bench
+        from ..tools.loadbench import run_server_bench
 
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
         run_server_bench(server, concurrency=levels, requests=requests, rate=rate, json=as_json,
                          plot=plot, max_tokens=max_tokens, api_key=api_key)
         return
-    from .bench import BenchConfig, format_table, parse_threads, run_bench
+    from ..tools.bench import BenchConfig, format_table, parse_threads, run_bench
 
     cfg = BenchConfig(model=model, threads=parse_threads(threads), pp=pp, tg=tg, reps=reps,
                       batch=batch, n_ctx=ctx, tg_prompt=tg_prompt, prompt_len=prompt_len,

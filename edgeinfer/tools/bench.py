@@ -251,7 +251,7 @@ class EdgeinferRunner(Runner):
 
     def __init__(self, path: str, threads: int, n_ctx: int, batch: int, isa: str = "best", kv: str = "f16",
                  device: str = "cpu"):
-        from . import load
+        from .. import load
 
         self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa, kv_type=kv,
                         device=device)
@@ -550,7 +550,7 @@ def _rss_probe(args: dict) -> dict:
     elif args["kind"] == "ort-genai":
         import onnxruntime_genai  # noqa: F401
     else:
-        from . import load  # noqa: F401
+        from .. import load  # noqa: F401
     base = _maxrss_bytes()
     r = make_runner(args["kind"], args.get("arg"), args["path"], args["threads"], args["n_ctx"],
                     args["batch"], args.get("isa", "best"), args.get("kv", "f16"), args.get("device", "cpu"))
@@ -570,7 +570,7 @@ def isolated_peak_rss(kind: str, arg: Optional[str], path: str, threads: int, cf
     payload = json.dumps({"kind": kind, "arg": arg, "path": path, "threads": threads,
                           "n_ctx": cfg.effective_ctx(), "batch": cfg.batch, "isa": cfg.isa, "kv": cfg.kv, "device": cfg.device,
                           "pp": cfg.pp, "tg_prompt": cfg.tg_prompt, "tg": cfg.tg})
-    code = "from edgeinfer.bench import _rss_probe_main; _rss_probe_main()"
+    code = "from edgeinfer.tools.bench import _rss_probe_main; _rss_probe_main()"
     try:
         p = subprocess.run([sys.executable, "-c", code, payload], capture_output=True, text=True,
                            timeout=timeout)
@@ -615,11 +615,11 @@ def _version(mod: str) -> Optional[str]:
 
 
 def _system_info() -> dict:
-    from . import __version__
+    from .. import __version__
 
     isa = None
     try:
-        from ._native import ffi, lib
+        from .._native import ffi, lib
 
         isa = ffi.string(lib.ei_isa_name(lib.ei_cpu_best_isa())).decode()
     except Exception:
@@ -640,7 +640,7 @@ def _model_info(path: Path) -> dict:
     """Name, path, size and file type (general.file_type, else the commonest matrix type)."""
     file_type = None
     try:
-        from .gguf.reader import GGUFFile
+        from ..gguf.reader import GGUFFile
 
         g = GGUFFile(path)
         ft = g.metadata.get("general.file_type")
@@ -677,7 +677,7 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
               command: Optional[list[str]] = None) -> BenchResult:
     """Runs the benchmark; `log` gets one line per step (progress), default: nothing."""
-    from .models import resolve_model
+    from ..hub import resolve_model
 
     cfg.validate()
     say = log or (lambda s: None)

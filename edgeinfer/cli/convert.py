@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_errors import handle_errors
-from .errors import EdgeInferError
+from .errors import handle_errors
+from ..errors import EdgeInferError
 
 __all__ = ["convert", "eval_cmd", "register"]
 
@@ -35,7 +35,7 @@ def convert(
                               "a text shipped with edgeinfer; first 512 tokens).")] = None,
 ) -> None:
     """Convert a Hugging Face checkpoint (optionally LoRA-merged) to a GGUF file."""
-    from .convert import convert_checkpoint
+    from ..convert import convert_checkpoint
 
     r = convert_checkpoint(checkpoint, output, type_, lora_dir=lora, keep=keep,
                            n_threads=threads, progress=not quiet and sys.stderr.isatty(),
@@ -79,7 +79,7 @@ def eval_cmd(
 ) -> None:
     """Perplexity, KL divergence and top-1 agreement of MODEL against a reference; with
     --sweep, the KL-vs-size curve of a checkpoint's fixed types and --type auto."""
-    from .eval import (SWEEP_TYPES, evaluate, format_sweep, format_table, plot_sweep, sweep,
+    from ..tools.eval import (SWEEP_TYPES, evaluate, format_sweep, format_table, plot_sweep, sweep,
                        to_json)
 
     try:

@@ -17,9 +17,9 @@ from typing import Annotated, Any, Iterable, Optional
 
 import typer
 
-from .cli_errors import handle_errors
-from .errors import EdgeInferError
-from .models import DEFAULT_MODEL
+from .errors import handle_errors
+from ..errors import EdgeInferError
+from ..hub import DEFAULT_MODEL
 
 app = typer.Typer(
     name="edgeinfer",
@@ -38,8 +38,8 @@ def _err(msg: str) -> None:
 
 
 def _load_engine(model: str, ctx: int, threads: Optional[int], device: str, kv: str = "f16"):
-    from . import load
-    from .models import resolve_model
+    from .. import load
+    from ..hub import resolve_model
 
     path = resolve_model(model)  # a clear ModelNotFoundError before anything heavy
     return load(str(path), n_ctx=ctx, n_threads=threads, device=device, kv_type=kv)
@@ -369,7 +369,7 @@ def pull(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Fetch a known model into the cache (verifying its sha256) and print its path."""
-    from .models import ensure_model
+    from ..hub import ensure_model
 
     path = ensure_model(name, progress=not quiet)
     _write(f"{path}\n")
@@ -381,7 +381,7 @@ def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the known models (names, aliases, size, license, source, cache state)."""
-    from .models import _spec_table
+    from ..hub import _spec_table
 
     rows = _spec_table()
     if as_json:
@@ -396,17 +396,7 @@ def list_models(
                f"  cached   {r['cached'] or 'no (edgeinfer pull ' + r['name'] + ')'}\n")
 
 
-from .cli_convert import register as _register_convert  # noqa: E402  (convert, eval)
-_register_convert(app)
-from .cli_deploy import register as _register_deploy  # noqa: E402  (doctor, plan)
-_register_deploy(app)
-from .cli_serve import register as _register_serve  # noqa: E402  (serve)
-_register_serve(app)
-from .cli_bench import register as _register_bench  # noqa: E402  (bench)
-_register_bench(app)
-
-
-def main() -> None:  # pragma: no cover - `python -m edgeinfer.cli`
+def main() -> None:  # pragma: no cover - `python -m edgeinfer`
     app()
 
 

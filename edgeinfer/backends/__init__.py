@@ -1,0 +1,1 @@
+"""Where a forward step runs: the CPU (our native kernels) or CUDA."""

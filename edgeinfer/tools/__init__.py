@@ -1,0 +1,1 @@
+"""Measuring tools that stand apart from the core: bench, loadbench, eval, plan, doctor."""
