@@ -38,7 +38,7 @@ def convert(
     from ..convert import convert_checkpoint
 
     r = convert_checkpoint(checkpoint, output, type_, lora_dir=lora, keep=keep,
-                           n_threads=threads, progress=not quiet and sys.stderr.isatty(),
+                           n_threads=threads, progress=not quiet,
                            target_bpw=target_bpw, calibration=calibration)
     types = ", ".join(f"{n} {k}" for k, n in sorted(r.type_counts.items()))
     merged = f", {r.lora_merged} LoRA-merged" if lora else ""
