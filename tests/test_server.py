@@ -382,6 +382,7 @@ def test_request_errors_name_the_field_and_unknown_fields_are_ignored():
 
 
 def test_metrics_escape_label_values():
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
     from prometheus_client.parser import text_string_to_metric_families
 
     from edgeinfer.server.metrics import Metrics
@@ -389,7 +390,13 @@ def test_metrics_escape_label_values():
     nasty = 'a "quoted" \\ back\nslash'
     m = Metrics(gauges=lambda: {"edgeinfer_ready": (1, "1 when the server can serve.")})
     m.count_request(nasty, 200)
-    fams = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
+    text, content_type = m.render()
+    assert content_type.startswith("text/plain; version=0.0.4")
+    fams = {f.name: f for f in text_string_to_metric_families(text.decode())}
     routes = [s.labels["route"] for s in fams["edgeinfer_requests"].samples if s.name.endswith("_total")]
     assert routes == [nasty]
     assert fams["edgeinfer_ready"].samples[0].value == 1
+    om, content_type = m.render("application/openmetrics-text; version=1.0.0")   # when a scraper asks
+    assert content_type.startswith("application/openmetrics-text")
+    fams = {f.name: f for f in openmetrics_families(om.decode())}
+    assert [s.labels["route"] for s in fams["edgeinfer_requests"].samples if s.name.endswith("_total")] == [nasty]

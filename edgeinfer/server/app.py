@@ -22,7 +22,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.scheduler import QueueFullError, SchedulerClosedError
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
+from .metrics import Metrics
 from .protocol import (APIError, DetokenizeBody, GenRequest, TokenizeBody, bad, parse, parse_chat,
                        parse_completion)
 
@@ -185,8 +185,8 @@ async def models(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
-    return web.Response(body=state.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE,
-                                                              "X-Content-Type-Options": "nosniff"})
+    body, content_type = state.metrics.render(request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type, "X-Content-Type-Options": "nosniff"})
 
 
 async def tokenize(request: web.Request) -> web.Response:

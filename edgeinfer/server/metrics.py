@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 
-__all__ = ["Metrics", "CONTENT_TYPE", "LATENCY_BUCKETS", "TPOT_BUCKETS"]
-
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+__all__ = ["Metrics", "LATENCY_BUCKETS", "TPOT_BUCKETS"]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 30.0, 60.0, 120.0)
@@ -79,6 +78,8 @@ class Metrics:
         if stats.completion_tokens > 1:
             self.tpot.observe(stats.tpot_s)
 
-    def render(self) -> bytes:
-        """The text exposition (served as CONTENT_TYPE)."""
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """(exposition, its content type) in the format the scraper's Accept header asks for:
+        Prometheus text 0.0.4 by default, OpenMetrics when asked."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type
