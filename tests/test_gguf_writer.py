@@ -68,3 +68,59 @@ def test_values_that_do_not_fit_raise_at_the_call(tmp_path):
         GGUFWriter(tmp_path / "missing" / "w.gguf").write_header()
     w.abort()
     assert os.listdir(tmp_path) == []
+
+
+def test_writer_roundtrip(tmp_path):
+    p = tmp_path / "w.gguf"
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((3, 64)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    with GGUFWriter(p) as w:
+        w.add_kv("general.architecture", "llama")
+        w.add_kv("u32", 7)
+        w.add_kv("i64", -5)
+        w.add_kv("f32", 0.5)
+        w.add_kv("flag", True)
+        w.add_kv("f64", 1.25, V.FLOAT64)
+        w.add_kv("strs", ["a", "bé", ""], V.ARRAY, V.STRING)
+        w.add_kv("ints", np.arange(4, dtype=np.int32))
+        w.add_tensor_info("a", (64, 3), T.F32)
+        w.add_tensor_info("b", (5,), T.F32)
+        w.write_header()
+        w.write_tensor_data("a", a)
+        w.write_tensor_data("b", b)
+    with GGUFFile(p) as f:
+        assert f.get("u32") == 7 and f.get("i64") == -5 and f.get("flag") is True
+        assert f.get("f32") == 0.5 and f.get("f64") == 1.25
+        assert list(f.get("strs")) == ["a", "bé", ""]
+        assert list(f.get("ints")) == [0, 1, 2, 3]
+        assert np.array_equal(np.array(f.tensors["a"].data).view(np.float32).reshape(3, 64), a)
+        assert f.tensors["b"].offset % 32 == 0
+    r = gguf.GGUFReader(str(p))
+    assert np.array_equal(r.get_tensor(1).data, b)
+
+
+def test_writer_failures_leave_nothing(tmp_path):
+    p = tmp_path / "w.gguf"
+    with pytest.raises(GGUFError):
+        with GGUFWriter(p) as w:
+            w.add_tensor_info("a", (32, 2), T.Q8_0)
+            w.add_tensor_info("b", (32,), T.F32)
+            w.write_header()
+            w.write_tensor_data("b", np.zeros(32, np.float32))     # out of order
+    with pytest.raises(GGUFError):
+        with GGUFWriter(p) as w:
+            w.add_tensor_info("a", (32, 2), T.Q8_0)
+            w.write_header()
+            w.write_tensor_data("a", np.zeros(10, np.uint8))        # wrong size
+    with pytest.raises(GGUFError):
+        with GGUFWriter(p) as w:
+            w.add_tensor_info("a", (32,), T.F32)
+            w.write_header()                                        # never written
+    with pytest.raises(GGUFError):
+        GGUFWriter(p).add_tensor_info("a", (30, 2), T.Q8_0)          # not a block multiple
+    with pytest.raises(GGUFError):
+        w = GGUFWriter(p)
+        w.add_kv("k", 1)
+        w.add_kv("k", 2)
+    assert os.listdir(tmp_path) == []
