@@ -211,7 +211,7 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     }
 }
 
-static AV void chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+AV void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                           int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     switch (hd) {   /* constant head sizes keep the accumulators in registers */
     case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
@@ -221,53 +221,20 @@ static AV void chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t
 }
 #endif
 
-void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
+ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd) {
+    const ei_attn_kernel *c = k->attend[kv_type == EI_TYPE_Q8_0];
+    for (int i = 0; i < EI_ATTN_CANDIDATES && c[i].fn; i++)
+        if (hd % c[i].hd_mult == 0 && hd <= c[i].hd_max) return c[i];
+    return (ei_attn_kernel){kv_type == EI_TYPE_Q8_0 ? chunk_q8_ref : chunk_ref, 1, 1024, 0};
+}
+
+void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8_t *k, const uint8_t *v,
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
-#if defined(__x86_64__)
-    const int simd_hd = hd % 16 == 0 && hd <= 256;
-    if (kv_type == EI_TYPE_Q8_0) {
-        for (int j0 = 0; j0 < g; j0 += EI_ATTN_MAX_GROUP) {   /* the SIMD kernels take 8 heads at most */
-            const int gn = g - j0 < EI_ATTN_MAX_GROUP ? g - j0 : EI_ATTN_MAX_GROUP;
-            const float *qj = q + (size_t)j0 * hd;
-            float *sj = scores + (size_t)j0 * (c1 - c0), *pj = part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd);
-            if (isa == EI_ISA_AVX512 && simd_hd)
-                ei_attend_chunk_q8_avx512(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
-            else if (isa == EI_ISA_AVX2 && hd <= 256)
-                ei_attend_chunk_q8_avx2(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
-            else
-                chunk_q8_ref(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
-        }
-        return;
-    }
-    if (isa == EI_ISA_AVX512 && simd_hd) {
-        ei_attend_chunk_avx512(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-    if ((isa == EI_ISA_AVX2 || isa == EI_ISA_AVX512) && hd % 8 == 0 && hd <= 256) {
-        chunk_avx2(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-#else
-    if (kv_type == EI_TYPE_Q8_0) {
-#if defined(__aarch64__)
-        if (isa == EI_ISA_NEON && hd <= 256)
-            ei_attend_chunk_q8_neon(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        else
-#endif
-            chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-#if defined(__aarch64__)
-    if (isa == EI_ISA_NEON && hd % 4 == 0 && hd <= 256) {
-        ei_attend_chunk_neon(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-#else
-    (void)isa;
-#endif
-#endif
-    chunk_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+    const int step = a->max_group ? a->max_group : g;
+    for (int j0 = 0; j0 < g; j0 += step)
+        a->fn(q + (size_t)j0 * hd, EI_MIN(step, g - j0), k, v, cell_pos, c0, c1, pos, hd, scale,
+              scores + (size_t)j0 * (c1 - c0), part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd));
 }
 
 void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out) {
@@ -294,8 +261,9 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
         return ei_fail(EI_ERR_INVALID_ARG, "kernel_attention: bad arguments");
     if (kv_type != EI_TYPE_F16 && !(kv_type == EI_TYPE_Q8_0 && hd % 32 == 0))
         return ei_fail(EI_ERR_UNSUPPORTED, "kernel_attention: KV type %d with head_dim %d", kv_type, hd);
-    if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
-    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
+    const ei_kernels *kt = ei_kernels_get(isa);
+    if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
+    const ei_attn_kernel a = ei_attn_pick(kt, kv_type, hd);
     const int n_chunks = (n_cells + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK, pf = EI_ATTN_PART_FLOATS(hd);
     float *scores = malloc(sizeof(float) * (size_t)g * EI_ATTN_CHUNK);
     float *parts = malloc(sizeof(float) * (size_t)n_chunks * g * pf);
@@ -307,7 +275,7 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
     const float scale = 1.0f / sqrtf((float)hd);
     for (int c = 0; c < n_chunks; c++) {
         const int32_t c0 = c * EI_ATTN_CHUNK, c1 = (int32_t)((int64_t)c0 + EI_ATTN_CHUNK < n_cells ? c0 + EI_ATTN_CHUNK : n_cells);
-        ei_attend_chunk(isa, q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores,
+        ei_attend_chunk(&a, q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores,
                         parts + (size_t)c * g * pf);
     }
     for (int j = 0; j < g; j++) ei_attend_merge(parts + (size_t)j * pf, n_chunks, (int64_t)g * pf, hd, out + (size_t)j * hd);

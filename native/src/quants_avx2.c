@@ -109,19 +109,19 @@ DQ void ei_deq_bf16_avx2(const void *src, float *dst, int64_t n) {
 
 DQ void ei_deq_q4_0_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, dst += QK)
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), dst += QK)
         store_mul(dst, _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8)), h2f(b));
 }
 
 DQ void ei_deq_q4_1_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, dst += QK)
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), dst += QK)
         store_mul_add(dst, nibbles32(b + 4), h2f(b), h2f(b + 2));
 }
 
 DQ void ei_deq_q5_0_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), dst += QK) {
         __m256i q = _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(ei_ld32(b + 2)), _mm256_set1_epi8(16)));
         store_mul(dst, _mm256_sub_epi8(q, _mm256_set1_epi8(16)), h2f(b));
     }
@@ -129,7 +129,7 @@ DQ void ei_deq_q5_0_avx2(const void *src, float *dst, int64_t n) {
 
 DQ void ei_deq_q5_1_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), dst += QK) {
         __m256i q = _mm256_or_si256(nibbles32(b + 8), _mm256_and_si256(bits32(ei_ld32(b + 4)), _mm256_set1_epi8(16)));
         store_mul_add(dst, q, h2f(b), h2f(b + 2));
     }
@@ -137,14 +137,14 @@ DQ void ei_deq_q5_1_avx2(const void *src, float *dst, int64_t n) {
 
 DQ void ei_deq_q8_0_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, dst += QK)
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), dst += QK)
         store_mul(dst, _mm256_loadu_si256((const __m256i *)(b + 2)), h2f(b));
 }
 
 DQ void ei_deq_q4_k_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int j = 0; j < 8; j++, dst += 32) {
@@ -160,7 +160,7 @@ DQ void ei_deq_q4_k_avx2(const void *src, float *dst, int64_t n) {
 DQ void ei_deq_q5_k_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 48;
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
@@ -188,7 +188,7 @@ static inline DQ __m256i q6k_block(const uint8_t *ql, const uint8_t *qh, int j) 
 
 DQ void ei_deq_q6_k_avx2(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = h2f(b + 208);
         for (int j = 0; j < 8; j++, dst += 32) {
@@ -299,7 +299,7 @@ AV float ei_dot_q8_0_avx2(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), a++) {
         const __m256 p = dot_ss8(_mm256_loadu_si256((const __m256i *)(b + 2)), act_q(a));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), p, acc);
     }
@@ -310,7 +310,7 @@ AV float ei_dot_q4_0_avx2(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), a++) {
         const __m256i q = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_ss8(q, act_q(a)), acc);
     }
@@ -322,7 +322,7 @@ AV float ei_dot_q4_1_avx2(int64_t n, const void *row, const void *act) {
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), a++) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_us8(nibbles32(b + 4), act_q(a)), acc);
         summ += h2f(b + 2) * a->s;
     }
@@ -333,7 +333,7 @@ AV float ei_dot_q5_0_avx2(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), a++) {
         __m256i q = _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(ei_ld32(b + 2)), _mm256_set1_epi8(16)));
         q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_ss8(q, act_q(a)), acc);
@@ -346,7 +346,7 @@ AV float ei_dot_q5_1_avx2(int64_t n, const void *row, const void *act) {
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), a++) {
         __m256i q = _mm256_or_si256(nibbles32(b + 8), _mm256_and_si256(bits32(ei_ld32(b + 4)), _mm256_set1_epi8(16)));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_us8(q, act_q(a)), acc);
         summ += h2f(b + 2) * a->s;
@@ -360,7 +360,7 @@ AV float ei_dot_q4_k_avx2(int64_t n, const void *row, const void *act) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int p = 0; p < 4; p++, a += 2) {
@@ -384,7 +384,7 @@ AV float ei_dot_q5_k_avx2(int64_t n, const void *row, const void *act) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(16);
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 48;
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
@@ -408,7 +408,7 @@ AV float ei_dot_q6_k_avx2(int64_t n, const void *row, const void *act) {
     const ei_q8a *a = (const ei_q8a *)act;
     const __m256i k32 = _mm256_set1_epi8(32);
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = h2f(b + 208);
         for (int j = 0; j < 8; j++, a++) {

@@ -21,11 +21,6 @@
 #pragma GCC optimize("fp-contract=off")
 #include <arm_neon.h>
 
-/* Exported to kernels.c (NEON dispatch block) and native/tests/kernel_test.c. */
-ei_dequant_fn ei_neon_get_dequant(int type);
-ei_dot_fn ei_neon_get_dot(int type, int dotprod);
-void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
-
 /* ---------------- helpers ---------------- */
 
 /* IEEE half -> float with the FPU (exact for every non-NaN input). */
@@ -121,7 +116,7 @@ void ei_deq_bf16_neon(const void *src, float *dst, int64_t n) {
 void ei_deq_q4_0_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
     const int8x16_t eight = vdupq_n_s8(8);
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), dst += QK) {
         uint8x16_t lo, hi;
         nibbles(b + 2, &lo, &hi);
         const float d = h2f(b);
@@ -132,7 +127,7 @@ void ei_deq_q4_0_neon(const void *src, float *dst, int64_t n) {
 
 void ei_deq_q4_1_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), dst += QK) {
         uint8x16_t lo, hi;
         nibbles(b + 4, &lo, &hi);
         const float d = h2f(b), m = h2f(b + 2);
@@ -144,7 +139,7 @@ void ei_deq_q4_1_neon(const void *src, float *dst, int64_t n) {
 void ei_deq_q5_0_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
     const int8x16_t sixteen = vdupq_n_s8(16);
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), dst += QK) {
         uint8x16_t lo, hi, h0, h1;
         nibbles(b + 6, &lo, &hi);
         qh_bits16(ei_ld32(b + 2), &h0, &h1);
@@ -156,7 +151,7 @@ void ei_deq_q5_0_neon(const void *src, float *dst, int64_t n) {
 
 void ei_deq_q5_1_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), dst += QK) {
         uint8x16_t lo, hi, h0, h1;
         nibbles(b + 8, &lo, &hi);
         qh_bits16(ei_ld32(b + 4), &h0, &h1);
@@ -168,7 +163,7 @@ void ei_deq_q5_1_neon(const void *src, float *dst, int64_t n) {
 
 void ei_deq_q8_0_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), dst += QK) {
         const float d = h2f(b);
         store_mul(dst, vld1q_s8((const int8_t *)(b + 2)), d);
         store_mul(dst + 16, vld1q_s8((const int8_t *)(b + 18)), d);
@@ -177,7 +172,7 @@ void ei_deq_q8_0_neon(const void *src, float *dst, int64_t n) {
 
 void ei_deq_q4_k_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int j = 0; j < 8; j += 2, dst += 64) {
@@ -200,7 +195,7 @@ void ei_deq_q4_k_neon(const void *src, float *dst, int64_t n) {
 void ei_deq_q5_k_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), b4 = vdupq_n_u8(16);
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
         const uint8x16_t qh0 = vld1q_u8(qh), qh1 = vld1q_u8(qh + 16);
@@ -250,7 +245,7 @@ static inline void q6k_block(const uint8_t *ql, const uint8_t *qh, int j, int8x1
 
 void ei_deq_q6_k_neon(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = h2f(b + 208);
@@ -387,42 +382,6 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32x4_t dot16_
 #undef DOT16
 #undef EI_NEON_PASS
 
-/* ---------------- tables (used by kernels.c) ---------------- */
-
-ei_dequant_fn ei_neon_get_dequant(int type) {
-    switch (type) {
-    case EI_TYPE_F32: return ei_deq_f32_neon;
-    case EI_TYPE_F16: return ei_deq_f16_neon;
-    case EI_TYPE_BF16: return ei_deq_bf16_neon;
-    case EI_TYPE_Q4_0: return ei_deq_q4_0_neon;
-    case EI_TYPE_Q4_1: return ei_deq_q4_1_neon;
-    case EI_TYPE_Q5_0: return ei_deq_q5_0_neon;
-    case EI_TYPE_Q5_1: return ei_deq_q5_1_neon;
-    case EI_TYPE_Q8_0: return ei_deq_q8_0_neon;
-    case EI_TYPE_Q4_K: return ei_deq_q4_k_neon;
-    case EI_TYPE_Q5_K: return ei_deq_q5_k_neon;
-    case EI_TYPE_Q6_K: return ei_deq_q6_k_neon;
-    default: return NULL;
-    }
-}
-
-/* dotprod != 0 selects the vdotq_s32 build; the caller must have checked hwcaps. */
-ei_dot_fn ei_neon_get_dot(int type, int dotprod) {
-    switch (type) {
-    case EI_TYPE_F32: return ei_dot_f32_neon;
-    case EI_TYPE_F16: return ei_dot_f16_neon;
-    case EI_TYPE_BF16: return ei_dot_bf16_neon;
-    case EI_TYPE_Q4_0: return dotprod ? ei_dot_q4_0_neondot : ei_dot_q4_0_neon;
-    case EI_TYPE_Q4_1: return dotprod ? ei_dot_q4_1_neondot : ei_dot_q4_1_neon;
-    case EI_TYPE_Q5_0: return dotprod ? ei_dot_q5_0_neondot : ei_dot_q5_0_neon;
-    case EI_TYPE_Q5_1: return dotprod ? ei_dot_q5_1_neondot : ei_dot_q5_1_neon;
-    case EI_TYPE_Q8_0: return dotprod ? ei_dot_q8_0_neondot : ei_dot_q8_0_neon;
-    case EI_TYPE_Q4_K: return dotprod ? ei_dot_q4_k_neondot : ei_dot_q4_k_neon;
-    case EI_TYPE_Q5_K: return dotprod ? ei_dot_q5_k_neondot : ei_dot_q5_k_neon;
-    case EI_TYPE_Q6_K: return dotprod ? ei_dot_q6_k_neondot : ei_dot_q6_k_neon;
-    default: return NULL;
-    }
-}
 #endif /* __aarch64__ */
 
 #else /* EI_NEON_PASS: integer dot kernels, instantiated per DOT16 / EI_DOTATTR / SFX */
@@ -438,7 +397,7 @@ EI_DOTATTR float FN(q8_0)(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), a++) {
         const int isum = ISUM32(vld1q_s8((const int8_t *)(b + 2)), vld1q_s8((const int8_t *)(b + 18)), a);
         acc += (h2f(b) * a->d) * (float)isum;
     }
@@ -450,7 +409,7 @@ EI_DOTATTR float FN(q4_0)(int64_t n, const void *row, const void *act) {
     const ei_q8a *a = (const ei_q8a *)act;
     const int8x16_t eight = vdupq_n_s8(8);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), a++) {
         uint8x16_t lo, hi;
         nibbles(b + 2, &lo, &hi);
         const int isum = ISUM32(vsubq_s8(S8(lo), eight), vsubq_s8(S8(hi), eight), a);
@@ -463,7 +422,7 @@ EI_DOTATTR float FN(q4_1)(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), a++) {
         uint8x16_t lo, hi;
         nibbles(b + 4, &lo, &hi);
         const int isum = ISUM32(S8(lo), S8(hi), a);
@@ -477,7 +436,7 @@ EI_DOTATTR float FN(q5_0)(int64_t n, const void *row, const void *act) {
     const ei_q8a *a = (const ei_q8a *)act;
     const int8x16_t sixteen = vdupq_n_s8(16);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), a++) {
         uint8x16_t lo, hi, h0, h1;
         nibbles(b + 6, &lo, &hi);
         qh_bits16(ei_ld32(b + 2), &h0, &h1);
@@ -491,7 +450,7 @@ EI_DOTATTR float FN(q5_1)(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), a++) {
         uint8x16_t lo, hi, h0, h1;
         nibbles(b + 8, &lo, &hi);
         qh_bits16(ei_ld32(b + 4), &h0, &h1);
@@ -506,7 +465,7 @@ EI_DOTATTR float FN(q4_k)(int64_t n, const void *row, const void *act) {
     const ei_q8a *a = (const ei_q8a *)act;
     const uint8x16_t m4 = vdupq_n_u8(0x0f);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int j = 0; j < 8; j += 2, a += 2) {
@@ -529,7 +488,7 @@ EI_DOTATTR float FN(q5_k)(int64_t n, const void *row, const void *act) {
     const ei_q8a *a = (const ei_q8a *)act;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), b4 = vdupq_n_u8(16);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
         const float d = h2f(b), dmin = h2f(b + 2);
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
         const uint8x16_t qh0 = vld1q_u8(qh), qh1 = vld1q_u8(qh + 16);
@@ -557,7 +516,7 @@ EI_DOTATTR float FN(q6_k)(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = h2f(b + 208);

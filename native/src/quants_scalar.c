@@ -33,7 +33,7 @@ EI_NO_CONTRACT void ei_deq_bf16_scalar(const void *src, float *dst, int64_t n) {
 
 EI_NO_CONTRACT void ei_deq_q4_0_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), dst += QK) {
         const float d = ei_h2f(ei_ld16(b));
         const uint8_t *qs = b + 2;
         for (int j = 0; j < 16; j++) {
@@ -45,7 +45,7 @@ EI_NO_CONTRACT void ei_deq_q4_0_scalar(const void *src, float *dst, int64_t n) {
 
 EI_NO_CONTRACT void ei_deq_q4_1_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), dst += QK) {
         const float d = ei_h2f(ei_ld16(b)), m = ei_h2f(ei_ld16(b + 2));
         const uint8_t *qs = b + 4;
         for (int j = 0; j < 16; j++) {
@@ -57,7 +57,7 @@ EI_NO_CONTRACT void ei_deq_q4_1_scalar(const void *src, float *dst, int64_t n) {
 
 EI_NO_CONTRACT void ei_deq_q5_0_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), dst += QK) {
         const float d = ei_h2f(ei_ld16(b));
         const uint32_t qh = ei_ld32(b + 2);
         const uint8_t *qs = b + 6;
@@ -72,7 +72,7 @@ EI_NO_CONTRACT void ei_deq_q5_0_scalar(const void *src, float *dst, int64_t n) {
 
 EI_NO_CONTRACT void ei_deq_q5_1_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), dst += QK) {
         const float d = ei_h2f(ei_ld16(b)), m = ei_h2f(ei_ld16(b + 2));
         const uint32_t qh = ei_ld32(b + 4);
         const uint8_t *qs = b + 8;
@@ -87,7 +87,7 @@ EI_NO_CONTRACT void ei_deq_q5_1_scalar(const void *src, float *dst, int64_t n) {
 
 EI_NO_CONTRACT void ei_deq_q8_0_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), dst += QK) {
         const float d = ei_h2f(ei_ld16(b));
         const int8_t *qs = (const int8_t *)(b + 2);
         for (int j = 0; j < QK; j++) dst[j] = (float)qs[j] * d;
@@ -96,7 +96,7 @@ EI_NO_CONTRACT void ei_deq_q8_0_scalar(const void *src, float *dst, int64_t n) {
 
 EI_NO_CONTRACT void ei_deq_q4_k_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
         const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int j = 0; j < 8; j++, dst += 32) {
@@ -112,7 +112,7 @@ EI_NO_CONTRACT void ei_deq_q4_k_scalar(const void *src, float *dst, int64_t n) {
 
 EI_NO_CONTRACT void ei_deq_q5_k_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
         const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
         for (int j = 0; j < 8; j++, dst += 32) {
@@ -139,7 +139,7 @@ static inline int q6k_u(const uint8_t *ql, const uint8_t *qh, int e) {
 
 EI_NO_CONTRACT void ei_deq_q6_k_scalar(const void *src, float *dst, int64_t n) {
     const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES, dst += QKK) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K), dst += QKK) {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = ei_h2f(ei_ld16(b + 208));
@@ -211,7 +211,7 @@ float ei_dot_q8_0_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), a++) {
         const int8_t *q = (const int8_t *)(b + 2);
         int isum = 0;
         for (int j = 0; j < QK; j++) isum += q[j] * a->q[j];
@@ -224,7 +224,7 @@ float ei_dot_q4_0_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), a++) {
         const uint8_t *qs = b + 2;
         int isum = 0;
         for (int j = 0; j < 16; j++)
@@ -238,7 +238,7 @@ float ei_dot_q4_1_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), a++) {
         const uint8_t *qs = b + 4;
         int isum = 0;
         for (int j = 0; j < 16; j++) isum += (qs[j] & 15) * a->q[j] + (qs[j] >> 4) * a->q[j + 16];
@@ -251,7 +251,7 @@ float ei_dot_q5_0_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), a++) {
         const uint32_t qh = ei_ld32(b + 2);
         const uint8_t *qs = b + 6;
         int isum = 0;
@@ -269,7 +269,7 @@ float ei_dot_q5_1_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), a++) {
         const uint32_t qh = ei_ld32(b + 4);
         const uint8_t *qs = b + 8;
         int isum = 0;
@@ -287,7 +287,7 @@ float ei_dot_q4_k_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
         const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int j = 0; j < 8; j++, a++) {
@@ -307,7 +307,7 @@ float ei_dot_q5_k_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
         const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
         for (int j = 0; j < 8; j++, a++) {
@@ -330,7 +330,7 @@ float ei_dot_q6_k_scalar(int64_t n, const void *row, const void *act) {
     const uint8_t *b = (const uint8_t *)row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
+    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = ei_h2f(ei_ld16(b + 208));
