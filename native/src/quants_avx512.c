@@ -13,7 +13,7 @@
 
 #define AX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
-static inline AX float h2f(const uint8_t *p) { return _cvtsh_ss(ei_ld16(p)); }
+static inline AX float h2f(const void *p) { return _cvtsh_ss(ei_ld16(p)); }
 
 static inline AX __m512i cat256(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -283,10 +283,10 @@ INL void q4k_body(int64_t n, const void *row, const void *act, int64_t stride, f
         acc[t] = _mm512_setzero_ps();
         summ[t] = 0.0f;
     }
-    const uint8_t *b = (const uint8_t *)row;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    const block_q4_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int p = 0; p < 4; p++) {
             uint8_t sc0, m0, sc1, m1;
             ei_k_scale_min(2 * p, scales, &sc0, &m0);
@@ -312,11 +312,11 @@ INL void q5k_body(int64_t n, const void *row, const void *act, int64_t stride, f
         acc[t] = _mm512_setzero_ps();
         summ[t] = 0.0f;
     }
-    const uint8_t *b = (const uint8_t *)row;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 48;
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    const block_q5_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
         for (int p = 0; p < 4; p++) {
             uint8_t sc0, m0, sc1, m1;
             ei_k_scale_min(2 * p, scales, &sc0, &m0);
@@ -343,10 +343,11 @@ INL void q6k_body(int64_t n, const void *row, const void *act, int64_t stride, f
     const __m128i sidx = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 acc[4];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    const uint8_t *b = (const uint8_t *)row;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
-        const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
-        const float d = h2f(b + 208);
+    const block_q6_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const uint8_t *ql = b->ql, *qh = b->qh;
+        const uint8_t *sc = (const uint8_t *)b->scales;   /* int8 bytes, sign-extended below */
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j += 2) {
             /* activation blocks j, j+1 (j even): 64 contiguous ql bytes, one nibble
              * shift; qh bits 2k and 2k+2 of the same 32 bytes */

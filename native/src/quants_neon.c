@@ -24,7 +24,7 @@
 /* ---------------- helpers ---------------- */
 
 /* IEEE half -> float with the FPU (exact for every non-NaN input). */
-static inline float h2f(const uint8_t *p) {
+static inline float h2f(const void *p) {
     __fp16 h;
     memcpy(&h, p, 2);
     return (float)h;
@@ -114,67 +114,67 @@ void ei_deq_bf16_neon(const void *src, float *dst, int64_t n) {
 }
 
 void ei_deq_q4_0_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q4_0 *b = src;
     const int8x16_t eight = vdupq_n_s8(8);
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi;
-        nibbles(b + 2, &lo, &hi);
-        const float d = h2f(b);
+        nibbles(b->qs, &lo, &hi);
+        const float d = h2f(&b->d);
         store_mul(dst, vsubq_s8(S8(lo), eight), d);
         store_mul(dst + 16, vsubq_s8(S8(hi), eight), d);
     }
 }
 
 void ei_deq_q4_1_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), dst += QK) {
+    const block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi;
-        nibbles(b + 4, &lo, &hi);
-        const float d = h2f(b), m = h2f(b + 2);
+        nibbles(b->qs, &lo, &hi);
+        const float d = h2f(&b->d), m = h2f(&b->m);
         store_mul_add(dst, S8(lo), d, m);
         store_mul_add(dst + 16, S8(hi), d, m);
     }
 }
 
 void ei_deq_q5_0_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q5_0 *b = src;
     const int8x16_t sixteen = vdupq_n_s8(16);
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 6, &lo, &hi);
-        qh_bits16(ei_ld32(b + 2), &h0, &h1);
-        const float d = h2f(b);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
+        const float d = h2f(&b->d);
         store_mul(dst, vsubq_s8(S8(vorrq_u8(lo, h0)), sixteen), d);
         store_mul(dst + 16, vsubq_s8(S8(vorrq_u8(hi, h1)), sixteen), d);
     }
 }
 
 void ei_deq_q5_1_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), dst += QK) {
+    const block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 8, &lo, &hi);
-        qh_bits16(ei_ld32(b + 4), &h0, &h1);
-        const float d = h2f(b), m = h2f(b + 2);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
+        const float d = h2f(&b->d), m = h2f(&b->m);
         store_mul_add(dst, S8(vorrq_u8(lo, h0)), d, m);
         store_mul_add(dst + 16, S8(vorrq_u8(hi, h1)), d, m);
     }
 }
 
 void ei_deq_q8_0_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), dst += QK) {
-        const float d = h2f(b);
-        store_mul(dst, vld1q_s8((const int8_t *)(b + 2)), d);
-        store_mul(dst + 16, vld1q_s8((const int8_t *)(b + 18)), d);
+    const block_q8_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = h2f(&b->d);
+        store_mul(dst, vld1q_s8(b->qs), d);
+        store_mul(dst + 16, vld1q_s8(b->qs + 16), d);
     }
 }
 
 void ei_deq_q4_k_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    const block_q4_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int j = 0; j < 8; j += 2, dst += 64) {
             const uint8_t *q = qs + 16 * j;
             const uint8x16_t v0 = vld1q_u8(q), v1 = vld1q_u8(q + 16), m4 = vdupq_n_u8(0x0f);
@@ -193,11 +193,11 @@ void ei_deq_q4_k_neon(const void *src, float *dst, int64_t n) {
 }
 
 void ei_deq_q5_k_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q5_K *b = src;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), b4 = vdupq_n_u8(16);
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qh = b->qh, *qs = b->qs;
         const uint8x16_t qh0 = vld1q_u8(qh), qh1 = vld1q_u8(qh + 16);
         for (int j = 0; j < 8; j++, dst += 32) {
             const uint8_t *q = qs + 32 * (j / 2);
@@ -244,11 +244,11 @@ static inline void q6k_block(const uint8_t *ql, const uint8_t *qh, int j, int8x1
 }
 
 void ei_deq_q6_k_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = h2f(b + 208);
+    const block_q6_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const uint8_t *ql = b->ql, *qh = b->qh;
+        const int8_t *sc = b->scales;
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j++, dst += 32) {
             int8x16_t w0, w1;
             q6k_block(ql, qh, j, &w0, &w1);
@@ -394,80 +394,80 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32x4_t dot16_
 #define ISUM32(w0, w1, a) vaddvq_s32(DOT16(DOT16(vdupq_n_s32(0), (w0), vld1q_s8((a)->q)), (w1), vld1q_s8((a)->q + 16)))
 
 EI_DOTATTR float FN(q8_0)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q8_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q8_0), a++) {
-        const int isum = ISUM32(vld1q_s8((const int8_t *)(b + 2)), vld1q_s8((const int8_t *)(b + 18)), a);
-        acc += (h2f(b) * a->d) * (float)isum;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const int isum = ISUM32(vld1q_s8(b->qs), vld1q_s8(b->qs + 16), a);
+        acc += (h2f(&b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q4_0)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const int8x16_t eight = vdupq_n_s8(8);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_0), a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi;
-        nibbles(b + 2, &lo, &hi);
+        nibbles(b->qs, &lo, &hi);
         const int isum = ISUM32(vsubq_s8(S8(lo), eight), vsubq_s8(S8(hi), eight), a);
-        acc += (h2f(b) * a->d) * (float)isum;
+        acc += (h2f(&b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q4_1)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q4_1), a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi;
-        nibbles(b + 4, &lo, &hi);
+        nibbles(b->qs, &lo, &hi);
         const int isum = ISUM32(S8(lo), S8(hi), a);
-        acc += (h2f(b) * a->d) * (float)isum + h2f(b + 2) * a->s;
+        acc += (h2f(&b->d) * a->d) * (float)isum + h2f(&b->m) * a->s;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q5_0)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const int8x16_t sixteen = vdupq_n_s8(16);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_0), a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 6, &lo, &hi);
-        qh_bits16(ei_ld32(b + 2), &h0, &h1);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
         const int isum = ISUM32(vsubq_s8(S8(vorrq_u8(lo, h0)), sixteen), vsubq_s8(S8(vorrq_u8(hi, h1)), sixteen), a);
-        acc += (h2f(b) * a->d) * (float)isum;
+        acc += (h2f(&b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q5_1)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += sizeof(block_q5_1), a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 8, &lo, &hi);
-        qh_bits16(ei_ld32(b + 4), &h0, &h1);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
         const int isum = ISUM32(S8(vorrq_u8(lo, h0)), S8(vorrq_u8(hi, h1)), a);
-        acc += (h2f(b) * a->d) * (float)isum + h2f(b + 2) * a->s;
+        acc += (h2f(&b->d) * a->d) * (float)isum + h2f(&b->m) * a->s;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q4_k)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const uint8x16_t m4 = vdupq_n_u8(0x0f);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q4_K)) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int j = 0; j < 8; j += 2, a += 2) {
             const uint8_t *q = qs + 16 * j;
             const uint8x16_t v0 = vld1q_u8(q), v1 = vld1q_u8(q + 16);
@@ -484,13 +484,13 @@ EI_DOTATTR float FN(q4_k)(int64_t n, const void *row, const void *act) {
 }
 
 EI_DOTATTR float FN(q5_k)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), b4 = vdupq_n_u8(16);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q5_K)) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qh = b->qh, *qs = b->qs;
         const uint8x16_t qh0 = vld1q_u8(qh), qh1 = vld1q_u8(qh + 16);
         for (int j = 0; j < 8; j += 2, a += 2) {
             const uint8_t *q = qs + 16 * j;
@@ -513,13 +513,13 @@ EI_DOTATTR float FN(q5_k)(int64_t n, const void *row, const void *act) {
 }
 
 EI_DOTATTR float FN(q6_k)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q6_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += sizeof(block_q6_K)) {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = h2f(b + 208);
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const uint8_t *ql = b->ql, *qh = b->qh;
+        const int8_t *sc = b->scales;
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j++, a++) {
             int8x16_t w0, w1;
             q6k_block(ql, qh, j, &w0, &w1);
