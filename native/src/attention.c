@@ -30,15 +30,15 @@ void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row) {
         }
         return;
     }
-    for (int b = 0; b < hd / 32; b++, row += 34, x += 32) {
+    block_q8_0 *blk = (block_q8_0 *)row;
+    for (int b = 0; b < hd / QK; b++, blk++, x += QK) {
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
-        const uint16_t dh = ei_fp32_to_fp16(amax / 127.0f);
-        const float d = ei_fp16_to_fp32(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
-        memcpy(row, &dh, 2);
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        blk->d = ei_fp32_to_fp16(amax / 127.0f);
+        const float d = ei_fp16_to_fp32(blk->d), id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < QK; i++) {
             const float r = nearbyintf(x[i] * id);
-            row[2 + i] = (uint8_t)(int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+            blk->qs[i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
         }
     }
 }
@@ -106,8 +106,8 @@ void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *
 static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
-    const int nb = hd / 32;
-    const size_t rb = (size_t)nb * 34;
+    const int nb = hd / QK;
+    const size_t rb = (size_t)nb * sizeof(block_q8_0);
     int8_t q8[1024];
     float dq[32];
     int32_t qsum[32], acc[32];
@@ -122,12 +122,12 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
                 sc[c] = -INFINITY;
                 continue;
             }
-            const uint8_t *kr = k + (size_t)c * rb;
+            const block_q8_0 *kr = (const block_q8_0 *)(k + (size_t)c * rb);
             float s = 0.0f;
             for (int b = 0; b < nb; b++) {
                 int32_t dot = 0;
-                for (int i = 0; i < 32; i++) dot += (int32_t)q8[32 * b + i] * (int8_t)kr[34 * b + 2 + i];
-                s += (dq[b] * ei_attn_q8_scale(kr, b)) * (float)dot;
+                for (int i = 0; i < QK; i++) dot += (int32_t)q8[QK * b + i] * kr[b].qs[i];
+                s += (dq[b] * ei_fp16_to_fp32(kr[b].d)) * (float)dot;
             }
             sc[c] = s;
             if (s > mx) mx = s;
@@ -145,9 +145,9 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
             const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;
             for (int i = 0; i < 32; i++) acc[i] = 0;
             for (int32_t c = 0; c < n; c++) {
-                const uint8_t *vr = v + (size_t)c * rb;
-                const int32_t w = (int32_t)nearbyintf(sc[c] * ei_attn_q8_scale(vr, b) * inv);
-                for (int i = 0; w && i < 32; i++) acc[i] += w * (int8_t)vr[34 * b + 2 + i];
+                const block_q8_0 *vb = (const block_q8_0 *)(v + (size_t)c * rb) + b;
+                const int32_t w = (int32_t)nearbyintf(sc[c] * ei_fp16_to_fp32(vb->d) * inv);
+                for (int i = 0; w && i < QK; i++) acc[i] += w * vb->qs[i];
             }
             for (int i = 0; i < 32; i++) pj[2 + 32 * b + i] = (wmax / EI_ATTN_WMAX) * (float)acc[i];
         }
@@ -212,7 +212,7 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
 }
 
 AV void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     switch (hd) {   /* constant head sizes keep the accumulators in registers */
     case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
     case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 128, scale, scores, part); break;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "kernels.h"
 
 #define EI_ATTN_CHUNK 256
@@ -47,11 +48,9 @@ ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd);
 #define EI_ATTN_WMIN 1e-30f
 void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *dq, int32_t *qsum);
 
-/* The f16 scale of block b of a Q8_0 KV row (34 bytes a block). */
+/* The f16 scale of block b of a Q8_0 KV row. */
 static inline float ei_attn_q8_scale(const uint8_t *row, int b) {
-    uint16_t h;
-    memcpy(&h, row + 34 * b, 2);
-    return ei_fp16_to_fp32(h);
+    return ei_fp16_to_fp32(((const block_q8_0 *)row)[b].d);
 }
 
 /* The SIMD kernels kernels.c puts in the tables (AVX-512: hd a multiple of 16, AVX2 F16: of 8,
