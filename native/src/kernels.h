@@ -79,8 +79,9 @@ typedef struct ei_kernels {
  * once per process; NULL when the level cannot run here. */
 const ei_kernels *ei_kernels_get(int isa);
 
-/* Fills *k for isa with the NEON dotprod build on or off (ignored elsewhere), no
- * matter what this CPU has: for tests that run each build. */
+/* Fills *k for isa (a level built for this architecture) with the NEON dotprod
+ * build on or off (ignored elsewhere), whatever this CPU reports: for tests that
+ * run each build. */
 void ei_kernels_fill(ei_kernels *k, int isa, int neon_dotprod);
 
 /* Bytes of one row of n elements (n a multiple of the block size), 0 if invalid. */
