@@ -131,7 +131,7 @@ class _Layer:
     def __init__(self, hp: HParams, i: int, load: Callable[[str], np.ndarray]):
         p = f"model.layers.{i}."
         self.w = {k: np.asarray(load(p + k), dtype=np.float32) for k in self.KEYS}
-        if hp.qkv_bias:
+        if hp.has_qkv_bias:
             self.w.update({k: np.asarray(load(p + k), dtype=np.float32) for k in self.BIAS})
         self.hp = hp
         self.prefix = p
@@ -278,7 +278,7 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
     # head: logits, a Fisher sample at the logits, back to the last residual
     note("output head")
     norm = np.asarray(load("model.norm.weight"), dtype=np.float32)
-    head_name = "model.embed_tokens.weight" if hp.tied else "lm_head.weight"
+    head_name = "model.embed_tokens.weight" if hp.tied_output else "lm_head.weight"
     head = np.asarray(load(head_name), dtype=np.float32)
     s_head = np.zeros(head.shape, dtype=np.float32)
     grads = []
