@@ -114,8 +114,9 @@ class Weight(NamedTuple):
 
 @dataclass(frozen=True)
 class Arch:
-    """A model family. `qkv_bias`: True, the q/k/v biases are always there; None, a file or
-    checkpoint has them in every layer or in none (config.json: attention_bias)."""
+    """A model family. `qkv_bias`: True, the q/k/v biases are always there; False, never;
+    None, a file or checkpoint has them in every layer or in none (config.json:
+    attention_bias)."""
     name: str                                   # general.architecture
     tensors: tuple[Tensor, ...]
     hf_classes: Mapping[str, str] = field(default_factory=dict)  # config.json "architectures" -> "model_type"

@@ -104,7 +104,9 @@ class HParams:
         if act != arch.act:
             raise ConversionError(f"config.json: {keys['act']} {act!r} is not supported "
                                   f"({arch.act} only)")
-        qkv_bias = True if arch.qkv_bias else bool(config.get(keys["has_qkv_bias"], False))
+        qkv_bias = arch.qkv_bias
+        if qkv_bias is None:
+            qkv_bias = bool(config.get(keys["has_qkv_bias"], False))
         return cls(
             arch=arch, hf_class=hf_class, n_layer=need("n_layer"), n_embd=n_embd,
             n_ff=need("n_ff"), n_head=n_head, n_head_kv=n_head_kv,
