@@ -11,12 +11,14 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HEADER = os.path.join(HERE, "include", "edgeinfer.h")
+# edgeinfer.h includes edgeinfer_roles.h; cffi does not follow #include, so it reads both.
+HEADERS = [os.path.join(HERE, "include", h) for h in ("edgeinfer_roles.h", "edgeinfer.h")]
 
 
 def cdef_from_header(path: str) -> str:
-    """The header minus preprocessor lines and C++ guards: what cffi can parse."""
-    text = open(path, encoding="utf-8").read()
+    """The header minus preprocessor lines (continued ones included) and C++ guards: what
+    cffi can parse."""
+    text = open(path, encoding="utf-8").read().replace("\\\n", " ")
     text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
@@ -29,7 +31,7 @@ def sources() -> list[str]:
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(cdef_from_header(HEADER))
+ffibuilder.cdef("\n".join(cdef_from_header(h) for h in HEADERS))
 ffibuilder.set_source(
     "edgeinfer._native_ext",
     '#include "edgeinfer.h"',

@@ -131,7 +131,7 @@ def test_sensitivity_matrices_equal_torch_autograd(tiny, kind):
         logits.backward(torch.from_numpy(dz))
     for name, pairs in io.items():
         got[name] = sum((g * g).T @ (x * x) for g, x in pairs)
-    head = "model.embed_tokens.weight" if hp.tied else "lm_head.weight"
+    head = "model.embed_tokens.weight" if hp.tied_output else "lm_head.weight"
     got[head] = got.pop("lm_head.weight")
     assert set(got) == set(rec["S"])
     for name, s in rec["S"].items():

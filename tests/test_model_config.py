@@ -5,7 +5,8 @@ import pytest
 
 from edgeinfer.errors import GGUFError, UnsupportedArchitectureError, UnsupportedTypeError
 from edgeinfer.gguf import GGMLType, GGUFFile
-from edgeinfer.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from edgeinfer.arch import ARCHS
+from edgeinfer.model.config import ModelConfig
 
 from gguf_corpus import F64, FLOAT32, INT32, Q8_0, STRING, UINT32, GGUFBuilder, tiny_llama
 
@@ -115,7 +116,7 @@ def test_unknown_architecture(tmp_path):
         _config(tmp_path, tiny_llama(arch="mamba"))
     msg = str(ei.value)
     assert "'mamba'" in msg
-    for a in SUPPORTED_ARCHITECTURES:
+    for a in ARCHS:
         assert a in msg
 
 

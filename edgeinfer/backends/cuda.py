@@ -24,8 +24,8 @@ LIB_NAME = "libedgeinfer_cuda.so"
 # Mirrors native/cuda/edgeinfer_cuda.h (and the few pieces of edgeinfer.h it uses).
 _CDEF = """
 typedef struct {
-    int32_t arch; int32_t n_layer; int32_t n_embd; int32_t n_head; int32_t n_head_kv; int32_t head_dim;
-    int32_t n_ff; int32_t n_vocab; int32_t rope_dim; int32_t rope_neox;
+    int32_t n_layer; int32_t n_embd; int32_t n_head; int32_t n_head_kv; int32_t head_dim;
+    int32_t n_ff; int32_t n_vocab; int32_t rope_dim; int32_t rope_neox; int32_t has_qkv_bias;
     float rope_theta; float rope_freq_scale; float rms_eps;
 } ei_model_config;
 const char *ei_cuda_last_error(void);
@@ -190,12 +190,6 @@ def select_device(device: str) -> tuple[str, DeviceInfo | str]:
 
 
 # ---------------------------------------------------------------------------- the runtime
-def _role(name: str) -> tuple[int, int | None]:
-    from ..model.native_model import NativeModel
-
-    return NativeModel._role(name)
-
-
 class CudaRuntime:
     """NativeRuntime's interface (forward / clear_slot / forget_from / sizes) on a CUDA device.
 
@@ -209,7 +203,7 @@ class CudaRuntime:
 
     def __init__(self, gguf, cfg, *, n_slots: int, n_ctx: int, max_batch: int, device: DeviceInfo | None = None,
                  use_graphs: bool = True, drop_host_pages: bool = False):
-        from ..model.native_model import ARCH_IDS
+        from ..model.native_model import fill_config, model_tensors
 
         ffi, lib = load_library()
         if ffi is None:
@@ -219,17 +213,10 @@ class CudaRuntime:
         self.n_vocab = cfg.n_vocab
         self.max_batch = max_batch
         c = ffi.new("ei_model_config *")
-        c.arch = int(ARCH_IDS[cfg.arch])
-        c.n_layer, c.n_embd, c.n_head, c.n_head_kv = cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv
-        c.head_dim, c.n_ff, c.n_vocab = cfg.head_dim, cfg.n_ff, cfg.n_vocab
-        c.rope_dim, c.rope_neox = cfg.rope_dim, int(cfg.rope_neox)
-        c.rope_theta, c.rope_freq_scale, c.rms_eps = cfg.rope_theta, cfg.rope_freq_scale, cfg.rms_eps
+        fill_config(c, cfg)
         items = []
         keep = []
-        for name, info in gguf.tensors.items():
-            layer, role = _role(name)
-            if role is None:
-                continue
+        for layer, role, info in model_tensors(gguf, cfg):
             buf = ffi.from_buffer(info.data)
             keep.append(buf)
             items.append((layer, int(role), int(info.type), int(info.shape[0]),

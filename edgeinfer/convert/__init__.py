@@ -1,5 +1,6 @@
-"""HF checkpoint -> GGUF: architecture registry, tensor-name map, LoRA merge, quantization
-recipe and a streaming, atomic writer. Needs only numpy (and the native quantizers)."""
+"""HF checkpoint -> GGUF: hyperparameters and tensor names from the architecture table, LoRA
+merge, quantization recipe and a streaming, atomic writer. Needs only numpy (and the native
+quantizers)."""
 from __future__ import annotations
 
 from .converter import ConvertResult, convert_checkpoint

@@ -1,10 +1,10 @@
-"""Architecture registry: Hugging Face `architectures` -> GGUF architecture, hyperparameter
-metadata and the tensor-name map (with llama's Q/K row permutation).
+"""Hugging Face checkpoint -> GGUF, as the architecture table (edgeinfer/arch) describes it:
+hyperparameters from config.json, GGUF metadata, and the tensor-name map (with the Q/K row
+permutation of the normal RoPE layout).
 
-Llama and Mistral checkpoints store Q and K rows for Hugging Face's "rotate half" RoPE
-layout; GGUF's llama architecture rotates adjacent pairs, so the rows of each head are
-interleaved back: head rows [0..d/2) and [d/2..d) become pairs (2i, 2i+1). Qwen2 is stored
-as is (llama.cpp rotates it in the NEOX layout, which is Hugging Face's).
+Hugging Face stores Q and K rows for its "rotate half" RoPE (the neox layout). A family whose
+GGUF rotates adjacent pairs (llama) gets the rows of each head interleaved back: head rows
+[0..d/2) and [d/2..d) become pairs (2i, 2i+1). A neox family (qwen2) is stored as is.
 """
 from __future__ import annotations
 
@@ -15,46 +15,16 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ConversionError, UnsupportedArchitectureError
+from ..arch import Arch, arch_for_hf
+from ..errors import ConversionError
 
-__all__ = ["ArchSpec", "ARCHITECTURES", "SUPPORTED", "resolve_arch", "HParams", "TensorMap"]
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    hf_name: str
-    gguf_arch: str
-    permute_qk: bool
-    qkv_bias: bool | None   # True: always; None: per config "attention_bias"
-
-
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "LlamaForCausalLM": ArchSpec("LlamaForCausalLM", "llama", True, None),
-    "MistralForCausalLM": ArchSpec("MistralForCausalLM", "llama", True, None),
-    "Qwen2ForCausalLM": ArchSpec("Qwen2ForCausalLM", "qwen2", False, True),
-}
-SUPPORTED = tuple(ARCHITECTURES)
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM"}
-
-
-def resolve_arch(config: dict) -> ArchSpec:
-    archs = config.get("architectures") or []
-    if isinstance(archs, str):
-        archs = [archs]
-    if not archs and config.get("model_type") in _MODEL_TYPES:
-        archs = [_MODEL_TYPES[config["model_type"]]]
-    for a in archs:
-        if a in ARCHITECTURES:
-            return ARCHITECTURES[a]
-    got = ", ".join(map(str, archs)) or f"model_type {config.get('model_type')!r}"
-    raise UnsupportedArchitectureError(
-        f"unsupported architecture {got}; supported: {', '.join(SUPPORTED)}")
+__all__ = ["HParams", "TensorMap"]
 
 
 @dataclass
 class HParams:
-    arch: ArchSpec
+    arch: Arch
+    hf_class: str           # the config.json "architectures" entry converted
     n_layer: int
     n_embd: int
     n_ff: int
@@ -66,14 +36,37 @@ class HParams:
     rms_eps: float
     rope_theta: float
     rope_scaling: dict = field(default_factory=dict)
-    tied: bool = False
-    qkv_bias: bool = False
+    tied_output: bool = False
+    has_qkv_bias: bool = False
+
+    # the names the table's shapes and flags use (edgeinfer.arch.table.Dims)
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def has_output(self) -> bool:
+        return not self.tied_output
+
+    @property
+    def has_rope_freqs(self) -> bool:
+        return self.rope_scaling["rope_type"] == "llama3"
 
     @classmethod
     def from_config(cls, config: dict) -> "HParams":
-        spec = resolve_arch(config)
+        arch, hf_class = arch_for_hf(config)
+        keys = arch.hf_keys
 
-        def need(key: str, kind=int):
+        def need(hparam: str, kind=int):
+            key = keys[hparam]
             v = config.get(key)
             if v is None:
                 raise ConversionError(f"config.json: required key {key!r} is missing")
@@ -84,18 +77,18 @@ class HParams:
                                       f"{kind.__name__}") from None
             return v
 
-        n_embd = need("hidden_size")
-        n_head = need("num_attention_heads")
-        n_head_kv = int(config.get("num_key_value_heads") or n_head)
-        head_dim = int(config.get("head_dim") or (n_embd // n_head))
+        n_embd = need("n_embd")
+        n_head = need("n_head")
+        n_head_kv = int(config.get(keys["n_head_kv"]) or n_head)
+        head_dim = int(config.get(keys["head_dim"]) or (n_embd // n_head))
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-            raise ConversionError(f"config.json: num_attention_heads ({n_head}) must be a "
-                                  f"positive multiple of num_key_value_heads ({n_head_kv})")
+            raise ConversionError(f"config.json: {keys['n_head']} ({n_head}) must be a "
+                                  f"positive multiple of {keys['n_head_kv']} ({n_head_kv})")
         rp = config.get("rope_parameters") or {}
         rs = config.get("rope_scaling") or {}
         if not isinstance(rp, dict) or not isinstance(rs, dict):
             raise ConversionError("config.json: rope_parameters / rope_scaling must be objects")
-        theta = rp.get("rope_theta", config.get("rope_theta", 10000.0))
+        theta = rp.get("rope_theta", config.get(keys["rope_theta"], 10000.0))
         scaling = dict(rs)
         rtype = rp.get("rope_type") or rp.get("type")
         if rtype and rtype != "default":
@@ -105,43 +98,46 @@ class HParams:
         if stype not in ("default", "linear", "llama3"):
             raise ConversionError(f"config.json: RoPE scaling {stype!r} is not supported "
                                   f"(supported: none, linear, llama3)")
-        if config.get("mlp_bias"):
-            raise ConversionError("config.json: mlp_bias = true is not supported")
-        if spec.hf_name != "Qwen2ForCausalLM" and config.get("hidden_act", "silu") != "silu":
-            raise ConversionError(f"config.json: hidden_act {config.get('hidden_act')!r} is "
-                                  f"not supported (silu only)")
-        qkv_bias = True if spec.qkv_bias else bool(config.get("attention_bias", False))
+        if config.get(keys["mlp_bias"]):
+            raise ConversionError(f"config.json: {keys['mlp_bias']} = true is not supported")
+        act = config.get(keys["act"], arch.act)
+        if act != arch.act:
+            raise ConversionError(f"config.json: {keys['act']} {act!r} is not supported "
+                                  f"({arch.act} only)")
+        qkv_bias = arch.qkv_bias
+        if qkv_bias is None:
+            qkv_bias = bool(config.get(keys["has_qkv_bias"], False))
         return cls(
-            arch=spec, n_layer=need("num_hidden_layers"), n_embd=n_embd,
-            n_ff=need("intermediate_size"), n_head=n_head, n_head_kv=n_head_kv,
-            head_dim=head_dim, n_vocab=need("vocab_size"),
-            n_ctx=int(config.get("max_position_embeddings") or 4096),
-            rms_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
-            rope_scaling=scaling, tied=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=qkv_bias,
+            arch=arch, hf_class=hf_class, n_layer=need("n_layer"), n_embd=n_embd,
+            n_ff=need("n_ff"), n_head=n_head, n_head_kv=n_head_kv,
+            head_dim=head_dim, n_vocab=need("n_vocab"),
+            n_ctx=int(config.get(keys["n_ctx_train"]) or 4096),
+            rms_eps=float(config.get(keys["rms_eps"], 1e-6)), rope_theta=float(theta),
+            rope_scaling=scaling, tied_output=bool(config.get(keys["tied_output"], False)),
+            has_qkv_bias=qkv_bias,
         )
 
     def metadata(self) -> list[tuple[str, object, str | None]]:
         """(key, value, value-type name or None) for the architecture's GGUF keys."""
-        a = self.arch.gguf_arch
+        key = self.arch.key
         kv: list[tuple[str, object, str | None]] = [
-            (f"{a}.block_count", self.n_layer, "UINT32"),
-            (f"{a}.context_length", self.n_ctx, "UINT32"),
-            (f"{a}.embedding_length", self.n_embd, "UINT32"),
-            (f"{a}.feed_forward_length", self.n_ff, "UINT32"),
-            (f"{a}.attention.head_count", self.n_head, "UINT32"),
-            (f"{a}.attention.head_count_kv", self.n_head_kv, "UINT32"),
-            (f"{a}.rope.freq_base", self.rope_theta, "FLOAT32"),
-            (f"{a}.attention.layer_norm_rms_epsilon", self.rms_eps, "FLOAT32"),
-            (f"{a}.vocab_size", self.n_vocab, "UINT32"),
-            (f"{a}.rope.dimension_count", self.head_dim, "UINT32"),
+            (key("n_layer"), self.n_layer, "UINT32"),
+            (key("n_ctx_train"), self.n_ctx, "UINT32"),
+            (key("n_embd"), self.n_embd, "UINT32"),
+            (key("n_ff"), self.n_ff, "UINT32"),
+            (key("n_head"), self.n_head, "UINT32"),
+            (key("n_head_kv"), self.n_head_kv, "UINT32"),
+            (key("rope_theta"), self.rope_theta, "FLOAT32"),
+            (key("rms_eps"), self.rms_eps, "FLOAT32"),
+            (key("n_vocab"), self.n_vocab, "UINT32"),
+            (key("rope_dim"), self.rope_dim, "UINT32"),
         ]
-        if self.head_dim * self.n_head != self.n_embd:
-            kv += [(f"{a}.attention.key_length", self.head_dim, "UINT32"),
-                   (f"{a}.attention.value_length", self.head_dim, "UINT32")]
+        if self.q_dim != self.n_embd:
+            kv += [(key("head_dim"), self.head_dim, "UINT32"),
+                   (key("value_dim"), self.head_dim, "UINT32")]
         if self.rope_scaling["rope_type"] == "linear":
-            kv += [(f"{a}.rope.scaling.type", "linear", "STRING"),
-                   (f"{a}.rope.scaling.factor", float(self.rope_scaling["factor"]), "FLOAT32")]
+            kv += [(key("rope_scaling"), "linear", "STRING"),
+                   (key("rope_scaling_factor"), float(self.rope_scaling["factor"]), "FLOAT32")]
         return kv
 
     def rope_freqs(self) -> np.ndarray | None:
@@ -181,29 +177,6 @@ def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-_LAYER_MAP = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_GLOBAL_MAP = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_SKIP_RE = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
-
-
 @dataclass
 class TensorMap:
     """HF tensor names -> GGUF names and per-tensor transforms for one checkpoint."""
@@ -212,51 +185,36 @@ class TensorMap:
 
     def gguf_name(self, hf: str) -> str | None:
         """The GGUF name of an HF tensor; None for tensors to drop. Unknown -> error."""
-        if _SKIP_RE.search(hf):
+        arch = self.hp.arch
+        if re.search(arch.hf_ignore, hf):
             return None
-        if hf == "lm_head.weight" and self.hp.tied:
-            return None
-        if hf in _GLOBAL_MAP:
-            return _GLOBAL_MAP[hf]
-        m = _LAYER_RE.match(hf)
-        if m and m.group(2) in _LAYER_MAP:
-            i = int(m.group(1))
-            if i >= self.hp.n_layer:
-                raise ConversionError(f"tensor {hf!r} belongs to layer {i}, but config.json "
-                                      f"has num_hidden_layers = {self.hp.n_layer}")
-            if m.group(2).endswith(".bias") and not self.hp.qkv_bias:
-                raise ConversionError(f"tensor {hf!r}: attention biases present but "
-                                      f"config.json does not declare attention_bias")
-            return f"blk.{i}.{_LAYER_MAP[m.group(2)]}"
-        raise ConversionError(f"tensor {hf!r} is not part of the {self.hp.arch.hf_name} "
-                              f"architecture as edgeinfer converts it")
+        found = arch.match_hf(hf)
+        if found is None:
+            raise ConversionError(f"tensor {hf!r} is not part of the {self.hp.hf_class} "
+                                  f"architecture as edgeinfer converts it")
+        t, i = found
+        if i >= self.hp.n_layer:
+            raise ConversionError(f"tensor {hf!r} belongs to layer {i}, but config.json "
+                                  f"has {arch.hf_keys['n_layer']} = {self.hp.n_layer}")
+        if t.when is not None and not getattr(self.hp, t.when):
+            if t.when == "has_output":    # a tied head saved anyway: the embedding is the head
+                return None
+            raise ConversionError(f"tensor {hf!r} is present but config.json does not declare "
+                                  f"{arch.hf_keys[t.when]}")
+        return t.gguf.format(i=i) if t.per_layer else t.gguf
 
     def expected(self) -> dict[str, tuple[int, ...]]:
-        """Every HF tensor the architecture needs -> its PyTorch shape."""
-        h = self.hp
-        e, q, kv, ff = h.n_embd, h.n_head * h.head_dim, h.n_head_kv * h.head_dim, h.n_ff
-        out = {"model.embed_tokens.weight": (h.n_vocab, e), "model.norm.weight": (e,)}
-        if not h.tied:
-            out["lm_head.weight"] = (h.n_vocab, e)
-        for i in range(h.n_layer):
-            p = f"model.layers.{i}."
-            out.update({
-                p + "input_layernorm.weight": (e,), p + "post_attention_layernorm.weight": (e,),
-                p + "self_attn.q_proj.weight": (q, e), p + "self_attn.k_proj.weight": (kv, e),
-                p + "self_attn.v_proj.weight": (kv, e), p + "self_attn.o_proj.weight": (e, q),
-                p + "mlp.gate_proj.weight": (ff, e), p + "mlp.up_proj.weight": (ff, e),
-                p + "mlp.down_proj.weight": (e, ff),
-            })
-            if h.qkv_bias:
-                out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                            p + "self_attn.v_proj.bias": (kv,)})
-        return out
+        """Every HF tensor the architecture needs -> its PyTorch shape (GGML's, reversed)."""
+        return {w.hf: tuple(reversed(w.shape)) for w in self.hp.arch.weights(self.hp)
+                if w.hf is not None}
 
     def transform(self, hf: str) -> Callable[[np.ndarray], np.ndarray] | None:
         if not self.hp.arch.permute_qk:
             return None
-        if hf.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        found = self.hp.arch.match_hf(hf)
+        role = found[0].role if found else None
+        if role in ("attn_q", "attn_q_bias"):
             return lambda w: _permute_rows(w, self.hp.n_head)
-        if hf.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+        if role in ("attn_k", "attn_k_bias"):
             return lambda w: _permute_rows(w, self.hp.n_head_kv)
         return None

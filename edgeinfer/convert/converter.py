@@ -69,7 +69,7 @@ def plan(ckpt: Checkpoint, hp: HParams, tmap: TensorMap) -> list[_Item]:
     for name, shape in expected.items():
         if name not in ckpt:
             raise ConversionError(f"{ckpt.dir}: tensor {name!r} is missing from the checkpoint "
-                                  f"({hp.arch.hf_name}, {hp.n_layer} layers"
+                                  f"({hp.hf_class}, {hp.n_layer} layers"
                                   f"{', untied head' if name == 'lm_head.weight' else ''})")
         got = tuple(ckpt.shape(name))
         if got != shape:
@@ -150,7 +150,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     quantized = any(it.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) for it in items)
     merged = 0
     with GGUFWriter(out_path) as w:
-        w.add_kv(Keys.General.ARCHITECTURE, hp.arch.gguf_arch)
+        w.add_kv(Keys.General.ARCHITECTURE, hp.arch.name)
         w.add_kv(Keys.General.TYPE, "model")
         w.add_kv(Keys.General.NAME, str(model_name)[:200])
         if lora_dir is not None:

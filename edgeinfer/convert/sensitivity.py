@@ -35,6 +35,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..arch.table import QKV_BIAS_ROLES
 from ..errors import ConversionError
 from ..gguf.types import GGMLType as T
 from .arch import HParams, TensorMap
@@ -120,35 +121,30 @@ def _acc(stats: dict, name: str, g: np.ndarray, x: np.ndarray) -> None:
 
 
 class _Layer:
-    """One decoder layer's weights (HF layout, float32)."""
+    """One decoder layer's weights (HF layout, float32) by table role; `hf` names them."""
 
-    KEYS = ("input_layernorm.weight", "post_attention_layernorm.weight",
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-            "mlp.down_proj.weight")
-    BIAS = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
+    ROLES = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+             "ffn_gate", "ffn_up", "ffn_down")
 
     def __init__(self, hp: HParams, i: int, load: Callable[[str], np.ndarray]):
-        p = f"model.layers.{i}."
-        self.w = {k: np.asarray(load(p + k), dtype=np.float32) for k in self.KEYS}
-        if hp.qkv_bias:
-            self.w.update({k: np.asarray(load(p + k), dtype=np.float32) for k in self.BIAS})
+        roles = self.ROLES + (QKV_BIAS_ROLES if hp.has_qkv_bias else ())
+        self.hf = {r: hp.arch.tensor(r).hf.format(i=i) for r in roles}
+        self.w = {r: np.asarray(load(h), dtype=np.float32) for r, h in self.hf.items()}
         self.hp = hp
-        self.prefix = p
 
-    def _lin(self, x, key):
-        y = x @ self.w[key + ".weight"].T
-        b = self.w.get(key + ".bias")
+    def _lin(self, x, role):
+        y = x @ self.w[role].T
+        b = self.w.get(role + "_bias")
         return y if b is None else y + b
 
     def forward(self, x: np.ndarray, cos, sin, keep: bool = False):
         hp, w = self.hp, self.w
         n = x.shape[0]
         nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
-        a, an, ar = _rms(x, w["input_layernorm.weight"], hp.rms_eps)
-        q = self._lin(a, "self_attn.q_proj").reshape(n, nh, hd).transpose(1, 0, 2)
-        k = self._lin(a, "self_attn.k_proj").reshape(n, nkv, hd).transpose(1, 0, 2)
-        v = self._lin(a, "self_attn.v_proj").reshape(n, nkv, hd).transpose(1, 0, 2)
+        a, an, ar = _rms(x, w["attn_norm"], hp.rms_eps)
+        q = self._lin(a, "attn_q").reshape(n, nh, hd).transpose(1, 0, 2)
+        k = self._lin(a, "attn_k").reshape(n, nkv, hd).transpose(1, 0, 2)
+        v = self._lin(a, "attn_v").reshape(n, nkv, hd).transpose(1, 0, 2)
         qr = q * cos + _rot(q) * sin
         kr = k * cos + _rot(k) * sin
         grp = nh // nkv
@@ -160,13 +156,13 @@ class _Layer:
         pr = np.exp(s)
         pr /= pr.sum(-1, keepdims=True)
         o = (pr @ vx).transpose(1, 0, 2).reshape(n, nh * hd)
-        xm = x + o @ w["self_attn.o_proj.weight"].T
-        b, bn, br = _rms(xm, w["post_attention_layernorm.weight"], hp.rms_eps)
-        gt = b @ w["mlp.gate_proj.weight"].T
-        up = b @ w["mlp.up_proj.weight"].T
+        xm = x + o @ w["attn_output"].T
+        b, bn, br = _rms(xm, w["ffn_norm"], hp.rms_eps)
+        gt = b @ w["ffn_gate"].T
+        up = b @ w["ffn_up"].T
         sg = 1.0 / (1.0 + np.exp(-gt))
         m = gt * sg * up
-        out = xm + m @ w["mlp.down_proj.weight"].T
+        out = xm + m @ w["ffn_down"].T
         if not keep:
             return out
         return out, dict(a=a, an=an, ar=ar, qr=qr, kx=kx, vx=vx, pr=pr, o=o, b=b, bn=bn, br=br,
@@ -175,23 +171,23 @@ class _Layer:
     def backward(self, x: np.ndarray, dout: np.ndarray, cos, sin, stats: dict) -> np.ndarray:
         """Gradient at the layer input given `dout` at its output; accumulates each weight's
         sum_t g_t^2 x_t^2 into stats (keys: HF names)."""
-        hp, w, p = self.hp, self.w, self.prefix
+        hp, w = self.hp, self.w
         n = x.shape[0]
         nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
         _, c = self.forward(x, cos, sin, keep=True)
         # MLP
-        _acc(stats, p + "mlp.down_proj.weight", dout, c["m"])
-        dm = dout @ w["mlp.down_proj.weight"]
+        _acc(stats, self.hf["ffn_down"], dout, c["m"])
+        dm = dout @ w["ffn_down"]
         sg, gt = c["sg"], c["gt"]
         dup = dm * gt * sg
         dgt = dm * c["up"] * sg * (1.0 + gt * (1.0 - sg))
-        _acc(stats, p + "mlp.up_proj.weight", dup, c["b"])
-        _acc(stats, p + "mlp.gate_proj.weight", dgt, c["b"])
-        db = dup @ w["mlp.up_proj.weight"] + dgt @ w["mlp.gate_proj.weight"]
-        dxm = dout + _rms_back(db, w["post_attention_layernorm.weight"], c["bn"], c["br"])
+        _acc(stats, self.hf["ffn_up"], dup, c["b"])
+        _acc(stats, self.hf["ffn_gate"], dgt, c["b"])
+        db = dup @ w["ffn_up"] + dgt @ w["ffn_gate"]
+        dxm = dout + _rms_back(db, w["ffn_norm"], c["bn"], c["br"])
         # attention
-        _acc(stats, p + "self_attn.o_proj.weight", dxm, c["o"])
-        do = (dxm @ w["self_attn.o_proj.weight"]).reshape(n, nh, hd).transpose(1, 0, 2)
+        _acc(stats, self.hf["attn_output"], dxm, c["o"])
+        do = (dxm @ w["attn_output"]).reshape(n, nh, hd).transpose(1, 0, 2)
         pr, vx, kx, qr = c["pr"], c["vx"], c["kx"], c["qr"]
         scale = 1.0 / math.sqrt(hd)
         dpr = do @ vx.transpose(0, 2, 1)
@@ -208,12 +204,11 @@ class _Layer:
         dk = dk.transpose(1, 0, 2).reshape(n, nkv * hd)
         dv = dv.transpose(1, 0, 2).reshape(n, nkv * hd)
         a = c["a"]
-        _acc(stats, p + "self_attn.q_proj.weight", dq, a)
-        _acc(stats, p + "self_attn.k_proj.weight", dk, a)
-        _acc(stats, p + "self_attn.v_proj.weight", dv, a)
-        da = (dq @ w["self_attn.q_proj.weight"] + dk @ w["self_attn.k_proj.weight"]
-              + dv @ w["self_attn.v_proj.weight"])
-        return dxm + _rms_back(da, w["input_layernorm.weight"], c["an"], c["ar"])
+        _acc(stats, self.hf["attn_q"], dq, a)
+        _acc(stats, self.hf["attn_k"], dk, a)
+        _acc(stats, self.hf["attn_v"], dv, a)
+        da = dq @ w["attn_q"] + dk @ w["attn_k"] + dv @ w["attn_v"]
+        return dxm + _rms_back(da, w["attn_norm"], c["an"], c["ar"])
 
 
 # ------------------------------------------------------------------ pricing
@@ -266,7 +261,8 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
     rng = np.random.default_rng(seed)
     tables = {len(w): _rope_tables(hp, len(w)) for w in ids}
 
-    emb = np.asarray(load("model.embed_tokens.weight"), dtype=np.float32)
+    emb_name, norm_name = (hp.arch.tensor(r).hf for r in ("token_embd", "output_norm"))
+    emb = np.asarray(load(emb_name), dtype=np.float32)
     xs = [[emb[w] for w in ids]]                       # residual input of each layer
     del emb
     for i in range(hp.n_layer):
@@ -277,8 +273,8 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
 
     # head: logits, a Fisher sample at the logits, back to the last residual
     note("output head")
-    norm = np.asarray(load("model.norm.weight"), dtype=np.float32)
-    head_name = "model.embed_tokens.weight" if hp.tied else "lm_head.weight"
+    norm = np.asarray(load(norm_name), dtype=np.float32)
+    head_name = emb_name if hp.tied_output else hp.arch.tensor("output").hf
     head = np.asarray(load(head_name), dtype=np.float32)
     s_head = np.zeros(head.shape, dtype=np.float32)
     grads = []
@@ -308,10 +304,11 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
         stats: dict[str, np.ndarray] = {}
         grads = [layer.backward(x, g, *tables[len(x)], stats) for x, g in zip(xs[i], grads)]
         xs.pop()
+        role_of = {h: r for r, h in layer.hf.items()}
         for hf, s in stats.items():
             if record is not None:
                 record.setdefault("S", {})[hf] = s.copy()
-            w = layer.w[hf[len(layer.prefix):]]
+            w = layer.w[role_of[hf]]
             f = tmap.transform(hf)
             if f is not None:          # GGUF row order: permute the weight and its sensitivity
                 w, s = f(w), f(s)
@@ -327,8 +324,8 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
     np.add.at(s_rows, inv, dx0 * dx0)
     if record is not None:
         record["emb_rows"] = (uniq, s_rows.copy())
-    emb = np.asarray(load("model.embed_tokens.weight"), dtype=np.float32)
-    g = tmap.gguf_name("model.embed_tokens.weight")
+    emb = np.asarray(load(emb_name), dtype=np.float32)
+    g = tmap.gguf_name(emb_name)
     costs[g] = _price(g, emb, None, n_tok, n_threads, rows=uniq, s_rows=s_rows,
                       cost=costs.get(g))
     return Sensitivity(costs, n_tok, time.perf_counter() - t0)

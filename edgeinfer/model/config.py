@@ -6,40 +6,13 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ..errors import GGUFError, UnsupportedArchitectureError, UnsupportedTypeError
+from ..arch import Arch, Weight, get_arch
+from ..arch.table import QKV_BIAS_ROLES
+from ..errors import GGUFError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
 
-__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "LAYER_TENSORS", "GLOBAL_TENSORS",
-           "VECTOR_TYPES"]
-
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-
-#: Per-layer tensor roles -> GGUF name template ({i} is the layer index).
-LAYER_TENSORS: dict[str, str] = {
-    "attn_norm": "blk.{i}.attn_norm.weight",
-    "attn_q": "blk.{i}.attn_q.weight",
-    "attn_k": "blk.{i}.attn_k.weight",
-    "attn_v": "blk.{i}.attn_v.weight",
-    "attn_q_bias": "blk.{i}.attn_q.bias",
-    "attn_k_bias": "blk.{i}.attn_k.bias",
-    "attn_v_bias": "blk.{i}.attn_v.bias",
-    "attn_output": "blk.{i}.attn_output.weight",
-    "ffn_norm": "blk.{i}.ffn_norm.weight",
-    "ffn_gate": "blk.{i}.ffn_gate.weight",
-    "ffn_up": "blk.{i}.ffn_up.weight",
-    "ffn_down": "blk.{i}.ffn_down.weight",
-}
-_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
-
-#: Global tensor roles -> GGUF name. `output` is absent with a tied head; `rope_freqs`
-#: (Llama 3.1-style per-dimension frequency factors) is optional.
-GLOBAL_TENSORS: dict[str, str] = {
-    "token_embd": "token_embd.weight",
-    "output_norm": "output_norm.weight",
-    "output": "output.weight",
-    "rope_freqs": "rope_freqs.weight",
-}
+__all__ = ["ModelConfig", "VECTOR_TYPES"]
 
 #: Types accepted for 1-D tensors (norm weights, biases, rope factors); llama.cpp's converter
 #: always writes these as F32.
@@ -75,6 +48,7 @@ class ModelConfig:
     rope_freq_scale: float = 1.0
     has_rope_freqs: bool = False
     tensor_types: dict[str, int] = field(default_factory=dict, repr=False)
+    family: Arch | None = field(default=None, repr=False, compare=False)   # the table entry of `arch`
 
     # ------------------------------------------------------------- names
     @property
@@ -89,140 +63,118 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
 
+    @property
+    def has_output(self) -> bool:
+        return not self.tied_output
+
+    def weights(self) -> list[Weight]:
+        """Every tensor this model uses (name, table entry, layer, GGML shape), in the table's
+        order: globals, then layer by layer."""
+        return self.family.weights(self)
+
     def tensor_names(self, layer: int) -> dict[str, str | None]:
-        """GGUF names of layer `layer`'s tensors by role; bias roles are None without biases."""
+        """GGUF names of layer `layer`'s tensors by role; None for roles this model lacks
+        (e.g. the q/k/v biases of a model without them)."""
         if not 0 <= layer < self.n_layer:
             raise IndexError(f"layer {layer} out of range [0, {self.n_layer})")
-        names: dict[str, str | None] = {r: t.format(i=layer) for r, t in LAYER_TENSORS.items()}
-        if not self.has_qkv_bias:
-            for r in _BIAS_ROLES:
-                names[r] = None
+        names: dict[str, str | None] = {t.role: None for t in self.family.tensors if t.per_layer}
+        names.update({w.tensor.role: w.name for w in self.weights() if w.layer == layer})
         return names
 
     def global_tensor_names(self) -> dict[str, str | None]:
         """GGUF names of the global tensors by role; `output` is None when tied (use
         token_embd), `rope_freqs` None when absent."""
-        names: dict[str, str | None] = dict(GLOBAL_TENSORS)
-        if self.tied_output:
-            names["output"] = None
-        if not self.has_rope_freqs:
-            names["rope_freqs"] = None
+        names: dict[str, str | None] = {t.role: None for t in self.family.tensors if not t.per_layer}
+        names.update({w.tensor.role: w.name for w in self.weights() if w.layer < 0})
         return names
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor this config uses -> its exact GGML shape (ne0 first)."""
-        e, q, kv, ff, v = self.n_embd, self.q_dim, self.kv_dim, self.n_ff, self.n_vocab
-        shapes: dict[str, tuple[int, ...]] = {
-            "token_embd.weight": (e, v),
-            "output_norm.weight": (e,),
-        }
-        if not self.tied_output:
-            shapes["output.weight"] = (e, v)
-        if self.has_rope_freqs:
-            shapes["rope_freqs.weight"] = (self.rope_dim // 2,)
-        per_role = {
-            "attn_norm": (e,), "attn_q": (e, q), "attn_k": (e, kv), "attn_v": (e, kv),
-            "attn_q_bias": (q,), "attn_k_bias": (kv,), "attn_v_bias": (kv,),
-            "attn_output": (q, e), "ffn_norm": (e,),
-            "ffn_gate": (e, ff), "ffn_up": (e, ff), "ffn_down": (ff, e),
-        }
-        for i in range(self.n_layer):
-            for role, name in self.tensor_names(i).items():
-                if name is not None:
-                    shapes[name] = per_role[role]
-        return shapes
+        return {w.name: w.shape for w in self.weights()}
 
     # ------------------------------------------------------------- from GGUF
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
-        arch = f.get("general.architecture", kind=str)
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedArchitectureError(
-                f"{f.path}: unsupported architecture {arch!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-        p = arch + "."
+        a = get_arch(f.get("general.architecture", kind=str), str(f.path))
+        key = a.key
 
-        def get_int(key: str, default=None, lo: int = 1, hi: int = 1 << 62) -> int:
-            full = p + key
-            if default is None:
-                v = f.get(full, kind=int)
-            else:
-                v = f.get(full, default, kind=int)
+        def get_int(hparam: str, default=None, lo: int = 1, hi: int = 1 << 62) -> int:
+            full = key(hparam)
+            v = f.get(full, kind=int) if default is None else f.get(full, default, kind=int)
             if not lo <= v <= hi:
                 raise GGUFError(f"{f.path}: metadata key {full!r} = {v} is out of range "
                                 f"[{lo}, {hi}]")
             return int(v)
 
-        def get_float(key: str, default=None) -> float:
-            full = p + key
+        def get_float(hparam: str, default=None) -> float:
+            full = key(hparam)
             v = f.get(full, kind=float) if default is None else f.get(full, default, kind=float)
             v = float(v)
             if not math.isfinite(v):
                 raise GGUFError(f"{f.path}: metadata key {full!r} = {v} is not finite")
             return v
 
-        expert_count = get_int("expert_count", 0, lo=0)
+        expert_count = get_int("n_expert", 0, lo=0)
         if expert_count > 0:
-            raise GGUFError(f"{f.path}: mixture-of-experts models ({p}expert_count = "
+            raise GGUFError(f"{f.path}: mixture-of-experts models ({key('n_expert')} = "
                             f"{expert_count}) are not supported")
 
-        n_layer = get_int("block_count", hi=MAX_LAYERS)
-        n_embd = get_int("embedding_length", hi=MAX_EMBD)
-        n_ff = get_int("feed_forward_length", hi=MAX_FF)
-        n_head = get_int("attention.head_count", hi=MAX_HEADS)
-        n_head_kv = get_int("attention.head_count_kv", n_head, hi=MAX_HEADS)
+        n_layer = get_int("n_layer", hi=MAX_LAYERS)
+        n_embd = get_int("n_embd", hi=MAX_EMBD)
+        n_ff = get_int("n_ff", hi=MAX_FF)
+        n_head = get_int("n_head", hi=MAX_HEADS)
+        n_head_kv = get_int("n_head_kv", n_head, hi=MAX_HEADS)
         if n_head % n_head_kv:
-            raise GGUFError(f"{f.path}: {p}attention.head_count ({n_head}) is not a multiple "
-                            f"of {p}attention.head_count_kv ({n_head_kv})")
-        if p + "attention.key_length" in f:
-            head_dim = get_int("attention.key_length", hi=MAX_HEAD_DIM)
+            raise GGUFError(f"{f.path}: {key('n_head')} ({n_head}) is not a multiple "
+                            f"of {key('n_head_kv')} ({n_head_kv})")
+        if key("head_dim") in f:
+            head_dim = get_int("head_dim", hi=MAX_HEAD_DIM)
         else:
             if n_embd % n_head:
-                raise GGUFError(f"{f.path}: {p}embedding_length ({n_embd}) is not a multiple of "
-                                f"{p}attention.head_count ({n_head}) and "
-                                f"{p}attention.key_length is absent")
+                raise GGUFError(f"{f.path}: {key('n_embd')} ({n_embd}) is not a multiple of "
+                                f"{key('n_head')} ({n_head}) and {key('head_dim')} is absent")
             head_dim = n_embd // n_head
             if head_dim > MAX_HEAD_DIM:
                 raise GGUFError(f"{f.path}: head dimension {head_dim} exceeds {MAX_HEAD_DIM}")
         if head_dim % 2:
             raise GGUFError(f"{f.path}: head dimension {head_dim} is odd (RoPE needs it even)")
-        value_length = get_int("attention.value_length", head_dim, hi=MAX_HEAD_DIM)
+        value_length = get_int("value_dim", head_dim, hi=MAX_HEAD_DIM)
         if value_length != head_dim:
-            raise GGUFError(f"{f.path}: {p}attention.value_length ({value_length}) differs from "
+            raise GGUFError(f"{f.path}: {key('value_dim')} ({value_length}) differs from "
                             f"the key length ({head_dim}); not supported")
-        rope_dim = get_int("rope.dimension_count", head_dim, hi=head_dim)
+        rope_dim = get_int("rope_dim", head_dim, hi=head_dim)
         if rope_dim % 2:
-            raise GGUFError(f"{f.path}: {p}rope.dimension_count ({rope_dim}) is odd")
-        rope_theta = get_float("rope.freq_base", 10000.0)
+            raise GGUFError(f"{f.path}: {key('rope_dim')} ({rope_dim}) is odd")
+        rope_theta = get_float("rope_theta", 10000.0)
         if rope_theta <= 0:
-            raise GGUFError(f"{f.path}: {p}rope.freq_base = {rope_theta} must be > 0")
-        rms_eps = get_float("attention.layer_norm_rms_epsilon")
+            raise GGUFError(f"{f.path}: {key('rope_theta')} = {rope_theta} must be > 0")
+        rms_eps = get_float("rms_eps")
         if not 0 < rms_eps < 1:
-            raise GGUFError(f"{f.path}: {p}attention.layer_norm_rms_epsilon = {rms_eps} "
-                            f"is not in (0, 1)")
-        n_ctx_train = get_int("context_length", hi=MAX_CTX)
+            raise GGUFError(f"{f.path}: {key('rms_eps')} = {rms_eps} is not in (0, 1)")
+        n_ctx_train = get_int("n_ctx_train", hi=MAX_CTX)
 
-        scaling = f.get(p + "rope.scaling.type", "none", kind=str)
+        scaling = f.get(key("rope_scaling"), "none", kind=str)
         if scaling not in ("none", "linear"):
-            raise GGUFError(f"{f.path}: {p}rope.scaling.type = {scaling!r} is not supported "
+            raise GGUFError(f"{f.path}: {key('rope_scaling')} = {scaling!r} is not supported "
                             f"(supported: none, linear)")
-        factor = get_float("rope.scaling.factor", 0.0)
+        factor = get_float("rope_scaling_factor", 0.0)
         if factor == 0.0:
-            factor = get_float("rope.scale_linear", 0.0)
+            factor = get_float("rope_scale_linear", 0.0)
         if factor < 0 or (factor != 0 and not 1e-3 <= factor <= 1e3):
             raise GGUFError(f"{f.path}: rope scaling factor {factor} is out of range")
         rope_freq_scale = 1.0 / factor if factor else 1.0
 
         tensors = f.tensors
-        if "token_embd.weight" not in tensors:
-            raise GGUFError(f"{f.path}: required tensor 'token_embd.weight' is missing")
+        embd = a.tensor("token_embd").gguf
+        if embd not in tensors:
+            raise GGUFError(f"{f.path}: required tensor {embd!r} is missing")
         tokens = f.get("tokenizer.ggml.tokens", None, kind=list)
-        if p + "vocab_size" in f:
-            n_vocab = get_int("vocab_size", hi=MAX_VOCAB)
+        if key("n_vocab") in f:
+            n_vocab = get_int("n_vocab", hi=MAX_VOCAB)
         elif tokens is not None:
             n_vocab = len(tokens)
         else:
-            emb = tensors["token_embd.weight"].shape
+            emb = tensors[embd].shape
             n_vocab = emb[1] if len(emb) == 2 else 0
         if not 1 <= n_vocab <= MAX_VOCAB:
             raise GGUFError(f"{f.path}: vocabulary size {n_vocab} is out of range "
@@ -231,10 +183,9 @@ class ModelConfig:
             raise GGUFError(f"{f.path}: tokenizer.ggml.tokens has {len(tokens)} tokens but the "
                             f"model's vocabulary size is {n_vocab}")
 
-        bias_names = [LAYER_TENSORS[r].format(i=0) for r in _BIAS_ROLES]
-        if arch == "qwen2":
-            has_bias = True
-        else:
+        has_bias = bool(a.qkv_bias)
+        if a.qkv_bias is None:    # the file decides: biases in every layer or in none
+            bias_names = [a.tensor(r).gguf.format(i=0) for r in QKV_BIAS_ROLES]
             present = [n in tensors for n in bias_names]
             if any(present) and not all(present):
                 have = [n for n, ok in zip(bias_names, present) if ok]
@@ -242,13 +193,14 @@ class ModelConfig:
             has_bias = all(present)
 
         cfg = cls(
-            arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+            arch=a.name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
             head_dim=head_dim, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
-            rope_dim=rope_dim, rope_theta=rope_theta, rope_neox=(arch == "qwen2"),
+            rope_dim=rope_dim, rope_theta=rope_theta, rope_neox=a.rope_neox,
             rms_eps=rms_eps, has_qkv_bias=has_bias,
-            tied_output="output.weight" not in tensors,
+            tied_output=a.tensor("output").gguf not in tensors,
             rope_freq_scale=rope_freq_scale,
-            has_rope_freqs="rope_freqs.weight" in tensors,
+            has_rope_freqs=a.tensor("rope_freqs").gguf in tensors,
+            family=a,
         )
         cfg._check_tensors(f)
         return cfg
@@ -278,7 +230,8 @@ class ModelConfig:
             hint = ""
             if any(_BLK_RE.match(n) and int(_BLK_RE.match(n).group(1)) >= self.n_layer
                    for n in extra):
-                hint = f" (the file has more layers than {self.arch}.block_count = {self.n_layer})"
+                hint = (f" (the file has more layers than {self.family.key('n_layer')} = "
+                        f"{self.n_layer})")
             raise GGUFError(f"{f.path}: unexpected tensor(s) {shown}{more} not used by the "
                             f"{self.arch} architecture as edgeinfer implements it{hint}")
 

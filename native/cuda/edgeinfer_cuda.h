@@ -35,7 +35,8 @@ typedef struct {
 int ei_cuda_get_device_info(int device, ei_cuda_device_info *out);
 
 /* One weight as the GGUF file holds it (host memory; copied to the device at
- * creation). layer = -1 for global roles; role is an ei_tensor_role. */
+ * creation). layer = -1 for global roles; role is an ei_tensor_role (edgeinfer_roles.h,
+ * shared with the CPU runtime). */
 typedef struct {
     int32_t layer, role, type;
     int64_t ne0, ne1;

@@ -155,7 +155,7 @@ static dweight *layer_slot(dlayer *L, int role) {
     case EI_T_ATTN_Q_BIAS: return &L->bq;
     case EI_T_ATTN_K_BIAS: return &L->bk;
     case EI_T_ATTN_V_BIAS: return &L->bv;
-    case EI_T_ATTN_OUT: return &L->wo;
+    case EI_T_ATTN_OUTPUT: return &L->wo;
     case EI_T_FFN_NORM: return &L->ffn_norm;
     case EI_T_FFN_GATE: return &L->w_gate;
     case EI_T_FFN_UP: return &L->w_up;
@@ -164,14 +164,9 @@ static dweight *layer_slot(dlayer *L, int role) {
     }
 }
 
-static int is_vector_role(int role) {
-    return role == EI_T_OUTPUT_NORM || role == EI_T_ROPE_FREQS || role == EI_T_ATTN_NORM || role == EI_T_FFN_NORM ||
-           role == EI_T_ATTN_Q_BIAS || role == EI_T_ATTN_K_BIAS || role == EI_T_ATTN_V_BIAS;
-}
-
 /* Device bytes of a tensor: vectors are stored as f32, matrices as they are. */
 static int64_t dev_bytes(const ei_cuda_tensor *t) {
-    if (is_vector_role(t->role)) return t->ne0 * t->ne1 * 4;
+    if (EI_ROLE_IS_VECTOR(t->role)) return t->ne0 * t->ne1 * 4;
     int e, b;
     if (!eic_type_block(t->type, &e, &b)) return -1;
     const int64_t row = eic_row_bytes(t->type, t->ne0);
@@ -222,10 +217,13 @@ static ei_status check_model(const ei_cuda_runtime *rt) {
 #define CK(field, a, b, req)                                        \
     snprintf(nm, sizeof nm, "blk.%d." #field, l);                   \
     if ((st = check_shape(nm, &L->field, a, b, req)) != EI_OK) return st;
-        CK(attn_norm, d, 1, 1) CK(wq, d, qd, 1) CK(wk, d, kvd, 1) CK(wv, d, kvd, 1) CK(bq, qd, 1, 0)
-        CK(bk, kvd, 1, 0) CK(bv, kvd, 1, 0) CK(wo, qd, d, 1) CK(ffn_norm, d, 1, 1) CK(w_gate, d, c->n_ff, 1)
-        CK(w_up, d, c->n_ff, 1) CK(w_down, c->n_ff, d, 1)
+        CK(attn_norm, d, 1, 1) CK(wq, d, qd, 1) CK(wk, d, kvd, 1) CK(wv, d, kvd, 1)
+        CK(bq, qd, 1, c->has_qkv_bias) CK(bk, kvd, 1, c->has_qkv_bias) CK(bv, kvd, 1, c->has_qkv_bias)
+        CK(wo, qd, d, 1) CK(ffn_norm, d, 1, 1) CK(w_gate, d, c->n_ff, 1) CK(w_up, d, c->n_ff, 1)
+        CK(w_down, c->n_ff, d, 1)
 #undef CK
+        if (!c->has_qkv_bias && (L->bq.data || L->bk.data || L->bv.data))
+            return eic_fail(EI_ERR_INVALID_ARG, "blk.%d: q/k/v biases for a model configured without them", l);
     }
     return EI_OK;
 }
@@ -259,7 +257,8 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     const ei_model_config *c = cfg;
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->n_head % c->n_head_kv ||
         c->head_dim < 2 || c->n_ff < 1 || c->n_vocab < 1 || c->rope_dim < 0 || c->rope_dim > c->head_dim ||
-        c->rope_dim % 2)
+        c->rope_dim % 2 || (c->rope_neox != 0 && c->rope_neox != 1) ||
+        (c->has_qkv_bias != 0 && c->has_qkv_bias != 1))
         return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration");
     if (c->head_dim > EIC_MAX_HEAD_DIM || c->n_head / c->n_head_kv > EIC_MAX_GROUP)
         return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d and GQA groups <= %d (got %d, %d)",
@@ -275,7 +274,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         const ei_cuda_tensor *t = &tensors[i];
         if (!t->data || t->ne0 < 1 || t->ne1 < 1)
             return eic_fail(EI_ERR_INVALID_ARG, "tensor %d (role %d): null data or bad shape", i, t->role);
-        if (is_vector_role(t->role) && t->type != EI_TYPE_F32 && t->type != EI_TYPE_F16 && t->type != EI_TYPE_BF16)
+        if (EI_ROLE_IS_VECTOR(t->role) && t->type != EI_TYPE_F32 && t->type != EI_TYPE_F16 && t->type != EI_TYPE_BF16)
             return eic_fail(EI_ERR_UNSUPPORTED, "tensor %d (role %d): type %d for a vector", i, t->role, t->type);
         const int64_t b = dev_bytes(t);
         if (b <= 0)
@@ -387,7 +386,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
                 goto fail;
             }
             const size_t b = (size_t)dev_bytes(t);
-            if (is_vector_role(t->role)) {   /* small: converted to f32 on the host */
+            if (EI_ROLE_IS_VECTOR(t->role)) {   /* small: converted to f32 on the host */
                 const int64_t n = t->ne0 * t->ne1;
                 float *tmp = (float *)malloc((size_t)n * 4);
                 if (!tmp) {

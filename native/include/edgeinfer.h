@@ -3,7 +3,8 @@
  * The one door into native code. cffi compiles edgeinfer/_native against this
  * header (API mode), so every signature below is checked by the C compiler.
  * Lines starting with '#' are stripped before cffi parses the declarations, so
- * constants are enums, not macros.
+ * constants are enums, not macros; the included edgeinfer_roles.h (tensor roles)
+ * reaches cffi the same way (native/build_ffi.py reads it first).
  *
  * Rules: no function exits or aborts on bad input; each returns an ei_status
  * and ei_last_error() gives a message for the calling thread.
@@ -12,6 +13,7 @@
 #define EDGEINFER_H
 #include <stddef.h>
 #include <stdint.h>
+#include "edgeinfer_roles.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -85,13 +87,9 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
 ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n);
 
 /* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
-typedef enum {
-    EI_ARCH_LLAMA = 0,
-    EI_ARCH_QWEN2 = 1
-} ei_arch;
-
+/* Which families exist is Python's business (edgeinfer/arch/table.py); C sees only the
+ * hyperparameters and the features the forward pass switches on. */
 typedef struct {
-    int32_t arch;
     int32_t n_layer;
     int32_t n_embd;
     int32_t n_head;
@@ -101,30 +99,11 @@ typedef struct {
     int32_t n_vocab;
     int32_t rope_dim;      /* dimensions rotated per head (<= head_dim) */
     int32_t rope_neox;     /* 0: pairs (2i, 2i+1) as llama; 1: pairs (i, i+d/2) as qwen2 */
+    int32_t has_qkv_bias;  /* 1: every layer has attn_q/k/v biases; 0: none has */
     float rope_theta;
     float rope_freq_scale; /* linear RoPE scaling: positions are multiplied by it (1 = none) */
     float rms_eps;
 } ei_model_config;
-
-/* Tensor roles. Global roles take layer = -1. */
-typedef enum {
-    EI_T_TOKEN_EMBD = 0,
-    EI_T_OUTPUT_NORM = 1,
-    EI_T_OUTPUT = 2,          /* optional: absent -> tied to token_embd */
-    EI_T_ROPE_FREQS = 3,      /* optional: per-frequency divisors, rope_dim/2 floats (Llama 3.1) */
-    EI_T_ATTN_NORM = 10,
-    EI_T_ATTN_Q = 11,
-    EI_T_ATTN_K = 12,
-    EI_T_ATTN_V = 13,
-    EI_T_ATTN_Q_BIAS = 14,    /* optional (qwen2) */
-    EI_T_ATTN_K_BIAS = 15,
-    EI_T_ATTN_V_BIAS = 16,
-    EI_T_ATTN_OUT = 17,
-    EI_T_FFN_NORM = 18,
-    EI_T_FFN_GATE = 19,
-    EI_T_FFN_UP = 20,
-    EI_T_FFN_DOWN = 21
-} ei_tensor_role;
 
 typedef struct ei_model ei_model;
 

@@ -10,8 +10,6 @@ enum { MAX_LAYERS = 1024, MAX_DIM = 1 << 20 };
 ei_status ei_model_create(const ei_model_config *cfg, ei_model **out) {
     if (!cfg || !out) return ei_fail(EI_ERR_INVALID_ARG, "model_create: null argument");
     *out = NULL;
-    if (cfg->arch != EI_ARCH_LLAMA && cfg->arch != EI_ARCH_QWEN2)
-        return ei_fail(EI_ERR_UNSUPPORTED, "unknown architecture id %d", cfg->arch);
     if (cfg->n_layer < 1 || cfg->n_layer > MAX_LAYERS)
         return ei_fail(EI_ERR_INVALID_ARG, "n_layer=%d out of range", cfg->n_layer);
     if (cfg->n_embd < 1 || cfg->n_embd > MAX_DIM || cfg->n_ff < 1 || cfg->n_ff > MAX_DIM ||
@@ -23,6 +21,9 @@ ei_status ei_model_create(const ei_model_config *cfg, ei_model **out) {
                        cfg->n_head, cfg->n_head_kv);
     if (cfg->head_dim < 2 || cfg->head_dim % 2 || cfg->head_dim > 1024)
         return ei_fail(EI_ERR_INVALID_ARG, "head_dim=%d must be even and <= 1024", cfg->head_dim);
+    if ((cfg->rope_neox != 0 && cfg->rope_neox != 1) || (cfg->has_qkv_bias != 0 && cfg->has_qkv_bias != 1))
+        return ei_fail(EI_ERR_INVALID_ARG, "rope_neox=%d and has_qkv_bias=%d must be 0 or 1", cfg->rope_neox,
+                       cfg->has_qkv_bias);
     if (cfg->rope_dim < 0 || cfg->rope_dim > cfg->head_dim || cfg->rope_dim % 2)
         return ei_fail(EI_ERR_INVALID_ARG, "rope_dim=%d must be even and <= head_dim", cfg->rope_dim);
     if (!(cfg->rms_eps > 0) || !(cfg->rope_theta > 0) || !(cfg->rope_freq_scale > 0))
@@ -56,7 +57,7 @@ static ei_weight *slot_for(ei_model *m, int layer, int role) {
     case EI_T_ATTN_Q_BIAS: return &L->bq;
     case EI_T_ATTN_K_BIAS: return &L->bk;
     case EI_T_ATTN_V_BIAS: return &L->bv;
-    case EI_T_ATTN_OUT: return &L->wo;
+    case EI_T_ATTN_OUTPUT: return &L->wo;
     case EI_T_FFN_NORM: return &L->ffn_norm;
     case EI_T_FFN_GATE: return &L->w_gate;
     case EI_T_FFN_UP: return &L->w_up;
@@ -71,6 +72,9 @@ ei_status ei_model_set_tensor(ei_model *m, int layer, int role, const void *data
     if (m->finalized) return ei_fail(EI_ERR_STATE, "set_tensor: model already finalized");
     ei_weight *w = slot_for(m, layer, role);
     if (!w) return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: no tensor role %d for layer %d", role, layer);
+    if (!m->cfg.has_qkv_bias && (role == EI_T_ATTN_Q_BIAS || role == EI_T_ATTN_K_BIAS || role == EI_T_ATTN_V_BIAS))
+        return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: q/k/v bias (role %d) for a model configured without them",
+                       role);
     if (ne0 < 1 || ne1 < 1 || ne0 > (int64_t)1 << 32 || ne1 > (int64_t)1 << 32)
         return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: bad shape [%lld, %lld]", (long long)ne0, (long long)ne1);
     if (ei_row_bytes(type, ne0) <= 0)
@@ -114,9 +118,9 @@ ei_status ei_model_finalize(ei_model *m) {
         CHECK(&L->wq, "attn_q", l, d, q, 1, 0);
         CHECK(&L->wk, "attn_k", l, d, kv, 1, 0);
         CHECK(&L->wv, "attn_v", l, d, kv, 1, 0);
-        CHECK(&L->bq, "attn_q.bias", l, q, 1, 0, 1);
-        CHECK(&L->bk, "attn_k.bias", l, kv, 1, 0, 1);
-        CHECK(&L->bv, "attn_v.bias", l, kv, 1, 0, 1);
+        CHECK(&L->bq, "attn_q.bias", l, q, 1, c->has_qkv_bias, 1);
+        CHECK(&L->bk, "attn_k.bias", l, kv, 1, c->has_qkv_bias, 1);
+        CHECK(&L->bv, "attn_v.bias", l, kv, 1, c->has_qkv_bias, 1);
         CHECK(&L->wo, "attn_output", l, q, d, 1, 0);
         CHECK(&L->ffn_norm, "ffn_norm", l, d, 1, 1, 1);
         CHECK(&L->w_gate, "ffn_gate", l, d, c->n_ff, 1, 0);

@@ -356,7 +356,7 @@ static void *make_norm(arena *ar, int64_t n) {
 /* Runs the fixed scenario at `isa`; writes E2E_ROWS x VOCAB logits. */
 static int run_forward(int isa, float *logits) {
     rng_state = 0x1234567887654321ULL; /* same model whatever ran before */
-    ei_model_config cfg = {.arch = EI_ARCH_LLAMA, .n_layer = L_N, .n_embd = D, .n_head = NH, .n_head_kv = NKV,
+    ei_model_config cfg = {.n_layer = L_N, .n_embd = D, .n_head = NH, .n_head_kv = NKV,
                            .head_dim = HD, .n_ff = FF, .n_vocab = VOCAB, .rope_dim = HD, .rope_neox = 0,
                            .rope_theta = 10000.0f, .rope_freq_scale = 1.0f, .rms_eps = 1e-5f};
     ei_model *m = NULL;
@@ -371,7 +371,7 @@ static int run_forward(int isa, float *logits) {
         SET(l, EI_T_ATTN_Q, make_weight(&ar, EI_TYPE_Q4_0, D, NH * HD), EI_TYPE_Q4_0, D, NH * HD);
         SET(l, EI_T_ATTN_K, make_weight(&ar, EI_TYPE_Q8_0, D, NKV * HD), EI_TYPE_Q8_0, D, NKV * HD);
         SET(l, EI_T_ATTN_V, make_weight(&ar, EI_TYPE_F16, D, NKV * HD), EI_TYPE_F16, D, NKV * HD);
-        SET(l, EI_T_ATTN_OUT, make_weight(&ar, EI_TYPE_Q4_0, NH * HD, D), EI_TYPE_Q4_0, NH * HD, D);
+        SET(l, EI_T_ATTN_OUTPUT, make_weight(&ar, EI_TYPE_Q4_0, NH * HD, D), EI_TYPE_Q4_0, NH * HD, D);
         SET(l, EI_T_FFN_NORM, make_norm(&ar, D), EI_TYPE_F32, D, 1);
         SET(l, EI_T_FFN_GATE, make_weight(&ar, EI_TYPE_Q8_0, D, FF), EI_TYPE_Q8_0, D, FF);
         SET(l, EI_T_FFN_UP, make_weight(&ar, EI_TYPE_Q4_0, D, FF), EI_TYPE_Q4_0, D, FF);

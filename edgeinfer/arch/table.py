@@ -1,0 +1,247 @@
+"""The architecture table: what edgeinfer knows about each model family, written once.
+
+One `Arch` per GGUF `general.architecture` (as llama.cpp's llama-arch does): its metadata
+keys, its tensors (C role, GGUF name, shape, Hugging Face name, when present), the Hugging
+Face names the converter maps from, and the features the native forward pass switches on.
+ModelConfig reads GGUF files with it, the converter writes them with it, the native model
+hands tensors to C by its roles. A family made of ops edgeinfer already has needs only an
+entry in ARCHS.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple, Protocol
+
+from ..errors import UnsupportedArchitectureError
+
+__all__ = ["Arch", "Tensor", "Weight", "Dims", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
+           "FLAGS", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
+
+# The ops the native forward pass implements (native/src/forward.c, native/cuda/forward.cu).
+# A family that needs another one needs a kernel first (docs/architecture.md).
+NORMS = ("rms",)                  # RMSNorm times a weight
+ACTIVATIONS = ("silu",)           # the gated FFN: down(silu(gate(x)) * up(x))
+ROPE_STYLES = ("normal", "neox")  # rotated pairs (2i, 2i+1) / (i, i + rope_dim/2)
+
+#: Hyperparameter -> GGUF metadata key after the "{arch}." prefix (llama.cpp's LLM_KV names).
+GGUF_KEYS: Mapping[str, str] = MappingProxyType({
+    "n_layer": "block_count",
+    "n_ctx_train": "context_length",
+    "n_embd": "embedding_length",
+    "n_ff": "feed_forward_length",
+    "n_head": "attention.head_count",
+    "n_head_kv": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "value_dim": "attention.value_length",
+    "rope_dim": "rope.dimension_count",
+    "rope_theta": "rope.freq_base",
+    "rms_eps": "attention.layer_norm_rms_epsilon",
+    "n_vocab": "vocab_size",
+    "rope_scaling": "rope.scaling.type",
+    "rope_scaling_factor": "rope.scaling.factor",
+    "rope_scale_linear": "rope.scale_linear",
+    "n_expert": "expert_count",
+})
+
+#: Hyperparameter -> key of a Hugging Face config.json.
+HF_KEYS: Mapping[str, str] = MappingProxyType({
+    "n_layer": "num_hidden_layers",
+    "n_ctx_train": "max_position_embeddings",
+    "n_embd": "hidden_size",
+    "n_ff": "intermediate_size",
+    "n_head": "num_attention_heads",
+    "n_head_kv": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "n_vocab": "vocab_size",
+    "rms_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "tied_output": "tie_word_embeddings",
+    "has_qkv_bias": "attention_bias",
+    "act": "hidden_act",
+    "mlp_bias": "mlp_bias",
+})
+
+#: The roles the `has_qkv_bias` flag of the native model config governs.
+QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
+#: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
+FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs")
+
+
+class Dims(Protocol):
+    """What tensor shapes and presence depend on (ModelConfig and the converter's HParams)."""
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_vocab: int
+    q_dim: int
+    kv_dim: int
+    rope_dim: int
+    has_qkv_bias: bool
+    has_output: bool
+    has_rope_freqs: bool
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor of a family. `role` names the C role (EI_T_<ROLE> in
+    native/include/edgeinfer_roles.h); "{i}" in `gguf` / `hf` is the layer index."""
+    role: str
+    gguf: str
+    shape: Callable[[Dims], tuple[int, ...]]   # GGML order (ne0 first); HF's is the reverse
+    hf: str | None = None                      # None: not in checkpoints (computed by the converter)
+    when: str | None = None                    # a flag of FLAGS that must hold; None: always present
+
+    @property
+    def per_layer(self) -> bool:
+        return "{i}" in self.gguf
+
+
+class Weight(NamedTuple):
+    """A tensor of one model: its GGUF name, table entry, layer (-1: global) and shape."""
+    name: str
+    tensor: Tensor
+    layer: int
+    shape: tuple[int, ...]
+
+    @property
+    def hf(self) -> str | None:
+        t = self.tensor.hf
+        return None if t is None else t.format(i=self.layer)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A model family. `qkv_bias`: True, the q/k/v biases are always there; False, never;
+    None, a file or checkpoint has them in every layer or in none (config.json:
+    attention_bias)."""
+    name: str                                   # general.architecture
+    tensors: tuple[Tensor, ...]
+    hf_classes: Mapping[str, str] = field(default_factory=dict)  # config.json "architectures" -> "model_type"
+    norm: str = "rms"
+    act: str = "silu"
+    rope: str = "normal"
+    qkv_bias: bool | None = None
+    keys: Mapping[str, str] = field(default_factory=lambda: GGUF_KEYS)
+    hf_keys: Mapping[str, str] = field(default_factory=lambda: HF_KEYS)
+    hf_ignore: str = r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$"   # HF buffers with no GGUF tensor
+
+    def __post_init__(self):
+        for what, value, known in (("norm", self.norm, NORMS), ("act", self.act, ACTIVATIONS),
+                                   ("rope", self.rope, ROPE_STYLES)):
+            if value not in known:
+                raise ValueError(f"architecture {self.name!r}: {what} {value!r} has no native kernel "
+                                 f"(have: {', '.join(known)})")
+        for t in self.tensors:
+            if t.when is not None and t.when not in FLAGS:
+                raise ValueError(f"architecture {self.name!r}: tensor {t.role} depends on unknown "
+                                 f"flag {t.when!r} (flags: {', '.join(FLAGS)})")
+
+    @property
+    def rope_neox(self) -> bool:
+        return self.rope == "neox"
+
+    @property
+    def permute_qk(self) -> bool:
+        """Hugging Face stores Q/K rows for its rotate-half (neox) RoPE; the normal layout
+        rotates adjacent pairs, so the converter interleaves each head's rows."""
+        return self.rope == "normal"
+
+    def key(self, hparam: str) -> str:
+        """The full GGUF metadata key of a hyperparameter, e.g. 'llama.block_count'."""
+        return f"{self.name}.{self.keys[hparam]}"
+
+    def tensor(self, role: str) -> Tensor:
+        for t in self.tensors:
+            if t.role == role:
+                return t
+        raise KeyError(f"{self.name} has no tensor role {role!r}")
+
+    def weights(self, h: Dims) -> list[Weight]:
+        """Every tensor a model with hyperparameters `h` has: globals, then layer by layer."""
+        out = [Weight(t.gguf, t, -1, t.shape(h)) for t in self.tensors
+               if not t.per_layer and _present(t, h)]
+        for i in range(h.n_layer):
+            out += [Weight(t.gguf.format(i=i), t, i, t.shape(h)) for t in self.tensors
+                    if t.per_layer and _present(t, h)]
+        return out
+
+    def match_hf(self, hf: str) -> tuple[Tensor, int] | None:
+        """The table entry and layer (-1: global) of a Hugging Face tensor name, if any."""
+        for t, rx in self._hf_patterns:
+            m = rx.fullmatch(hf)
+            if m:
+                return t, int(m.group(1)) if t.per_layer else -1
+        return None
+
+    @cached_property
+    def _hf_patterns(self) -> list[tuple[Tensor, re.Pattern]]:
+        return [(t, re.compile(re.escape(t.hf).replace(r"\{i\}", r"(\d+)")))
+                for t in self.tensors if t.hf is not None]
+
+
+def _present(t: Tensor, h: Dims) -> bool:
+    return t.when is None or bool(getattr(h, t.when))
+
+
+# ---------------------------------------------------------------------------- the families
+_L = "model.layers.{i}."
+
+#: A llama-style decoder: RMSNorm, GQA attention (optional q/k/v biases), SwiGLU FFN.
+DECODER = (
+    Tensor("token_embd", "token_embd.weight", lambda h: (h.n_embd, h.n_vocab), "model.embed_tokens.weight"),
+    Tensor("output_norm", "output_norm.weight", lambda h: (h.n_embd,), "model.norm.weight"),
+    Tensor("output", "output.weight", lambda h: (h.n_embd, h.n_vocab), "lm_head.weight", when="has_output"),
+    Tensor("rope_freqs", "rope_freqs.weight", lambda h: (h.rope_dim // 2,), when="has_rope_freqs"),
+    Tensor("attn_norm", "blk.{i}.attn_norm.weight", lambda h: (h.n_embd,), _L + "input_layernorm.weight"),
+    Tensor("attn_q", "blk.{i}.attn_q.weight", lambda h: (h.n_embd, h.q_dim), _L + "self_attn.q_proj.weight"),
+    Tensor("attn_k", "blk.{i}.attn_k.weight", lambda h: (h.n_embd, h.kv_dim), _L + "self_attn.k_proj.weight"),
+    Tensor("attn_v", "blk.{i}.attn_v.weight", lambda h: (h.n_embd, h.kv_dim), _L + "self_attn.v_proj.weight"),
+    Tensor("attn_q_bias", "blk.{i}.attn_q.bias", lambda h: (h.q_dim,), _L + "self_attn.q_proj.bias",
+           when="has_qkv_bias"),
+    Tensor("attn_k_bias", "blk.{i}.attn_k.bias", lambda h: (h.kv_dim,), _L + "self_attn.k_proj.bias",
+           when="has_qkv_bias"),
+    Tensor("attn_v_bias", "blk.{i}.attn_v.bias", lambda h: (h.kv_dim,), _L + "self_attn.v_proj.bias",
+           when="has_qkv_bias"),
+    Tensor("attn_output", "blk.{i}.attn_output.weight", lambda h: (h.q_dim, h.n_embd), _L + "self_attn.o_proj.weight"),
+    Tensor("ffn_norm", "blk.{i}.ffn_norm.weight", lambda h: (h.n_embd,), _L + "post_attention_layernorm.weight"),
+    Tensor("ffn_gate", "blk.{i}.ffn_gate.weight", lambda h: (h.n_embd, h.n_ff), _L + "mlp.gate_proj.weight"),
+    Tensor("ffn_up", "blk.{i}.ffn_up.weight", lambda h: (h.n_embd, h.n_ff), _L + "mlp.up_proj.weight"),
+    Tensor("ffn_down", "blk.{i}.ffn_down.weight", lambda h: (h.n_ff, h.n_embd), _L + "mlp.down_proj.weight"),
+)
+
+#: general.architecture -> family. SmolLM and Mistral checkpoints are llama files.
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("llama", DECODER,
+                  hf_classes={"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}),
+    "qwen2": Arch("qwen2", DECODER, hf_classes={"Qwen2ForCausalLM": "qwen2"},
+                  rope="neox", qkv_bias=True),
+}
+
+
+def get_arch(name: str, where: str = "") -> Arch:
+    """The family of a GGUF `general.architecture`; UnsupportedArchitectureError naming it."""
+    if name not in ARCHS:
+        raise UnsupportedArchitectureError(f"{where + ': ' if where else ''}unsupported architecture "
+                                           f"{name!r}; supported: {', '.join(ARCHS)}")
+    return ARCHS[name]
+
+
+def arch_for_hf(config: dict) -> tuple[Arch, str]:
+    """The family and class name of a Hugging Face config.json (its `architectures`, else
+    its `model_type`)."""
+    archs = config.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    if not archs:
+        archs = [c for a in ARCHS.values() for c, t in a.hf_classes.items()
+                 if t == config.get("model_type")]
+    for cls in archs:
+        for a in ARCHS.values():
+            if cls in a.hf_classes:
+                return a, cls
+    got = ", ".join(map(str, archs)) or f"model_type {config.get('model_type')!r}"
+    supported = ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
+    raise UnsupportedArchitectureError(f"unsupported architecture {got}; supported: {supported}")
