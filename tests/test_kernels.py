@@ -8,8 +8,9 @@ Oracles:
   8-bit activation error, documented);
 - activation quantization: a numpy model of the format, bit-exact, and every
   SIMD version identical to the scalar one.
-Internal symbols (ei_quantize_act, ei_matmul_rows, fp16 helpers) are reached
-by dlopen-ing the built extension with a private cdef.
+Internal symbols (the per-ISA kernel tables with ei_quantize_act_rows and
+ei_matmul_rows, fp16 helpers) are reached by dlopen-ing the built extension
+with a private cdef.
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def kdot(name: str, isa: int, row: np.ndarray, x: np.ndarray) -> float:
 
 
 def q8a_ref(x: np.ndarray):
-    """numpy model of ei_quantize_act: f32 d = amax/127, q = rint(x * (1/d))."""
+    """numpy model of the activation quantizer: f32 d = amax/127, q = rint(x * (1/d))."""
     b = x.astype(np.float32).reshape(-1, 32)
     amax = np.abs(b).max(axis=1)
     d = (amax / np.float32(127)).astype(np.float32)
@@ -138,8 +139,10 @@ def activations(n: int, rng: np.random.Generator) -> list[np.ndarray]:
 
 INTERNAL_CDEF = """
 typedef struct { float d; float s; int8_t q[32]; } ei_q8a;
-void ei_quantize_act(int isa, const float *x, int64_t n, ei_q8a *out);
-void ei_matmul_rows(int type, int isa, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
+typedef struct ei_kernels ei_kernels;
+const ei_kernels *ei_kernels_get(int isa);
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out);
+void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 int64_t ei_row_bytes(int type, int64_t n);
 float ei_fp16_to_fp32(uint16_t h);
@@ -156,7 +159,7 @@ def internal():
     iffi.cdef(INTERNAL_CDEF)
     try:
         ilib = iffi.dlopen(ext.__file__)
-        ilib.ei_quantize_act  # noqa: B018 - resolve now
+        ilib.ei_quantize_act_rows  # noqa: B018 - resolve now
     except (OSError, AttributeError) as exc:  # symbols hidden by a different build
         pytest.skip(f"internal kernel symbols not visible: {exc}")
     return iffi, ilib
@@ -166,7 +169,7 @@ def quantize_act(internal, isa: int, x: np.ndarray):
     iffi, ilib = internal
     nb = x.size // 32
     out = iffi.new("ei_q8a[]", nb)
-    ilib.ei_quantize_act(isa, iffi.cast("float *", iffi.from_buffer(x)), x.size, out)
+    ilib.ei_quantize_act_rows(ilib.ei_kernels_get(isa), iffi.cast("float *", iffi.from_buffer(x)), 1, x.size, out)
     buf = np.frombuffer(iffi.buffer(out), dtype=np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", 32)]))
     return buf["d"].copy(), buf["s"].copy(), buf["q"].copy()
 
@@ -364,7 +367,7 @@ def test_matmul_rows_batch_invariant(internal, name):
         ldy = n_rows + 3
         y = np.full((n_tok, ldy), -7.0, np.float32)
         r0, r1 = 2, 9
-        ilib.ei_matmul_rows(tid, isa, iffi.from_buffer(raw), n, r0, r1, iffi.from_buffer(act), stride, n_tok,
+        ilib.ei_matmul_rows(ilib.ei_kernels_get(isa), tid, iffi.from_buffer(raw), n, r0, r1, iffi.from_buffer(act), stride, n_tok,
                             iffi.cast("float *", iffi.from_buffer(y)), ldy)
         assert (y[:, :r0] == -7).all() and (y[:, r1:] == -7).all()  # outside the range untouched
         for t in range(n_tok):

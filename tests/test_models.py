@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import shutil
 import stat
 import sys
 import threading
@@ -132,6 +134,21 @@ def test_ensure_extracts_verifies_and_marks(fake_model, monkeypatch):
     assert len(calls) == 1 and marker.exists()
     assert ensure_model("tiny", progress=False) == p
     assert len(calls) == 1
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_pull_progress_bar_only_on_a_terminal(fake_model, monkeypatch):
+    spec, payload, cache = fake_model
+    for stream, shown in ((io.StringIO(), False), (_Terminal(), True)):
+        shutil.rmtree(cache / "models", ignore_errors=True)
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert ensure_model("tiny", progress=True).read_bytes() == payload
+        out = stream.getvalue()
+        assert (spec.file in out and "100%" in out) if shown else out == "", out
 
 
 def test_corrupt_cached_file_is_refetched(fake_model, capsys):

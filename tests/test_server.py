@@ -356,3 +356,47 @@ def test_bench_cli_dispatches_to_the_server(server):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output[r.output.index("{"):])
     assert doc["levels"][0]["ok"] == 2 and doc["levels"][0]["failed"] == 0
+
+
+# --------------------------------------------------------------------------- units (no server)
+
+def test_request_errors_name_the_field_and_unknown_fields_are_ignored():
+    from edgeinfer.server.protocol import APIError, parse_chat, parse_completion
+
+    msg = [{"role": "user", "content": "x"}]
+    for body, param, code in (
+            ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
+            ({"messages": msg, "temperature": 2.5}, "temperature", "invalid_value"),
+            ({"messages": msg, "temperature": float("nan")}, "temperature", "invalid_value"),
+            ({"messages": msg, "max_tokens": True}, "max_tokens", "invalid_type"),
+            ({"messages": msg, "stop": ["a", 3]}, "stop[1]", "invalid_type"),
+            ({"messages": msg, "stream_options": {"include_usage": "yes"}},
+             "stream_options.include_usage", "invalid_type")):
+        with pytest.raises(APIError) as e:
+            parse_chat(body)
+        assert (e.value.status, e.value.param, e.value.code) == (400, param, code), e.value.body()
+        assert param in e.value.message
+    req = parse_chat({"messages": msg, "max_tokens": 5, "service_tier": "auto", "modalities": ["text"]})
+    assert req.max_tokens == 5 and req.messages == msg
+    assert parse_completion({"prompt": "x", "prediction": {"type": "content"}}, 10).max_tokens == 16
+
+
+def test_metrics_escape_label_values():
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgeinfer.server.metrics import Metrics
+
+    nasty = 'a "quoted" \\ back\nslash'
+    m = Metrics(gauges=lambda: {"edgeinfer_ready": (1, "1 when the server can serve.")})
+    m.count_request(nasty, 200)
+    text, content_type = m.render()
+    assert content_type.startswith("text/plain; version=0.0.4")
+    fams = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    routes = [s.labels["route"] for s in fams["edgeinfer_requests"].samples if s.name.endswith("_total")]
+    assert routes == [nasty]
+    assert fams["edgeinfer_ready"].samples[0].value == 1
+    om, content_type = m.render("application/openmetrics-text; version=1.0.0")   # when a scraper asks
+    assert content_type.startswith("application/openmetrics-text")
+    fams = {f.name: f for f in openmetrics_families(om.decode())}
+    assert [s.labels["route"] for s in fams["edgeinfer_requests"].samples if s.name.endswith("_total")] == [nasty]

@@ -38,7 +38,7 @@ def convert(
     from ..convert import convert_checkpoint
 
     r = convert_checkpoint(checkpoint, output, type_, lora_dir=lora, keep=keep,
-                           n_threads=threads, progress=not quiet and sys.stderr.isatty(),
+                           n_threads=threads, progress=not quiet,
                            target_bpw=target_bpw, calibration=calibration)
     types = ", ".join(f"{n} {k}" for k, n in sorted(r.type_counts.items()))
     merged = f", {r.lora_merged} LoRA-merged" if lora else ""
@@ -79,6 +79,7 @@ def eval_cmd(
 ) -> None:
     """Perplexity, KL divergence and top-1 agreement of MODEL against a reference; with
     --sweep, the KL-vs-size curve of a checkpoint's fixed types and --type auto."""
+    from ..progress import status
     from ..tools.eval import (SWEEP_TYPES, evaluate, format_sweep, format_table, plot_sweep, sweep,
                        to_json)
 
@@ -108,14 +109,10 @@ def eval_cmd(
         blist = [float(b) for b in budgets.split(",") if b.strip()] if budgets else None
     except ValueError:
         raise EdgeInferError(f"--budgets {budgets!r}: expected numbers, e.g. 5.0,5.5") from None
-    note = None
-    if sys.stderr.isatty():
-        note = lambda s: print(f"\r{s:<50}", end="", file=sys.stderr, flush=True)  # noqa: E731
-    points = sweep(sweep_ckpt, reference, body, types=tlist, budgets=blist, out_dir=out_dir,
-                   calibration=calibration, ctx=ctx, n_threads=threads, max_tokens=max_tokens,
-                   progress=note)
-    if note is not None:
-        print("\r" + " " * 50 + "\r", end="", file=sys.stderr)
+    with status("sweep") as note:
+        points = sweep(sweep_ckpt, reference, body, types=tlist, budgets=blist, out_dir=out_dir,
+                       calibration=calibration, ctx=ctx, n_threads=threads, max_tokens=max_tokens,
+                       progress=note)
     if plot:
         plot_sweep(points, plot)
     if as_json:

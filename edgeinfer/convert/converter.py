@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+from gguf.constants import Keys
 
 from ..errors import ConversionError
 from ..gguf.types import GGMLType, GGUFValueType
 from ..gguf.writer import GGUFWriter
+from ..progress import bar, status
 from .arch import HParams, TensorMap
 from .checkpoint import Checkpoint
 from .lora import LoraAdapter
@@ -148,14 +150,14 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     quantized = any(it.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) for it in items)
     merged = 0
     with GGUFWriter(out_path) as w:
-        w.add_kv("general.architecture", hp.arch.gguf_arch)
-        w.add_kv("general.type", "model")
-        w.add_kv("general.name", str(model_name)[:200])
+        w.add_kv(Keys.General.ARCHITECTURE, hp.arch.gguf_arch)
+        w.add_kv(Keys.General.TYPE, "model")
+        w.add_kv(Keys.General.NAME, str(model_name)[:200])
         if lora_dir is not None:
-            w.add_kv("general.finetune", "lora-merged")
-        w.add_kv("general.file_type", ft.llama_ftype, GGUFValueType.UINT32)
+            w.add_kv(Keys.General.FINETUNE, "lora-merged")
+        w.add_kv(Keys.General.FILE_TYPE, ft.llama_ftype, GGUFValueType.UINT32)
         if quantized:
-            w.add_kv("general.quantization_version", 2, GGUFValueType.UINT32)
+            w.add_kv(Keys.General.QUANTIZATION_VERSION, 2, GGUFValueType.UINT32)
         for key, val, vt in hp.metadata() + tok_kv:
             if vt == "STRING" and isinstance(val, list):
                 w.add_kv(key, val, GGUFValueType.ARRAY, GGUFValueType.STRING)
@@ -167,12 +169,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         for it in items:
             w.add_tensor_info(it.gguf, it.shape, it.type)
         w.write_header()
-        bar = None
-        if progress is True:
-            from tqdm import tqdm
-            bar = tqdm(total=w.total_tensor_bytes, unit="B", unit_scale=True,
-                       unit_divisor=1024, desc="convert", dynamic_ncols=True)
-        try:
+        with bar(w.total_tensor_bytes, "convert", quiet=progress is not True) as pbar:
             for k, it in enumerate(items):
                 if it.hf is None:
                     x = it.data
@@ -189,16 +186,11 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                 q = quantize(x.reshape(-1, it.shape[0]), it.type, n_threads)
                 del x
                 w.write_tensor_data(it.gguf, q)
-                if bar is not None:
-                    bar.set_postfix_str(f"{k + 1}/{len(items)} {it.gguf} {it.type.name}",
-                                        refresh=False)
-                    bar.update(q.nbytes)
-                elif callable(progress):
+                pbar.set_postfix_str(f"{k + 1}/{len(items)} {it.gguf} {it.type.name}", refresh=False)
+                pbar.update(q.nbytes)
+                if callable(progress):
                     progress(k + 1, len(items), it.gguf, q.nbytes)
                 del q
-        finally:
-            if bar is not None:
-                bar.close()
         nbytes = w.total_tensor_bytes
     counts: dict[str, int] = {}
     for it in items:
@@ -233,14 +225,9 @@ def _measure(hp: HParams, tmap: TensorMap, tok_kv, load_hf, calibration: str | N
     body = tok.encode(text, add_special=False, parse_special=False)[:max(2, int(max_tokens))]
     step = _CALIB_CTX - len(prefix)
     windows = [prefix + body[i:i + step] for i in range(0, len(body), step)]
-    note = None
-    if progress is True:
-        import sys
-        note = lambda s: print(f"\rsensitivity: {s:<40}", end="", file=sys.stderr, flush=True)
-    sens = analyze(hp, tmap, load_hf, windows, n_threads=n_threads, progress=note)
-    if note is not None:
-        print(f"\rsensitivity: {sens.n_tokens} tokens in {sens.seconds:.1f} s" + " " * 20,
-              file=sys.stderr, flush=True)
+    with status("sensitivity", quiet=progress is not True, leave=True) as note:
+        sens = analyze(hp, tmap, load_hf, windows, n_threads=n_threads, progress=note)
+        note(f"{sens.n_tokens} tokens in {sens.seconds:.1f} s")
     return sens
 
 

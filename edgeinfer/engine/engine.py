@@ -100,13 +100,30 @@ class Engine:
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty (no tokens)")
-        if self.ring.overflow == "stop" and len(ids) >= self.n_ctx:
-            raise ContextOverflowError(
-                f"prompt of {len(ids)} tokens does not fit the context of {self.n_ctx} "
-                f"(at least one cell must stay free for generation)")
+        self.check_prompt(ids)
         return ids
+
+    def check_prompt(self, ids: Sequence[int], max_tokens: int | None = None) -> int:
+        """Checks that a prompt of `ids` fits with room to generate, and returns the max_tokens
+        to generate with: `max_tokens` when it fits too, else all the room left (n_ctx on a
+        sliding ring, which never runs out). ValueError for an empty prompt; ContextOverflowError
+        naming both numbers when a ring that stops cannot hold them."""
+        n = len(ids)
+        if n == 0:
+            raise ValueError("the prompt is empty (no tokens)")
+        if self.ring.overflow != "stop":
+            return self.n_ctx if max_tokens is None else max_tokens
+        if max_tokens is None:
+            if n >= self.n_ctx:
+                raise ContextOverflowError(
+                    f"prompt of {n} tokens does not fit the context of {self.n_ctx} "
+                    f"(at least one cell must stay free for generation)")
+            return self.n_ctx - n
+        if n + max_tokens > self.n_ctx:
+            raise ContextOverflowError(
+                f"this model's context is {self.n_ctx} tokens, but the request needs {n + max_tokens}: "
+                f"{n} in the prompt + {max_tokens} to generate (max_tokens)")
+        return max_tokens
 
     # ------------------------------------------------------------------ model calls
     def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -136,16 +153,17 @@ class Engine:
         return self._generation(self._prompt_ids(prompt), params)
 
     def chat(self, messages: list[dict], **params: Any) -> Completion:
-        return self.generate(self._chat_ids(messages), **params)
+        return self.generate(self.chat_ids(messages), **params)
 
     def stream_chat(self, messages: list[dict], **params: Any) -> Generation:
-        return self.stream(self._chat_ids(messages), **params)
+        return self.stream(self.chat_ids(messages), **params)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
 
-    def _chat_ids(self, messages: list[dict]) -> list[int]:
-        # The template writes BOS itself where the model wants it; special tokens are parsed.
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        """The prompt ids of a chat. The template writes BOS itself where the model wants it;
+        special tokens are parsed."""
         return self.tokenize(self.apply_chat_template(messages), add_special=False)
 
     def _generation(self, ids: list[int], params: dict) -> Generation:

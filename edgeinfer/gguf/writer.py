@@ -1,10 +1,12 @@
-"""A streaming GGUF (v3) writer (numpy only).
+"""Streaming, atomic GGUF (v3) writing over the gguf package's `GGUFWriter`.
 
-The layout is planned first (metadata, then every tensor's name, type and shape, which fix
-all offsets), the header is written, and tensor data is then streamed one tensor at a time in
-the planned order, so memory stays bounded by the largest tensor. The file is written to a
-temporary sibling and renamed onto the target only when complete: an interrupted or failed
-write never leaves a truncated output file.
+The gguf package (llama.cpp's own) lays out and encodes the file. This layer adds what a
+converter of untrusted checkpoints needs: typed errors at the call that is wrong (duplicate
+keys, values that do not fit their type, tensors out of planned order or of the wrong size),
+our metadata type inference (ints are UINT32 as llama.cpp expects), and atomicity: the file
+is written to a temporary sibling and renamed onto the target only when complete, so an
+interrupted or failed write never leaves a truncated output file. Tensor data is streamed one
+tensor at a time in the planned order, so memory stays bounded by the largest tensor.
 
     with GGUFWriter(path) as w:
         w.add_kv("general.architecture", "llama")
@@ -16,37 +18,21 @@ write never leaves a truncated output file.
 from __future__ import annotations
 
 import os
-import struct
 import tempfile
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
+import gguf
 import numpy as np
 
 from ..errors import GGUFError
-from .reader import DEFAULT_ALIGNMENT, GGUF_MAGIC
-from .types import GGML_TYPES, GGUFValueType, ggml_type_name
+from .reader import DEFAULT_ALIGNMENT
+from .types import GGML_TYPES, VALUE_TYPE_DTYPES, GGUFValueType, ggml_type_name
 
 __all__ = ["GGUFWriter", "tensor_nbytes"]
 
-GGUF_VERSION = 3
-
-_SCALAR_FMT = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.FLOAT64: "<d",
-    GGUFValueType.BOOL: "<B",
-}
-_NP_DTYPE = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1",
-    GGUFValueType.UINT16: "<u2", GGUFValueType.INT16: "<i2",
-    GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
-    GGUFValueType.UINT64: "<u8", GGUFValueType.INT64: "<i8",
-    GGUFValueType.FLOAT32: "<f4", GGUFValueType.FLOAT64: "<f8",
-    GGUFValueType.BOOL: "<u1",
-}
+_ARRAY_ITEM_TYPES = {np.dtype(d): t for t, d in VALUE_TYPE_DTYPES.items() if t != GGUFValueType.BOOL}
+_ARRAY_ITEM_TYPES[np.dtype(bool)] = GGUFValueType.BOOL
 
 
 def tensor_nbytes(shape: Sequence[int], type_id: int) -> int:
@@ -77,18 +63,46 @@ def _infer_vtype(value: Any) -> GGUFValueType:
     raise GGUFError(f"cannot store a value of type {type(value).__name__} in GGUF metadata")
 
 
-def _enc_str(s: str | bytes) -> bytes:
-    b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
-    return struct.pack("<Q", len(b)) + b
+def _scalar(key: str, value: Any, vtype: GGUFValueType) -> Any:
+    """`value` as the Python value the package packs as `vtype`; GGUFError when it does not fit."""
+    if vtype == GGUFValueType.STRING:
+        if not isinstance(value, (str, bytes)):
+            raise GGUFError(f"{key}: {value!r} is not a string")
+        return value
+    if vtype == GGUFValueType.BOOL:
+        return bool(value)
+    if vtype in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise GGUFError(f"{key}: {value!r} is not a number")
+        return float(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise GGUFError(f"{key}: {value!r} is not an integer ({vtype.name})")
+    lim = np.iinfo(VALUE_TYPE_DTYPES[vtype])
+    if not lim.min <= int(value) <= lim.max:
+        raise GGUFError(f"{key}: value {value!r} does not fit {vtype.name}")
+    return int(value)
 
 
-@dataclass
-class _TensorPlan:
-    name: str
-    shape: tuple[int, ...]
-    type: int
-    nbytes: int
-    offset: int = 0   # relative to the start of the data section
+def _array(key: str, items: Any, item_type: GGUFValueType | None) -> tuple[list, GGUFValueType]:
+    """(items as a list the package packs, their type)."""
+    if item_type is None:
+        if isinstance(items, np.ndarray):
+            item_type = _ARRAY_ITEM_TYPES.get(items.dtype)
+            if item_type is None:
+                raise GGUFError(f"{key}: unsupported array dtype {items.dtype}")
+        elif len(items):
+            item_type = _infer_vtype(items[0])
+    if len(items) == 0:     # the package cannot write one (nor type it)
+        raise GGUFError(f"{key}: empty arrays cannot be written")
+    item_type = GGUFValueType(item_type)
+    if item_type == GGUFValueType.ARRAY:
+        raise GGUFError(f"{key}: nested arrays are not supported")
+    if item_type in (GGUFValueType.STRING, GGUFValueType.BOOL):
+        return [_scalar(key, v, item_type) for v in items], item_type
+    try:
+        return np.asarray(items, dtype=VALUE_TYPE_DTYPES[item_type]).tolist(), item_type
+    except (OverflowError, ValueError, TypeError) as e:
+        raise GGUFError(f"{key}: items do not fit {item_type.name}: {e}") from None
 
 
 class GGUFWriter:
@@ -96,21 +110,20 @@ class GGUFWriter:
     call `finish()` / `abort()` yourself."""
 
     def __init__(self, path: str | os.PathLike, alignment: int = DEFAULT_ALIGNMENT):
-        if alignment <= 0 or alignment % 8:
-            raise GGUFError(f"alignment {alignment} must be a positive multiple of 8")
         self.path = os.fspath(path)
-        self.alignment = alignment
-        self._kv: list[tuple[str, bytes]] = []
+        # arch "": general.architecture comes through add_kv, where the caller puts it
+        self._w = gguf.GGUFWriter(None, arch="")
         self._keys: set[str] = set()
-        self._tensors: list[_TensorPlan] = []
-        self._by_name: dict[str, _TensorPlan] = {}
-        self._fh = None
-        self._tmp: str | None = None
+        self._tensors: list[tuple[str, int]] = []     # (name, bytes) in planned order
         self._next = 0            # index of the next tensor whose data is expected
-        self._data_start = 0
+        self._tmp: str | None = None
         self._finished = False
         if alignment != DEFAULT_ALIGNMENT:
-            self.add_kv("general.alignment", alignment, GGUFValueType.UINT32)
+            try:
+                self._w.add_custom_alignment(alignment)
+            except ValueError as e:
+                raise GGUFError(f"alignment {alignment}: {e}") from None
+            self._keys.add(gguf.Keys.General.ALIGNMENT)
 
     # ------------------------------------------------------------------ metadata
     def add_kv(self, key: str, value: Any, vtype: GGUFValueType | None = None,
@@ -118,59 +131,24 @@ class GGUFWriter:
         """Adds one metadata pair. Types are inferred unless given: bool -> BOOL, int ->
         UINT32 (INT64 when out of range), float -> FLOAT32, str -> STRING, sequences ->
         ARRAY (items typed by `item_type` or inferred from the first item)."""
-        if self._fh is not None:
+        if self._tmp is not None:
             raise GGUFError("metadata must be added before the header is written")
         if key in self._keys:
             raise GGUFError(f"duplicate metadata key {key!r}")
         vtype = _infer_vtype(value) if vtype is None else GGUFValueType(vtype)
-        out = bytearray(_enc_str(key))
-        out += struct.pack("<I", int(vtype))
         if vtype == GGUFValueType.ARRAY:
-            items = value
-            if item_type is None:
-                if isinstance(items, np.ndarray):
-                    item_type = {np.dtype("float32"): GGUFValueType.FLOAT32,
-                                 np.dtype("int32"): GGUFValueType.INT32,
-                                 np.dtype("uint32"): GGUFValueType.UINT32,
-                                 np.dtype("float64"): GGUFValueType.FLOAT64,
-                                 np.dtype("int64"): GGUFValueType.INT64,
-                                 np.dtype("uint8"): GGUFValueType.UINT8,
-                                 np.dtype("int8"): GGUFValueType.INT8,
-                                 np.dtype("bool"): GGUFValueType.BOOL}.get(items.dtype)
-                    if item_type is None:
-                        raise GGUFError(f"{key}: unsupported array dtype {items.dtype}")
-                elif len(items) == 0:
-                    item_type = GGUFValueType.UINT32
-                else:
-                    item_type = _infer_vtype(items[0])
-            item_type = GGUFValueType(item_type)
-            if item_type == GGUFValueType.ARRAY:
-                raise GGUFError(f"{key}: nested arrays are not supported")
-            out += struct.pack("<IQ", int(item_type), len(items))
-            if item_type == GGUFValueType.STRING:
-                for s in items:
-                    out += _enc_str(s)
-            else:
-                arr = np.asarray(items, dtype=_NP_DTYPE[item_type])
-                out += arr.tobytes()
-        elif vtype == GGUFValueType.STRING:
-            out += _enc_str(value)
+            value, item_type = _array(key, value, item_type)
         else:
-            if vtype == GGUFValueType.BOOL:
-                value = int(bool(value))
-            try:
-                out += struct.pack(_SCALAR_FMT[vtype], value)
-            except struct.error as e:
-                raise GGUFError(f"{key}: value {value!r} does not fit {vtype.name}") from e
-        self._kv.append((key, bytes(out)))
+            value, item_type = _scalar(key, value, vtype), None
+        self._w.add_key_value(key, value, vtype, sub_type=item_type)
         self._keys.add(key)
 
     # ------------------------------------------------------------------ tensors
     def add_tensor_info(self, name: str, shape: Sequence[int], type_id: int) -> int:
         """Plans one tensor (GGML shape: ne0, the row length, first). Returns its byte size."""
-        if self._fh is not None:
+        if self._tmp is not None:
             raise GGUFError("tensors must be planned before the header is written")
-        if name in self._by_name:
+        if any(name == n for n, _ in self._tensors):
             raise GGUFError(f"duplicate tensor name {name!r}")
         if len(name.encode("utf-8")) >= 64:
             raise GGUFError(f"tensor name {name!r} is longer than GGML's 63-byte limit")
@@ -178,62 +156,44 @@ class GGUFWriter:
         if not 1 <= len(shape) <= 4 or any(d <= 0 for d in shape):
             raise GGUFError(f"tensor {name!r}: invalid shape {list(shape)}")
         nbytes = tensor_nbytes(shape, type_id)
-        t = _TensorPlan(name, shape, int(type_id), nbytes)
-        self._tensors.append(t)
-        self._by_name[name] = t
+        # the package takes numpy's order (outermost first) and no dtype: the shape is in elements
+        self._w.add_tensor_info(name, shape[::-1], None, nbytes,
+                                raw_dtype=gguf.GGMLQuantizationType(int(type_id)))
+        self._tensors.append((name, nbytes))
         return nbytes
 
     @property
     def total_tensor_bytes(self) -> int:
-        return sum(t.nbytes for t in self._tensors)
-
-    def _pad(self, n: int) -> int:
-        return (-n) % self.alignment
+        return sum(n for _, n in self._tensors)
 
     def write_header(self) -> None:
         """Opens the temporary file and writes header, metadata and tensor infos."""
-        if self._fh is not None:
+        if self._tmp is not None:
             raise GGUFError("header already written")
-        off = 0
-        for t in self._tensors:
-            t.offset = off
-            off += t.nbytes + self._pad(t.nbytes)
-        head = bytearray(GGUF_MAGIC)
-        head += struct.pack("<IQQ", GGUF_VERSION, len(self._tensors), len(self._kv))
-        for _, enc in self._kv:
-            head += enc
-        for t in self._tensors:
-            head += _enc_str(t.name)
-            head += struct.pack("<I", len(t.shape))
-            head += struct.pack(f"<{len(t.shape)}Q", *t.shape)
-            head += struct.pack("<IQ", t.type, t.offset)
-        head += b"\0" * self._pad(len(head))
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise GGUFError(f"output directory does not exist: {directory}")
         fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".",
                                          suffix=".partial", dir=directory)
-        self._fh = os.fdopen(fd, "wb")
-        self._fh.write(head)
-        self._data_start = len(head)
+        os.close(fd)
+        self._w.write_header_to_file(Path(self._tmp))
+        self._w.write_kv_data_to_file()
+        self._w.write_ti_data_to_file()
 
     def write_tensor_data(self, name: str, data) -> None:
         """Writes the next tensor's bytes (tensors must come in planned order)."""
-        if self._fh is None:
+        if self._tmp is None:
             raise GGUFError("write_header() must come before tensor data")
         if self._next >= len(self._tensors):
             raise GGUFError(f"tensor {name!r} was not planned (all planned tensors written)")
-        t = self._tensors[self._next]
-        if t.name != name:
-            raise GGUFError(f"tensor data out of order: expected {t.name!r}, got {name!r}")
-        buf = memoryview(np.ascontiguousarray(data)).cast("B")
-        if buf.nbytes != t.nbytes:
-            raise GGUFError(f"tensor {name!r}: {buf.nbytes} bytes of data for a planned "
-                            f"{ggml_type_name(t.type)} tensor of {t.nbytes} bytes")
-        self._fh.write(buf)
-        pad = self._pad(t.nbytes)
-        if pad and self._next + 1 < len(self._tensors):
-            self._fh.write(b"\0" * pad)
+        want, nbytes = self._tensors[self._next]
+        if want != name:
+            raise GGUFError(f"tensor data out of order: expected {want!r}, got {name!r}")
+        arr = np.ascontiguousarray(data)
+        if arr.nbytes != nbytes:
+            raise GGUFError(f"tensor {name!r}: {arr.nbytes} bytes of data for a planned tensor "
+                            f"of {nbytes} bytes")
+        self._w.write_tensor_data(arr)
         self._next += 1
 
     # ------------------------------------------------------------------ finish
@@ -241,29 +201,26 @@ class GGUFWriter:
         """Checks every tensor was written, flushes, fsyncs and renames onto the target."""
         if self._finished:
             return
-        if self._fh is None:
+        if self._tmp is None:
             self.write_header()
         if self._next != len(self._tensors):
-            missing = self._tensors[self._next].name
+            missing = self._tensors[self._next][0]
             self.abort()
             raise GGUFError(f"GGUF write incomplete: tensor {missing!r} and "
                             f"{len(self._tensors) - self._next - 1} more were never written")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        self._fh = None
+        self._w.flush()
+        os.fsync(self._w.fout[0].fileno())
+        self._w.close()
         os.replace(self._tmp, self.path)
         self._tmp = None
         self._finished = True
 
     def abort(self) -> None:
         """Discards the temporary file; the target path is left untouched."""
-        if self._fh is not None:
-            try:
-                self._fh.close()
-            except OSError:
-                pass
-            self._fh = None
+        try:
+            self._w.close()
+        except OSError:
+            pass
         if self._tmp is not None:
             try:
                 os.unlink(self._tmp)

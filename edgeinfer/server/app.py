@@ -20,9 +20,11 @@ from aiohttp import web
 from ..engine.generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
 from ..engine.sampling import SamplingParams
 from ..engine.scheduler import QueueFullError, SchedulerClosedError
-from ..errors import EdgeInferError, InvalidTokenError, SamplingParamsError, TemplateError
+from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
+                      TemplateError)
 from .metrics import Metrics
-from .protocol import APIError, GenRequest, bad, parse_chat, parse_completion
+from .protocol import (APIError, DetokenizeBody, GenRequest, TokenizeBody, bad, parse, parse_chat,
+                       parse_completion)
 
 log = logging.getLogger("edgeinfer.server")
 
@@ -40,10 +42,27 @@ class ServerState:
         self.max_body = max_body
         self.status = "ready" if engine is not None else "loading"
         self.error: str | None = None
-        self.metrics = Metrics()
+        self.metrics = Metrics(gauges=self.gauges)
         self.created = int(time.time())
         self.in_flight = 0
         self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeinfer-tok")
+
+    def gauges(self) -> dict[str, tuple[float, str]]:
+        """The gauges /metrics reports, read at each scrape."""
+        g = {"edgeinfer_requests_in_flight": (self.in_flight, "HTTP generation requests being served."),
+             "edgeinfer_ready": (1 if self.status == "ready" else 0, "1 when the server can serve.")}
+        if self.engine is not None:
+            snap = self.engine.scheduler.snapshot()
+            g.update({
+                "edgeinfer_slots_busy": (snap["slots_busy"], "KV slots held by running sequences."),
+                "edgeinfer_slots_total": (snap["slots_total"], "KV slots in the ring."),
+                "edgeinfer_queue_length": (snap["queue_length"], "Requests waiting for a slot."),
+                "edgeinfer_queue_capacity": (snap["max_queue"], "Bound of the waiting queue."),
+                "edgeinfer_kv_cells_used": (snap["kv_cells_used"], "KV ring cells held by running sequences."),
+                "edgeinfer_kv_cells_total": (snap["kv_cells_total"], "KV ring cells in all slots."),
+                "edgeinfer_engine_steps": (snap["steps"], "Batched forward steps run so far."),
+            })
+        return g
 
     def set_engine(self, engine, model_name: str | None = None) -> None:
         self.engine = engine
@@ -166,39 +185,18 @@ async def models(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
-    gauges = {"edgeinfer_requests_in_flight": (state.in_flight, "HTTP generation requests being served."),
-              "edgeinfer_ready": (1 if state.status == "ready" else 0, "1 when the server can serve.")}
-    if state.engine is not None:
-        snap = state.engine.scheduler.snapshot()
-        gauges.update({
-            "edgeinfer_slots_busy": (snap["slots_busy"], "KV slots held by running sequences."),
-            "edgeinfer_slots_total": (snap["slots_total"], "KV slots in the ring."),
-            "edgeinfer_queue_length": (snap["queue_length"], "Requests waiting for a slot."),
-            "edgeinfer_queue_capacity": (snap["max_queue"], "Bound of the waiting queue."),
-            "edgeinfer_kv_cells_used": (snap["kv_cells_used"], "KV ring cells held by running sequences."),
-            "edgeinfer_kv_cells_total": (snap["kv_cells_total"], "KV ring cells in all slots."),
-            "edgeinfer_engine_steps": (snap["steps"], "Batched forward steps run so far."),
-        })
-    return web.Response(text=state.metrics.render(gauges), content_type="text/plain",
-                        headers={"X-Content-Type-Options": "nosniff"}, charset="utf-8")
+    body, content_type = state.metrics.render(request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type, "X-Content-Type-Options": "nosniff"})
 
 
 async def tokenize(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
     eng = state.require_engine()
-    body = await _read_json(request, state)
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
-    content = body.get("content", body.get("prompt"))
-    if not isinstance(content, str):
-        raise bad("'content' must be a string", "content", "invalid_type")
-    add_special = body.get("add_special", True)
-    with_pieces = body.get("with_pieces", False)
-    if not isinstance(add_special, bool) or not isinstance(with_pieces, bool):
-        raise bad("'add_special' and 'with_pieces' must be booleans", code="invalid_type")
+    body = parse(TokenizeBody, await _read_json(request, state))
     loop = asyncio.get_running_loop()
-    ids = await loop.run_in_executor(state.tok_pool, lambda: eng.tokenize(content, add_special=add_special))
-    if with_pieces:
+    ids = await loop.run_in_executor(state.tok_pool,
+                                     lambda: eng.tokenize(body.content, add_special=body.add_special))
+    if body.with_pieces:
         return _json({"tokens": [{"id": i, "piece": _piece(eng, i)} for i in ids]})
     return _json({"tokens": ids})
 
@@ -206,14 +204,9 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
     eng = state.require_engine()
-    body = await _read_json(request, state)
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
-    toks = body.get("tokens")
-    if not isinstance(toks, list):
-        raise bad("'tokens' must be a list of token ids", "tokens", "invalid_type")
+    body = parse(DetokenizeBody, await _read_json(request, state))
     try:
-        text = eng.detokenize(toks)
+        text = eng.detokenize(body.tokens)
     except InvalidTokenError as e:
         raise bad(str(e), "tokens", "invalid_token") from None
     return _json({"content": text})
@@ -233,34 +226,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completion")
 
 
-def _prompt_ids(eng, req: GenRequest) -> list[int]:
+def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
+    """The prompt ids and the max_tokens to generate with, checked by the engine; 400 naming
+    the field when the template fails, the prompt is empty or does not fit the context."""
+    param = "messages" if req.kind == "chat" else "prompt"
     try:
         if req.kind == "chat":
-            return eng._chat_ids(req.messages)
-        if req.prompt_ids is not None:
-            return req.prompt_ids
-        return eng.tokenize(req.prompt_text)
+            ids = eng.chat_ids(req.messages)
+        else:
+            ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
     except TemplateError as e:
         raise bad(f"the chat template failed: {e}", "messages", "template_error") from None
-
-
-def _check_context(eng, req: GenRequest, n_prompt: int) -> int:
-    """The max_tokens to use; 400 naming both numbers when prompt + max_tokens do not fit."""
-    n_ctx = eng.n_ctx
-    param = "messages" if req.kind == "chat" else "prompt"
-    if n_prompt == 0:
-        raise bad("the prompt is empty (no tokens)", param, "empty_prompt")
-    slide = eng.ring.overflow == "slide"
-    if req.max_tokens is None:
-        if not slide and n_prompt >= n_ctx:
-            raise bad(f"the prompt has {n_prompt} tokens but the context holds {n_ctx}: no room to "
-                      f"generate", param, "context_length_exceeded")
-        return n_ctx if slide else n_ctx - n_prompt
-    if not slide and n_prompt + req.max_tokens > n_ctx:
-        raise bad(f"this model's context is {n_ctx} tokens, but the request needs "
-                  f"{n_prompt + req.max_tokens}: {n_prompt} in the prompt + {req.max_tokens} for the "
-                  f"completion (max_tokens)", "max_tokens", "context_length_exceeded")
-    return req.max_tokens
+    try:
+        return ids, eng.check_prompt(ids, req.max_tokens)
+    except ContextOverflowError as e:
+        raise bad(str(e), param if req.max_tokens is None else "max_tokens",
+                  "context_length_exceeded") from None
+    except ValueError as e:
+        raise bad(str(e), param, "empty_prompt") from None
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
@@ -270,8 +253,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     body = await _read_json(request, state)
     req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     loop = asyncio.get_running_loop()
-    ids = await loop.run_in_executor(state.tok_pool, _prompt_ids, eng, req)
-    max_tokens = _check_context(eng, req, len(ids))
+    ids, max_tokens = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
     try:
         params = SamplingParams.from_dict(req.sampling, max_tokens=max_tokens)
     except SamplingParamsError as e:

@@ -1,15 +1,19 @@
-"""OpenAI request validation and the error object: every bad field gives a 400 naming it.
+"""OpenAI request bodies as pydantic models, and the error object: every bad field gives a
+400 naming it. Fields a client sends that we do not know are ignored, as OpenAI's are.
 
 Sampling defaults are OpenAI's (temperature 1, top_p 1, no top-k, no min-p); the
 extensions `top_k`, `min_p`, `repeat_penalty` and `ignore_eos` are accepted as well.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
-ROLES = {"system", "developer", "user", "assistant", "tool"}
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
+
+__all__ = ["APIError", "bad", "GenRequest", "parse_chat", "parse_completion", "parse",
+           "TokenizeBody", "DetokenizeBody"]
 
 
 class APIError(Exception):
@@ -35,82 +39,123 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
     return APIError(400, message, param=param, code=code)
 
 
-# --------------------------------------------------------------------------- field checks
+# --------------------------------------------------------------------------- models
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(float(v)))
+class _Body(BaseModel):
+    # strict: no coercion ("1" is not 1, true is not 1); JSON's NaN/Infinity are refused
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False, frozen=True)
 
 
-def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
-    v = body.get(name)
+def _text_parts(v: Any) -> Any:
+    """Message content: None is "", a list of text parts is their concatenation."""
     if v is None:
-        return None
-    if not _is_int(v):
-        raise bad(f"'{name}' must be an integer, got {type(v).__name__}", name, "invalid_type")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise bad(f"'{name}' must be {rng}, got {v}", name, "invalid_value")
+        return ""
+    if isinstance(v, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in v):
+            raise PydanticCustomError("invalid_type", 'must be a string or a list of text parts '
+                                                      '{"type": "text", "text": ...}')
+        return "".join(p["text"] for p in v)
     return v
 
 
-def _num(body: dict, name: str, lo: float | None = None, hi: float | None = None,
-         lo_open: bool = False) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not _is_num(v):
-        raise bad(f"'{name}' must be a number, got {type(v).__name__}", name, "invalid_type")
-    v = float(v)
-    if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
-        lo_s = f"> {lo}" if lo_open else f">= {lo}"
-        rng = lo_s if hi is None else f"{lo_s} and <= {hi}"
-        raise bad(f"'{name}' must be {rng}, got {v}", name, "invalid_value")
-    return v
+def _stop_list(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v
 
 
-def _bool(body: dict, name: str) -> bool | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, bool):
-        raise bad(f"'{name}' must be a boolean, got {type(v).__name__}", name, "invalid_type")
-    return v
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str, BeforeValidator(_text_parts)] = ""
 
 
-def _str(body: dict, name: str) -> str | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise bad(f"'{name}' must be a string, got {type(v).__name__}", name, "invalid_type")
-    return v
+class StreamOptions(_Body):
+    include_usage: bool | None = None
 
 
-def _obj(body: dict, name: str) -> dict | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise bad(f"'{name}' must be an object, got {type(v).__name__}", name, "invalid_type")
-    return v
+class ResponseFormat(_Body):
+    type: str = "text"
 
 
-def _stop(body: dict) -> list[str]:
-    v = body.get("stop")
-    if v is None:
-        return []
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise bad("'stop' must be a string or a list of strings", "stop", "invalid_type")
-    if len(v) > 16:
-        raise bad(f"'stop' allows at most 16 sequences, got {len(v)}", "stop", "invalid_value")
-    return [s for s in v if s]
+class _GenBody(_Body):
+    model: str | None = None
+    n: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=16)] = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    logit_bias: dict | None = None
+    # OpenAI fields we accept but do not act on: checked for type only
+    user: str | None = None
+    metadata: dict | None = None
+    store: bool | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class ChatBody(_GenBody):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: Any = None
+    functions: Any = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionBody(_GenBody):
+    prompt: Any = None        # a string, token ids, or a batch of one of those: see parse_completion
+    max_tokens: int | None = Field(16, ge=1)    # OpenAI's default; null: until EOS or a full context
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+
+class TokenizeBody(_Body):
+    content: str = Field(validation_alias=AliasChoices("content", "prompt"))
+    add_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(_Body):
+    tokens: list[int]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _param(loc: tuple) -> str | None:
+    """('messages', 0, 'role') -> 'messages[0].role'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def parse(model: type[M], body: Any) -> M:
+    """Validates a decoded JSON body; APIError 400 naming the first bad field."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        param = _param(err["loc"])
+        kind = err["type"]
+        if kind == "missing":
+            raise bad(f"'{param}' is required", param, "missing_required_parameter") from None
+        code = "invalid_type" if kind.endswith("_type") else "invalid_value"
+        got = f", got {err['input']!r}" if code == "invalid_value" else \
+            f", got {type(err['input']).__name__}"
+        raise bad(f"'{param}': {err['msg']}{got}", param, code) from None
 
 
 # --------------------------------------------------------------------------- requests
@@ -129,117 +174,62 @@ class GenRequest:
     n_logprobs: int | None = None           # None: no logprobs; else alternatives per token
 
 
-def _common(body: dict, req: GenRequest) -> None:
-    req.model = _str(body, "model")
-    n = _int(body, "n")
-    if n is not None and n != 1:
-        raise bad(f"'n' must be 1 (one choice per request), got {n}", "n", "unsupported_value")
-    temperature = _num(body, "temperature", 0.0, 2.0)
-    top_p = _num(body, "top_p", 0.0, 1.0, lo_open=True)
-    top_k = _int(body, "top_k", 0)
-    min_p = _num(body, "min_p", 0.0, 1.0)
-    repeat_penalty = _num(body, "repeat_penalty", 0.0, lo_open=True)
-    presence = _num(body, "presence_penalty", -2.0, 2.0)
-    frequency = _num(body, "frequency_penalty", -2.0, 2.0)
-    seed = body.get("seed")
-    if seed is not None:
-        if not _is_int(seed):
-            raise bad(f"'seed' must be an integer, got {type(seed).__name__}", "seed", "invalid_type")
-        seed &= 0xFFFF_FFFF_FFFF_FFFF   # OpenAI allows negative seeds; numpy wants >= 0
-    ignore_eos = _bool(body, "ignore_eos")
-    req.sampling = {
-        "temperature": 1.0 if temperature is None else temperature,
-        "top_p": 1.0 if top_p is None else top_p,
-        "top_k": 0 if top_k is None else top_k,
-        "min_p": 0.0 if min_p is None else min_p,
-        "repeat_penalty": 1.0 if repeat_penalty is None else repeat_penalty,
-        "presence_penalty": presence or 0.0,
-        "frequency_penalty": frequency or 0.0,
-        "seed": seed,
-        "stop": _stop(body),
-        "ignore_eos": bool(ignore_eos),
-    }
-    req.stream = bool(_bool(body, "stream"))
-    so = _obj(body, "stream_options")
-    if so is not None:
-        inc = _bool(so, "include_usage")
-        req.include_usage = bool(inc)
-    # Known OpenAI fields that we accept but do not act on: checked for type only.
-    _str(body, "user")
-    _obj(body, "metadata")
-    _bool(body, "store")
-    _bool(body, "parallel_tool_calls")
-    lb = _obj(body, "logit_bias")
-    if lb:
+def _request(kind: str, b: _GenBody) -> GenRequest:
+    """The request fields chat and completions share."""
+    if b.n is not None and b.n != 1:
+        raise bad(f"'n' must be 1 (one choice per request), got {b.n}", "n", "unsupported_value")
+    if b.logit_bias:
         raise bad("'logit_bias' is not supported", "logit_bias", "unsupported_parameter")
-
-
-def _max_tokens(body: dict, *names: str) -> int | None:
-    for name in names:
-        v = _int(body, name, 1)
-        if v is not None:
-            return v
-    return None
+    sampling = {
+        "temperature": 1.0 if b.temperature is None else b.temperature,
+        "top_p": 1.0 if b.top_p is None else b.top_p,
+        "top_k": b.top_k or 0,
+        "min_p": b.min_p or 0.0,
+        "repeat_penalty": 1.0 if b.repeat_penalty is None else b.repeat_penalty,
+        "presence_penalty": b.presence_penalty or 0.0,
+        "frequency_penalty": b.frequency_penalty or 0.0,
+        # OpenAI allows negative seeds; numpy wants >= 0
+        "seed": None if b.seed is None else b.seed & 0xFFFF_FFFF_FFFF_FFFF,
+        "stop": [s for s in b.stop or [] if s],
+        "ignore_eos": bool(b.ignore_eos),
+    }
+    return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream),
+                      include_usage=bool(b.stream_options and b.stream_options.include_usage))
 
 
 def parse_chat(body: Any) -> GenRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
-    req = GenRequest(kind="chat", model=None)
-    _common(body, req)
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("'messages' must be a non-empty list", "messages", "invalid_type")
-    out = []
-    for i, m in enumerate(msgs):
-        p = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad(f"'{p}' must be an object", p, "invalid_type")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad(f"'{p}.role' must be one of {sorted(ROLES)}, got {role!r}", f"{p}.role", "invalid_value")
-        content = m.get("content")
-        if content is None:
-            content = ""
-        elif isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad(f"'{p}.content[{j}]' must be a text part {{\"type\": \"text\", \"text\": ...}}",
-                              f"{p}.content", "invalid_type")
-                parts.append(part["text"])
-            content = "".join(parts)
-        elif not isinstance(content, str):
-            raise bad(f"'{p}.content' must be a string or a list of text parts", f"{p}.content", "invalid_type")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
-    req.messages = out
-    req.max_tokens = _max_tokens(body, "max_completion_tokens", "max_tokens")
-    lp = _bool(body, "logprobs")
-    top = _int(body, "top_logprobs", 0, 20)
-    if top is not None and not lp:
+    b = parse(ChatBody, body)
+    req = _request("chat", b)
+    req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
+                    for m in b.messages]
+    req.max_tokens = b.max_completion_tokens or b.max_tokens
+    if b.top_logprobs is not None and not b.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
-    if lp:
-        req.n_logprobs = top or 0
+    if b.logprobs:
+        req.n_logprobs = b.top_logprobs or 0
     for name in ("tools", "functions"):
-        if body.get(name):
+        if getattr(b, name):
             raise bad(f"'{name}' is not supported by this server", name, "unsupported_parameter")
-    rf = _obj(body, "response_format")
-    if rf is not None and rf.get("type", "text") != "text":
-        raise bad("only response_format {'type': 'text'} is supported", "response_format", "unsupported_value")
+    if b.response_format is not None and b.response_format.type != "text":
+        raise bad("only response_format {'type': 'text'} is supported", "response_format",
+                  "unsupported_value")
     return req
 
 
+def _is_ids(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in v)
+
+
 def parse_completion(body: Any, n_vocab: int) -> GenRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
-    req = GenRequest(kind="completion", model=None)
-    _common(body, req)
-    prompt = body.get("prompt")
+    b = parse(CompletionBody, body)
+    req = _request("completion", b)
+    prompt = b.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]          # a batch of one prompt
     if isinstance(prompt, str):
         req.prompt_text = prompt
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    elif _is_ids(prompt):
         bad_ids = [t for t in prompt if not 0 <= t < n_vocab]
         if bad_ids:
             raise bad(f"token id {bad_ids[0]} in 'prompt' is outside the vocabulary [0, {n_vocab})",
@@ -250,16 +240,12 @@ def parse_completion(body: Any, n_vocab: int) -> GenRequest:
                   "prompt", "unsupported_value")
     else:
         raise bad("'prompt' must be a string or a non-empty list of token ids", "prompt", "invalid_type")
-    mt = _max_tokens(body, "max_tokens")
-    req.max_tokens = 16 if mt is None and body.get("max_tokens", 0) is not None else mt
-    lp = _int(body, "logprobs", 0, 20)
-    if lp is not None:
-        req.n_logprobs = lp
-    if _bool(body, "echo"):
+    req.max_tokens = b.max_tokens
+    req.n_logprobs = b.logprobs
+    if b.echo:
         raise bad("'echo' is not supported", "echo", "unsupported_parameter")
-    if _str(body, "suffix"):
+    if b.suffix:
         raise bad("'suffix' is not supported", "suffix", "unsupported_parameter")
-    best_of = _int(body, "best_of", 1)
-    if best_of not in (None, 1):
+    if b.best_of not in (None, 1):
         raise bad("'best_of' must be 1", "best_of", "unsupported_value")
     return req

@@ -30,15 +30,15 @@ void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row) {
         }
         return;
     }
-    for (int b = 0; b < hd / 32; b++, row += 34, x += 32) {
+    block_q8_0 *blk = (block_q8_0 *)row;
+    for (int b = 0; b < hd / QK; b++, blk++, x += QK) {
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
-        const uint16_t dh = ei_fp32_to_fp16(amax / 127.0f);
-        const float d = ei_fp16_to_fp32(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
-        memcpy(row, &dh, 2);
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        blk->d = ei_fp32_to_fp16(amax / 127.0f);
+        const float d = ei_fp16_to_fp32(blk->d), id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < QK; i++) {
             const float r = nearbyintf(x[i] * id);
-            row[2 + i] = (uint8_t)(int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+            blk->qs[i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
         }
     }
 }
@@ -106,8 +106,8 @@ void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *
 static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
-    const int nb = hd / 32;
-    const size_t rb = (size_t)nb * 34;
+    const int nb = hd / QK;
+    const size_t rb = (size_t)nb * sizeof(block_q8_0);
     int8_t q8[1024];
     float dq[32];
     int32_t qsum[32], acc[32];
@@ -122,12 +122,12 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
                 sc[c] = -INFINITY;
                 continue;
             }
-            const uint8_t *kr = k + (size_t)c * rb;
+            const block_q8_0 *kr = (const block_q8_0 *)(k + (size_t)c * rb);
             float s = 0.0f;
             for (int b = 0; b < nb; b++) {
                 int32_t dot = 0;
-                for (int i = 0; i < 32; i++) dot += (int32_t)q8[32 * b + i] * (int8_t)kr[34 * b + 2 + i];
-                s += (dq[b] * ei_attn_q8_scale(kr, b)) * (float)dot;
+                for (int i = 0; i < QK; i++) dot += (int32_t)q8[QK * b + i] * kr[b].qs[i];
+                s += (dq[b] * ei_fp16_to_fp32(kr[b].d)) * (float)dot;
             }
             sc[c] = s;
             if (s > mx) mx = s;
@@ -145,9 +145,9 @@ static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t 
             const float inv = wmax > EI_ATTN_WMIN ? EI_ATTN_WMAX / wmax : 0.0f;
             for (int i = 0; i < 32; i++) acc[i] = 0;
             for (int32_t c = 0; c < n; c++) {
-                const uint8_t *vr = v + (size_t)c * rb;
-                const int32_t w = (int32_t)nearbyintf(sc[c] * ei_attn_q8_scale(vr, b) * inv);
-                for (int i = 0; w && i < 32; i++) acc[i] += w * (int8_t)vr[34 * b + 2 + i];
+                const block_q8_0 *vb = (const block_q8_0 *)(v + (size_t)c * rb) + b;
+                const int32_t w = (int32_t)nearbyintf(sc[c] * ei_fp16_to_fp32(vb->d) * inv);
+                for (int i = 0; w && i < QK; i++) acc[i] += w * vb->qs[i];
             }
             for (int i = 0; i < 32; i++) pj[2 + 32 * b + i] = (wmax / EI_ATTN_WMAX) * (float)acc[i];
         }
@@ -211,8 +211,8 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     }
 }
 
-static AV void chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+AV void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     switch (hd) {   /* constant head sizes keep the accumulators in registers */
     case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
     case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 128, scale, scores, part); break;
@@ -221,53 +221,20 @@ static AV void chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t
 }
 #endif
 
-void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
+ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd) {
+    const ei_attn_kernel *c = k->attend[kv_type == EI_TYPE_Q8_0];
+    for (int i = 0; i < EI_ATTN_CANDIDATES && c[i].fn; i++)
+        if (hd % c[i].hd_mult == 0 && hd <= c[i].hd_max) return c[i];
+    return (ei_attn_kernel){kv_type == EI_TYPE_Q8_0 ? chunk_q8_ref : chunk_ref, 1, 1024, 0};
+}
+
+void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8_t *k, const uint8_t *v,
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
-#if defined(__x86_64__)
-    const int simd_hd = hd % 16 == 0 && hd <= 256;
-    if (kv_type == EI_TYPE_Q8_0) {
-        for (int j0 = 0; j0 < g; j0 += EI_ATTN_MAX_GROUP) {   /* the SIMD kernels take 8 heads at most */
-            const int gn = g - j0 < EI_ATTN_MAX_GROUP ? g - j0 : EI_ATTN_MAX_GROUP;
-            const float *qj = q + (size_t)j0 * hd;
-            float *sj = scores + (size_t)j0 * (c1 - c0), *pj = part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd);
-            if (isa == EI_ISA_AVX512 && simd_hd)
-                ei_attend_chunk_q8_avx512(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
-            else if (isa == EI_ISA_AVX2 && hd <= 256)
-                ei_attend_chunk_q8_avx2(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
-            else
-                chunk_q8_ref(qj, gn, k, v, cell_pos, c0, c1, pos, hd, scale, sj, pj);
-        }
-        return;
-    }
-    if (isa == EI_ISA_AVX512 && simd_hd) {
-        ei_attend_chunk_avx512(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-    if ((isa == EI_ISA_AVX2 || isa == EI_ISA_AVX512) && hd % 8 == 0 && hd <= 256) {
-        chunk_avx2(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-#else
-    if (kv_type == EI_TYPE_Q8_0) {
-#if defined(__aarch64__)
-        if (isa == EI_ISA_NEON && hd <= 256)
-            ei_attend_chunk_q8_neon(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        else
-#endif
-            chunk_q8_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-#if defined(__aarch64__)
-    if (isa == EI_ISA_NEON && hd % 4 == 0 && hd <= 256) {
-        ei_attend_chunk_neon(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
-        return;
-    }
-#else
-    (void)isa;
-#endif
-#endif
-    chunk_ref(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+    const int step = a->max_group ? a->max_group : g;
+    for (int j0 = 0; j0 < g; j0 += step)
+        a->fn(q + (size_t)j0 * hd, EI_MIN(step, g - j0), k, v, cell_pos, c0, c1, pos, hd, scale,
+              scores + (size_t)j0 * (c1 - c0), part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd));
 }
 
 void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out) {
@@ -294,8 +261,9 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
         return ei_fail(EI_ERR_INVALID_ARG, "kernel_attention: bad arguments");
     if (kv_type != EI_TYPE_F16 && !(kv_type == EI_TYPE_Q8_0 && hd % 32 == 0))
         return ei_fail(EI_ERR_UNSUPPORTED, "kernel_attention: KV type %d with head_dim %d", kv_type, hd);
-    if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
-    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
+    const ei_kernels *kt = ei_kernels_get(isa);
+    if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
+    const ei_attn_kernel a = ei_attn_pick(kt, kv_type, hd);
     const int n_chunks = (n_cells + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK, pf = EI_ATTN_PART_FLOATS(hd);
     float *scores = malloc(sizeof(float) * (size_t)g * EI_ATTN_CHUNK);
     float *parts = malloc(sizeof(float) * (size_t)n_chunks * g * pf);
@@ -307,7 +275,7 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
     const float scale = 1.0f / sqrtf((float)hd);
     for (int c = 0; c < n_chunks; c++) {
         const int32_t c0 = c * EI_ATTN_CHUNK, c1 = (int32_t)((int64_t)c0 + EI_ATTN_CHUNK < n_cells ? c0 + EI_ATTN_CHUNK : n_cells);
-        ei_attend_chunk(isa, q, g, k, v, kv_type, cell_pos, c0, c1, pos, hd, scale, scores,
+        ei_attend_chunk(&a, q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores,
                         parts + (size_t)c * g * pf);
     }
     for (int j = 0; j < g; j++) ei_attend_merge(parts + (size_t)j * pf, n_chunks, (int64_t)g * pf, hd, out + (size_t)j * hd);

@@ -13,10 +13,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "kernels.h"
 
 #define EI_ATTN_CHUNK 256
-#define EI_ATTN_MAX_GROUP 8 /* query heads a Q8_0 SIMD kernel takes in one call */
+#define EI_ATTN_MAX_GROUP 8 /* query heads an x86 Q8_0 SIMD kernel takes in one call */
 /* The Q8_0 kernels sum V in int32: a chunk of 256 cells x |weight| 32767 x |v| 128 fits. */
 _Static_assert((long long)EI_ATTN_CHUNK * 32767 * 128 <= 2147483647LL, "Q8_0 V sums overflow int32");
 
@@ -25,14 +26,18 @@ _Static_assert((long long)EI_ATTN_CHUNK * 32767 * 128 <= 2147483647LL, "Q8_0 V s
  * of the chunk is visible. */
 #define EI_ATTN_PART_FLOATS(hd) ((hd) + 2)
 
-/* Query heads q[j * hd ...], j < g, all reading the same K/V (one GQA group; the
- * dispatcher gives the Q8_0 SIMD kernels at most EI_ATTN_MAX_GROUP at a time);
- * k and v point at cell 0, one row of kv_type per cell (F16 or Q8_0).
- * Cells [c0, c1) with 0 <= cell_pos[c] <= pos are visible. scores needs
- * g * (c1 - c0) floats; part gets g partials of EI_ATTN_PART_FLOATS(hd). */
-void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uint8_t *v, int kv_type,
+/* Query heads q[j * hd ...], j < g, all reading the same K/V (one GQA group);
+ * k and v point at cell 0, one row of the KV type per cell (F16 or Q8_0, the
+ * type `a` was picked for). Cells [c0, c1) with 0 <= cell_pos[c] <= pos are
+ * visible. scores needs g * (c1 - c0) floats; part gets g partials of
+ * EI_ATTN_PART_FLOATS(hd). Groups wider than a->max_group go in slices. */
+void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8_t *k, const uint8_t *v,
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part);
+
+/* The attention kernel of table k for a KV type and head size: the first of the
+ * table's SIMD kernels that takes hd, else the scalar reference (hd <= 1024). */
+ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd);
 
 /* Q8_0 K/V follow llama.cpp's quantized-KV attention (see chunk_q8_ref in attention.c):
  * the query quantized to Q8_0 blocks by this function, integer dots with K, and V summed
@@ -43,15 +48,15 @@ void ei_attend_chunk(int isa, const float *q, int g, const uint8_t *k, const uin
 #define EI_ATTN_WMIN 1e-30f
 void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *dq, int32_t *qsum);
 
-/* The f16 scale of block b of a Q8_0 KV row (34 bytes a block). */
+/* The f16 scale of block b of a Q8_0 KV row. */
 static inline float ei_attn_q8_scale(const uint8_t *row, int b) {
-    uint16_t h;
-    memcpy(&h, row + 34 * b, 2);
-    return ei_fp16_to_fp32(h);
+    return ei_fp16_to_fp32(((const block_q8_0 *)row)[b].d);
 }
 
-/* The SIMD kernels behind ei_attend_chunk (AVX-512: hd a multiple of 16, at most 256; AVX2 Q8_0 and
- * NEON: at most 256). */
+/* The SIMD kernels kernels.c puts in the tables (AVX-512: hd a multiple of 16, AVX2 F16: of 8,
+ * NEON F16: of 4; all at most 256). */
+void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,

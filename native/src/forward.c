@@ -7,7 +7,6 @@
 #include "attention.h"
 #include "common.h"
 #include "runtime.h"
-#include "simd_math.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -123,8 +122,8 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
             for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
         } else {
             const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
-            ei_attend_chunk(rt->isa, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                            rt->v + off, rt->p.kv_type, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd,
+            ei_attend_chunk(&rt->attn, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
+                            rt->v + off, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd,
                             scale, scores, part);
         }
         atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
@@ -150,56 +149,15 @@ static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *s
     }
 }
 
-/* gate = silu(gate) * up. The scalar loop is the reference. */
-static void swiglu_ref(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) static void swiglu_avx2(float *gate, const float *up, int64_t n) {
-    int64_t i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= n; i += 8) {
-        const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
-    }
-    swiglu_ref(gate + i, up + i, n - i);
-}
-#endif
-
-static void swiglu(int isa, float *gate, const float *up, int64_t n) {
-#if defined(__x86_64__)
-    if (isa == EI_ISA_AVX2 || isa == EI_ISA_AVX512) {
-        swiglu_avx2(gate, up, n);
-        return;
-    }
-#endif
-    (void)isa;
-    swiglu_ref(gate, up, n);
-}
-
-ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n) {
-    if (!gate || !up || n < 0) return ei_fail(EI_ERR_INVALID_ARG, "kernel_swiglu: bad arguments");
-    if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
-    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
-    swiglu(isa, gate, up, n);
-    return EI_OK;
-}
-
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
 static ei_status embed(ei_runtime *rt, const int32_t *tokens, int64_t n_tok) {
     const ei_weight *e = &rt->m->tok_embd;
-    ei_dequant_fn deq = ei_get_dequant(e->type, rt->isa);
-    if (!deq) deq = ei_get_dequant(e->type, EI_ISA_SCALAR);
-    if (!deq) return ei_fail(EI_ERR_UNSUPPORTED, "no dequantizer for token_embd type %d", e->type);
     int64_t row = ei_row_bytes(e->type, e->ne0);
+    const ei_dequant_fn deq = row ? rt->kt->dequant[e->type] : NULL;
+    if (!deq) return ei_fail(EI_ERR_UNSUPPORTED, "no dequantizer for token_embd type %d", e->type);
     for (int64_t t = 0; t < n_tok; t++)
         deq((const uint8_t *)e->data + row * tokens[t], rt->x + t * e->ne0, e->ne0);
     return EI_OK;
@@ -271,7 +229,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         ei_mm_job gu[2] = {{&L->w_gate, rt->gate, pk[EI_PK_GATE]}, {&L->w_up, rt->up, pk[EI_PK_UP]}};
         ei_parallel_matmul(rt, gu, 2, rt->xn, T);
         lap(rt, EI_PROF_FFN_UP, &t);
-        swiglu(rt->isa, rt->gate, rt->up, T * c->n_ff);
+        rt->kt->swiglu(rt->gate, rt->up, T * c->n_ff);
         lap(rt, EI_PROF_FFN_ACT, &t);
         ei_mm_job down = {&L->w_down, rt->xn, pk[EI_PK_DOWN]};
         ei_parallel_matmul(rt, &down, 1, rt->gate, T);

@@ -1,9 +1,12 @@
-/* Kernel dispatch: CPU detection, per-(type, ISA) tables, fp16/bf16 helpers,
- * activation quantization, row-blocked matmul and the public kernel API. */
+/* Kernel dispatch: CPU detection, the per-ISA kernel tables (filled once),
+ * type geometry, fp16/bf16 helpers, row-blocked matmul and the public kernel API. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "common.h"
+#include "packed.h"
 #include "quants_impl.h"
 
 /* ---------------- fp16 / bf16 ---------------- */
@@ -41,30 +44,19 @@ float ei_bf16_to_fp32(uint16_t h) {
     return f;
 }
 
-/* ==== NEON dispatch (issue 7; kernels in quants_neon.c) ==== */
+/* ---------------- CPU detection ---------------- */
+
 #if defined(__aarch64__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
-ei_dequant_fn ei_neon_get_dequant(int type);
-ei_dot_fn ei_neon_get_dot(int type, int dotprod);
-void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
 /* 1 when hwcaps report the ARMv8.2 dot product (vdotq_s32); EDGEINFER_NEON_DOTPROD=0 turns it off. */
-int ei_neon_dotprod(void) {
-    static volatile int cached = -1;
-    int c = cached;
-    if (c < 0) {
-        const char *e = getenv("EDGEINFER_NEON_DOTPROD");
-        c = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) && !(e && !strcmp(e, "0"));
-        cached = c;
-    }
-    return c;
+static int neon_dotprod(void) {
+    const char *e = getenv("EDGEINFER_NEON_DOTPROD");
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) && !(e && !strcmp(e, "0"));
 }
 #endif
-/* ==== end NEON dispatch ==== */
-
-/* ---------------- CPU detection ---------------- */
 
 static int hw_supported(int isa) {
     switch (isa) {
@@ -82,7 +74,7 @@ static int hw_supported(int isa) {
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
 #endif
 #if defined(__aarch64__)
-    case EI_ISA_NEON: /* NEON dispatch: ASIMD is mandatory on aarch64 */
+    case EI_ISA_NEON: /* ASIMD is mandatory on aarch64 */
         return 1;
 #endif
     default:
@@ -110,64 +102,44 @@ int ei_cpu_best_isa(void) {
     int best = EI_ISA_SCALAR;
     if (hw_supported(EI_ISA_AVX512)) best = EI_ISA_AVX512;
     else if (hw_supported(EI_ISA_AVX2)) best = EI_ISA_AVX2;
-    else if (hw_supported(EI_ISA_NEON)) best = EI_ISA_NEON; /* NEON dispatch */
+    else if (hw_supported(EI_ISA_NEON)) best = EI_ISA_NEON;
     const char *cap = getenv("EDGEINFER_ISA");
     if (cap && *cap) {
         int lim = -1;
         if (!strcmp(cap, "scalar")) lim = EI_ISA_SCALAR;
         else if (!strcmp(cap, "avx2")) lim = EI_ISA_AVX2;
         else if (!strcmp(cap, "avx512")) lim = EI_ISA_AVX512;
-        else if (!strcmp(cap, "neon")) lim = EI_ISA_NEON; /* NEON dispatch */
+        else if (!strcmp(cap, "neon")) lim = EI_ISA_NEON;
         if (lim >= 0 && lim < best) best = lim;
     }
     cached = best;
     return best;
 }
 
-/* Resolves EI_ISA_BEST; -1 when the level cannot run here. */
-static int resolve_isa(int isa) {
-    if (isa == EI_ISA_BEST) return ei_cpu_best_isa();
-    return hw_supported(isa) ? isa : -1;
-}
-
-/* ---------------- type geometry and tables ---------------- */
+/* ---------------- type geometry ---------------- */
 
 typedef struct {
-    int type;
-    int block;   /* elements per block */
+    int block;   /* elements per block; 0: not a type we know */
     int bytes;   /* bytes per block */
     int q8a;     /* takes ei_q8a activations */
-    ei_dequant_fn deq[3];
-    ei_dot_fn dot[3];
 } type_info;
 
-#if defined(__x86_64__)
-#define ROW(T, name, blk, byt, q)                                                       \
-    {T, blk, byt, q, {ei_deq_##name##_scalar, ei_deq_##name##_avx2, ei_deq_##name##_avx2}, \
-     {ei_dot_##name##_scalar, ei_dot_##name##_avx2, ei_dot_##name##_avx512}}
-#else
-#define ROW(T, name, blk, byt, q) \
-    {T, blk, byt, q, {ei_deq_##name##_scalar, NULL, NULL}, {ei_dot_##name##_scalar, NULL, NULL}}
-#endif
-
-static const type_info TYPES[] = {
-    ROW(EI_TYPE_F32, f32, 1, 4, 0),
-    ROW(EI_TYPE_F16, f16, 1, 2, 0),
-    ROW(EI_TYPE_BF16, bf16, 1, 2, 0),
-    ROW(EI_TYPE_Q4_0, q4_0, QK, Q4_0_BYTES, 1),
-    ROW(EI_TYPE_Q4_1, q4_1, QK, Q4_1_BYTES, 1),
-    ROW(EI_TYPE_Q5_0, q5_0, QK, Q5_0_BYTES, 1),
-    ROW(EI_TYPE_Q5_1, q5_1, QK, Q5_1_BYTES, 1),
-    ROW(EI_TYPE_Q8_0, q8_0, QK, Q8_0_BYTES, 1),
-    ROW(EI_TYPE_Q4_K, q4_k, QKK, Q4_K_BYTES, 1),
-    ROW(EI_TYPE_Q5_K, q5_k, QKK, Q5_K_BYTES, 1),
-    ROW(EI_TYPE_Q6_K, q6_k, QKK, Q6_K_BYTES, 1),
+static const type_info TYPES[EI_TYPE_IDS] = {
+    [EI_TYPE_F32] = {1, 4, 0},
+    [EI_TYPE_F16] = {1, 2, 0},
+    [EI_TYPE_BF16] = {1, 2, 0},
+    [EI_TYPE_Q4_0] = {QK, sizeof(block_q4_0), 1},
+    [EI_TYPE_Q4_1] = {QK, sizeof(block_q4_1), 1},
+    [EI_TYPE_Q5_0] = {QK, sizeof(block_q5_0), 1},
+    [EI_TYPE_Q5_1] = {QK, sizeof(block_q5_1), 1},
+    [EI_TYPE_Q8_0] = {QK, sizeof(block_q8_0), 1},
+    [EI_TYPE_Q4_K] = {QKK, sizeof(block_q4_K), 1},
+    [EI_TYPE_Q5_K] = {QKK, sizeof(block_q5_K), 1},
+    [EI_TYPE_Q6_K] = {QKK, sizeof(block_q6_K), 1},
 };
 
 static const type_info *find_type(int type) {
-    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
-        if (TYPES[i].type == type) return &TYPES[i];
-    return NULL;
+    return type >= 0 && type < EI_TYPE_IDS && TYPES[type].block ? &TYPES[type] : NULL;
 }
 
 int ei_type_uses_q8a(int type) {
@@ -181,61 +153,141 @@ int64_t ei_row_bytes(int type, int64_t n) {
     return n / t->block * t->bytes;
 }
 
-ei_dequant_fn ei_get_dequant(int type, int isa) {
-    const type_info *t = find_type(type);
-    isa = resolve_isa(isa);
-#if defined(__aarch64__)
-    if (t && isa == EI_ISA_NEON) return ei_neon_get_dequant(type); /* NEON dispatch */
-#endif
-    if (!t || isa < 0 || isa > EI_ISA_AVX512) return NULL;
-    return t->deq[isa];
+/* ---------------- kernel tables ---------------- */
+
+/* X(type id, kernel name) for the float and the quantized weight types. */
+#define FLOAT_TYPES(X) X(EI_TYPE_F32, f32) X(EI_TYPE_F16, f16) X(EI_TYPE_BF16, bf16)
+#define QUANT_TYPES(X)                                                                                  \
+    X(EI_TYPE_Q4_0, q4_0) X(EI_TYPE_Q4_1, q4_1) X(EI_TYPE_Q5_0, q5_0) X(EI_TYPE_Q5_1, q5_1)             \
+    X(EI_TYPE_Q8_0, q8_0) X(EI_TYPE_Q4_K, q4_k) X(EI_TYPE_Q5_K, q5_k) X(EI_TYPE_Q6_K, q6_k)
+
+#define SET_DEQ(T, name, sfx) k->dequant[T] = ei_deq_##name##_##sfx;
+#define SET_DOT(T, name, sfx) k->dot[T] = ei_dot_##name##_##sfx;
+#define DEQ_SCALAR(T, name) SET_DEQ(T, name, scalar)
+#define DOT_SCALAR(T, name) SET_DOT(T, name, scalar)
+
+/* The references: every type, F16 and Q8_0 attention through ei_attn_pick's fallback. */
+static void fill_scalar(ei_kernels *k) {
+    FLOAT_TYPES(DEQ_SCALAR) QUANT_TYPES(DEQ_SCALAR)
+    FLOAT_TYPES(DOT_SCALAR) QUANT_TYPES(DOT_SCALAR)
+    k->quantize_act = ei_quantize_act_scalar;
+    k->swiglu = ei_swiglu_scalar;
+    k->name = "scalar";
 }
 
-ei_dot_fn ei_get_dot(int type, int isa) {
-    const type_info *t = find_type(type);
-    isa = resolve_isa(isa);
-#if defined(__aarch64__)
-    if (t && isa == EI_ISA_NEON) return ei_neon_get_dot(type, ei_neon_dotprod()); /* NEON dispatch */
-#endif
-    if (!t || isa < 0 || isa > EI_ISA_AVX512) return NULL;
-    return t->dot[isa];
-}
-
-void ei_quantize_act(int isa, const float *x, int64_t n, ei_q8a *out) {
-    isa = resolve_isa(isa);
-#if defined(__aarch64__)
-    if (isa == EI_ISA_NEON) { /* NEON dispatch */
-        ei_quantize_act_neon(x, n, out);
-        return;
-    }
-#endif
 #if defined(__x86_64__)
-    if (isa == EI_ISA_AVX512) {
-        ei_quantize_act_avx512(x, n, out);
-        return;
-    }
-    if (isa == EI_ISA_AVX2) {
-        ei_quantize_act_avx2(x, n, out);
-        return;
-    }
-#endif
-    ei_quantize_act_scalar(x, n, out);
+#define DEQ_AVX2(T, name) SET_DEQ(T, name, avx2)
+#define DOT_AVX2(T, name) SET_DOT(T, name, avx2)
+#define DOT_AVX512(T, name) SET_DOT(T, name, avx512)
+#define DOT4_AVX512(T, name) k->dot4[T] = ei_dot4_##name##_avx512;
+#define PACKED(T, name, sfx) k->packed[T].x1 = ei_packed_##name##_x1_##sfx, k->packed[T].x4 = ei_packed_##name##_x4_##sfx;
+
+static void fill_avx2(ei_kernels *k) {
+    FLOAT_TYPES(DEQ_AVX2) QUANT_TYPES(DEQ_AVX2)
+    FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2)
+    k->quantize_act = ei_quantize_act_avx2;
+    /* Q8_0 is not packed: maddubs would saturate its 8-bit products */
+    PACKED(EI_TYPE_Q4_0, q4_0, avx2) PACKED(EI_TYPE_Q4_1, q4_1, avx2)
+    PACKED(EI_TYPE_Q5_0, q5_0, avx2) PACKED(EI_TYPE_Q5_1, q5_1, avx2)
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
+    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, 256, EI_ATTN_MAX_GROUP};
+    k->swiglu = ei_swiglu_avx2;
+    k->name = "avx2";
 }
 
-/* ---------------- row-blocked matmul ---------------- */
+/* AVX-512 with VNNI: the AVX2 table (its dequantizers and swiglu stay) with wider dots. */
+static void fill_avx512(ei_kernels *k) {
+    fill_avx2(k);
+    FLOAT_TYPES(DOT_AVX512) QUANT_TYPES(DOT_AVX512)
+    QUANT_TYPES(DOT4_AVX512)
+    k->quantize_act = ei_quantize_act_avx512;
+    PACKED(EI_TYPE_Q4_0, q4_0, vnni) PACKED(EI_TYPE_Q4_1, q4_1, vnni)
+    PACKED(EI_TYPE_Q5_0, q5_0, vnni) PACKED(EI_TYPE_Q5_1, q5_1, vnni)
+    PACKED(EI_TYPE_Q8_0, q8_0, vnni)
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 256, 0};
+    k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
+    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
+    k->name = "avx512";
+}
+#endif
 
-void ei_matmul_rows(int type, int isa, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
+#if defined(__aarch64__)
+#define DEQ_NEON(T, name) SET_DEQ(T, name, neon)
+#define DOT_NEON(T, name) SET_DOT(T, name, neon)
+#define DOT_NEONDOT(T, name) SET_DOT(T, name, neondot)
+
+/* NEON; dotprod picks the vdotq_s32 build of the integer dots. */
+static void fill_neon(ei_kernels *k, int dotprod) {
+    FLOAT_TYPES(DEQ_NEON) QUANT_TYPES(DEQ_NEON)
+    FLOAT_TYPES(DOT_NEON)
+    if (dotprod) {
+        QUANT_TYPES(DOT_NEONDOT)
+    } else {
+        QUANT_TYPES(DOT_NEON)
+    }
+    k->quantize_act = ei_quantize_act_neon;
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, 256, 0};
+    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
+    k->name = dotprod ? "neon+dotprod" : "neon";
+}
+#endif
+
+void ei_kernels_fill(ei_kernels *k, int isa, int neon_dotprod) {
+    memset(k, 0, sizeof *k);
+    fill_scalar(k);
+    switch (isa) {
+#if defined(__x86_64__)
+    case EI_ISA_AVX2: fill_avx2(k); break;
+    case EI_ISA_AVX512: fill_avx512(k); break;
+#endif
+#if defined(__aarch64__)
+    case EI_ISA_NEON: fill_neon(k, neon_dotprod); break;
+#endif
+    default: (void)neon_dotprod; break;
+    }
+    k->isa = isa;
+}
+
+static ei_kernels tables[EI_ISA_NEON + 1];
+static int table_ok[EI_ISA_NEON + 1];
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void init_tables(void) {
+    int dotprod = 0;
+#if defined(__aarch64__)
+    dotprod = neon_dotprod();
+#endif
+    for (int isa = EI_ISA_SCALAR; isa <= EI_ISA_NEON; isa++) {
+        table_ok[isa] = hw_supported(isa);
+        if (table_ok[isa]) ei_kernels_fill(&tables[isa], isa, dotprod);
+    }
+}
+
+const ei_kernels *ei_kernels_get(int isa) {
+    if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
+    if (isa < EI_ISA_SCALAR || isa > EI_ISA_NEON) return NULL;
+    pthread_once(&tables_once, init_tables);
+    return table_ok[isa] ? &tables[isa] : NULL;
+}
+
+/* ---------------- activations and row-blocked matmul ---------------- */
+
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out) {
+    const int64_t nb = n_cols / EI_QA_BLOCK;
+    for (int64_t t = 0; t < n_tok; t++) k->quantize_act(x + t * n_cols, n_cols, out + t * nb);
+}
+
+void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy) {
-    ei_dot_fn dot = ei_get_dot(type, isa);
-    if (!dot) dot = ei_get_dot(type, EI_ISA_SCALAR);
     const int64_t rb = ei_row_bytes(type, n_cols);
-    if (!dot || rb == 0) return;
+    if (rb == 0) return;
+    const ei_dot_fn dot = k->dot[type];
+    const ei_dot4_fn dot4 = k->dot4[type];
     const uint8_t *W = (const uint8_t *)w;
     const uint8_t *A = (const uint8_t *)act;
     /* Rows outer, tokens inner: a weight row is read from memory once and stays
      * in L1 while every token uses it. Each (row, token) value is one call of
      * the same dot function, so a token's result never depends on the batch. */
-    ei_dot4_fn dot4 = ei_get_dot4(type, isa);
     int64_t t0 = 0;
     if (dot4) {
         /* Groups of four tokens share each expanded weight block; the rows of this
@@ -245,7 +297,7 @@ void ei_matmul_rows(int type, int isa, const void *w, int64_t n_cols, int64_t r0
             const uint8_t *a4 = A + t0 * act_stride;
             for (int64_t r = r0; r < r1; r++) {
                 dot4(n_cols, W + r * rb, a4, act_stride, out);
-                for (int k = 0; k < 4; k++) y[(t0 + k) * ldy + r] = out[k];
+                for (int j = 0; j < 4; j++) y[(t0 + j) * ldy + r] = out[j];
             }
         }
     }
@@ -253,27 +305,6 @@ void ei_matmul_rows(int type, int isa, const void *w, int64_t n_cols, int64_t r0
         const void *row = W + r * rb;
         for (int64_t t = t0; t < n_tok; t++) y[t * ldy + r] = dot(n_cols, row, A + t * act_stride);
     }
-}
-
-ei_dot4_fn ei_get_dot4(int type, int isa) {
-#if defined(__x86_64__)
-    if (isa != EI_ISA_AVX512 || !ei_isa_supported(EI_ISA_AVX512)) return NULL;
-    switch (type) {
-    case EI_TYPE_Q4_0: return ei_dot4_q4_0_avx512;
-    case EI_TYPE_Q4_1: return ei_dot4_q4_1_avx512;
-    case EI_TYPE_Q5_0: return ei_dot4_q5_0_avx512;
-    case EI_TYPE_Q5_1: return ei_dot4_q5_1_avx512;
-    case EI_TYPE_Q8_0: return ei_dot4_q8_0_avx512;
-    case EI_TYPE_Q4_K: return ei_dot4_q4_k_avx512;
-    case EI_TYPE_Q5_K: return ei_dot4_q5_k_avx512;
-    case EI_TYPE_Q6_K: return ei_dot4_q6_k_avx512;
-    default: return NULL;
-    }
-#else
-    (void)type;
-    (void)isa;
-    return NULL;
-#endif
 }
 
 /* ---------------- public kernel API ---------------- */
@@ -286,38 +317,36 @@ ei_status ei_type_block(int type, int32_t *block_elems, int32_t *block_bytes) {
     return EI_OK;
 }
 
-static ei_status check_common(const type_info **tp, int *isap, int type, int isa, int64_t n,
+static ei_status check_common(const type_info **tp, const ei_kernels **kp, int type, int isa, int64_t n,
                               const char *what) {
     const type_info *t = find_type(type);
     if (!t) return ei_fail(EI_ERR_UNSUPPORTED, "%s: unknown tensor type %d", what, type);
     if (isa != EI_ISA_BEST && (isa < EI_ISA_SCALAR || isa > EI_ISA_NEON))
         return ei_fail(EI_ERR_INVALID_ARG, "%s: unknown isa %d", what, isa);
-    int r = resolve_isa(isa);
-    if (r < 0 || (r > EI_ISA_AVX512 && r != EI_ISA_NEON)) /* NEON dispatch: NEON allowed */
-        return ei_fail(EI_ERR_UNSUPPORTED, "%s: isa %s is not supported on this CPU", what,
-                       ei_isa_name(isa));
+    const ei_kernels *k = ei_kernels_get(isa);
+    if (!k) return ei_fail(EI_ERR_UNSUPPORTED, "%s: isa %s is not supported on this CPU", what, ei_isa_name(isa));
     if (n < 0 || n % t->block)
         return ei_fail(EI_ERR_INVALID_ARG, "%s: n=%lld is not a non-negative multiple of the block size %d",
                        what, (long long)n, t->block);
     *tp = t;
-    *isap = r;
+    *kp = k;
     return EI_OK;
 }
 
 ei_status ei_kernel_dequantize(int type, int isa, const void *src, float *dst, int64_t n) {
     const type_info *t = NULL;
-    int r = 0;
-    ei_status st = check_common(&t, &r, type, isa, n, "dequantize");
+    const ei_kernels *k = NULL;
+    ei_status st = check_common(&t, &k, type, isa, n, "dequantize");
     if (st) return st;
     if (n > 0 && (!src || !dst)) return ei_fail(EI_ERR_INVALID_ARG, "dequantize: null pointer");
-    if (n > 0) ei_get_dequant(type, r)(src, dst, n); /* via ei_get_dequant: NEON dispatch */
+    if (n > 0) k->dequant[type](src, dst, n);
     return EI_OK;
 }
 
 ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const float *x, float *out) {
     const type_info *t = NULL;
-    int r = 0;
-    ei_status st = check_common(&t, &r, type, isa, n, "dot");
+    const ei_kernels *k = NULL;
+    ei_status st = check_common(&t, &k, type, isa, n, "dot");
     if (st) return st;
     if (!out || (n > 0 && (!row || !x))) return ei_fail(EI_ERR_INVALID_ARG, "dot: null pointer");
     if (n == 0) {
@@ -325,7 +354,7 @@ ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const flo
         return EI_OK;
     }
     if (!t->q8a) {
-        *out = ei_get_dot(type, r)(n, row, x); /* NEON dispatch */
+        *out = k->dot[type](n, row, x);
         return EI_OK;
     }
     if (n % EI_QA_BLOCK) /* cannot happen: quantized blocks are multiples of 32 */
@@ -339,8 +368,8 @@ ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const flo
         qa = (ei_q8a *)malloc((size_t)nb * sizeof(ei_q8a));
         if (!qa) return ei_fail(EI_ERR_OUT_OF_MEMORY, "dot: cannot allocate %lld activation blocks", (long long)nb);
     }
-    ei_quantize_act(r, x, n, qa);
-    *out = ei_get_dot(type, r)(n, row, qa); /* NEON dispatch */
+    k->quantize_act(x, n, qa);
+    *out = k->dot[type](n, row, qa);
     if (qa != stackbuf) free(qa);
     return EI_OK;
 }

@@ -1,5 +1,5 @@
-/* Internal kernel interface: per-type, per-ISA dot products and dequantizers.
- * Every SIMD kernel has a scalar twin (isa = EI_ISA_SCALAR) that is its oracle. */
+/* Internal kernel interface: the per-ISA kernel table and the kernel types in it.
+ * Every SIMD kernel has a scalar twin (the EI_ISA_SCALAR table) that is its oracle. */
 #ifndef EI_KERNELS_H
 #define EI_KERNELS_H
 #include <stdint.h>
@@ -17,9 +17,6 @@ typedef struct {
  * (F32, F16, BF16) take plain float activations. */
 int ei_type_uses_q8a(int type);
 
-/* n must be a multiple of EI_QA_BLOCK. */
-void ei_quantize_act(int isa, const float *x, int64_t n, ei_q8a *out);
-
 typedef void (*ei_dequant_fn)(const void *src, float *dst, int64_t n);
 /* act is const ei_q8a * or const float * depending on ei_type_uses_q8a(type). */
 typedef float (*ei_dot_fn)(int64_t n, const void *row, const void *act);
@@ -28,18 +25,75 @@ typedef float (*ei_dot_fn)(int64_t n, const void *row, const void *act);
  * bit-identical to what the type's ei_dot_fn gives for that token alone. */
 typedef void (*ei_dot4_fn)(int64_t n, const void *row, const void *act, int64_t act_stride, float *out);
 
-/* NULL when the type or ISA is not supported (ISA not compiled or not on this CPU). */
-ei_dequant_fn ei_get_dequant(int type, int isa);
-ei_dot_fn ei_get_dot(int type, int isa);
-ei_dot4_fn ei_get_dot4(int type, int isa);   /* NULL: use ei_get_dot per token */
+/* n must be a multiple of EI_QA_BLOCK. */
+typedef void (*ei_quantize_act_fn)(const float *x, int64_t n, ei_q8a *out);
+
+/* Packed weights (packed.h): rows 8g..8g+7 of nb blocks times NT tokens (1 or 4),
+ * results stored at y[t * ldy + 0..7]. */
+typedef void (*ei_packed_fn)(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
+                             int64_t ldy);
+
+/* One chunk of attention (attention.h, ei_attend_chunk). */
+typedef void (*ei_attn_fn)(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                           int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
+
+/* An attention kernel and the head sizes and group it takes: hd a multiple of
+ * hd_mult, at most hd_max; at most max_group query heads a call (0: any). */
+typedef struct {
+    ei_attn_fn fn;
+    int hd_mult, hd_max, max_group;
+} ei_attn_kernel;
+
+/* gate = silu(gate) * up (swiglu.c; the scalar loop is the reference) */
+typedef void (*ei_swiglu_fn)(float *gate, const float *up, int64_t n);
+void ei_swiglu_scalar(float *gate, const float *up, int64_t n);
+#if defined(__x86_64__)
+void ei_swiglu_avx2(float *gate, const float *up, int64_t n);
+#endif
+
+#define EI_TYPE_IDS 31   /* GGML type ids index the per-type entries: 0 .. EI_TYPE_BF16 (30) */
+#define EI_ATTN_CANDIDATES 2
+
+/* Every kernel the forward calls, for one ISA level, filled once (ei_kernels_get)
+ * and read through by the runtime, its thread-pool workers and the kernel API:
+ * the hot paths never test the ISA. x86 (scalar, AVX2, AVX-512 + VNNI) and
+ * aarch64 (NEON, with or without dotprod) fill the same fields; a NULL entry is
+ * a kernel that level lacks (the caller says what happens then). */
+typedef struct ei_kernels {
+    int isa;             /* the level the table is for */
+    const char *name;    /* "avx512", "neon+dotprod", ... */
+    ei_dequant_fn dequant[EI_TYPE_IDS];
+    ei_dot_fn dot[EI_TYPE_IDS];
+    ei_dot4_fn dot4[EI_TYPE_IDS];   /* NULL: dot per token */
+    ei_quantize_act_fn quantize_act;
+    struct {
+        ei_packed_fn x1, x4;        /* NULL: the type stays in its GGUF layout at this level */
+    } packed[EI_TYPE_IDS];
+    /* [F16 KV, Q8_0 KV]: SIMD kernels in order of preference (fn NULL ends the
+     * list); ei_attn_pick falls back to the scalar reference. */
+    ei_attn_kernel attend[2][EI_ATTN_CANDIDATES];
+    ei_swiglu_fn swiglu;
+} ei_kernels;
+
+/* The table for an ISA level (EI_ISA_BEST: the best this CPU has), initialised
+ * once per process; NULL when the level cannot run here. */
+const ei_kernels *ei_kernels_get(int isa);
+
+/* Fills *k for isa (a level built for this architecture) with the NEON dotprod
+ * build on or off (ignored elsewhere), whatever this CPU reports: for tests that
+ * run each build. */
+void ei_kernels_fill(ei_kernels *k, int isa, int neon_dotprod);
 
 /* Bytes of one row of n elements (n a multiple of the block size), 0 if invalid. */
 int64_t ei_row_bytes(int type, int64_t n);
 
+/* Quantizes n_tok rows of n_cols floats (a multiple of EI_QA_BLOCK) into ei_q8a blocks. */
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out);
+
 /* y[t * ldy + r] = dot(row r, act of token t) for r in [r0, r1), t in [0, n_tok).
  * act_stride is the byte distance between consecutive tokens' activations.
  * Rows are visited in blocks so each weight row is read once for all tokens. */
-void ei_matmul_rows(int type, int isa, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
+void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 
 /* fp16 <-> fp32 conversions (IEEE half), scalar. */

@@ -1,10 +1,9 @@
 #include "packed.h"
 
+#include <stddef.h>
 #include <string.h>
 
-#include "kernels.h"
 #include "quants_impl.h"
-
 
 static int quant_bytes(int type) {
     switch (type) {
@@ -17,40 +16,38 @@ static int quant_bytes(int type) {
     }
 }
 
-static int src_block_bytes(int type) {
+/* Where a GGUF block of each packable type keeps its fields. */
+typedef struct {
+    size_t bytes, qs;   /* block size, offset of the quants */
+    int m, qh;          /* offsets of the f16 min and the 32-bit qh word; -1: none */
+} src_layout;
+
+static src_layout layout(int type) {
     switch (type) {
-    case EI_TYPE_Q4_0: return Q4_0_BYTES;
-    case EI_TYPE_Q4_1: return Q4_1_BYTES;
-    case EI_TYPE_Q5_0: return Q5_0_BYTES;
-    case EI_TYPE_Q5_1: return Q5_1_BYTES;
-    default: return Q8_0_BYTES;
+    case EI_TYPE_Q4_0: return (src_layout){sizeof(block_q4_0), offsetof(block_q4_0, qs), -1, -1};
+    case EI_TYPE_Q4_1: return (src_layout){sizeof(block_q4_1), offsetof(block_q4_1, qs), offsetof(block_q4_1, m), -1};
+    case EI_TYPE_Q5_0: return (src_layout){sizeof(block_q5_0), offsetof(block_q5_0, qs), -1, offsetof(block_q5_0, qh)};
+    case EI_TYPE_Q5_1:
+        return (src_layout){sizeof(block_q5_1), offsetof(block_q5_1, qs), offsetof(block_q5_1, m),
+                            offsetof(block_q5_1, qh)};
+    default: return (src_layout){sizeof(block_q8_0), offsetof(block_q8_0, qs), -1, -1};
     }
 }
 
-static int has_min(int type) { return type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1; }
-
 /* f16 d[8], then f16 m[8] for types with a min (the others' min is -offset * d,
  * computed in the kernel: no extra bytes to stream). */
-static int header_bytes(int type) { return has_min(type) ? 32 : 16; }
+static int header_bytes(int type) { return layout(type).m >= 0 ? 32 : 16; }
 
-size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols) {
-#if defined(__x86_64__)
-    const int qb = quant_bytes(type);
-    if (!qb || n_rows % EI_PACK_ROWS || n_cols % QK || n_rows < EI_PACK_ROWS) return 0;
-    if (isa != EI_ISA_AVX2 && isa != EI_ISA_AVX512) return 0;
-    if (!ei_isa_supported(isa)) return 0;
-    if (type == EI_TYPE_Q8_0 && isa != EI_ISA_AVX512) return 0;   /* needs vpdpbusd */
-    return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / QK) * (size_t)(header_bytes(type) + qb);
-#else
-    (void)type; (void)isa; (void)n_rows; (void)n_cols;
-    return 0;
-#endif
+size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols) {
+    if (type < 0 || type >= EI_TYPE_IDS || !k->packed[type].x1) return 0;
+    if (n_rows % EI_PACK_ROWS || n_cols % QK || n_rows < EI_PACK_ROWS) return 0;
+    return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / QK) * (size_t)(header_bytes(type) + quant_bytes(type));
 }
 
 void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
     const int64_t nb = n_cols / QK;
-    const int bb = src_block_bytes(type), qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4;
-    const int hdr = header_bytes(type);
+    const src_layout L = layout(type);
+    const int qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
     const uint8_t *src = w;
     uint8_t *out = dst;
     for (int64_t g = 0; g < n_rows / EI_PACK_ROWS; g++) {
@@ -58,15 +55,11 @@ void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst)
             uint16_t *d = (uint16_t *)out, *m = d + EI_PACK_ROWS;
             uint8_t *q = out + hdr;
             for (int r = 0; r < EI_PACK_ROWS; r++) {
-                const uint8_t *blk = src + ((g * EI_PACK_ROWS + r) * nb + b) * bb;
-                d[r] = ei_ld16(blk);
-                if (has_min(type)) m[r] = ei_ld16(blk + 2);
-                /* after d (and m): Q5's qh word, then the quants */
-                const uint8_t *qs = blk + (has_min(type) ? 4 : 2);
-                if (type == EI_TYPE_Q5_0 || type == EI_TYPE_Q5_1) {
-                    memcpy(q + 128 + 4 * r, qs, 4);
-                    qs += 4;
-                }
+                const uint8_t *blk = src + ((g * EI_PACK_ROWS + r) * nb + b) * L.bytes;
+                const uint8_t *qs = blk + L.qs;
+                d[r] = ei_ld16(blk);   /* d leads every block */
+                if (L.m >= 0) m[r] = ei_ld16(blk + L.m);
+                if (L.qh >= 0) memcpy(q + 128 + 4 * r, blk + L.qh, 4);
                 for (int k = 0; k < groups; k++)
                     for (int j = 0; j < 4; j++)
                         q[32 * k + 4 * r + j] = type == EI_TYPE_Q8_0 ? (uint8_t)(qs[4 * k + j] ^ 0x80) : qs[4 * k + j];
@@ -133,7 +126,7 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
 #define PACKED_FN(NAME, TARGET, DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                      \
-    static TARGET void NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
+    TARGET void ei_packed_##NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
                             float *y, int64_t ldy) {                                               \
         PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
     }
@@ -175,23 +168,13 @@ PACKED_FN(q5_1_x4_vnni, T_VNNI, dp_vnni, 4, 1, 1, 1, 0.0f)
 PACKED_FN(q8_0_x1_vnni, T_VNNI, dp_vnni, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, dp_vnni, 4, 0, 0, 0, 128.0f)
 
-typedef void (*packed_fn)(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #endif
 
-void ei_matmul_packed(int type, int isa, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
+void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy) {
-#if defined(__x86_64__)
     const int64_t nb = n_cols / QK;
     const size_t group_bytes = (size_t)nb * (size_t)(header_bytes(type) + quant_bytes(type));
-    const int vnni = isa == EI_ISA_AVX512;
-    packed_fn x1, x4;
-    switch (type) {
-    case EI_TYPE_Q4_0: x1 = vnni ? q4_0_x1_vnni : q4_0_x1_avx2; x4 = vnni ? q4_0_x4_vnni : q4_0_x4_avx2; break;
-    case EI_TYPE_Q4_1: x1 = vnni ? q4_1_x1_vnni : q4_1_x1_avx2; x4 = vnni ? q4_1_x4_vnni : q4_1_x4_avx2; break;
-    case EI_TYPE_Q5_0: x1 = vnni ? q5_0_x1_vnni : q5_0_x1_avx2; x4 = vnni ? q5_0_x4_vnni : q5_0_x4_avx2; break;
-    case EI_TYPE_Q5_1: x1 = vnni ? q5_1_x1_vnni : q5_1_x1_avx2; x4 = vnni ? q5_1_x4_vnni : q5_1_x4_avx2; break;
-    default: x1 = q8_0_x1_vnni; x4 = q8_0_x4_vnni; break;
-    }
+    const ei_packed_fn x1 = k->packed[type].x1, x4 = k->packed[type].x4;
     const uint8_t *A = act;
     int64_t t = 0;
     for (; t + 4 <= n_tok; t += 4)
@@ -202,8 +185,4 @@ void ei_matmul_packed(int type, int isa, const void *packed, int64_t n_cols, int
         for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)
             x1((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
                y + t * ldy + r, ldy);
-#else
-    (void)type; (void)isa; (void)packed; (void)n_cols; (void)r0; (void)r1; (void)act; (void)act_stride;
-    (void)n_tok; (void)y; (void)ldy;
-#endif
 }

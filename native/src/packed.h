@@ -25,11 +25,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 #define EI_PACK_ROWS 8
 
 /* Bytes of the packed form of a [n_rows, n_cols] matrix of `type`, or 0 when it
- * cannot be packed for this ISA (type, shape, scale range). */
-size_t ei_packed_bytes(int type, int isa, int64_t n_rows, int64_t n_cols);
+ * stays in its GGUF layout: table k has no packed kernel for the type, or the
+ * shape does not fit. */
+size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols);
 
 /* Writes the packed form of w into dst (ei_packed_bytes bytes). */
 void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
@@ -37,6 +40,23 @@ void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst)
 /* y[t * ldy + r] for rows [r0, r1) (multiples of 8) and tokens [0, n_tok) from
  * packed weights and ei_q8a activations. Each (row, token) result is the same
  * whatever n_tok and r0/r1 are. */
-void ei_matmul_packed(int type, int isa, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
+void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
+
+#if defined(__x86_64__)
+/* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call, AVX2
+ * (maddubs + madd) or VNNI (vpdpbusd). */
+#define EI_PACKED_DECL(name, sfx)                                                                           \
+    void ei_packed_##name##_x1_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);      \
+    void ei_packed_##name##_x4_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_DECL(q4_0, avx2)
+EI_PACKED_DECL(q4_1, avx2)
+EI_PACKED_DECL(q5_0, avx2)
+EI_PACKED_DECL(q5_1, avx2)
+EI_PACKED_DECL(q4_0, vnni)
+EI_PACKED_DECL(q4_1, vnni)
+EI_PACKED_DECL(q5_0, vnni)
+EI_PACKED_DECL(q5_1, vnni)
+EI_PACKED_DECL(q8_0, vnni)
+#endif
 #endif

@@ -16,7 +16,7 @@
 
 /* ---------------- helpers ---------------- */
 
-static inline DQ float h2f(const uint8_t *p) { return _cvtsh_ss(ei_ld16(p)); }
+static inline DQ float h2f(const void *p) { return _cvtsh_ss(ei_ld16(p)); }
 
 /* 16 packed bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles. */
 static inline DQ __m256i nibbles32(const uint8_t *p) {
@@ -108,45 +108,45 @@ DQ void ei_deq_bf16_avx2(const void *src, float *dst, int64_t n) {
 }
 
 DQ void ei_deq_q4_0_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, dst += QK)
-        store_mul(dst, _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8)), h2f(b));
+    const block_q4_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK)
+        store_mul(dst, _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8)), h2f(&b->d));
 }
 
 DQ void ei_deq_q4_1_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, dst += QK)
-        store_mul_add(dst, nibbles32(b + 4), h2f(b), h2f(b + 2));
+    const block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK)
+        store_mul_add(dst, nibbles32(b->qs), h2f(&b->d), h2f(&b->m));
 }
 
 DQ void ei_deq_q5_0_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, dst += QK) {
-        __m256i q = _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(ei_ld32(b + 2)), _mm256_set1_epi8(16)));
-        store_mul(dst, _mm256_sub_epi8(q, _mm256_set1_epi8(16)), h2f(b));
+    const block_q5_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        __m256i q = _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits32(ei_ld32(b->qh)), _mm256_set1_epi8(16)));
+        store_mul(dst, _mm256_sub_epi8(q, _mm256_set1_epi8(16)), h2f(&b->d));
     }
 }
 
 DQ void ei_deq_q5_1_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, dst += QK) {
-        __m256i q = _mm256_or_si256(nibbles32(b + 8), _mm256_and_si256(bits32(ei_ld32(b + 4)), _mm256_set1_epi8(16)));
-        store_mul_add(dst, q, h2f(b), h2f(b + 2));
+    const block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        __m256i q = _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits32(ei_ld32(b->qh)), _mm256_set1_epi8(16)));
+        store_mul_add(dst, q, h2f(&b->d), h2f(&b->m));
     }
 }
 
 DQ void ei_deq_q8_0_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, dst += QK)
-        store_mul(dst, _mm256_loadu_si256((const __m256i *)(b + 2)), h2f(b));
+    const block_q8_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK)
+        store_mul(dst, _mm256_loadu_si256((const __m256i *)b->qs), h2f(&b->d));
 }
 
 DQ void ei_deq_q4_k_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q4_K *b = src;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int j = 0; j < 8; j++, dst += 32) {
             uint8_t sc, m;
             ei_k_scale_min(j, scales, &sc, &m);
@@ -158,12 +158,12 @@ DQ void ei_deq_q4_k_avx2(const void *src, float *dst, int64_t n) {
 }
 
 DQ void ei_deq_q5_k_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q5_K *b = src;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 48;
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
         for (int j = 0; j < 8; j++, dst += 32) {
             uint8_t sc, m;
             ei_k_scale_min(j, scales, &sc, &m);
@@ -187,12 +187,12 @@ static inline DQ __m256i q6k_block(const uint8_t *ql, const uint8_t *qh, int j) 
 }
 
 DQ void ei_deq_q6_k_avx2(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = h2f(b + 208);
+    const block_q6_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const int8_t *sc = b->scales;
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j++, dst += 32) {
-            __m256i q = _mm256_sub_epi8(q6k_block(b, b + 128, j), _mm256_set1_epi8(32));
+            __m256i q = _mm256_sub_epi8(q6k_block(b->ql, b->qh, j), _mm256_set1_epi8(32));
             __m256 f[4];
             i8_to_f32(q, f);
             const __m256 d0 = _mm256_set1_ps(d * (float)sc[2 * j]), d1 = _mm256_set1_ps(d * (float)sc[2 * j + 1]);
@@ -296,73 +296,73 @@ AV float ei_dot_bf16_avx2(int64_t n, const void *row, const void *act) {
 /* ---------------- dot products: quantized weights x ei_q8a ---------------- */
 
 AV float ei_dot_q8_0_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q8_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, a++) {
-        const __m256 p = dot_ss8(_mm256_loadu_si256((const __m256i *)(b + 2)), act_q(a));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), p, acc);
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const __m256 p = dot_ss8(_mm256_loadu_si256((const __m256i *)b->qs), act_q(a));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(&b->d) * a->d), p, acc);
     }
     return hsum8(acc);
 }
 
 AV float ei_dot_q4_0_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, a++) {
-        const __m256i q = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_ss8(q, act_q(a)), acc);
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const __m256i q = _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(&b->d) * a->d), dot_ss8(q, act_q(a)), acc);
     }
     return hsum8(acc);
 }
 
 AV float ei_dot_q4_1_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, a++) {
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_us8(nibbles32(b + 4), act_q(a)), acc);
-        summ += h2f(b + 2) * a->s;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(&b->d) * a->d), dot_us8(nibbles32(b->qs), act_q(a)), acc);
+        summ += h2f(&b->m) * a->s;
     }
     return hsum8(acc) + summ;
 }
 
 AV float ei_dot_q5_0_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, a++) {
-        __m256i q = _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(ei_ld32(b + 2)), _mm256_set1_epi8(16)));
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        __m256i q = _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits32(ei_ld32(b->qh)), _mm256_set1_epi8(16)));
         q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_ss8(q, act_q(a)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(&b->d) * a->d), dot_ss8(q, act_q(a)), acc);
     }
     return hsum8(acc);
 }
 
 AV float ei_dot_q5_1_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, a++) {
-        __m256i q = _mm256_or_si256(nibbles32(b + 8), _mm256_and_si256(bits32(ei_ld32(b + 4)), _mm256_set1_epi8(16)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b) * a->d), dot_us8(q, act_q(a)), acc);
-        summ += h2f(b + 2) * a->s;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        __m256i q = _mm256_or_si256(nibbles32(b->qs), _mm256_and_si256(bits32(ei_ld32(b->qh)), _mm256_set1_epi8(16)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(&b->d) * a->d), dot_us8(q, act_q(a)), acc);
+        summ += h2f(&b->m) * a->s;
     }
     return hsum8(acc) + summ;
 }
 
 AV float ei_dot_q4_k_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int p = 0; p < 4; p++, a += 2) {
             uint8_t sc0, m0, sc1, m1;
             ei_k_scale_min(2 * p, scales, &sc0, &m0);
@@ -379,15 +379,15 @@ AV float ei_dot_q4_k_avx2(int64_t n, const void *row, const void *act) {
 }
 
 AV float ei_dot_q5_k_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(16);
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 48;
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
         for (int j = 0; j < 8; j++, a++) {
             uint8_t sc, m;
             ei_k_scale_min(j, scales, &sc, &m);
@@ -404,15 +404,15 @@ AV float ei_dot_q5_k_avx2(int64_t n, const void *row, const void *act) {
 }
 
 AV float ei_dot_q6_k_avx2(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q6_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const __m256i k32 = _mm256_set1_epi8(32);
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = h2f(b + 208);
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const int8_t *sc = b->scales;
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j++, a++) {
-            const __m256i q = q6k_block(b, b + 128, j);
+            const __m256i q = q6k_block(b->ql, b->qh, j);
             const __m256i y = act_q(a);
             /* (q - 32) * y summed in pairs: exact in int16 (|.| <= 8128) */
             const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(k32, y));

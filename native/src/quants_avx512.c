@@ -13,7 +13,7 @@
 
 #define AX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
-static inline AX float h2f(const uint8_t *p) { return _cvtsh_ss(ei_ld16(p)); }
+static inline AX float h2f(const void *p) { return _cvtsh_ss(ei_ld16(p)); }
 
 static inline AX __m512i cat256(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -105,12 +105,12 @@ AX float ei_dot_q8_0_avx512(int64_t n, const void *row, const void *act) {
     __m512 acc = _mm512_setzero_ps();
     __m256 acc8 = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, b += 2 * Q8_0_BYTES, a += 2) {
+    for (; i + 2 <= nb; i += 2, b += 2 * sizeof(block_q8_0), a += 2) {
         const __m512i q = cat256(_mm256_loadu_si256((const __m256i *)(b + 2)),
-                                 _mm256_loadu_si256((const __m256i *)(b + Q8_0_BYTES + 2)));
+                                 _mm256_loadu_si256((const __m256i *)(b + sizeof(block_q8_0) + 2)));
         const __m512i y = act_q2(a);
         const __m512i s = _mm512_sub_epi32(dp(_mm512_xor_si512(q, off), y), dp(off, y));
-        acc = _mm512_fmadd_ps(scale2(h2f(b) * a[0].d, h2f(b + Q8_0_BYTES) * a[1].d), _mm512_cvtepi32_ps(s), acc);
+        acc = _mm512_fmadd_ps(scale2(h2f(b) * a[0].d, h2f(b + sizeof(block_q8_0)) * a[1].d), _mm512_cvtepi32_ps(s), acc);
     }
     if (i < nb) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2)), y = act_q(a);
@@ -136,10 +136,10 @@ AX void ei_dot4_q8_0_avx512(int64_t n, const void *row, const void *act, int64_t
         acc8[t] = _mm256_setzero_ps();
     }
     int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, b += 2 * Q8_0_BYTES) {
+    for (; i + 2 <= nb; i += 2, b += 2 * sizeof(block_q8_0)) {
         const __m512i qx = _mm512_xor_si512(cat256(_mm256_loadu_si256((const __m256i *)(b + 2)),
-                                                   _mm256_loadu_si256((const __m256i *)(b + Q8_0_BYTES + 2))), off);
-        const float d0 = h2f(b), d1 = h2f(b + Q8_0_BYTES);
+                                                   _mm256_loadu_si256((const __m256i *)(b + sizeof(block_q8_0) + 2))), off);
+        const float d0 = h2f(b), d1 = h2f(b + sizeof(block_q8_0));
         for (int t = 0; t < 4; t++) {
             const ei_q8a *at = a[t] + i;
             const __m512i y = act_q2(at);
@@ -256,15 +256,15 @@ static inline AX __m256i qh16(uint32_t qh) { return _mm256_maskz_mov_epi8((__mma
     }                                                                                             \
     for (int t = 0; t < 4; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + (summ0[t] + summ1[t]);
 
-AX void ei_dot4_q4_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q4_0_BYTES, Q_Q4_0, 8, 0) }
-AX void ei_dot4_q4_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q4_1_BYTES, Q_Q4_1, 0, 1) }
-AX void ei_dot4_q5_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q5_0_BYTES, Q_Q5_0, 16, 0) }
-AX void ei_dot4_q5_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(Q5_1_BYTES, Q_Q5_1, 0, 1) }
+AX void ei_dot4_q4_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(sizeof(block_q4_0), Q_Q4_0, 8, 0) }
+AX void ei_dot4_q4_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(sizeof(block_q4_1), Q_Q4_1, 0, 1) }
+AX void ei_dot4_q5_0_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(sizeof(block_q5_0), Q_Q5_0, 16, 0) }
+AX void ei_dot4_q5_1_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { DOT32_X4_BODY(sizeof(block_q5_1), Q_Q5_1, 0, 1) }
 
-AX float ei_dot_q4_0_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q4_0_BYTES, Q_Q4_0, 8, 0) }
-AX float ei_dot_q4_1_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q4_1_BYTES, Q_Q4_1, 0, 1) }
-AX float ei_dot_q5_0_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q5_0_BYTES, Q_Q5_0, 16, 0) }
-AX float ei_dot_q5_1_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(Q5_1_BYTES, Q_Q5_1, 0, 1) }
+AX float ei_dot_q4_0_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(sizeof(block_q4_0), Q_Q4_0, 8, 0) }
+AX float ei_dot_q4_1_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(sizeof(block_q4_1), Q_Q4_1, 0, 1) }
+AX float ei_dot_q5_0_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(sizeof(block_q5_0), Q_Q5_0, 16, 0) }
+AX float ei_dot_q5_1_avx512(int64_t n, const void *row, const void *act) { DOT32_BODY(sizeof(block_q5_1), Q_Q5_1, 0, 1) }
 
 /* ---------------- K-quants: 256-element super-blocks ---------------- */
 
@@ -283,10 +283,10 @@ INL void q4k_body(int64_t n, const void *row, const void *act, int64_t stride, f
         acc[t] = _mm512_setzero_ps();
         summ[t] = 0.0f;
     }
-    const uint8_t *b = (const uint8_t *)row;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    const block_q4_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int p = 0; p < 4; p++) {
             uint8_t sc0, m0, sc1, m1;
             ei_k_scale_min(2 * p, scales, &sc0, &m0);
@@ -312,11 +312,11 @@ INL void q5k_body(int64_t n, const void *row, const void *act, int64_t stride, f
         acc[t] = _mm512_setzero_ps();
         summ[t] = 0.0f;
     }
-    const uint8_t *b = (const uint8_t *)row;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 48;
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+    const block_q5_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
         for (int p = 0; p < 4; p++) {
             uint8_t sc0, m0, sc1, m1;
             ei_k_scale_min(2 * p, scales, &sc0, &m0);
@@ -343,10 +343,11 @@ INL void q6k_body(int64_t n, const void *row, const void *act, int64_t stride, f
     const __m128i sidx = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 acc[4];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    const uint8_t *b = (const uint8_t *)row;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
-        const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
-        const float d = h2f(b + 208);
+    const block_q6_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const uint8_t *ql = b->ql, *qh = b->qh;
+        const uint8_t *sc = (const uint8_t *)b->scales;   /* int8 bytes, sign-extended below */
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j += 2) {
             /* activation blocks j, j+1 (j even): 64 contiguous ql bytes, one nibble
              * shift; qh bits 2k and 2k+2 of the same 32 bytes */

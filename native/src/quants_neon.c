@@ -21,15 +21,10 @@
 #pragma GCC optimize("fp-contract=off")
 #include <arm_neon.h>
 
-/* Exported to kernels.c (NEON dispatch block) and native/tests/kernel_test.c. */
-ei_dequant_fn ei_neon_get_dequant(int type);
-ei_dot_fn ei_neon_get_dot(int type, int dotprod);
-void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
-
 /* ---------------- helpers ---------------- */
 
 /* IEEE half -> float with the FPU (exact for every non-NaN input). */
-static inline float h2f(const uint8_t *p) {
+static inline float h2f(const void *p) {
     __fp16 h;
     memcpy(&h, p, 2);
     return (float)h;
@@ -119,67 +114,67 @@ void ei_deq_bf16_neon(const void *src, float *dst, int64_t n) {
 }
 
 void ei_deq_q4_0_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q4_0 *b = src;
     const int8x16_t eight = vdupq_n_s8(8);
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi;
-        nibbles(b + 2, &lo, &hi);
-        const float d = h2f(b);
+        nibbles(b->qs, &lo, &hi);
+        const float d = h2f(&b->d);
         store_mul(dst, vsubq_s8(S8(lo), eight), d);
         store_mul(dst + 16, vsubq_s8(S8(hi), eight), d);
     }
 }
 
 void ei_deq_q4_1_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, dst += QK) {
+    const block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi;
-        nibbles(b + 4, &lo, &hi);
-        const float d = h2f(b), m = h2f(b + 2);
+        nibbles(b->qs, &lo, &hi);
+        const float d = h2f(&b->d), m = h2f(&b->m);
         store_mul_add(dst, S8(lo), d, m);
         store_mul_add(dst + 16, S8(hi), d, m);
     }
 }
 
 void ei_deq_q5_0_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q5_0 *b = src;
     const int8x16_t sixteen = vdupq_n_s8(16);
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, dst += QK) {
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 6, &lo, &hi);
-        qh_bits16(ei_ld32(b + 2), &h0, &h1);
-        const float d = h2f(b);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
+        const float d = h2f(&b->d);
         store_mul(dst, vsubq_s8(S8(vorrq_u8(lo, h0)), sixteen), d);
         store_mul(dst + 16, vsubq_s8(S8(vorrq_u8(hi, h1)), sixteen), d);
     }
 }
 
 void ei_deq_q5_1_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, dst += QK) {
+    const block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 8, &lo, &hi);
-        qh_bits16(ei_ld32(b + 4), &h0, &h1);
-        const float d = h2f(b), m = h2f(b + 2);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
+        const float d = h2f(&b->d), m = h2f(&b->m);
         store_mul_add(dst, S8(vorrq_u8(lo, h0)), d, m);
         store_mul_add(dst + 16, S8(vorrq_u8(hi, h1)), d, m);
     }
 }
 
 void ei_deq_q8_0_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, dst += QK) {
-        const float d = h2f(b);
-        store_mul(dst, vld1q_s8((const int8_t *)(b + 2)), d);
-        store_mul(dst + 16, vld1q_s8((const int8_t *)(b + 18)), d);
+    const block_q8_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = h2f(&b->d);
+        store_mul(dst, vld1q_s8(b->qs), d);
+        store_mul(dst + 16, vld1q_s8(b->qs + 16), d);
     }
 }
 
 void ei_deq_q4_k_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    const block_q4_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int j = 0; j < 8; j += 2, dst += 64) {
             const uint8_t *q = qs + 16 * j;
             const uint8x16_t v0 = vld1q_u8(q), v1 = vld1q_u8(q + 16), m4 = vdupq_n_u8(0x0f);
@@ -198,11 +193,11 @@ void ei_deq_q4_k_neon(const void *src, float *dst, int64_t n) {
 }
 
 void ei_deq_q5_k_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
+    const block_q5_K *b = src;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), b4 = vdupq_n_u8(16);
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qh = b->qh, *qs = b->qs;
         const uint8x16_t qh0 = vld1q_u8(qh), qh1 = vld1q_u8(qh + 16);
         for (int j = 0; j < 8; j++, dst += 32) {
             const uint8_t *q = qs + 32 * (j / 2);
@@ -249,11 +244,11 @@ static inline void q6k_block(const uint8_t *ql, const uint8_t *qh, int j, int8x1
 }
 
 void ei_deq_q6_k_neon(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = h2f(b + 208);
+    const block_q6_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const uint8_t *ql = b->ql, *qh = b->qh;
+        const int8_t *sc = b->scales;
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j++, dst += 32) {
             int8x16_t w0, w1;
             q6k_block(ql, qh, j, &w0, &w1);
@@ -387,42 +382,6 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32x4_t dot16_
 #undef DOT16
 #undef EI_NEON_PASS
 
-/* ---------------- tables (used by kernels.c) ---------------- */
-
-ei_dequant_fn ei_neon_get_dequant(int type) {
-    switch (type) {
-    case EI_TYPE_F32: return ei_deq_f32_neon;
-    case EI_TYPE_F16: return ei_deq_f16_neon;
-    case EI_TYPE_BF16: return ei_deq_bf16_neon;
-    case EI_TYPE_Q4_0: return ei_deq_q4_0_neon;
-    case EI_TYPE_Q4_1: return ei_deq_q4_1_neon;
-    case EI_TYPE_Q5_0: return ei_deq_q5_0_neon;
-    case EI_TYPE_Q5_1: return ei_deq_q5_1_neon;
-    case EI_TYPE_Q8_0: return ei_deq_q8_0_neon;
-    case EI_TYPE_Q4_K: return ei_deq_q4_k_neon;
-    case EI_TYPE_Q5_K: return ei_deq_q5_k_neon;
-    case EI_TYPE_Q6_K: return ei_deq_q6_k_neon;
-    default: return NULL;
-    }
-}
-
-/* dotprod != 0 selects the vdotq_s32 build; the caller must have checked hwcaps. */
-ei_dot_fn ei_neon_get_dot(int type, int dotprod) {
-    switch (type) {
-    case EI_TYPE_F32: return ei_dot_f32_neon;
-    case EI_TYPE_F16: return ei_dot_f16_neon;
-    case EI_TYPE_BF16: return ei_dot_bf16_neon;
-    case EI_TYPE_Q4_0: return dotprod ? ei_dot_q4_0_neondot : ei_dot_q4_0_neon;
-    case EI_TYPE_Q4_1: return dotprod ? ei_dot_q4_1_neondot : ei_dot_q4_1_neon;
-    case EI_TYPE_Q5_0: return dotprod ? ei_dot_q5_0_neondot : ei_dot_q5_0_neon;
-    case EI_TYPE_Q5_1: return dotprod ? ei_dot_q5_1_neondot : ei_dot_q5_1_neon;
-    case EI_TYPE_Q8_0: return dotprod ? ei_dot_q8_0_neondot : ei_dot_q8_0_neon;
-    case EI_TYPE_Q4_K: return dotprod ? ei_dot_q4_k_neondot : ei_dot_q4_k_neon;
-    case EI_TYPE_Q5_K: return dotprod ? ei_dot_q5_k_neondot : ei_dot_q5_k_neon;
-    case EI_TYPE_Q6_K: return dotprod ? ei_dot_q6_k_neondot : ei_dot_q6_k_neon;
-    default: return NULL;
-    }
-}
 #endif /* __aarch64__ */
 
 #else /* EI_NEON_PASS: integer dot kernels, instantiated per DOT16 / EI_DOTATTR / SFX */
@@ -435,80 +394,80 @@ ei_dot_fn ei_neon_get_dot(int type, int dotprod) {
 #define ISUM32(w0, w1, a) vaddvq_s32(DOT16(DOT16(vdupq_n_s32(0), (w0), vld1q_s8((a)->q)), (w1), vld1q_s8((a)->q + 16)))
 
 EI_DOTATTR float FN(q8_0)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q8_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, a++) {
-        const int isum = ISUM32(vld1q_s8((const int8_t *)(b + 2)), vld1q_s8((const int8_t *)(b + 18)), a);
-        acc += (h2f(b) * a->d) * (float)isum;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const int isum = ISUM32(vld1q_s8(b->qs), vld1q_s8(b->qs + 16), a);
+        acc += (h2f(&b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q4_0)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const int8x16_t eight = vdupq_n_s8(8);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi;
-        nibbles(b + 2, &lo, &hi);
+        nibbles(b->qs, &lo, &hi);
         const int isum = ISUM32(vsubq_s8(S8(lo), eight), vsubq_s8(S8(hi), eight), a);
-        acc += (h2f(b) * a->d) * (float)isum;
+        acc += (h2f(&b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q4_1)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi;
-        nibbles(b + 4, &lo, &hi);
+        nibbles(b->qs, &lo, &hi);
         const int isum = ISUM32(S8(lo), S8(hi), a);
-        acc += (h2f(b) * a->d) * (float)isum + h2f(b + 2) * a->s;
+        acc += (h2f(&b->d) * a->d) * (float)isum + h2f(&b->m) * a->s;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q5_0)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const int8x16_t sixteen = vdupq_n_s8(16);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 6, &lo, &hi);
-        qh_bits16(ei_ld32(b + 2), &h0, &h1);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
         const int isum = ISUM32(vsubq_s8(S8(vorrq_u8(lo, h0)), sixteen), vsubq_s8(S8(vorrq_u8(hi, h1)), sixteen), a);
-        acc += (h2f(b) * a->d) * (float)isum;
+        acc += (h2f(&b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q5_1)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, a++) {
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         uint8x16_t lo, hi, h0, h1;
-        nibbles(b + 8, &lo, &hi);
-        qh_bits16(ei_ld32(b + 4), &h0, &h1);
+        nibbles(b->qs, &lo, &hi);
+        qh_bits16(ei_ld32(b->qh), &h0, &h1);
         const int isum = ISUM32(S8(vorrq_u8(lo, h0)), S8(vorrq_u8(hi, h1)), a);
-        acc += (h2f(b) * a->d) * (float)isum + h2f(b + 2) * a->s;
+        acc += (h2f(&b->d) * a->d) * (float)isum + h2f(&b->m) * a->s;
     }
     return acc;
 }
 
 EI_DOTATTR float FN(q4_k)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const uint8x16_t m4 = vdupq_n_u8(0x0f);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qs = b->qs;
         for (int j = 0; j < 8; j += 2, a += 2) {
             const uint8_t *q = qs + 16 * j;
             const uint8x16_t v0 = vld1q_u8(q), v1 = vld1q_u8(q + 16);
@@ -525,13 +484,13 @@ EI_DOTATTR float FN(q4_k)(int64_t n, const void *row, const void *act) {
 }
 
 EI_DOTATTR float FN(q5_k)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), b4 = vdupq_n_u8(16);
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
-        const float d = h2f(b), dmin = h2f(b + 2);
-        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        const uint8_t *scales = b->scales, *qh = b->qh, *qs = b->qs;
         const uint8x16_t qh0 = vld1q_u8(qh), qh1 = vld1q_u8(qh + 16);
         for (int j = 0; j < 8; j += 2, a += 2) {
             const uint8_t *q = qs + 16 * j;
@@ -554,13 +513,13 @@ EI_DOTATTR float FN(q5_k)(int64_t n, const void *row, const void *act) {
 }
 
 EI_DOTATTR float FN(q6_k)(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q6_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = h2f(b + 208);
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const uint8_t *ql = b->ql, *qh = b->qh;
+        const int8_t *sc = b->scales;
+        const float d = h2f(&b->d);
         for (int j = 0; j < 8; j++, a++) {
             int8x16_t w0, w1;
             q6k_block(ql, qh, j, &w0, &w1);

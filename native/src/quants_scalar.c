@@ -32,35 +32,33 @@ EI_NO_CONTRACT void ei_deq_bf16_scalar(const void *src, float *dst, int64_t n) {
 }
 
 EI_NO_CONTRACT void ei_deq_q4_0_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, dst += QK) {
-        const float d = ei_h2f(ei_ld16(b));
-        const uint8_t *qs = b + 2;
+    const block_q4_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = ei_h2f(b->d);
         for (int j = 0; j < 16; j++) {
-            dst[j] = d * (float)((qs[j] & 15) - 8);
-            dst[j + 16] = d * (float)((qs[j] >> 4) - 8);
+            dst[j] = d * (float)((b->qs[j] & 15) - 8);
+            dst[j + 16] = d * (float)((b->qs[j] >> 4) - 8);
         }
     }
 }
 
 EI_NO_CONTRACT void ei_deq_q4_1_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, dst += QK) {
-        const float d = ei_h2f(ei_ld16(b)), m = ei_h2f(ei_ld16(b + 2));
-        const uint8_t *qs = b + 4;
+    const block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = ei_h2f(b->d), m = ei_h2f(b->m);
         for (int j = 0; j < 16; j++) {
-            dst[j] = d * (float)(qs[j] & 15) + m;
-            dst[j + 16] = d * (float)(qs[j] >> 4) + m;
+            dst[j] = d * (float)(b->qs[j] & 15) + m;
+            dst[j + 16] = d * (float)(b->qs[j] >> 4) + m;
         }
     }
 }
 
 EI_NO_CONTRACT void ei_deq_q5_0_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, dst += QK) {
-        const float d = ei_h2f(ei_ld16(b));
-        const uint32_t qh = ei_ld32(b + 2);
-        const uint8_t *qs = b + 6;
+    const block_q5_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = ei_h2f(b->d);
+        const uint32_t qh = ei_ld32(b->qh);
+        const uint8_t *qs = b->qs;
         for (int j = 0; j < 16; j++) {
             int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
             int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
@@ -71,11 +69,11 @@ EI_NO_CONTRACT void ei_deq_q5_0_scalar(const void *src, float *dst, int64_t n) {
 }
 
 EI_NO_CONTRACT void ei_deq_q5_1_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, dst += QK) {
-        const float d = ei_h2f(ei_ld16(b)), m = ei_h2f(ei_ld16(b + 2));
-        const uint32_t qh = ei_ld32(b + 4);
-        const uint8_t *qs = b + 8;
+    const block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = ei_h2f(b->d), m = ei_h2f(b->m);
+        const uint32_t qh = ei_ld32(b->qh);
+        const uint8_t *qs = b->qs;
         for (int j = 0; j < 16; j++) {
             int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
             int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
@@ -86,24 +84,22 @@ EI_NO_CONTRACT void ei_deq_q5_1_scalar(const void *src, float *dst, int64_t n) {
 }
 
 EI_NO_CONTRACT void ei_deq_q8_0_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, dst += QK) {
-        const float d = ei_h2f(ei_ld16(b));
-        const int8_t *qs = (const int8_t *)(b + 2);
-        for (int j = 0; j < QK; j++) dst[j] = (float)qs[j] * d;
+    const block_q8_0 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = ei_h2f(b->d);
+        for (int j = 0; j < QK; j++) dst[j] = (float)b->qs[j] * d;
     }
 }
 
 EI_NO_CONTRACT void ei_deq_q4_k_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
-        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    const block_q4_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d), dmin = ei_h2f(b->dmin);
         for (int j = 0; j < 8; j++, dst += 32) {
             uint8_t sc, m;
-            ei_k_scale_min(j, scales, &sc, &m);
+            ei_k_scale_min(j, b->scales, &sc, &m);
             const float dl = d * (float)sc, ml = dmin * (float)m;
-            const uint8_t *q = qs + 32 * (j / 2);
+            const uint8_t *q = b->qs + 32 * (j / 2);
             const int shift = 4 * (j & 1);
             for (int l = 0; l < 32; l++) dst[l] = dl * (float)((q[l] >> shift) & 15) - ml;
         }
@@ -111,18 +107,17 @@ EI_NO_CONTRACT void ei_deq_q4_k_scalar(const void *src, float *dst, int64_t n) {
 }
 
 EI_NO_CONTRACT void ei_deq_q5_k_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
-        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
-        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    const block_q5_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d), dmin = ei_h2f(b->dmin);
         for (int j = 0; j < 8; j++, dst += 32) {
             uint8_t sc, m;
-            ei_k_scale_min(j, scales, &sc, &m);
+            ei_k_scale_min(j, b->scales, &sc, &m);
             const float dl = d * (float)sc, ml = dmin * (float)m;
-            const uint8_t *q = qs + 32 * (j / 2);
+            const uint8_t *q = b->qs + 32 * (j / 2);
             const int shift = 4 * (j & 1);
             for (int l = 0; l < 32; l++) {
-                int v = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+                int v = ((q[l] >> shift) & 15) | (((b->qh[l] >> j) & 1) << 4);
                 dst[l] = dl * (float)v - ml;
             }
         }
@@ -138,16 +133,14 @@ static inline int q6k_u(const uint8_t *ql, const uint8_t *qh, int e) {
 }
 
 EI_NO_CONTRACT void ei_deq_q6_k_scalar(const void *src, float *dst, int64_t n) {
-    const uint8_t *b = (const uint8_t *)src;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES, dst += QKK) {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = ei_h2f(ei_ld16(b + 208));
+    const block_q6_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++, dst += QKK) {
+        const float d = ei_h2f(b->d);
         for (int s = 0; s < 16; s++) {
-            const float dl = d * (float)sc[s];
+            const float dl = d * (float)b->scales[s];
             for (int l = 0; l < 16; l++) {
                 int e = 16 * s + l;
-                dst[e] = dl * (float)(q6k_u(ql, qh, e) - 32);
+                dst[e] = dl * (float)(q6k_u(b->ql, b->qh, e) - 32);
             }
         }
     }
@@ -208,92 +201,90 @@ float ei_dot_bf16_scalar(int64_t n, const void *row, const void *act) {
 }
 
 float ei_dot_q8_0_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q8_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q8_0_BYTES, a++) {
-        const int8_t *q = (const int8_t *)(b + 2);
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
         int isum = 0;
-        for (int j = 0; j < QK; j++) isum += q[j] * a->q[j];
-        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum;
+        for (int j = 0; j < QK; j++) isum += b->qs[j] * a->q[j];
+        acc += (ei_h2f(b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 float ei_dot_q4_0_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_0_BYTES, a++) {
-        const uint8_t *qs = b + 2;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const uint8_t *qs = b->qs;
         int isum = 0;
         for (int j = 0; j < 16; j++)
             isum += ((qs[j] & 15) - 8) * a->q[j] + ((qs[j] >> 4) - 8) * a->q[j + 16];
-        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum;
+        acc += (ei_h2f(b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 float ei_dot_q4_1_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q4_1_BYTES, a++) {
-        const uint8_t *qs = b + 4;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const uint8_t *qs = b->qs;
         int isum = 0;
         for (int j = 0; j < 16; j++) isum += (qs[j] & 15) * a->q[j] + (qs[j] >> 4) * a->q[j + 16];
-        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum + ei_h2f(ei_ld16(b + 2)) * a->s;
+        acc += (ei_h2f(b->d) * a->d) * (float)isum + ei_h2f(b->m) * a->s;
     }
     return acc;
 }
 
 float ei_dot_q5_0_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_0 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_0_BYTES, a++) {
-        const uint32_t qh = ei_ld32(b + 2);
-        const uint8_t *qs = b + 6;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const uint32_t qh = ei_ld32(b->qh);
+        const uint8_t *qs = b->qs;
         int isum = 0;
         for (int j = 0; j < 16; j++) {
             int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
             int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
             isum += (lo - 16) * a->q[j] + (hi - 16) * a->q[j + 16];
         }
-        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum;
+        acc += (ei_h2f(b->d) * a->d) * (float)isum;
     }
     return acc;
 }
 
 float ei_dot_q5_1_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_1 *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++, b += Q5_1_BYTES, a++) {
-        const uint32_t qh = ei_ld32(b + 4);
-        const uint8_t *qs = b + 8;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        const uint32_t qh = ei_ld32(b->qh);
+        const uint8_t *qs = b->qs;
         int isum = 0;
         for (int j = 0; j < 16; j++) {
             int lo = (qs[j] & 15) | (int)(((qh >> j) & 1) << 4);
             int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
             isum += lo * a->q[j] + hi * a->q[j + 16];
         }
-        acc += (ei_h2f(ei_ld16(b)) * a->d) * (float)isum + ei_h2f(ei_ld16(b + 2)) * a->s;
+        acc += (ei_h2f(b->d) * a->d) * (float)isum + ei_h2f(b->m) * a->s;
     }
     return acc;
 }
 
 float ei_dot_q4_k_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q4_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q4_K_BYTES) {
-        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
-        const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d), dmin = ei_h2f(b->dmin);
         for (int j = 0; j < 8; j++, a++) {
             uint8_t sc, m;
-            ei_k_scale_min(j, scales, &sc, &m);
-            const uint8_t *q = qs + 32 * (j / 2);
+            ei_k_scale_min(j, b->scales, &sc, &m);
+            const uint8_t *q = b->qs + 32 * (j / 2);
             const int shift = 4 * (j & 1);
             int isum = 0;
             for (int l = 0; l < 32; l++) isum += ((q[l] >> shift) & 15) * a->q[l];
@@ -304,20 +295,19 @@ float ei_dot_q4_k_scalar(int64_t n, const void *row, const void *act) {
 }
 
 float ei_dot_q5_k_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q5_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q5_K_BYTES) {
-        const float d = ei_h2f(ei_ld16(b)), dmin = ei_h2f(ei_ld16(b + 2));
-        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d), dmin = ei_h2f(b->dmin);
         for (int j = 0; j < 8; j++, a++) {
             uint8_t sc, m;
-            ei_k_scale_min(j, scales, &sc, &m);
-            const uint8_t *q = qs + 32 * (j / 2);
+            ei_k_scale_min(j, b->scales, &sc, &m);
+            const uint8_t *q = b->qs + 32 * (j / 2);
             const int shift = 4 * (j & 1);
             int isum = 0;
             for (int l = 0; l < 32; l++) {
-                int v = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+                int v = ((q[l] >> shift) & 15) | (((b->qh[l] >> j) & 1) << 4);
                 isum += v * a->q[l];
             }
             acc += ((d * (float)sc) * a->d) * (float)isum - (dmin * (float)m) * a->s;
@@ -327,17 +317,16 @@ float ei_dot_q5_k_scalar(int64_t n, const void *row, const void *act) {
 }
 
 float ei_dot_q6_k_scalar(int64_t n, const void *row, const void *act) {
-    const uint8_t *b = (const uint8_t *)row;
+    const block_q6_K *b = row;
     const ei_q8a *a = (const ei_q8a *)act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / QKK; i++, b += Q6_K_BYTES) {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = ei_h2f(ei_ld16(b + 208));
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const int8_t *sc = b->scales;
+        const float d = ei_h2f(b->d);
         for (int j = 0; j < 8; j++, a++) {
-            /* activation block j: elements 32j..32j+31 (see quants_impl.h) */
+            /* activation block j: elements 32j..32j+31 (see blocks.h) */
             const int h = j >> 2, k = j & 3, sl = 4 * (k >> 1), sh = 2 * k;
-            const uint8_t *L = ql + 64 * h + 32 * (k & 1), *H = qh + 32 * h;
+            const uint8_t *L = b->ql + 64 * h + 32 * (k & 1), *H = b->qh + 32 * h;
             int lo = 0, hi = 0;
             for (int l = 0; l < 16; l++) {
                 lo += ((((L[l] >> sl) & 15) | (((H[l] >> sh) & 3) << 4)) - 32) * a->q[l];

@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "attention.h"
 #include "common.h"
 #include "packed.h"
 
@@ -70,7 +69,7 @@ static void drop_pages(const void *p, size_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-/* Packs every weight matrix the ISA's packed kernels support into one arena. */
+/* Packs every weight matrix the table's packed kernels support into one arena. */
 static ei_status pack_weights(ei_runtime *rt) {
     const int n = rt->m->cfg.n_layer * EI_PACKED_PER_LAYER + 1;
     size_t sizes_total = 0;
@@ -82,7 +81,7 @@ static ei_status pack_weights(ei_runtime *rt) {
     }
     for (int i = 0; i < n; i++) {
         const ei_weight *w = packable(rt->m, i);
-        bytes[i] = (ei_packed_bytes(w->type, rt->isa, w->ne1, w->ne0) + 63) & ~(size_t)63;
+        bytes[i] = (ei_packed_bytes(rt->kt, w->type, w->ne1, w->ne0) + 63) & ~(size_t)63;
         sizes_total += bytes[i];
     }
     if (sizes_total && !(rt->pack_arena = alloc_huge(sizes_total))) {
@@ -96,7 +95,7 @@ static ei_status pack_weights(ei_runtime *rt) {
         /* Slices of rows, each source slice dropped once packed, so that at most one
          * slice of the file is resident on top of the packed copy (peak RSS). */
         const int64_t slice = 256, row_bytes = ei_row_bytes(w->type, w->ne0);
-        const size_t packed_row_bytes = ei_packed_bytes(w->type, rt->isa, EI_PACK_ROWS, w->ne0) / EI_PACK_ROWS;
+        const size_t packed_row_bytes = ei_packed_bytes(rt->kt, w->type, EI_PACK_ROWS, w->ne0) / EI_PACK_ROWS;
         for (int64_t r0 = 0; r0 < w->ne1; r0 += slice) {
             const int64_t n = EI_MIN(slice, w->ne1 - r0);
             const uint8_t *src = (const uint8_t *)w->data + r0 * row_bytes;
@@ -128,15 +127,16 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     if (prm.kv_type == EI_TYPE_Q8_0 && m->cfg.head_dim % 32)
         return ei_fail(EI_ERR_UNSUPPORTED, "a Q8_0 KV arena needs head_dim a multiple of 32 (got %d)",
                        m->cfg.head_dim);
-    int isa = prm.isa == EI_ISA_BEST ? ei_cpu_best_isa() : prm.isa;
-    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d is not supported on this CPU", isa);
+    const ei_kernels *kt = ei_kernels_get(prm.isa);
+    if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d is not supported on this CPU", prm.isa);
 
     const ei_model_config *c = &m->cfg;
     ei_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: out of memory");
     rt->m = m;
     rt->p = prm;
-    rt->isa = isa;
+    rt->kt = kt;
+    rt->attn = ei_attn_pick(kt, prm.kv_type, c->head_dim);
 
     rt->kv_row_bytes = (size_t)ei_row_bytes(prm.kv_type, c->head_dim);
     size_t kv_rows = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx;
@@ -258,7 +258,7 @@ typedef struct {
 typedef struct {
     const ei_mm_job *jobs;
     int n_jobs;
-    int isa;
+    const ei_kernels *kt;
     const float *x;
     const ei_q8a *qx;
     int64_t n_cols, n_tok;
@@ -282,10 +282,10 @@ static void mm_chunk(const mm_task *t, int64_t chunk) {
     int64_t stride = q8 ? (int64_t)(t->n_cols / EI_QA_BLOCK) * (int64_t)sizeof(ei_q8a)
                         : t->n_cols * (int64_t)sizeof(float);
     if (t->jobs[j].packed)
-        ei_matmul_packed(w->type, t->isa, t->jobs[j].packed, t->n_cols, r0, r1, act, stride, t->n_tok,
+        ei_matmul_packed(t->kt, w->type, t->jobs[j].packed, t->n_cols, r0, r1, act, stride, t->n_tok,
                          t->jobs[j].y, w->ne1);
     else
-        ei_matmul_rows(w->type, t->isa, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
+        ei_matmul_rows(t->kt, w->type, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
 }
 
 static void mm_worker(void *raw, int ith, int nth) {
@@ -303,13 +303,8 @@ static void mm_worker(void *raw, int ith, int nth) {
     }
 }
 
-static void quantize_rows(int isa, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out) {
-    int64_t nb = n_cols / EI_QA_BLOCK;
-    for (int64_t t = 0; t < n_tok; t++) ei_quantize_act(isa, x + t * n_cols, n_cols, out + t * nb);
-}
-
 void ei_parallel_matmul(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_tok) {
-    mm_task t = {.jobs = jobs, .n_jobs = n_jobs, .isa = rt->isa, .x = x, .qx = rt->act,
+    mm_task t = {.jobs = jobs, .n_jobs = n_jobs, .kt = rt->kt, .x = x, .qx = rt->act,
                  .n_cols = jobs[0].w->ne0, .n_tok = n_tok};
     int need_q8 = 0;
     int64_t acc = 0;
@@ -318,7 +313,7 @@ void ei_parallel_matmul(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const
         acc += (jobs[j].w->ne1 + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
         t.chunk_end[j] = acc;
     }
-    if (need_q8) quantize_rows(rt->isa, x, n_tok, t.n_cols, rt->act);
+    if (need_q8) ei_quantize_act_rows(rt->kt, x, n_tok, t.n_cols, rt->act);
     t.nth = ei_pool_size(rt->pool);
     for (int i = 0; i < t.nth; i++) atomic_init(&t.cursor[i].next, 0);
     ei_pool_run(rt->pool, mm_worker, &t);
@@ -328,18 +323,18 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
                            const float *x, int64_t n_tok, float *y, int n_threads) {
     if (!w || !x || !y || n_rows < 1 || n_cols < 1 || n_tok < 1 || n_threads < 1 || n_threads > MAX_THREADS)
         return ei_fail(EI_ERR_INVALID_ARG, "kernel_matmul: bad arguments");
-    if (isa == EI_ISA_BEST) isa = ei_cpu_best_isa();
-    if (!ei_isa_supported(isa)) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
+    const ei_kernels *kt = ei_kernels_get(isa);
+    if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
     if (ei_row_bytes(type, n_cols) <= 0)
         return ei_fail(EI_ERR_UNSUPPORTED, "type %d cannot hold rows of %lld", type, (long long)n_cols);
     if (ei_type_uses_q8a(type) && n_cols % EI_QA_BLOCK)
         return ei_fail(EI_ERR_INVALID_ARG, "n_cols=%lld not a multiple of %d", (long long)n_cols, EI_QA_BLOCK);
     ei_weight wt = {.data = w, .type = type, .ne0 = n_cols, .ne1 = n_rows};
     ei_mm_job job = {.w = &wt, .y = y};
-    ei_runtime rt = {.isa = isa};
+    ei_runtime rt = {.kt = kt};
     size_t dummy = 0;
     void *packed = NULL;
-    size_t pb = ei_packed_bytes(type, isa, n_rows, n_cols);
+    size_t pb = ei_packed_bytes(kt, type, n_rows, n_cols);
     if (pb) {
         packed = malloc(pb);
         if (!packed) return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_matmul: out of memory");

@@ -3,6 +3,7 @@
 #define EI_RUNTIME_H
 #include <stdatomic.h>
 
+#include "attention.h"
 #include "kernels.h"
 #include "model.h"
 #include "threadpool.h"
@@ -10,7 +11,8 @@
 struct ei_runtime {
     const ei_model *m;
     ei_runtime_params p;
-    int isa;
+    const ei_kernels *kt;   /* the kernels of the ISA level, chosen at creation */
+    ei_attn_kernel attn;    /* the attention kernel for this KV type and head size */
     ei_pool *pool;
 
     /* The KV arena, allocated once: [slot][layer][kv_head][cell] rows of head_dim
@@ -34,7 +36,7 @@ struct ei_runtime {
     size_t scratch_bytes;
     double prof[EI_PROF_COUNT];   /* seconds per stage */
 
-    /* Row-interleaved copies of the weights the ISA can use packed (packed.h);
+    /* Row-interleaved copies of the weights the kernels can use packed (packed.h);
      * NULL where a weight stays in its GGUF layout. One arena holds them all. */
     const void **packed;  /* [n_layer * EI_PACKED_PER_LAYER + 1]; the last is the output head */
     void *pack_arena;

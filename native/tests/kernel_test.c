@@ -5,9 +5,10 @@
  *   kernel_test [--ref FILE] [--expect-dotprod 0|1]    run the checks
  *   kernel_test --write-ref FILE                        write reference logits (scalar path)
  *
- * Paths under test: on aarch64 the NEON kernels, both the plain-ASIMD build and
- * (when hwcaps report it) the dotprod build, plus the run-time dispatch; on
- * x86-64 whichever of AVX2 / AVX-512 the CPU has. Checks: dequantization and
+ * Paths under test (each a kernel table, kernels.h): on aarch64 the NEON table
+ * with the plain-ASIMD dots and (when hwcaps report it) with the dotprod dots,
+ * plus the table the run time picks; on x86-64 whichever of AVX2 / AVX-512 the
+ * CPU has. Checks: dequantization and
  * activation quantization bit-exact, dot products NMSE <= 1e-6, matmul and
  * attention (F16 and Q8_0 KV) through the public API, forward logits vs the reference file (NMSE <= 1e-4, same
  * argmax) and native forward vs scalar forward on this machine.
@@ -23,14 +24,6 @@
 #include "attention.h"
 #include "edgeinfer.h"
 #include "kernels.h"
-
-#if defined(__aarch64__)
-ei_dequant_fn ei_neon_get_dequant(int type);
-ei_dot_fn ei_neon_get_dot(int type, int dotprod);
-void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
-int ei_neon_dotprod(void);
-#endif
-void ei_quantize_act_scalar(const float *x, int64_t n, ei_q8a *out);
 
 static int n_pass, n_fail;
 
@@ -146,38 +139,35 @@ static double nmse(const float *a, const float *ref, int64_t n) {
 
 typedef struct {
     const char *name;
-    int isa;        /* for the public API and ei_quantize_act */
-    ei_dequant_fn (*deq)(int type);
-    ei_dot_fn (*dot)(int type);
-    void (*qact)(const float *, int64_t, ei_q8a *);
+    int isa;          /* for the public API */
+    ei_kernels k;
 } path;
 
-#if defined(__aarch64__)
-static ei_dequant_fn neon_deq(int type) { return ei_neon_get_dequant(type); }
-static ei_dot_fn neon_dot_plain(int type) { return ei_neon_get_dot(type, 0); }
-static ei_dot_fn neon_dot_dp(int type) { return ei_neon_get_dot(type, 1); }
-#endif
-#if defined(__x86_64__)
-static ei_dequant_fn avx2_deq(int type) { return ei_get_dequant(type, EI_ISA_AVX2); }
-static ei_dot_fn avx2_dot(int type) { return ei_get_dot(type, EI_ISA_AVX2); }
-static ei_dequant_fn avx512_deq(int type) { return ei_get_dequant(type, EI_ISA_AVX512); }
-static ei_dot_fn avx512_dot(int type) { return ei_get_dot(type, EI_ISA_AVX512); }
-static void qact_avx2(const float *x, int64_t n, ei_q8a *o) { ei_quantize_act(EI_ISA_AVX2, x, n, o); }
-static void qact_avx512(const float *x, int64_t n, ei_q8a *o) { ei_quantize_act(EI_ISA_AVX512, x, n, o); }
-#endif
+static const ei_kernels *scalar_ref(void) { return ei_kernels_get(EI_ISA_SCALAR); }
+
+/* 1 when the NEON table the run time picks has the dotprod dots. */
+static int neon_dotprod_picked(void) {
+    const ei_kernels *k = ei_kernels_get(EI_ISA_NEON);
+    return k && !strcmp(k->name, "neon+dotprod");
+}
 
 static int collect_paths(path *p) {
-    int k = 0;
+    int n = 0;
 #if defined(__aarch64__)
-    p[k++] = (path){"neon", EI_ISA_NEON, neon_deq, neon_dot_plain, ei_quantize_act_neon};
-    if (ei_neon_dotprod()) p[k++] = (path){"neon+dotprod", EI_ISA_NEON, neon_deq, neon_dot_dp, ei_quantize_act_neon};
+    p[n].name = "neon";
+    p[n].isa = EI_ISA_NEON;
+    ei_kernels_fill(&p[n++].k, EI_ISA_NEON, 0);
+    if (neon_dotprod_picked()) {
+        p[n].name = "neon+dotprod";
+        p[n].isa = EI_ISA_NEON;
+        ei_kernels_fill(&p[n++].k, EI_ISA_NEON, 1);
+    }
 #endif
-#if defined(__x86_64__)
-    if (ei_isa_supported(EI_ISA_AVX2)) p[k++] = (path){"avx2", EI_ISA_AVX2, avx2_deq, avx2_dot, qact_avx2};
-    if (ei_isa_supported(EI_ISA_AVX512))
-        p[k++] = (path){"avx512", EI_ISA_AVX512, avx512_deq, avx512_dot, qact_avx512};
-#endif
-    return k;
+    for (int isa = EI_ISA_AVX2; isa <= EI_ISA_AVX512; isa++) {
+        const ei_kernels *k = ei_kernels_get(isa);
+        if (k) p[n++] = (path){ei_isa_name(isa), isa, *k};
+    }
+    return n;
 }
 
 static void test_quantize_act(const path *p) {
@@ -186,8 +176,8 @@ static void test_quantize_act(const path *p) {
     ei_q8a *a = malloc((n / 32) * sizeof(ei_q8a)), *b = malloc((n / 32) * sizeof(ei_q8a));
     for (int rep = 0; rep < 4; rep++) {
         rnd_act(x, n);
-        ei_quantize_act_scalar(x, n, a);
-        p->qact(x, n, b);
+        scalar_ref()->quantize_act(x, n, a);
+        p->k.quantize_act(x, n, b);
         int same = 1;
         for (int64_t i = 0; i < n / 32; i++)
             same &= a[i].d == b[i].d && a[i].s == b[i].s && !memcmp(a[i].q, b[i].q, 32);
@@ -204,8 +194,8 @@ static void test_type(const tinfo *t, const path *p) {
     const int is_f = t->block == 1;
     const int64_t *sizes = is_f ? sizes_f : sizes_q;
     const int n_sizes = is_f ? 5 : 3;
-    ei_dequant_fn dq_ref = ei_get_dequant(t->type, EI_ISA_SCALAR), dq = p->deq(t->type);
-    ei_dot_fn dot_ref = ei_get_dot(t->type, EI_ISA_SCALAR), dot = p->dot(t->type);
+    ei_dequant_fn dq_ref = scalar_ref()->dequant[t->type], dq = p->k.dequant[t->type];
+    ei_dot_fn dot_ref = scalar_ref()->dot[t->type], dot = p->k.dot[t->type];
     char name[64];
     snprintf(name, sizeof name, "%s", t->name);
     check(dq != NULL && dot != NULL, "%s [%s]: kernel missing", name, p->name, 0);
@@ -220,7 +210,7 @@ static void test_type(const tinfo *t, const path *p) {
         float y0[ROWS], y1[ROWS];
         rnd_weights(t, w, n * ROWS);
         rnd_act(x, n);
-        if (!is_f) ei_quantize_act_scalar(x, n, qa);
+        if (!is_f) scalar_ref()->quantize_act(x, n, qa);
         const void *act = is_f ? (const void *)x : (const void *)qa;
         int deq_same = 1;
         for (int r = 0; r < ROWS; r++) {
@@ -485,21 +475,25 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    path paths[4];
+    static path paths[4];
     const int np = collect_paths(paths);
     printf("best isa: %s; paths under test:", ei_isa_name(ei_cpu_best_isa()));
     for (int i = 0; i < np; i++) printf(" %s", paths[i].name);
     printf("\n");
 #if defined(__aarch64__)
     check(ei_cpu_best_isa() == EI_ISA_NEON, "%s [%s]: best isa is not neon", "dispatch", "neon", 0);
+    const int dp = neon_dotprod_picked();
     if (expect_dp >= 0)
-        check(ei_neon_dotprod() == expect_dp, "%s [%s]: hwcaps dotprod = %.0f, not as expected", "dispatch", "neon",
-              (double)ei_neon_dotprod());
-    /* the run-time choice is the build hwcaps call for */
-    for (int ti = 0; ti < N_TYPES; ti++)
-        check(ei_get_dot(TYPES[ti].type, EI_ISA_BEST) == ei_neon_get_dot(TYPES[ti].type, ei_neon_dotprod()) &&
-                  ei_get_dequant(TYPES[ti].type, EI_ISA_BEST) == ei_neon_get_dequant(TYPES[ti].type),
+        check(dp == expect_dp, "%s [%s]: hwcaps dotprod = %.0f, not as expected", "dispatch", "neon", (double)dp);
+    /* the table the run time uses has the dot build hwcaps call for, and the two builds differ */
+    const ei_kernels *best = ei_kernels_get(EI_ISA_BEST);
+    const ei_kernels *want = &paths[dp ? 1 : 0].k, *other = &paths[0].k;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const int t = TYPES[ti].type, quant = TYPES[ti].block > 1;
+        check(best->dot[t] == want->dot[t] && best->dequant[t] == want->dequant[t] &&
+                  (!dp || !quant || want->dot[t] != other->dot[t]),
               "%s [%s]: dispatch picked another kernel", TYPES[ti].name, "neon", 0);
+    }
 #else
     (void)expect_dp;
 #endif
