@@ -1,12 +1,14 @@
-"""cffi build script (API mode): compiles native/src/*.c into edgeinfer._native_ext.
+"""cffi (API mode): writes the C source of edgeinfer._native_ext.
 
-The declarations come from native/include/edgeinfer.h itself, so the compiler
-checks the C API against what Python calls. SIMD kernels are selected at run
-time (per-function target attributes + cpuid), never with -march=native.
+    python native/build_ffi.py OUT.c
+
+CMakeLists.txt runs this at build time and compiles OUT.c with native/src/*.c
+(its flags live there). The declarations come from native/include/edgeinfer.h
+itself, so the compiler checks the C API against what Python calls.
 """
-import glob
 import os
 import re
+import sys
 
 from cffi import FFI
 
@@ -24,24 +26,11 @@ def cdef_from_header(path: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
-def sources() -> list[str]:
-    # Relative paths keep setuptools happy when building in place.
-    root = os.path.dirname(HERE)
-    return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(HERE, "src", "*.c")))
-
-
 ffibuilder = FFI()
 ffibuilder.cdef("\n".join(cdef_from_header(h) for h in HEADERS))
-ffibuilder.set_source(
-    "edgeinfer._native_ext",
-    '#include "edgeinfer.h"',
-    sources=sources(),
-    include_dirs=[os.path.relpath(os.path.join(HERE, "include"), os.path.dirname(HERE)),
-                  os.path.relpath(os.path.join(HERE, "src"), os.path.dirname(HERE))],
-    extra_compile_args=["-O3", "-std=gnu11", "-fPIC", "-pthread", "-fno-math-errno",
-                        "-Wall", "-Wno-unused-function"],
-    extra_link_args=["-pthread", "-lm"],
-)
+ffibuilder.set_source("edgeinfer._native_ext", '#include "edgeinfer.h"')
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} OUT.c")
+    ffibuilder.emit_c_code(sys.argv[1])

@@ -4,8 +4,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -191,6 +194,18 @@ def test_not_a_gguf_file_exits_1_when_engine_present(tmp_path):
     r = runner.invoke(app, ["info", str(bad)])
     assert r.exit_code == 1
     assert r.stderr.startswith("error: ") and "Traceback" not in r.output
+
+
+def test_convert_without_its_extra_names_the_extra(tmp_path):
+    # safetensors is in the [convert] extra, not the core install: without it, one clear line
+    code = ("import sys; sys.modules['safetensors'] = None  # as if not installed\n"
+            "from edgeinfer.cli import app\n"
+            f"app(['convert', {str(tmp_path)!r}, '-o', {str(tmp_path / 'out.gguf')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.startswith("error: ") and "pip install 'edgeinfer[convert]'" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_run_needs_a_prompt(fake_engine):

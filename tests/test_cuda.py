@@ -1,8 +1,9 @@
 """The CUDA backend (native/cuda, edgeinfer/backends/cuda.py).
 
 Runs everywhere:
-- the library compiles with nvcc for sm_75, sm_87 and sm_90 and holds a real
-  cubin for each (cuobjdump --list-elf; skipped without nvcc);
+- the library compiles with nvcc for sm_75, sm_87 and sm_90 (CMake, through
+  scripts/build_cuda.sh), holds a real cubin for each (cuobjdump --list-elf;
+  skipped without nvcc) and not the test-only ops;
 - without a GPU, device="cuda" raises EdgeInferError naming the reason and
   device="auto" falls back to the CPU with one log line.
 Needs a GPU (skipped with the reason otherwise):
@@ -15,6 +16,7 @@ Needs a GPU (skipped with the reason otherwise):
 """
 from __future__ import annotations
 
+import ctypes
 import glob
 import logging
 import os
@@ -102,6 +104,9 @@ def test_library_builds_with_real_cubins_for_t4_orin_h200(tmp_path):
     lib = f.dlopen(str(so))
     n = lib.ei_cuda_device_count()
     assert n >= 1 or f.string(lib.ei_cuda_last_error())
+    # the shipped library is the backend alone: the test-only ops (ops.cu) stay out of it
+    assert hasattr(ctypes.CDLL(str(so)), "ei_cuda_device_count")
+    assert not hasattr(ctypes.CDLL(str(so)), "ei_cuda_op_matmul")
 
 
 def test_build_script_skips_cleanly_without_nvcc(tmp_path):

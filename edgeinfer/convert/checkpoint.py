@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from ..errors import ConversionError
+
+try:
+    from safetensors import SafetensorError, safe_open
+except ImportError:  # an optional extra: only the converter reads checkpoints
+    raise ConversionError("converting needs safetensors: pip install 'edgeinfer[convert]'") from None
 
 __all__ = ["Checkpoint", "SafetensorsFile", "TensorEntry", "read_json", "load_entry"]
 

@@ -85,7 +85,11 @@ def _read_spm(path: str) -> dict:
     SentencePieceProcessor reports normal / unknown / control / byte / unused pieces but has
     no USER_DEFINED query; like llama.cpp's convert_hf_to_gguf.py, such pieces come out NORMAL
     here and are re-typed from the Hugging Face added-token lists (see tokenizer_metadata)."""
-    import sentencepiece
+    try:
+        import sentencepiece
+    except ImportError:  # an optional extra, like safetensors (checkpoint.py)
+        raise ConversionError(f"{path}: reading a SentencePiece model needs sentencepiece: "
+                              "pip install 'edgeinfer[convert]'") from None
 
     sp = sentencepiece.SentencePieceProcessor()
     try:
