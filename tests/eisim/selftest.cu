@@ -49,6 +49,12 @@ __global__ void dynamic_smem_kernel(float *out) {
     out[threadIdx.x] = dyn[threadIdx.x];
 }
 
+/* out[i] = the sum of the float4 at x + offset + 4i: a GPU faults unless x + offset is 16-byte aligned. */
+__global__ void float4_sum_kernel(const float *x, int offset, float *out) {
+    const float4 v = *(reinterpret_cast<const float4 *>(x + offset) + threadIdx.x);
+    out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}
+
 __global__ void add_one_kernel(float *x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += 1.0f;
@@ -117,6 +123,18 @@ EXPORT int eisim_test_dynamic_smem(int bytes, int optin) {
     int e = (int)cudaGetLastError();
     if (!e) e = (int)cudaDeviceSynchronize();
     cudaFree(d);
+    return e;
+}
+
+/* out[0..32) = float4_sum_kernel over x[0..132) read from float `offset` on (0 and 4: aligned). */
+EXPORT int eisim_test_float4_load(const float *x, int offset, float *out) {
+    float *dx, *dout;
+    if (cudaMalloc((void **)&dx, 132 * 4) || cudaMalloc((void **)&dout, 32 * 4)) return -1;
+    cudaMemcpy(dx, x, 132 * 4, cudaMemcpyHostToDevice);
+    float4_sum_kernel<<<1, 32>>>(dx, offset, dout);
+    const int e = (int)cudaMemcpy(out, dout, 32 * 4, cudaMemcpyDeviceToHost);
+    cudaFree(dx);
+    cudaFree(dout);
     return e;
 }
 

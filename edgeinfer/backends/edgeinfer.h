@@ -1,0 +1,196 @@
+/* edgeinfer C API.
+ *
+ * The one door into native code. cffi compiles edgeinfer/_native against this
+ * header (API mode), so every signature below is checked by the C compiler.
+ * Lines starting with '#' are stripped before cffi parses the declarations, so
+ * constants are enums, not macros.
+ *
+ * Rules: no function exits or aborts on bad input; each returns an ei_status
+ * and ei_last_error() gives a message for the calling thread.
+ */
+#ifndef EDGEINFER_H
+#define EDGEINFER_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    EI_OK = 0,
+    EI_ERR_INVALID_ARG = 1,
+    EI_ERR_OUT_OF_MEMORY = 2,
+    EI_ERR_UNSUPPORTED = 3,
+    EI_ERR_RANGE = 4,
+    EI_ERR_STATE = 5
+} ei_status;
+
+/* Tensor types: the numeric ids are GGML's, as stored in GGUF files. */
+typedef enum {
+    EI_TYPE_F32 = 0,
+    EI_TYPE_F16 = 1,
+    EI_TYPE_Q4_0 = 2,
+    EI_TYPE_Q4_1 = 3,
+    EI_TYPE_Q5_0 = 6,
+    EI_TYPE_Q5_1 = 7,
+    EI_TYPE_Q8_0 = 8,
+    EI_TYPE_Q4_K = 12,
+    EI_TYPE_Q5_K = 13,
+    EI_TYPE_Q6_K = 14,
+    EI_TYPE_BF16 = 30
+} ei_type;
+
+/* Instruction-set levels for kernels. EI_ISA_BEST picks the best the CPU has. */
+typedef enum {
+    EI_ISA_BEST = -1,
+    EI_ISA_SCALAR = 0,
+    EI_ISA_AVX2 = 1,
+    EI_ISA_AVX512 = 2,
+    EI_ISA_NEON = 3
+} ei_isa;
+
+const char *ei_last_error(void);
+const char *ei_version(void);
+
+/* ---- CPU features and kernels (exposed for tests and tools) ---- */
+int ei_cpu_best_isa(void);                 /* what cpuid allows on this machine */
+int ei_isa_supported(int isa);             /* 1 if kernels of that level can run here */
+const char *ei_isa_name(int isa);
+int ei_physical_cores(void);
+
+/* Block geometry of a type: elements per block and bytes per block. */
+ei_status ei_type_block(int type, int32_t *block_elems, int32_t *block_bytes);
+
+/* dst[0..n) = dequantized src; n must be a multiple of the block size. */
+ei_status ei_kernel_dequantize(int type, int isa, const void *src, float *dst, int64_t n);
+
+/* *out = dot(row of type `type` with n elements, x[0..n)). For quantized
+ * types x is first quantized to the 8-bit activation format (as in a forward
+ * pass); float types use x as is. */
+ei_status ei_kernel_dot(int type, int isa, int64_t n, const void *row, const float *x, float *out);
+
+/* y[t*n_rows + r] = dot(W row r, x[t*n_cols ..]) for t < n_tok, r < n_rows, using
+ * n_threads threads. W rows are contiguous, each of n_cols elements. */
+ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int64_t n_cols,
+                           const float *x, int64_t n_tok, float *y, int n_threads);
+
+/* out[j * hd ..] for query heads j < g: softmax(q_j . K / sqrt(hd)) V over the
+ * n_cells rows of K and V (kv_type EI_TYPE_F16 or EI_TYPE_Q8_0) whose cell_pos is
+ * in [0, pos], computed exactly as the forward pass does (fixed chunks of cells,
+ * partials merged in order). */
+ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, const void *v, int kv_type,
+                              const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out);
+
+/* gate[i] = silu(gate[i]) * up[i] for i < n: the SwiGLU of the feed-forward block. */
+ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n);
+
+/* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
+typedef enum {
+    EI_ARCH_LLAMA = 0,
+    EI_ARCH_QWEN2 = 1
+} ei_arch;
+
+typedef struct {
+    int32_t arch;
+    int32_t n_layer;
+    int32_t n_embd;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    int32_t n_vocab;
+    int32_t rope_dim;      /* dimensions rotated per head (<= head_dim) */
+    int32_t rope_neox;     /* 0: pairs (2i, 2i+1) as llama; 1: pairs (i, i+d/2) as qwen2 */
+    float rope_theta;
+    float rope_freq_scale; /* linear RoPE scaling: positions are multiplied by it (1 = none) */
+    float rms_eps;
+} ei_model_config;
+
+/* Tensor roles. Global roles take layer = -1. */
+typedef enum {
+    EI_T_TOKEN_EMBD = 0,
+    EI_T_OUTPUT_NORM = 1,
+    EI_T_OUTPUT = 2,          /* optional: absent -> tied to token_embd */
+    EI_T_ROPE_FREQS = 3,      /* optional: per-frequency divisors, rope_dim/2 floats (Llama 3.1) */
+    EI_T_ATTN_NORM = 10,
+    EI_T_ATTN_Q = 11,
+    EI_T_ATTN_K = 12,
+    EI_T_ATTN_V = 13,
+    EI_T_ATTN_Q_BIAS = 14,    /* optional (qwen2) */
+    EI_T_ATTN_K_BIAS = 15,
+    EI_T_ATTN_V_BIAS = 16,
+    EI_T_ATTN_OUT = 17,
+    EI_T_FFN_NORM = 18,
+    EI_T_FFN_GATE = 19,
+    EI_T_FFN_UP = 20,
+    EI_T_FFN_DOWN = 21
+} ei_tensor_role;
+
+typedef struct ei_model ei_model;
+
+ei_status ei_model_create(const ei_model_config *cfg, ei_model **out);
+/* ne0 = elements per row (input dim), ne1 = rows (output dim); 1-D tensors ne1 = 1. */
+ei_status ei_model_set_tensor(ei_model *m, int layer, int role, const void *data, int type,
+                              int64_t ne0, int64_t ne1);
+ei_status ei_model_finalize(ei_model *m);   /* checks every required tensor and shape */
+void ei_model_free(ei_model *m);
+
+/* ---- Runtime: thread pool, scratch and the fixed KV ring, allocated once ---- */
+typedef struct {
+    int32_t n_threads;     /* <= 0: physical cores */
+    int32_t n_slots;       /* sequences held at once */
+    int32_t n_ctx;         /* KV cells per slot (ring capacity) */
+    int32_t n_sink;        /* cells [0, n_sink) are never overwritten */
+    int32_t max_batch;     /* most tokens one forward call may carry */
+    int32_t kv_type;       /* EI_TYPE_F16, or EI_TYPE_Q8_0 (half the bytes; head_dim % 32 == 0) */
+    int32_t isa;           /* EI_ISA_BEST, or a forced level for tests */
+    int32_t drop_packed_source; /* 1: weights are a read-only file mapping; once a tensor is
+                                   packed, its pages are dropped (madvise) to keep RSS low */
+} ei_runtime_params;
+
+typedef struct ei_runtime ei_runtime;
+
+ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_runtime **out);
+void ei_runtime_free(ei_runtime *rt);
+size_t ei_runtime_kv_bytes(const ei_runtime *rt);
+size_t ei_runtime_scratch_bytes(const ei_runtime *rt);
+/* Bytes of the row-interleaved weight copies made for this CPU's kernels. */
+size_t ei_runtime_packed_bytes(const ei_runtime *rt);
+
+/* Seconds spent per stage of the forward pass since creation (or the last reset):
+ * out[i] for i < min(n, EI_PROF_COUNT), in the order of ei_prof_stage. */
+typedef enum {
+    EI_PROF_EMBED = 0, EI_PROF_NORM, EI_PROF_QKV, EI_PROF_ROPE_KV, EI_PROF_ATTENTION, EI_PROF_ATTN_OUT,
+    EI_PROF_FFN_UP, EI_PROF_FFN_ACT, EI_PROF_FFN_DOWN, EI_PROF_HEAD, EI_PROF_COUNT
+} ei_prof_stage;
+int ei_runtime_profile(ei_runtime *rt, double *out, int n, int reset);
+/* Empties a slot's cells. */
+ei_status ei_runtime_clear_slot(ei_runtime *rt, int slot);
+/* Forgets a slot's cells holding positions >= pos (for prefix reuse). */
+ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos);
+
+/* One step for a batch of tokens, possibly from several slots.
+ * Token i (< n_tokens) of slot slots[i] sits at position pos[i] and its K/V
+ * are written into cell cells[i] of that slot; it attends to every cell of
+ * its slot whose position is <= pos[i] (its own included).
+ * Logits are computed for the tokens listed in out_rows (n_out of them) and
+ * written to logits[j * n_vocab ...] for j < n_out. */
+ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens,
+                     const int32_t *slots, const int32_t *pos, const int32_t *cells,
+                     int32_t n_out, const int32_t *out_rows, float *logits);
+
+/* ==== Quantization for the converter (native/src/quantize.c; owner: convert) ==== */
+/* Bytes of one row of n_cols elements of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K); n_cols must be a multiple of the type's block size. */
+ei_status ei_quantize_row_bytes(int type, int64_t n_cols, int64_t *out);
+/* dst = n_rows rows of n_cols float32 values from src, quantized to `type` (GGUF block
+ * layout, rows contiguous), using up to n_threads threads (<= 0: physical cores). Q8_0,
+ * Q4_0, Q4_1, Q5_0, Q5_1 are bit-exact with the gguf package's quants.quantize. */
+ei_status ei_quantize_rows(int type, const float *src, void *dst, int64_t n_rows, int64_t n_cols,
+                           int n_threads);
+/* ==== end of quantization ==== */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,86 @@
+/* edgeinfer CUDA backend: a separate shared library (libedgeinfer_cuda.so),
+ * loaded at run time with cffi ABI mode (edgeinfer/backends/cuda.py). CPU-only
+ * installs never build or link it.
+ *
+ * Same rules as edgeinfer.h: no function exits or aborts; each returns an
+ * ei_status (the enum of edgeinfer.h) and ei_cuda_last_error() gives a message
+ * for the calling thread. The batch contract of ei_cuda_forward is ei_forward's.
+ * edgeinfer/backends/cuda.py builds its cffi declarations from this header (a
+ * copy ships in that folder; tests/test_cuda.py checks the two are identical).
+ */
+#ifndef EDGEINFER_CUDA_H
+#define EDGEINFER_CUDA_H
+#include <stddef.h>
+#include <stdint.h>
+#include "edgeinfer.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *ei_cuda_last_error(void);
+const char *ei_cuda_version(void);
+
+/* Number of CUDA devices; < 0 when the driver or runtime cannot be used
+ * (no driver, no device, driver too old): ei_cuda_last_error() says why. */
+int ei_cuda_device_count(void);
+
+typedef struct {
+    char name[256];
+    int32_t cc_major, cc_minor;
+    int32_t sm_count;
+    int32_t integrated;        /* 1: shares memory with the host (Jetson) */
+    uint64_t total_bytes, free_bytes;
+    int32_t driver_version, runtime_version;   /* e.g. 13000 */
+} ei_cuda_device_info;
+
+int ei_cuda_get_device_info(int device, ei_cuda_device_info *out);
+
+/* One weight as the GGUF file holds it (host memory; copied to the device at
+ * creation). layer = -1 for global roles; role is an ei_tensor_role. */
+typedef struct {
+    int32_t layer, role, type;
+    int64_t ne0, ne1;
+    const void *data;
+} ei_cuda_tensor;
+
+typedef struct {
+    int32_t device;
+    int32_t n_slots, n_ctx, max_batch;
+    int32_t use_graphs;        /* 1: capture decode steps (n_tokens <= 16) as CUDA Graphs */
+    int32_t drop_host_pages;   /* 1: tensors are a read-only file mapping; drop their pages after
+                                  upload so the host keeps no second copy (Jetson) */
+} ei_cuda_params;
+
+/* Bytes the runtime will allocate on the device, as sized before allocation. */
+typedef struct {
+    uint64_t weights, kv, scratch, total;
+} ei_cuda_sizes;
+
+typedef struct ei_cuda_runtime ei_cuda_runtime;
+
+/* Sizes everything, checks it fits the device's free memory (a clear
+ * EI_ERR_OUT_OF_MEMORY with the numbers when not), uploads the weights and
+ * allocates the KV ring [slot][layer][kv_head][cell][head_dim] f16 once.
+ * sizes (optional) gets the figures even when the model does not fit. */
+ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei_cuda_tensor *tensors, int32_t n_tensors,
+                                 const ei_cuda_params *p, ei_cuda_sizes *sizes, ei_cuda_runtime **out);
+void ei_cuda_runtime_free(ei_cuda_runtime *rt);
+ei_status ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_sizes *out);
+ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot);
+ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
+/* As ei_forward, except that logits may be NULL with n_out > 0: the n_out rows are computed
+ * but stay on the device, for ei_cuda_argmax / ei_cuda_topk (no n_out x n_vocab download). */
+ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                          const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
+                          float *logits);
+/* out[j] = argmax of logits row j of the last forward (on the device), j < n_out. */
+ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
+/* ids[j*k + i], vals[j*k + i] (i < k): the k largest logits of row j < n_out of the last forward
+ * (on the device), value descending, ties to the lower id; NaN counts as -inf. 1 <= k <= 256 and
+ * k <= n_vocab, else EI_ERR_RANGE. */
+ei_status ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k, int32_t *ids, float *vals);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
