@@ -579,6 +579,7 @@ cudaError_t eisim::set_func_attribute(const void *func, cudaFuncAttribute attr, 
 cudaError_t eisim::launch(const char *name, const void *func, dim3 grid, dim3 blk, size_t smem, cudaStream_t s,
                           std::function<void()> body) {
     if (sticky()) return note(sticky());
+    if (cfg().bad) return note(cudaErrorInitializationError);
     const uint64_t threads = (uint64_t)blk.x * blk.y * blk.z;
     if (!threads || threads > MAX_THREADS || blk.z > 64 || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
         grid.z > 65535 || grid.x > 0x7fffffffu) {

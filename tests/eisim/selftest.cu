@@ -55,6 +55,13 @@ __global__ void float4_sum_kernel(const float *x, int offset, float *out) {
     out[threadIdx.x] = v.x + v.y + v.z + v.w;
 }
 
+/* out[0] = x0 * x1 + x2, which nvcc fuses into one FMA (-fmad=true), and out[1] the same
+ * through the _rn intrinsics, which it never fuses. */
+__global__ void mul_add_kernel(const float *x, float *out) {
+    out[0] = x[0] * x[1] + x[2];
+    out[1] = __fadd_rn(__fmul_rn(x[0], x[1]), x[2]);
+}
+
 __global__ void add_one_kernel(float *x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += 1.0f;
@@ -133,6 +140,17 @@ EXPORT int eisim_test_float4_load(const float *x, int offset, float *out) {
     cudaMemcpy(dx, x, 132 * 4, cudaMemcpyHostToDevice);
     float4_sum_kernel<<<1, 32>>>(dx, offset, dout);
     const int e = (int)cudaMemcpy(out, dout, 32 * 4, cudaMemcpyDeviceToHost);
+    cudaFree(dx);
+    cudaFree(dout);
+    return e;
+}
+
+EXPORT int eisim_test_mul_add(const float *x, float *out) {
+    float *dx, *dout;
+    if (cudaMalloc((void **)&dx, 3 * 4) || cudaMalloc((void **)&dout, 2 * 4)) return -1;
+    cudaMemcpy(dx, x, 3 * 4, cudaMemcpyHostToDevice);
+    mul_add_kernel<<<1, 1>>>(dx, dout);
+    const int e = (int)cudaMemcpy(out, dout, 2 * 4, cudaMemcpyDeviceToHost);
     cudaFree(dx);
     cudaFree(dout);
     return e;
