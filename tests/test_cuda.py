@@ -5,7 +5,8 @@ Runs everywhere:
   cubin for each (cuobjdump --list-elf; skipped without nvcc);
 - without a GPU, device="cuda" raises EdgeInferError naming the reason and
   device="auto" falls back to the CPU with one log line.
-Needs a GPU (skipped with the reason otherwise):
+Needs a GPU (skipped with the reason otherwise; the per-op tests also need the test ops of
+tests/cuda_ops, built into the simulator and into libedgeinfer_cuda_testops.so, never shipped):
 - every op against a numpy float64 reference, every weight type, odd shapes
   (NMSE <= 1e-5, no NaN; guard bytes around each output are checked in C),
   including the fused launches of the forward pass (QKV with attn_norm, gate +
@@ -24,6 +25,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import cffi
 import numpy as np
 import pytest
 
@@ -96,8 +98,6 @@ def test_library_builds_with_real_cubins_for_t4_orin_h200(tmp_path):
     for arch in ("sm_75", "sm_87", "sm_90"):
         assert f".{arch}." in out.stdout, f"no {arch} cubin in {so}:\n{out.stdout}"
     # loads with cffi ABI mode and answers without a GPU
-    import cffi
-
     f = cffi.FFI()
     f.cdef("int ei_cuda_device_count(void); const char *ei_cuda_last_error(void);")
     lib = f.dlopen(str(so))
@@ -178,8 +178,6 @@ def _f(ffi, a):
 def _test_ops():
     """(ffi, ops): the test-only single ops of tests/cuda_ops/ops.h on the loaded CUDA library, which
     has them when it is the simulator build or libedgeinfer_cuda_testops.so (never the shipped one)."""
-    import cffi
-
     ffi, _ = cb.load_library()
     ops_ffi = cffi.FFI()
     ops_ffi.include(ffi)   # the types of edgeinfer.h and edgeinfer_cuda.h
