@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One script for a session that has the GPU: builds the CUDA path, runs the GPU
-# tests and a GPU benchmark. Designed to finish within 6 minutes on the lent H200.
+# One script for a session that has the GPU: builds the CUDA path (the shipped
+# libedgeinfer_cuda.so, and libedgeinfer_cuda_testops.so = the same kernels plus the
+# test-only ops of tests/cuda_ops), runs the GPU tests on the latter and a GPU benchmark
+# on the former. Designed to finish within 6 minutes on the lent H200.
 #   EDGEINFER_CUDA_ARCHS   archs to build (default "90": the H200; CI builds all three)
 #   EDGEINFER_CACHE        where SmolLM2-135M-Instruct.Q4_1.gguf is cached (models/ under it);
 #                          without the model the end-to-end tests and the benchmark are skipped.
@@ -22,6 +24,10 @@ step "CPU extension"
 step "build libedgeinfer_cuda.so"
 EDGEINFER_CUDA_REQUIRE=1 EDGEINFER_CUDA_ARCHS="${EDGEINFER_CUDA_ARCHS:-90}" EDGEINFER_CUDA_JOBS=8 bash scripts/build_cuda.sh
 
+step "build libedgeinfer_cuda_testops.so (the same sources plus tests/cuda_ops/ops.cu)"
+EDGEINFER_CUDA_ARCHS="${EDGEINFER_CUDA_ARCHS:-90}" bash scripts/build_cuda_testops.sh
+TESTLIB=build/cuda_testops/libedgeinfer_cuda_testops.so
+
 step "probe"
 "$PY" - <<'PYEOF'
 from edgeinfer.backends import cuda as cb
@@ -39,7 +45,7 @@ fi
 
 step "GPU tests"
 set +e
-timeout 240 "$PY" -m pytest -q -rs tests/test_cuda.py -k "not builds${SEL:+ and ($SEL)}" -m "not oracle" -p no:cacheprovider
+EDGEINFER_CUDA_LIB="$TESTLIB" timeout 240 "$PY" -m pytest -q -rs tests/test_cuda.py -k "not builds${SEL:+ and ($SEL)}" -m "not oracle" -p no:cacheprovider
 TESTS_RC=$?
 set -e
 

@@ -6,7 +6,8 @@ Runs everywhere:
   skipped without nvcc) and not the test-only ops;
 - without a GPU, device="cuda" raises EdgeInferError naming the reason and
   device="auto" falls back to the CPU with one log line.
-Needs a GPU (skipped with the reason otherwise):
+Needs a GPU (skipped with the reason otherwise; the per-op tests also need the test ops of
+tests/cuda_ops, built into the simulator and into libedgeinfer_cuda_testops.so, never shipped):
 - every op against a numpy float64 reference, every weight type, odd shapes
   (NMSE <= 1e-5, no NaN; guard bytes around each output are checked in C),
   including the fused launches of the forward pass (QKV with attn_norm, gate +
@@ -26,6 +27,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import cffi
 import numpy as np
 import pytest
 
@@ -35,6 +37,7 @@ from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
 from edgeinfer.errors import EdgeInferError
 
 ROOT = Path(__file__).resolve().parent.parent
+OPS_HEADER = ROOT / "tests" / "cuda_ops" / "ops.h"
 DEVICES, NO_GPU_REASON = cb.probe()
 # eisim (docs/cuda.md) runs these kernels on the CPU, thousands of times slower than a GPU:
 # there the SmolLM2 tests use shorter texts (the same checks, on fewer tokens).
@@ -97,8 +100,6 @@ def test_library_builds_with_real_cubins_for_t4_orin_h200(tmp_path):
     for arch in ("sm_75", "sm_87", "sm_90"):
         assert f".{arch}." in out.stdout, f"no {arch} cubin in {so}:\n{out.stdout}"
     # loads with cffi ABI mode and answers without a GPU
-    import cffi
-
     f = cffi.FFI()
     f.cdef("int ei_cuda_device_count(void); const char *ei_cuda_last_error(void);")
     lib = f.dlopen(str(so))
@@ -138,6 +139,15 @@ def test_missing_library_gives_a_reason(monkeypatch):
     monkeypatch.setattr(cb, "_loaded", None)   # forget the fake path for later tests
 
 
+def test_binding_headers_are_the_native_headers():
+    """The cffi declarations come from the copies the build puts in edgeinfer/backends/include/
+    (package data): they must be the C headers the library is built from, byte for byte."""
+    natives = ["native/include/edgeinfer_roles.h", "native/include/edgeinfer.h", "native/cuda/edgeinfer_cuda.h"]
+    assert [h.name for h in cb.HEADERS] == [Path(n).name for n in natives]
+    for copy, native in zip(cb.HEADERS, natives):
+        assert copy.read_bytes() == (ROOT / native).read_bytes(), f"{copy} is stale: rebuild (cmake)"
+
+
 @no_gpu_here
 def test_device_auto_falls_back_to_cpu_with_one_log_line(caplog, smollm2_path):
     with caplog.at_level(logging.INFO, logger="edgeinfer"):
@@ -170,9 +180,29 @@ def _f(ffi, a):
     return ffi.from_buffer("float[]", a)
 
 
-def _ok(status: int):
+def _test_ops():
+    """(ffi, ops): the test-only single ops of tests/cuda_ops/ops.h on the loaded CUDA library, which
+    has them when it is the simulator build or libedgeinfer_cuda_testops.so (never the shipped one)."""
+    ffi, _ = cb.load_library()
+    ops_ffi = cffi.FFI()
+    ops_ffi.include(ffi)   # the types of edgeinfer.h and edgeinfer_cuda.h
+    ops_ffi.cdef(cb.cdef_from_header(OPS_HEADER))
+    path = next(p for p in cb.library_candidates() if p.is_file())
+    ops = ops_ffi.dlopen(str(path))   # the same loaded library: one CUDA context, one last error
+    try:
+        ops.ei_cuda_op_matmul
+    except AttributeError:
+        pytest.skip(f"{path} has no test ops: build scripts/build_cuda_testops.sh and set EDGEINFER_CUDA_LIB")
+    return ops_ffi, ops
+
+
+def _last_error() -> str:
     ffi, lib = cb.load_library()
-    assert status == 0, cb.last_error(lib, ffi)
+    return cb.last_error(lib, ffi)
+
+
+def _ok(status: int):
+    assert status == 0, _last_error()
 
 
 def _mm_cols(name: str, n_tok: int) -> int:
@@ -189,7 +219,7 @@ def _rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 @pytest.mark.parametrize("name", sorted(TYPES))
 @pytest.mark.parametrize("n_tok", [1, 2, 3, 5, 8, 19])
 def test_matmul_every_type(name, n_tok):
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(zlib.crc32(f"{name}-{n_tok}".encode()))   # the same inputs in every process
     cols = _mm_cols(name, n_tok)
     rows = 37
@@ -214,7 +244,7 @@ def test_matmul_every_type(name, n_tok):
 @pytest.mark.parametrize("n_tok", [1, 2, 3, 5, 8, 19])
 def test_matmul_multi_every_type(name, n_tok, norm):
     """The fused QKV launch: 1-3 weights (rows concatenated across blocks), optional biases, fused RMSNorm."""
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(zlib.crc32(f"multi-{name}-{n_tok}-{norm}".encode()))
     cols = _mm_cols(name, n_tok)
     rows = (37, 5, 19)[:1 + n_tok % 3]   # 2, 3, 1, 3, 3, 2 parts; part boundaries inside a block
@@ -245,7 +275,7 @@ def test_matmul_multi_every_type(name, n_tok, norm):
 @pytest.mark.parametrize("n_tok", [1, 2, 3, 5, 8, 19])
 def test_matmul_glu_every_type(name, n_tok, norm):
     """The fused gate + up + SwiGLU launch, with optional biases and fused RMSNorm."""
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(zlib.crc32(f"glu-{name}-{n_tok}-{norm}".encode()))
     cols, rows = _mm_cols(name, n_tok), 37
     ws = [rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1, (rows, 1)).astype(np.float32)
@@ -268,7 +298,7 @@ def test_matmul_glu_every_type(name, n_tok, norm):
 @needs_gpu
 @pytest.mark.parametrize("name", sorted(TYPES))
 def test_embedding_every_type(name):
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(7)
     cols = 512 if name in K_TYPES else 96
     table = rng.standard_normal((41, cols)).astype(np.float32)
@@ -283,7 +313,7 @@ def test_embedding_every_type(name):
 @needs_gpu
 @pytest.mark.parametrize("n", [7, 576, 2049])
 def test_rmsnorm(n):
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(n)
     x = rng.standard_normal((3, n)).astype(np.float32) * 5
     w = rng.standard_normal(n).astype(np.float32)
@@ -315,7 +345,7 @@ def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
 @pytest.mark.parametrize("neox", [0, 1])
 @pytest.mark.parametrize("hd,rope_dim,use_freqs", [(64, 64, False), (80, 32, True), (128, 128, False)])
 def test_rope(neox, hd, rope_dim, use_freqs):
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(hd + neox)
     n_tok, heads = 5, 3
     x = rng.standard_normal((n_tok, heads, hd)).astype(np.float32)
@@ -330,7 +360,7 @@ def test_rope(neox, hd, rope_dim, use_freqs):
 
 @needs_gpu
 def test_swiglu():
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(3)
     g = rng.standard_normal(1001).astype(np.float32) * 4
     u = rng.standard_normal(1001).astype(np.float32)
@@ -343,7 +373,7 @@ def test_swiglu():
 @needs_gpu
 @pytest.mark.parametrize("g,hd,n_cells", [(1, 64, 1), (3, 64, 600), (4, 128, 257), (7, 80, 1000)])
 def test_attention_over_the_ring(g, hd, n_cells):
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(g * hd + n_cells)
     q = rng.standard_normal((g, hd)).astype(np.float32)
     k = rng.standard_normal((n_cells, hd)).astype(np.float16)
@@ -381,7 +411,7 @@ def _topk_ref(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 @needs_gpu
 @pytest.mark.parametrize("n,k", [(300, 1), (300, 40), (5000, 256), (256, 256), (49152, 40)])
 def test_topk_matches_numpy(n, k):
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     rng = np.random.default_rng(n + k)
     x = (rng.standard_normal((5, n)) * 3).astype(np.float32)
     x[1] = np.round(x[1])                                  # many ties, also across the k-th place
@@ -403,31 +433,31 @@ def test_topk_matches_numpy(n, k):
 
 @needs_gpu
 def test_topk_bad_k_is_a_range_error():
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     x = np.zeros((1, 300), dtype=np.float32)
     ids, vals = np.zeros(300, dtype=np.int32), np.zeros(300, dtype=np.float32)
     for n, k in [(300, 0), (300, 257), (300, -1), (10, 11)]:
         assert lib.ei_cuda_op_topk(_f(ffi, x), 1, n, k, ffi.from_buffer("int32_t[]", ids),
                                    _f(ffi, vals)) == cpu_lib.EI_ERR_RANGE, (n, k)
-        assert "k=" in cb.last_error(lib, ffi)
+        assert "k=" in _last_error()
 
 
 @needs_gpu
 def test_op_errors_are_codes_not_crashes():
-    ffi, lib = cb.load_library()
+    ffi, lib = _test_ops()
     x = np.zeros(32, dtype=np.float32)
     assert lib.ei_cuda_op_matmul(99, ffi.from_buffer(x), 1, 32, _f(ffi, x), 1, ffi.NULL, 0, _f(ffi, x)) != 0
-    assert "type" in cb.last_error(lib, ffi)
+    assert "type" in _last_error()
     assert lib.ei_cuda_op_matmul(TYPES["Q4_0"], ffi.from_buffer(x), 1, 33, _f(ffi, x), 1, ffi.NULL, 0,
                                  _f(ffi, x)) != 0
     w, n, y = ffi.new("const void *[]", [ffi.from_buffer(x)] * 4), ffi.new("int64_t[]", [1] * 4), \
         ffi.new("float *[]", [_f(ffi, x)] * 4)
     assert lib.ei_cuda_op_matmul_multi(TYPES["Q4_0"], 4, w, n, 32, _f(ffi, x), 1, ffi.NULL, ffi.NULL, 1e-5, y) != 0
-    assert "n_parts" in cb.last_error(lib, ffi)
+    assert "n_parts" in _last_error()
     assert lib.ei_cuda_op_matmul_multi(99, 2, w, n, 32, _f(ffi, x), 1, ffi.NULL, ffi.NULL, 1e-5, y) != 0
     assert lib.ei_cuda_op_matmul_glu(TYPES["Q4_K"], ffi.from_buffer(x), ffi.from_buffer(x), 1, 32, _f(ffi, x), 1,
                                      ffi.NULL, ffi.NULL, ffi.NULL, 1e-5, _f(ffi, x)) != 0
-    assert "multiple of 256" in cb.last_error(lib, ffi)
+    assert "multiple of 256" in _last_error()
 
 
 # ------------------------------------------------------------------ end to end (GPU)

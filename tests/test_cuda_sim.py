@@ -1,16 +1,20 @@
-"""eisim, the CPU simulator of the CUDA runtime (native/cuda/sim), and the CUDA
+"""eisim, the CPU simulator of the CUDA runtime (tests/eisim), and the CUDA
 backend's own tests run through it on a machine without a GPU.
 
-- The simulator's checks: each kernel of native/cuda/sim/selftest.cu breaks one
+- The simulator's checks: each kernel of tests/eisim/selftest.cu breaks one
   CUDA rule and must fail the way a GPU would (a kernel fault is sticky in CUDA,
   so every case runs in a fresh process).
 - tests/test_cuda.py in a subprocess with EDGEINFER_CUDA_LIB set to the simulator
-  build of native/cuda: every per-op and end-to-end test runs the real kernels.
+  build of native/cuda (with the test ops of tests/cuda_ops): every per-op test in
+  three thread orders, and the end-to-end tests, run the real kernels.
+- The simulator catches a real race: native/cuda with one barrier of the top-k
+  kernel deleted must fail the top-k tests.
 """
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,14 +25,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def sim_build(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cuda_sim")
+def _build(out: Path, src: Path | None = None) -> Path:
     env = dict(os.environ, EDGEINFER_CUDA_SIM_OUT=str(out), PYTHON=sys.executable)
+    if src is not None:
+        env["EDGEINFER_CUDA_SRC"] = str(src)
     r = subprocess.run(["bash", str(ROOT / "scripts" / "build_cuda_sim.sh")], env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def sim_build(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory.mktemp("cuda_sim"))
 
 
 def _case(sim_build: Path, body: str, **env: str) -> subprocess.CompletedProcess:
@@ -43,6 +52,8 @@ def _case(sim_build: Path, body: str, **env: str) -> subprocess.CompletedProcess
             int eisim_test_neighbour(int threads, float *out);
             int eisim_test_racy_neighbour(int threads, float *out);
             int eisim_test_dynamic_smem(int bytes, int optin);
+            int eisim_test_float4_load(const float *x, int offset, float *out);
+            int eisim_test_mul_add(const float *x, float *out);
             int eisim_test_bad_grid(void);
             int eisim_test_async_needs_sync(float *seen, float *synced);
             int eisim_test_graph(int replays, int spoil, float *out);
@@ -61,7 +72,7 @@ def _ok(r: subprocess.CompletedProcess) -> str:
     return r.stdout
 
 
-LAUNCH_FAILURE, INVALID_VALUE, INVALID_CONFIGURATION, CAPTURE_INVALIDATED = 719, 1, 9, 901
+LAUNCH_FAILURE, MISALIGNED, INVALID_VALUE, INVALID_CONFIGURATION, CAPTURE_INVALIDATED = 719, 716, 1, 9, 901
 
 
 def test_warp_shuffles_exchange_lane_values(sim_build):
@@ -84,8 +95,8 @@ def test_barrier_orders_shared_memory(sim_build, threads):
     assert out.strip() == str([float((i + 1) % threads) for i in range(threads)])
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-def test_barrier_orders_shared_memory_in_either_thread_order(sim_build, order):
+@pytest.mark.parametrize("order", ["forward", "reverse", "random"])
+def test_barrier_orders_shared_memory_in_every_thread_order(sim_build, order):
     out = _ok(_case(sim_build, """
         out = ffi.new("float[64]")
         assert lib.eisim_test_neighbour(64, out) == 0
@@ -100,9 +111,45 @@ def test_a_race_shows_as_results_that_depend_on_thread_order(sim_build):
         assert lib.eisim_test_racy_neighbour(64, out) == 0
         print(list(out))
     """
-    forward = _ok(_case(sim_build, body, EISIM_ORDER="forward"))
-    reverse = _ok(_case(sim_build, body, EISIM_ORDER="reverse"))
-    assert forward != reverse and "nan" in forward   # forward: reads the neighbour's slot before it is written
+    runs = {(order, seed): _ok(_case(sim_build, body, EISIM_ORDER=order, EISIM_SEED=seed))
+            for order, seed in [("forward", "0"), ("reverse", "0"), ("random", "1"), ("random", "2")]}
+    assert runs["forward", "0"] != runs["reverse", "0"] and "nan" in runs["forward", "0"]   # read before written
+    assert runs["random", "1"] != runs["random", "2"]   # the seed picks the order
+    assert runs["random", "1"] == _ok(_case(sim_build, body, EISIM_ORDER="random", EISIM_SEED="1"))   # and repeats
+
+
+def test_an_unknown_thread_order_is_refused_with_the_reason(sim_build):
+    r = subprocess.run([sys.executable, "-c", "from edgeinfer.backends import cuda as cb; print(cb.probe()[1])"],
+                       env=dict(os.environ, EISIM_ORDER="sideways",
+                                EDGEINFER_CUDA_LIB=str(sim_build / "libedgeinfer_cuda_sim.so")),
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "EISIM_ORDER must be forward, reverse or random" in _ok(r)
+
+
+def test_multiply_adds_fuse_as_nvcc_fuses_them(sim_build):
+    """a*b + c is one FMA on the device (nvcc -fmad=true), the _rn intrinsics never are:
+    (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused, 0 rounded twice."""
+    out = _ok(_case(sim_build, """
+        x = ffi.new("float[3]", [1 + 2**-12, 1 + 2**-12, -(1 + 2**-11)])
+        out = ffi.new("float[2]")
+        assert lib.eisim_test_mul_add(x, out) == 0
+        print(out[0] == 2**-24, out[1] == 0.0)
+    """))
+    assert out.split() == ["True", "True"]
+
+
+def test_a_misaligned_vector_load_is_a_device_fault(sim_build):
+    body = """
+        x = ffi.new("float[132]", list(range(132)))
+        out = ffi.new("float[32]")
+        print(lib.eisim_test_float4_load(x, %d, out), out[0], out[31])
+    """
+    for offset in (0, 4):   # 16-byte aligned: the sums of four consecutive floats
+        first, last = 4 * offset + 6, 4 * (offset + 124) + 6
+        assert _ok(_case(sim_build, body % offset)).split() == ["0", f"{first}.0", f"{last}.0"]
+    r = _case(sim_build, body % 1)
+    assert _ok(r).split()[0] == str(MISALIGNED)
+    assert "float4_sum_kernel" in r.stderr and "misaligned address" in r.stderr and "16-byte" in r.stderr
 
 
 def test_shuffle_with_exited_lanes_is_a_launch_failure(sim_build):
@@ -164,26 +211,52 @@ def test_host_code_cannot_read_device_memory(sim_build):
     assert r.returncode == 0 and r.stdout.strip() == "nan"
 
 
-def _run_cuda_tests(sim_build: Path, select: str, **env: str) -> dict[str, int]:
-    """tests/test_cuda.py -k select on the simulator build; the counts of its summary line."""
+def _pytest_cuda(sim_build: Path, select: str, **env: str) -> tuple[int, dict[str, int], str]:
+    """tests/test_cuda.py -k select on the simulator build: exit status, the counts of its
+    summary line, and the tail of its output."""
     env = dict(os.environ, EDGEINFER_CUDA_LIB=str(sim_build / "libedgeinfer_cuda_sim.so"), **env)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "",
                         str(ROOT / "tests" / "test_cuda.py"), "-k", select],
                        env=env, capture_output=True, text=True, timeout=3000, cwd=ROOT)
-    tail = r.stdout[-6000:] + r.stderr[-3000:]
-    assert r.returncode == 0, tail
-    assert "needs a CUDA GPU" not in r.stdout, tail   # the simulated device ran every GPU test
-    return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|deselected)", r.stdout.splitlines()[-1])}
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|deselected)",
+                                                r.stdout.splitlines()[-1] if r.stdout else "")}
+    return r.returncode, counts, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+def _run_cuda_tests(sim_build: Path, select: str, **env: str) -> dict[str, int]:
+    rc, counts, tail = _pytest_cuda(sim_build, select, **env)
+    assert rc == 0, tail
+    assert "needs a CUDA GPU" not in tail and "has no test ops" not in tail, tail   # the simulator ran every GPU test
+    return counts
 
 
 E2E = "end_to_end or decode_steps or greedy or tiny"
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("order", ["forward", "reverse", "random"])
 def test_cuda_op_tests_pass_on_the_simulator(sim_build, order):
-    """Every per-op test of tests/test_cuda.py, in both thread orders (a race would differ)."""
-    counts = _run_cuda_tests(sim_build, f"not test_library_builds and not ({E2E})", EISIM_ORDER=order)
+    """Every per-op test of tests/test_cuda.py, in three thread orders (a race would differ)."""
+    counts = _run_cuda_tests(sim_build, f"not test_library_builds and not ({E2E})", EISIM_ORDER=order, EISIM_SEED="7")
     assert counts.get("passed", 0) >= 95 and counts.get("skipped", 0) <= 2, counts   # 2: the no-GPU fallback tests
+
+
+TOPK_BARRIER = "__syncthreads();   /* every thread has read wv / wi before the next round writes them */"
+
+
+@pytest.mark.slow
+def test_the_simulator_catches_a_deleted_barrier(tmp_path):
+    """native/cuda without the barrier between two rounds of the top-k kernel: the next round's
+    write of a warp's best races with the other warps' read of it. On a GPU that is a wrong
+    answer now and then; on the simulator the top-k tests must fail."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "native" / "cuda", src)
+    kernels = src / "kernels.cu"
+    text = kernels.read_text()
+    assert text.count(TOPK_BARRIER) == 1
+    kernels.write_text(text.replace(TOPK_BARRIER, ""))
+    broken = _build(tmp_path / "out", src)
+    rc, counts, tail = _pytest_cuda(broken, "topk_matches", EISIM_ORDER="random", EISIM_SEED="7")
+    assert rc != 0 and counts.get("failed", 0) >= 3, tail
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,53 +22,19 @@ log = logging.getLogger("edgeinfer")
 
 LIB_NAME = "libedgeinfer_cuda.so"
 
-# Mirrors native/cuda/edgeinfer_cuda.h (and the few pieces of edgeinfer.h it uses).
-_CDEF = """
-typedef struct {
-    int32_t n_layer; int32_t n_embd; int32_t n_head; int32_t n_head_kv; int32_t head_dim;
-    int32_t n_ff; int32_t n_vocab; int32_t rope_dim; int32_t rope_neox; int32_t has_qkv_bias;
-    float rope_theta; float rope_freq_scale; float rms_eps;
-} ei_model_config;
-const char *ei_cuda_last_error(void);
-const char *ei_cuda_version(void);
-int ei_cuda_device_count(void);
-typedef struct {
-    char name[256]; int32_t cc_major, cc_minor; int32_t sm_count; int32_t integrated;
-    uint64_t total_bytes, free_bytes; int32_t driver_version, runtime_version;
-} ei_cuda_device_info;
-int ei_cuda_get_device_info(int device, ei_cuda_device_info *out);
-typedef struct { int32_t layer, role, type; int64_t ne0, ne1; const void *data; } ei_cuda_tensor;
-typedef struct { int32_t device; int32_t n_slots, n_ctx, max_batch; int32_t use_graphs; int32_t drop_host_pages; } ei_cuda_params;
-typedef struct { uint64_t weights, kv, scratch, total; } ei_cuda_sizes;
-typedef struct ei_cuda_runtime ei_cuda_runtime;
-int ei_cuda_runtime_create(const ei_model_config *cfg, const ei_cuda_tensor *tensors, int32_t n_tensors,
-                           const ei_cuda_params *p, ei_cuda_sizes *sizes, ei_cuda_runtime **out);
-void ei_cuda_runtime_free(ei_cuda_runtime *rt);
-int ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_sizes *out);
-int ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot);
-int ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
-int ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
-                    const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows, float *logits);
-int ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
-int ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k, int32_t *ids, float *vals);
-int ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
-                      int64_t n_tok, const float *bias, int32_t accumulate, float *y);
-int ei_cuda_op_matmul_multi(int32_t type, int32_t n_parts, const void *const *w, const int64_t *n_rows,
-                            int64_t n_cols, const float *x, int64_t n_tok, const float *const *bias,
-                            const float *norm, float eps, float *const *y);
-int ei_cuda_op_matmul_glu(int32_t type, const void *w_gate, const void *w_up, int64_t n_rows, int64_t n_cols,
-                          const float *x, int64_t n_tok, const float *b_gate, const float *b_up,
-                          const float *norm, float eps, float *y);
-int ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
-                     int64_t n_tok, float *out);
-int ei_cuda_op_rmsnorm(const float *x, const float *w, int64_t n_tok, int64_t n, float eps, float *out);
-int ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
-                    int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos);
-int ei_cuda_op_swiglu(float *gate, const float *up, int64_t n);
-int ei_cuda_op_topk(const float *x, int64_t n_rows, int64_t n, int32_t k, int32_t *ids, float *vals);
-int ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
-                         const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);
-"""
+# The C API as cffi declarations, parsed from the headers the library is built from: the build
+# (CMakeLists.txt) copies them into backends/include/ (tests/test_cuda.py checks the copies).
+HEADERS = tuple(Path(__file__).with_name("include") / h
+                for h in ("edgeinfer_roles.h", "edgeinfer.h", "edgeinfer_cuda.h"))
+
+
+def cdef_from_header(path: Path) -> str:
+    """The header minus comments, preprocessor lines (continued ones too) and C++ guards: what
+    cffi can parse (as native/build_ffi.py does for the CPU extension)."""
+    text = path.read_text(encoding="utf-8").replace("\\\n", " ")   # continued macro lines
+    text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
 @dataclass(frozen=True)
@@ -131,7 +98,8 @@ def _load() -> _Loaded:
         return _Loaded(reason=f"the CUDA backend is not built ({LIB_NAME} not found at {where}; "
                               "build it with scripts/build_cuda.sh, needs nvcc)")
     ffi = cffi.FFI()
-    ffi.cdef(_CDEF)
+    for header in HEADERS:
+        ffi.cdef(cdef_from_header(header))
     try:
         lib = ffi.dlopen(str(found[0]))
     except OSError as exc:

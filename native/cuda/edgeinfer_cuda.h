@@ -1,11 +1,12 @@
 /* edgeinfer CUDA backend: a separate shared library (libedgeinfer_cuda.so),
- * loaded at run time with cffi ABI mode (edgeinfer/cuda_backend.py). CPU-only
+ * loaded at run time with cffi ABI mode (edgeinfer/backends/cuda.py). CPU-only
  * installs never build or link it.
  *
  * Same rules as edgeinfer.h: no function exits or aborts; each returns an
  * ei_status (the enum of edgeinfer.h) and ei_cuda_last_error() gives a message
  * for the calling thread. The batch contract of ei_cuda_forward is ei_forward's.
- * The Python side re-declares these in cuda_backend.py (_CDEF): keep both in step.
+ * edgeinfer/backends/cuda.py builds its cffi declarations from this header (a
+ * copy ships in that folder; tests/test_cuda.py checks the two are identical).
  */
 #ifndef EDGEINFER_CUDA_H
 #define EDGEINFER_CUDA_H
@@ -79,39 +80,6 @@ ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
  * (on the device), value descending, ties to the lower id; NaN counts as -inf. 1 <= k <= 256 and
  * k <= n_vocab, else EI_ERR_RANGE. */
 ei_status ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k, int32_t *ids, float *vals);
-
-/* ---- Single ops on host arrays, for tests. Each copies in, runs the kernel the
- * forward pass uses, copies out, and checks guard bytes around every device
- * output (EI_ERR_STATE when a kernel wrote outside its buffer). ---- */
-/* y[t*n_rows + r] = bias[r] + (accumulate ? y[..] : 0) + dot(W row r, x[t*n_cols ..]); bias may be NULL. */
-ei_status ei_cuda_op_matmul(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
-                            int64_t n_tok, const float *bias, int32_t accumulate, float *y);
-/* The fused QKV launch: n_parts (1..3) weights of one type on the same input; for p < n_parts,
- * y[p][t*n_rows[p] + r] = bias[p][r] + dot(W_p row r, xn[t]), where xn[t] is x[t] RMS-normalized
- * (eps) times norm elementwise (the fused attn_norm / ffn_norm), or x[t] when norm is NULL.
- * bias may be NULL or hold NULLs. */
-ei_status ei_cuda_op_matmul_multi(int32_t type, int32_t n_parts, const void *const *w, const int64_t *n_rows,
-                                  int64_t n_cols, const float *x, int64_t n_tok, const float *const *bias,
-                                  const float *norm, float eps, float *const *y);
-/* The fused gate + up + SwiGLU launch: y[t*n_rows + r] = silu(g) * u, g = b_gate[r] + dot(W_gate
- * row r, xn[t]), u = b_up[r] + dot(W_up row r, xn[t]); one type; biases may be NULL; xn as above. */
-ei_status ei_cuda_op_matmul_glu(int32_t type, const void *w_gate, const void *w_up, int64_t n_rows, int64_t n_cols,
-                                const float *x, int64_t n_tok, const float *b_gate, const float *b_up,
-                                const float *norm, float eps, float *y);
-/* out[t*ne0 ..] = dequantized row tokens[t] of a (ne1 x ne0) table of `type`. */
-ei_status ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
-                           int64_t n_tok, float *out);
-ei_status ei_cuda_op_rmsnorm(const float *x, const float *w, int64_t n_tok, int64_t n, float eps, float *out);
-/* In place on x[t][head][head_dim] for n_heads heads, positions pos[t]; freqs may be NULL. */
-ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
-                          int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos);
-/* gate[i] = silu(gate[i]) * up[i]. */
-ei_status ei_cuda_op_swiglu(float *gate, const float *up, int64_t n);
-/* ids / vals [n_rows][k]: the top-k of each row of x [n_rows][n], as ei_cuda_topk. */
-ei_status ei_cuda_op_topk(const float *x, int64_t n_rows, int64_t n, int32_t k, int32_t *ids, float *vals);
-/* As ei_kernel_attention. */
-ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
-                               const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);
 
 #ifdef __cplusplus
 }

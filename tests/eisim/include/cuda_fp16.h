@@ -7,7 +7,7 @@
 struct __half {
     unsigned short x;
 };
-struct __half2 {
+struct alignas(4) __half2 {
     __half x, y;
 };
 

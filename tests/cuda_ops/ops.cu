@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels.cuh"
+#include "ops.h"
 
 enum { GUARD = 256 };
 static const unsigned char GUARD_BYTE = 0xA5;

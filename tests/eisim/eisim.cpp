@@ -1,6 +1,12 @@
 /* eisim: the CUDA runtime on the CPU (see include/cuda_runtime.h).
  *
  * Beyond computing what the kernels compute, it checks what a GPU would punish:
+ * - a block's warps run independently between barriers, one after another in an order
+ *   (EISIM_ORDER: forward, reverse, or random from EISIM_SEED, drawn again at every
+ *   barrier, with the lanes of a warp in a random order at each step), so a warp can be
+ *   a whole barrier interval ahead of another: a race between them changes the result;
+ * - a load or store through a misaligned pointer (a float4 off a 16-byte boundary), which
+ *   the build's -fsanitize=alignment reports here: cudaErrorMisalignedAddress, sticky;
  * - launch limits: block <= 1024 threads, grid y/z <= 65535, dynamic shared
  *   memory <= 48 KiB unless the kernel opted in, and never over the simulated
  *   device's limit (EISIM_CC: 75 = T4 64 KiB, 87 = Orin 163 KiB, 90 = H200 227 KiB);
@@ -19,8 +25,7 @@
  * Environment: EISIM_CC (default 90), EISIM_MEM_MB (default 8192),
  * EISIM_INTEGRATED (0), EISIM_THREADS (OS threads for blocks, default all cores),
  * EISIM_PROTECT (1), EISIM_NO_DEVICE (0; 1 = the runtime reports no device),
- * EISIM_ORDER (forward; reverse = a block's threads run last to first between
- * barriers: a kernel whose result depends on the order has a race). */
+ * EISIM_ORDER (forward, reverse or random), EISIM_SEED (0; the random order's seed). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,6 +39,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda_runtime.h"
@@ -50,11 +56,15 @@ long env_long(const char *name, long dflt) {
     return v && *v ? strtol(v, NULL, 10) : dflt;
 }
 
+enum Order { FORWARD, REVERSE, RANDOM };
+
 struct Config {
     int cc = 90;
     size_t mem = (size_t)8192 << 20;
     int integrated = 0, threads = 1, protect = 1, no_device = 0;
-    int reverse = 0;   /* run a block's threads last to first between barriers */
+    Order order = FORWARD;   /* of a block's warps between barriers, and of a warp's lanes */
+    uint64_t seed = 0;
+    const char *bad = NULL;   /* a setting the simulator cannot run with: it reports no device */
     size_t smem_optin = 232448;
     Config() {
         cc = (int)env_long("EISIM_CC", 90);
@@ -66,7 +76,10 @@ struct Config {
         protect = (int)env_long("EISIM_PROTECT", 1);
         no_device = (int)env_long("EISIM_NO_DEVICE", 0);
         const char *order = getenv("EISIM_ORDER");
-        reverse = order && !strcmp(order, "reverse");
+        if (order && !strcmp(order, "reverse")) this->order = REVERSE;
+        else if (order && !strcmp(order, "random")) this->order = RANDOM;
+        else if (order && *order && strcmp(order, "forward")) bad = "EISIM_ORDER must be forward, reverse or random";
+        seed = (uint64_t)env_long("EISIM_SEED", 0);
         smem_optin = cc < 80 ? 65536 : cc < 90 ? 166912 : 232448;
     }
 };
@@ -85,15 +98,16 @@ cudaError_t note(cudaError_t e) {
 }
 cudaError_t sticky() { return (cudaError_t)g_sticky.load(); }
 
-void fault(const char *fmt, ...) {
+/* The first fault is printed and sticks; later ones (other blocks, other lanes) add nothing. */
+void fault(cudaError_t e, const char *fmt, ...) {
+    int expected = cudaSuccess;
+    if (!g_sticky.compare_exchange_strong(expected, e)) return;
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fprintf(stderr, "eisim: %s\n", msg);
-    int expected = cudaSuccess;
-    g_sticky.compare_exchange_strong(expected, cudaErrorLaunchFailure);
 }
 
 /* ---------------------------------------------------------------- device memory */
@@ -162,7 +176,18 @@ struct Fiber {
     uint64_t in, out;
 };
 
-enum { STACK_BYTES = 128 << 10, MAX_THREADS = 1024 };
+enum { STACK_BYTES = 128 << 10, MAX_THREADS = 1024, MAX_WARPS = MAX_THREADS / 32 };
+
+/* splitmix64: the random order's generator, seeded per block so a run repeats. */
+uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+struct Rng {
+    uint64_t s = 0;
+    uint64_t next() { return mix(s += 0x9e3779b97f4a7c15ull); }
+};
 
 struct Worker {   /* one per OS thread that runs blocks */
     unsigned char *stacks = NULL;   /* MAX_THREADS stacks, each under a guard page */
@@ -173,7 +198,10 @@ struct Worker {   /* one per OS thread that runs blocks */
     ucontext_t sched;
 #endif
     Fiber *cur = NULL;
-    int n = 0;   /* threads in the current block */
+    int run[32], run_n = 0, run_pos = 0;   /* the lanes of this step, in the order they run */
+    int warps[MAX_WARPS];                  /* this barrier interval's order of warps */
+    Rng rng;
+    const char *kernel = NULL;             /* the running kernel's name */
     eisim::BlockCtx blk{};
     std::vector<unsigned char> dyn;
     const std::function<void()> *body = NULL;
@@ -247,19 +275,23 @@ void fiber_to_fiber(Fiber &from, Fiber &to) { swapcontext(&from.uc, &to.uc); }
 void to_scheduler(Worker &w, Fiber &f) { swapcontext(&f.uc, &w.sched); }
 #endif
 
-/* The fiber f stops here: on to the next runnable fiber of the block, or back
- * to the scheduler once every one has had its turn this round. */
+/* The fiber f stops here: on to the next lane of this step, or back to the scheduler. */
 void yield(Worker &w, Fiber &f) {
-    Fiber *first = w.fibers.data(), *end = first + w.n;
-    const int step = cfg().reverse ? -1 : 1;
-    for (Fiber *g = &f + step; g >= first && g < end; g += step)
-        if (g->state == RUNNABLE) {
-            w.cur = g;
-            eisim::t_thread = &g->ctx;
-            fiber_to_fiber(f, *g);
-            return;
-        }
+    if (++w.run_pos < w.run_n) {
+        Fiber &g = w.fibers[w.run[w.run_pos]];
+        w.cur = &g;
+        eisim::t_thread = &g.ctx;
+        fiber_to_fiber(f, g);
+        return;
+    }
     to_scheduler(w, f);
+}
+
+/* a[0..n) = 0..n-1 in the configured order. */
+void arrange(Worker &w, int *a, int n) {
+    for (int i = 0; i < n; i++) a[i] = cfg().order == REVERSE ? n - 1 - i : i;
+    if (cfg().order == RANDOM)
+        for (int i = n - 1; i > 0; i--) std::swap(a[i], a[w.rng.next() % (uint64_t)(i + 1)]);
 }
 
 }  // namespace
@@ -293,41 +325,55 @@ uint64_t eisim::shuffle(unsigned mask, uint64_t bits, int src_lane) {
 
 namespace {
 
-/* Releases the warps whose lanes have all reached a shuffle. false + *bad when a
- * shuffle can never complete (its mask names a lane that exited or does not exist). */
-bool release_shuffles(Worker &w, int n, bool *released, const char **bad) {
-    for (int base = 0; base < n; base += 32) {
-        const int lanes = n - base < 32 ? n - base : 32;
-        Fiber *f = &w.fibers[base];
-        uint32_t arrived = 0;
-        bool all = true;
-        for (int l = 0; l < lanes; l++) {
-            if (f[l].state == AT_SHUFFLE) arrived |= 1u << l;
-            else if (f[l].state != DONE) all = false;
-        }
-        if (!arrived || !all) continue;
-        const uint32_t exists = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
-        for (int l = 0; l < lanes; l++) {
-            if (!(arrived >> l & 1u) || !(f[l].mask & ~arrived)) continue;
-            *bad = (f[l].mask & ~exists) ? "a warp shuffle's mask names a lane past the end of the block"
-                                         : "a warp shuffle's mask names a lane that has exited";
-            return false;
-        }
-        for (int l = 0; l < lanes; l++) {
-            if (f[l].state != AT_SHUFFLE) continue;
-            const int s = f[l].src;
-            f[l].out = (s >= 0 && s < lanes && f[s].state == AT_SHUFFLE) ? f[s].in : f[l].in;
-        }
-        for (int l = 0; l < lanes; l++)
-            if (f[l].state == AT_SHUFFLE) f[l].state = RUNNABLE;
-        *released = true;
+/* Releases the warp of lanes [base, base + lanes) once all of them have reached a shuffle
+ * (or exited): *released. false + *bad when its shuffle can never complete (the mask names
+ * a lane that exited or does not exist). */
+bool release_shuffle(Worker &w, int base, int lanes, bool *released, const char **bad) {
+    Fiber *f = &w.fibers[base];
+    uint32_t arrived = 0;
+    for (int l = 0; l < lanes; l++) {
+        if (f[l].state == AT_SHUFFLE) arrived |= 1u << l;
+        else if (f[l].state != DONE) return true;
     }
+    if (!arrived) return true;
+    const uint32_t exists = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    for (int l = 0; l < lanes; l++) {
+        if (!(arrived >> l & 1u) || !(f[l].mask & ~arrived)) continue;
+        *bad = (f[l].mask & ~exists) ? "a warp shuffle's mask names a lane past the end of the block"
+                                     : "a warp shuffle's mask names a lane that has exited";
+        return false;
+    }
+    for (int l = 0; l < lanes; l++) {
+        if (f[l].state != AT_SHUFFLE) continue;
+        const int s = f[l].src;
+        f[l].out = (s >= 0 && s < lanes && f[s].state == AT_SHUFFLE) ? f[s].in : f[l].in;
+    }
+    for (int l = 0; l < lanes; l++)
+        if (f[l].state == AT_SHUFFLE) f[l].state = RUNNABLE;
+    *released = true;
     return true;
 }
 
-/* Runs one block to completion; false after a fault. */
-bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t smem) {
-    const int n = (int)(bd.x * bd.y * bd.z);
+/* Runs the runnable lanes of the warp [base, base + lanes) once each, in the configured
+ * order, until each reaches a barrier, a shuffle or its end; false when none could run. */
+bool step_warp(Worker &w, int base, int lanes) {
+    int order[32];
+    arrange(w, order, lanes);
+    w.run_n = 0;
+    for (int l = 0; l < lanes; l++)
+        if (w.fibers[base + order[l]].state == RUNNABLE) w.run[w.run_n++] = base + order[l];
+    if (!w.run_n) return false;
+    w.run_pos = 0;
+    w.cur = &w.fibers[w.run[0]];
+    eisim::t_thread = &w.cur->ctx;
+    to_fiber(w, *w.cur);
+    return true;
+}
+
+/* Runs one block to completion; false after a fault. Between two barriers the warps run
+ * one after another, each as far as it can (shuffles only wait for the warp's own lanes). */
+bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t smem, uint64_t seed) {
+    const int n = (int)(bd.x * bd.y * bd.z), n_warps = (n + 31) / 32;
     w.blk.idx = idx;
     w.blk.dim = bd;
     w.blk.grid = gd;
@@ -335,7 +381,8 @@ bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t 
     memset(w.dyn.data(), 0xff, smem);   /* uninitialized shared memory reads as NaN */
     w.blk.dyn_smem = w.dyn.data();
     eisim::t_block = &w.blk;
-    w.n = n;
+    w.kernel = name;
+    w.rng.s = seed;
     for (int i = 0; i < n; i++) {
         Fiber &f = w.fibers[i];
         f.state = RUNNABLE;
@@ -343,37 +390,36 @@ bool run_block(Worker &w, const char *name, uint3 idx, dim3 bd, dim3 gd, size_t 
         f.ctx.lane = (unsigned)(i % 32);
         fiber_init(w, i);
     }
+    const char *bad = NULL;
     for (;;) {
-        for (int k = 0; k < n; k++) {   /* one round: the fibers pass control along (yield) */
-            const int i = cfg().reverse ? n - 1 - k : k;
-            if (w.fibers[i].state == RUNNABLE) {
-                w.cur = &w.fibers[i];
-                eisim::t_thread = &w.cur->ctx;
-                to_fiber(w, w.fibers[i]);
-                break;
+        arrange(w, w.warps, n_warps);
+        for (int p = 0; p < n_warps && !bad; p++) {
+            const int base = w.warps[p] * 32, lanes = n - base < 32 ? n - base : 32;
+            bool released = true;
+            while (released && step_warp(w, base, lanes)) {
+                released = false;
+                if (!release_shuffle(w, base, lanes, &released, &bad)) break;
             }
         }
-        bool released = false;
-        const char *bad = NULL;
-        if (!release_shuffles(w, n, &released, &bad)) {
-            fault("kernel %s, block (%u,%u,%u): %s", name, idx.x, idx.y, idx.z, bad);
+        eisim::t_thread = NULL;   /* host code again (the alignment handler tells them apart) */
+        if (bad) {
+            fault(cudaErrorLaunchFailure, "kernel %s, block (%u,%u,%u): %s", name, idx.x, idx.y, idx.z, bad);
             return false;
         }
-        if (released) continue;
         int waiting = 0, done = 0;
         for (int i = 0; i < n; i++) {
             waiting += w.fibers[i].state == AT_BARRIER;
             done += w.fibers[i].state == DONE;
         }
         if (done == n) return true;
-        if (waiting + done == n) {   /* threads that exited count as arrived, as on Volta and later */
-            for (int i = 0; i < n; i++)
-                if (w.fibers[i].state == AT_BARRIER) w.fibers[i].state = RUNNABLE;
-            continue;
+        if (waiting + done < n) {
+            fault(cudaErrorLaunchFailure,
+                  "kernel %s, block (%u,%u,%u): threads wait at different barriers (__syncthreads in divergent "
+                  "code or a shuffle and a barrier at once): this hangs a GPU", name, idx.x, idx.y, idx.z);
+            return false;
         }
-        fault("kernel %s, block (%u,%u,%u): threads wait at different barriers (__syncthreads in divergent code "
-              "or a shuffle and a barrier at once): this hangs a GPU", name, idx.x, idx.y, idx.z);
-        return false;
+        for (int i = 0; i < n; i++)   /* threads that exited count as arrived, as on Volta and later */
+            if (w.fibers[i].state == AT_BARRIER) w.fibers[i].state = RUNNABLE;
     }
 }
 
@@ -422,16 +468,19 @@ Pool &pool() {
     return *p;
 }
 
+std::atomic<uint64_t> g_launches{0};   /* numbers the launches: each block's random order is its own */
+
 void run_grid(const char *name, dim3 gd, dim3 bd, size_t smem, const std::function<void()> &body) {
-    const uint64_t total = (uint64_t)gd.x * gd.y * gd.z;
+    const uint64_t total = (uint64_t)gd.x * gd.y * gd.z, launch = g_launches++;
     std::atomic<uint64_t> next{0};
     std::atomic<bool> failed{false};
     std::function<void()> part = [&] {
         Worker &w = worker();
         w.body = &body;
-        for (uint64_t b; !failed.load() && (b = next.fetch_add(1)) < total;) {
+        for (uint64_t b; !failed.load() && !sticky() && (b = next.fetch_add(1)) < total;) {
             const uint3 idx{(unsigned)(b % gd.x), (unsigned)(b / gd.x % gd.y), (unsigned)(b / ((uint64_t)gd.x * gd.y))};
-            if (!run_block(w, name, idx, bd, gd, smem)) failed = true;
+            const uint64_t seed = mix(cfg().seed ^ mix(launch ^ mix(b)));
+            if (!run_block(w, name, idx, bd, gd, smem, seed)) failed = true;
         }
     };
     if (total > 1 && cfg().threads > 1) pool().run(part);
@@ -530,6 +579,7 @@ cudaError_t eisim::set_func_attribute(const void *func, cudaFuncAttribute attr, 
 cudaError_t eisim::launch(const char *name, const void *func, dim3 grid, dim3 blk, size_t smem, cudaStream_t s,
                           std::function<void()> body) {
     if (sticky()) return note(sticky());
+    if (cfg().bad) return note(cudaErrorInitializationError);
     const uint64_t threads = (uint64_t)blk.x * blk.y * blk.z;
     if (!threads || threads > MAX_THREADS || blk.z > 64 || !grid.x || !grid.y || !grid.z || grid.y > 65535 ||
         grid.z > 65535 || grid.x > 0x7fffffffu) {
@@ -548,6 +598,44 @@ cudaError_t eisim::launch(const char *name, const void *func, dim3 grid, dim3 bl
     }
     enqueue(s, Op{[name, grid, blk, smem, body] { run_grid(name, grid, blk, smem, body); }});
     return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- misaligned access */
+/* -fsanitize=alignment (scripts/build_cuda_sim.sh) calls this for a load or store through a
+ * pointer not aligned to its type (the layouts are those of GCC's UBSan runtime, which the
+ * build does not link). A GPU faults on such an access: inside a kernel it is a sticky
+ * cudaErrorMisalignedAddress naming the kernel, thread and source line. */
+struct UbsanLocation {
+    const char *file;
+    uint32_t line, column;
+};
+struct UbsanType {
+    uint16_t kind, info;
+    char name[1];
+};
+struct UbsanTypeMismatch {
+    UbsanLocation loc;
+    const UbsanType *type;
+    unsigned char log_alignment, check_kind;
+};
+
+extern "C" __attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1(UbsanTypeMismatch *d,
+                                                                                       uintptr_t ptr) {
+    static const char *const what[] = {"load of", "store to", "reference binding to", "member access within",
+                                       "member call on", "constructor call on"};
+    const char *access = d->check_kind < sizeof what / sizeof *what ? what[d->check_kind] : "access to";
+    const unsigned align = 1u << d->log_alignment;
+    const eisim::ThreadCtx *th = eisim::t_thread;
+    if (!th) {   /* host code: undefined behaviour in our own C++, not a device fault */
+        fprintf(stderr, "eisim: host code at %s:%u: %s misaligned address %p for type %s, which needs %u-byte alignment\n",
+                d->loc.file, d->loc.line, access, (void *)ptr, d->type->name, align);
+        abort();
+    }
+    const eisim::BlockCtx *b = eisim::t_block;
+    fault(cudaErrorMisalignedAddress,
+          "kernel %s, block (%u,%u,%u), thread (%u,%u,%u) at %s:%u: %s misaligned address %p for type %s, which needs "
+          "%u-byte alignment", t_worker->kernel, b->idx.x, b->idx.y, b->idx.z, th->tid.x, th->tid.y, th->tid.z,
+          d->loc.file, d->loc.line, access, (void *)ptr, d->type->name, align);
 }
 
 /* ---------------------------------------------------------------- the runtime API */
@@ -569,6 +657,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
@@ -580,6 +669,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaSuccess: return "no error";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected (EISIM_NO_DEVICE)";
     case cudaErrorLaunchFailure: return "unspecified launch failure (the simulator printed why on stderr)";
+    case cudaErrorMisalignedAddress: return "misaligned address (the simulator printed where on stderr)";
+    case cudaErrorInitializationError: return cfg().bad ? cfg().bad : "initialization error";
     case cudaErrorMemoryAllocation: return "out of memory";
     default: return cudaGetErrorName(e);
     }
@@ -598,6 +689,7 @@ cudaError_t cudaRuntimeGetVersion(int *v) {
 cudaError_t cudaGetDeviceCount(int *n) {
     if (!n) return note(cudaErrorInvalidValue);
     *n = 0;
+    if (cfg().bad) return note(cudaErrorInitializationError);
     if (cfg().no_device) return note(cudaErrorNoDevice);
     *n = 1;
     return cudaSuccess;

@@ -49,6 +49,19 @@ __global__ void dynamic_smem_kernel(float *out) {
     out[threadIdx.x] = dyn[threadIdx.x];
 }
 
+/* out[i] = the sum of the float4 at x + offset + 4i: a GPU faults unless x + offset is 16-byte aligned. */
+__global__ void float4_sum_kernel(const float *x, int offset, float *out) {
+    const float4 v = *(reinterpret_cast<const float4 *>(x + offset) + threadIdx.x);
+    out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}
+
+/* out[0] = x0 * x1 + x2, which nvcc fuses into one FMA (-fmad=true), and out[1] the same
+ * through the _rn intrinsics, which it never fuses. */
+__global__ void mul_add_kernel(const float *x, float *out) {
+    out[0] = x[0] * x[1] + x[2];
+    out[1] = __fadd_rn(__fmul_rn(x[0], x[1]), x[2]);
+}
+
 __global__ void add_one_kernel(float *x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += 1.0f;
@@ -117,6 +130,29 @@ EXPORT int eisim_test_dynamic_smem(int bytes, int optin) {
     int e = (int)cudaGetLastError();
     if (!e) e = (int)cudaDeviceSynchronize();
     cudaFree(d);
+    return e;
+}
+
+/* out[0..32) = float4_sum_kernel over x[0..132) read from float `offset` on (0 and 4: aligned). */
+EXPORT int eisim_test_float4_load(const float *x, int offset, float *out) {
+    float *dx, *dout;
+    if (cudaMalloc((void **)&dx, 132 * 4) || cudaMalloc((void **)&dout, 32 * 4)) return -1;
+    cudaMemcpy(dx, x, 132 * 4, cudaMemcpyHostToDevice);
+    float4_sum_kernel<<<1, 32>>>(dx, offset, dout);
+    const int e = (int)cudaMemcpy(out, dout, 32 * 4, cudaMemcpyDeviceToHost);
+    cudaFree(dx);
+    cudaFree(dout);
+    return e;
+}
+
+EXPORT int eisim_test_mul_add(const float *x, float *out) {
+    float *dx, *dout;
+    if (cudaMalloc((void **)&dx, 3 * 4) || cudaMalloc((void **)&dout, 2 * 4)) return -1;
+    cudaMemcpy(dx, x, 3 * 4, cudaMemcpyHostToDevice);
+    mul_add_kernel<<<1, 1>>>(dx, dout);
+    const int e = (int)cudaMemcpy(out, dout, 2 * 4, cudaMemcpyDeviceToHost);
+    cudaFree(dx);
+    cudaFree(dout);
     return e;
 }
 

@@ -19,6 +19,8 @@
 #include <type_traits>
 
 /* ---------------------------------------------------------------- language */
+/* The vector types carry CUDA's alignment, so that the build's -fsanitize=alignment
+ * catches a misaligned vector load as the GPU would. */
 #define __global__
 #define __device__
 #define __host__
@@ -45,6 +47,15 @@ struct alignas(16) float4 {
 struct alignas(16) int4 {
     int x, y, z, w;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) int2 {
+    int x, y;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 
 /* ---------------------------------------------------------------- runtime types */
 typedef enum cudaError {
@@ -57,6 +68,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorIllegalAddress = 700,
+    cudaErrorMisalignedAddress = 716,
     cudaErrorLaunchFailure = 719,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
@@ -243,11 +255,23 @@ template <class T>
 inline T __ldg(const T *p) {
     return *p;
 }
-/* The build passes -ffp-contract=off: a*b+c is never fused on the host, so the
- * _rn intrinsics are plain operations. */
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
+/* The build fuses a*b+c into an FMA as nvcc does (-ffp-contract=fast), but nvcc never fuses
+ * the _rn intrinsics: their operands and result pass through an empty asm, which the
+ * compiler cannot see into, so each is rounded on its own. */
+inline float eisim_rounded(float v) {
+#if defined(__x86_64__)
+    __asm__("" : "+x"(v));
+#elif defined(__aarch64__)
+    __asm__("" : "+w"(v));
+#else
+    volatile float r = v;
+    v = r;
+#endif
+    return v;
+}
+inline float __fadd_rn(float a, float b) { return eisim_rounded(eisim_rounded(a) + eisim_rounded(b)); }
+inline float __fsub_rn(float a, float b) { return eisim_rounded(eisim_rounded(a) - eisim_rounded(b)); }
+inline float __fmul_rn(float a, float b) { return eisim_rounded(eisim_rounded(a) * eisim_rounded(b)); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
