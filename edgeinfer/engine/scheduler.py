@@ -146,9 +146,10 @@ class Scheduler:
                 req.done = True
                 sink([seq.finish("length")])
                 return req
-            # Requests about to take a free slot (at the next step) are not "waiting".
-            if len(self._waiting) - len(self._free) >= self.max_queue:
-                raise QueueFullError(f"the queue is full ({len(self._waiting)} requests waiting for "
+            # Requests about to take a free slot (at the next step), or cancelled, are not "waiting".
+            n_waiting = sum(not r.cancelled for r in self._waiting)
+            if n_waiting - len(self._free) >= self.max_queue:
+                raise QueueFullError(f"the queue is full ({n_waiting} requests waiting for "
                                      f"{self.n_slots} slots)", retry_after_s=self._retry_after())
             self._waiting.append(req)
             self._ensure_thread()
