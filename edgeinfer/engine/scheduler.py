@@ -2,8 +2,8 @@
 
 Each step builds ONE batch: the next token of every decoding sequence plus prefill chunks of
 admitted prompts (at most `max_batch` tokens in all), hands it to the Runner (runner.py),
-samples every sequence that got a row of logits and hands the resulting events to each
-request's sink. A finished or cancelled sequence frees its slot at once; the oldest waiting
+samples every sequence that got a row of logits and hands the resulting token ids to the
+delivery thread (delivery.py), which detokenizes them and calls each request's sink. A finished or cancelled sequence frees its slot at once; the oldest waiting
 request takes a free slot at the start of the next step, choosing the slot that already
 holds the longest prefix of its prompt (prefix reuse).
 
@@ -27,7 +27,8 @@ import numpy as np
 
 from ..backends.base import Batch
 from ..errors import EdgeInferError
-from .generation import ErrorEvent, SequenceState
+from .delivery import Delivery
+from .generation import ErrorEvent, SequenceState, TextStream
 from .kv import KVRing
 from .runner import Runner
 from .sampling import SamplingParams
@@ -61,6 +62,7 @@ class Request:
         self.id = next(self._ids)
         self.seq = seq
         self.sink = sink
+        self.text = TextStream(scheduler.tokenizer, seq, on_stop=self.cancel)
         self.slot: int | None = None
         self.n_fed = 0                  # prompt tokens already in the slot (reused or fed)
         self.next_token: int | None = None
@@ -76,6 +78,17 @@ class Request:
         if not self.done and not self.cancelled:
             self.cancelled = True
             self._scheduler._wake()
+
+    def deliver(self, events: list) -> None:
+        """(delivery thread) Detokenizes the stepping thread's events and hands them to the sink."""
+        out = self.text.feed(events)
+        if not out:
+            return
+        try:
+            self.sink(out)
+        except Exception:  # a consumer that went away must not stop the loop
+            log.debug("sink of request %d failed", self.id, exc_info=True)
+            self.cancel()
 
 
 class Lease:
@@ -114,6 +127,7 @@ class Scheduler:
         limit = runner.caps.max_batch
         self.max_batch = max(self.n_slots, min(max_batch or limit, limit))
         self.idle_exit_s = idle_exit_s
+        self._delivery = Delivery(idle_exit_s)
         self._cv = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []
@@ -131,7 +145,7 @@ class Scheduler:
     # ------------------------------------------------------------------ public
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
                n_logprobs: int | None = None, t_arrival: float | None = None) -> Request:
-        """Queues a sequence; events reach `sink(list_of_events)` from the engine loop thread.
+        """Queues a sequence; events reach `sink(list_of_events)` from the delivery thread.
 
         Raises QueueFullError when `max_queue` requests already wait for a slot, and
         SchedulerClosedError while draining or after close."""
@@ -230,6 +244,7 @@ class Scheduler:
             self._active.clear()
         for r in left:
             self._finish(r, "cancelled")
+        self._delivery.close()
 
     # ------------------------------------------------------------------ loop
     def _wake(self) -> None:
@@ -321,11 +336,7 @@ class Scheduler:
         self._emit(req, [req.seq.finish(reason)])
 
     def _emit(self, req: Request, events: list) -> None:
-        try:
-            req.sink(events)
-        except Exception:  # a consumer that went away must not stop the loop
-            log.debug("sink of request %d failed", req.id, exc_info=True)
-            req.cancelled = True
+        self._delivery.put(lambda: req.deliver(events))
 
     def _fail(self, reqs: list[Request], exc: BaseException) -> None:
         with self._cv:
@@ -404,6 +415,7 @@ class Scheduler:
             self.steps += 1
             self.last_batch_tokens = len(toks)
         finished: list[Request] = []
+        out_events: list[tuple[Request, list]] = []
         for i, r in enumerate(owners):
             if r.cancelled:
                 continue        # reaped (and its slot freed) at the top of the next step
@@ -417,7 +429,9 @@ class Scheduler:
             if nxt is None:
                 r.done = True
                 finished.append(r)
-            self._emit(r, events)
+            out_events.append((r, events))
+        if out_events:   # one hand-over per step
+            self._delivery.put(lambda: [r.deliver(evs) for r, evs in out_events])
         if finished:
             with self._cv:
                 for r in finished:
