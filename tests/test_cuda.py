@@ -31,7 +31,9 @@ import pytest
 import edgeinfer
 from edgeinfer.backends import Batch, cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.backends import KVPlan
+from edgeinfer.errors import (EdgeInferError, InvalidArgumentError, NativeOutOfMemoryError, NativeUnsupportedError,
+                              RangeError)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES, NO_GPU_REASON = cb.probe()
@@ -621,8 +623,33 @@ def test_fused_and_fallback_layers_match_float64_reference(recipe, tmp_path):
 
 @needs_gpu
 def test_model_too_big_is_a_clear_error(smollm2_path):
-    with pytest.raises(EdgeInferError, match=r"does not fit.*MiB"):
+    with pytest.raises(NativeOutOfMemoryError, match=r"does not fit.*MiB"):
         edgeinfer.load(smollm2_path, n_ctx=1 << 20, n_slots=4096, device="cuda")
+
+
+@needs_gpu
+def test_cuda_status_codes_raise_their_native_errors(tmp_path):
+    """The CUDA library's ei_status codes map to the same exceptions as the CPU library's."""
+    path = _tiny_model(tmp_path / "tiny.gguf", *TINY_RECIPES["fused"])
+    with edgeinfer.load(str(path), n_ctx=16, device="cuda", n_slots=2, max_batch=4) as gpu:
+        rt = gpu.runner.runtime
+        n_vocab = gpu.config.n_vocab
+        for batch, what in [(Batch.of_slot(2, [3], [0], [0], [0]), "slot 2"),
+                            (Batch.of_slot(0, [n_vocab], [0], [0], [0]), f"token id {n_vocab}"),
+                            (Batch.of_slot(0, [3], [-1], [0], [0]), "position -1"),
+                            (Batch.of_slot(0, [3] * 5, range(5), range(5), [4]), "batch of 5")]:
+            with pytest.raises(RangeError, match=what):
+                rt.forward(batch)
+        with pytest.raises(InvalidArgumentError, match="n_out=2"):
+            rt.forward(Batch.of_slot(0, [3], [0], [0], [0, 0]))
+        with pytest.raises(RangeError, match="topk of 1 rows"):
+            rt.topk(1, 1)
+        plan = KVPlan(n_slots=1, n_ctx=16, n_sink=0, max_batch=4)
+        with pytest.raises(NativeUnsupportedError, match="head_dim <= 256"):
+            cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, head_dim=512), plan, device=DEVICES[0])
+        with pytest.raises(InvalidArgumentError, match="inconsistent model configuration"):
+            cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, n_head_kv=gpu.config.n_head + 1), plan,
+                           device=DEVICES[0])
 
 
 @needs_gpu
