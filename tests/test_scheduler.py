@@ -269,3 +269,35 @@ def test_fake_lease_feeds_a_fresh_slot_through_the_runner(fake):
     ref = np.array([fb._row(ids[:i + 1]) for i in range(len(ids))])
     np.testing.assert_array_equal(out, ref)
     assert not rt.cells[lease.slot] and sched.ring.cells_used(lease.slot) == 0   # emptied on the way out
+
+
+def test_fake_stop_string_is_applied_off_the_stepping_thread(fake):
+    sched, rt = fake(n_slots=1)
+    prompt = FAKE_PROMPTS[4]
+    ids = fb.reference_greedy(prompt, 12)
+    full = sched.tokenizer.decode(ids)
+    cut = len(sched.tokenizer.decode(ids[:5]))
+    stop = full[cut - 2:cut + 3]                       # spans the end of token 5
+    assert stop not in full[:cut - 2 + len(stop) - 1]
+    gen = Generation(sched, prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]))
+    text = gen.result().text
+    assert gen.finish_reason == "stop" and text == full[:full.index(stop)]
+    assert gen.tokens == ids[:len(gen.tokens)] and len(gen.tokens) < 12
+    assert gen.stats.completion_tokens == len(gen.tokens)
+    # The request ends in the scheduler too: its slot comes free, and the next one gets it.
+    assert Generation(sched, prompt, FAKE_GREEDY).result().tokens == fb.reference_greedy(prompt, 6)
+
+
+def test_fake_sinks_run_off_the_stepping_thread(fake):
+    sched, rt = fake(n_slots=1)
+    names = []
+    done = threading.Event()
+
+    def sink(evs):
+        names.append(threading.current_thread().name)
+        if any(isinstance(e, DoneEvent) for e in evs):
+            done.set()
+
+    sched.submit(FAKE_PROMPTS[0], FAKE_GREEDY, sink)
+    assert done.wait(30)
+    assert names and set(names) == {"edgeinfer-delivery"}
