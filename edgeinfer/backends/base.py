@@ -109,5 +109,5 @@ def require_kv_type(backend: Backend, plan: KVPlan) -> None:
     from ..errors import UnsupportedTypeError
 
     if plan.kv_type not in backend.kv_types:
-        raise UnsupportedTypeError(f"kv_type={plan.kv_type!r}: the {backend.name} backend's KV arena holds "
-                                   f"one of {list(backend.kv_types)}")
+        raise UnsupportedTypeError(f"kv_type must be one of {list(backend.kv_types)} on the {backend.name} "
+                                   f"backend, got {plan.kv_type!r}")

@@ -260,8 +260,7 @@ class EdgeinferRunner(Runner):
         self.batch = caps.max_batch
         self.kv_bytes = caps.kv_bytes
         self.scratch_bytes = caps.scratch_bytes
-        self.isa = "cuda" if caps.device == "cuda" else caps.isa
-        self.label = f"edgeinfer ({self.isa})"
+        self.label = f"edgeinfer ({caps.isa})"   # e.g. "avx2", "cuda sm_90"
         self._logits = np.empty((1, self.n_vocab), dtype=np.float32)
         self._no_rows = np.empty(0, dtype=np.int32)
         self._last_row = np.zeros(1, dtype=np.int32)
