@@ -3,9 +3,10 @@
 Each step builds ONE batch: the next token of every decoding sequence plus prefill chunks of
 admitted prompts (at most `max_batch` tokens in all), hands it to the Runner (runner.py),
 samples every sequence that got a row of logits and hands the resulting token ids to the
-delivery thread (delivery.py), which detokenizes them and calls each request's sink. A finished or cancelled sequence frees its slot at once; the oldest waiting
-request takes a free slot at the start of the next step, choosing the slot that already
-holds the longest prefix of its prompt (prefix reuse).
+delivery thread (delivery.py), which detokenizes them and calls each request's sink. A
+finished or cancelled sequence frees its slot at once; the oldest waiting request takes a
+free slot at the start of the next step, choosing the slot that already holds the longest
+prefix of its prompt (prefix reuse).
 
 The scheduler owns the KV ring's bookkeeping (kv.py): which slot holds which tokens, and
 the positions and cells of every token it puts in a batch.
@@ -86,7 +87,7 @@ class Request:
             return
         try:
             self.sink(out)
-        except Exception:  # a consumer that went away must not stop the loop
+        except Exception:  # a consumer that went away: drop its request, keep delivering the others
             log.debug("sink of request %d failed", self.id, exc_info=True)
             self.cancel()
 
