@@ -3,9 +3,14 @@ from .errors import (
     ContextOverflowError,
     EdgeInferError,
     GGUFError,
+    InvalidArgumentError,
     InvalidTokenError,
     ModelNotFoundError,
     NativeError,
+    NativeOutOfMemoryError,
+    NativeUnsupportedError,
+    RangeError,
+    StateError,
     TemplateError,
     TokenizerError,
     UnsupportedArchitectureError,
@@ -18,7 +23,8 @@ __all__ = [
     "load", "Engine", "__version__",
     "EdgeInferError", "GGUFError", "UnsupportedArchitectureError", "UnsupportedTypeError",
     "TokenizerError", "InvalidTokenError", "ContextOverflowError", "TemplateError",
-    "NativeError", "ModelNotFoundError",
+    "NativeError", "InvalidArgumentError", "NativeOutOfMemoryError", "NativeUnsupportedError", "RangeError",
+    "StateError", "ModelNotFoundError",
 ]
 
 

@@ -1,7 +1,10 @@
 """The only door into native code: the cffi module plus error translation."""
 from __future__ import annotations
 
-from .errors import NativeError
+from typing import Callable
+
+from .errors import (InvalidArgumentError, NativeError, NativeOutOfMemoryError, NativeUnsupportedError,
+                     RangeError, StateError)
 
 try:
     from ._native_ext import ffi, lib
@@ -11,14 +14,30 @@ except ImportError as exc:  # pragma: no cover - a broken install
         f"(needs a C compiler): {exc}"
     ) from exc
 
-__all__ = ["ffi", "lib", "check", "last_error"]
+__all__ = ["ffi", "lib", "check", "last_error", "error_class"]
+
+# One exception per ei_status. The CUDA library returns the same enum (edgeinfer_cuda.h).
+_ERRORS: dict[int, type[NativeError]] = {
+    lib.EI_ERR_INVALID_ARG: InvalidArgumentError,
+    lib.EI_ERR_OUT_OF_MEMORY: NativeOutOfMemoryError,
+    lib.EI_ERR_UNSUPPORTED: NativeUnsupportedError,
+    lib.EI_ERR_RANGE: RangeError,
+    lib.EI_ERR_STATE: StateError,
+}
 
 
 def last_error() -> str:
     return ffi.string(lib.ei_last_error()).decode("utf-8", "replace")
 
 
-def check(status: int, what: str = "native call") -> None:
-    """Turns a non-zero ei_status into a NativeError carrying the C message."""
+def error_class(status: int) -> type[NativeError]:
+    """The exception of an ei_status (plain NativeError for a code this build does not know)."""
+    return _ERRORS.get(int(status), NativeError)
+
+
+def check(status: int, what: str = "native call", message: Callable[[], str] = last_error) -> None:
+    """Turns a non-zero ei_status into its NativeError subclass carrying the C message.
+
+    `message` reads the failing library's thread-local error text (the CUDA backend passes its own)."""
     if status != lib.EI_OK:
-        raise NativeError(f"{what} failed (status {status}): {last_error()}")
+        raise error_class(status)(f"{what} failed (status {status}): {message()}")

@@ -34,7 +34,27 @@ class TemplateError(EdgeInferError, ValueError):
 
 
 class NativeError(EdgeInferError, RuntimeError):
-    """The native library returned an error code."""
+    """The native library returned an error code (the subclasses below name which)."""
+
+
+class InvalidArgumentError(NativeError, ValueError):
+    """EI_ERR_INVALID_ARG: a null pointer, a bad size or a bad parameter reached the C API."""
+
+
+class NativeOutOfMemoryError(NativeError, MemoryError):
+    """EI_ERR_OUT_OF_MEMORY: host or device memory could not be allocated."""
+
+
+class NativeUnsupportedError(NativeError, UnsupportedTypeError):
+    """EI_ERR_UNSUPPORTED: a type, ISA, architecture or KV layout the kernels cannot compute with."""
+
+
+class RangeError(NativeError, IndexError):
+    """EI_ERR_RANGE: a token id, slot, cell, position or batch size outside its bounds."""
+
+
+class StateError(NativeError):
+    """EI_ERR_STATE: a call out of order (e.g. a runtime on a model that is not finalized)."""
 
 
 class ModelNotFoundError(EdgeInferError, FileNotFoundError):

@@ -1,7 +1,7 @@
 """GPU throughput of the CUDA backend on SmolLM2-135M Q4_1 (used by scripts/gpu_check.sh).
 
 Prints pp512 (prefill tokens/s), single-stream decode tokens/s and batch-8
-aggregate decode tokens/s, measured on Engine.runtime directly (no sampling).
+aggregate decode tokens/s, measured on the engine's runner directly (no sampling).
 """
 from __future__ import annotations
 
@@ -11,24 +11,24 @@ import time
 import numpy as np
 
 import edgeinfer
+from edgeinfer.backends import Batch
 from edgeinfer.hub import DEFAULT_MODEL, ensure_model
 
 
 def main() -> int:
     path = sys.argv[1] if len(sys.argv) > 1 else str(ensure_model(DEFAULT_MODEL, progress=False))
     eng = edgeinfer.load(path, n_ctx=1024, n_slots=8, max_batch=512, device="cuda")
-    rt = eng.runtime
-    print(f"device: {rt.device.describe() if rt.device else '?'}; weights {rt.weight_bytes / 2**20:.1f} MiB, "
-          f"KV {rt.kv_bytes / 2**20:.1f} MiB, scratch {rt.scratch_bytes / 2**20:.1f} MiB")
+    runner, caps = eng.runner, eng.runner.caps
+    print(f"device: {caps.isa}; weights {caps.device_bytes / 2**20:.1f} MiB, "
+          f"KV {caps.kv_bytes / 2**20:.1f} MiB, scratch {caps.scratch_bytes / 2**20:.1f} MiB")
     rng = np.random.default_rng(0)
     V = eng.config.n_vocab
-    i32 = lambda a: np.asarray(a, dtype=np.int32)  # noqa: E731
 
     def prefill(slot: int, n: int) -> float:
-        rt.clear_slot(slot)
+        runner.clear_slot(slot)
         ids = rng.integers(0, V, n)
         t = time.perf_counter()
-        rt.forward(i32(ids), i32(np.full(n, slot)), i32(np.arange(n)), i32(np.arange(n)), i32([n - 1]))
+        runner.run(Batch.of_slot(slot, ids, np.arange(n), np.arange(n), [n - 1]))
         return time.perf_counter() - t
 
     prefill(0, 512)   # warm-up
@@ -40,7 +40,7 @@ def main() -> int:
         t = time.perf_counter()
         for i in range(steps):
             p = start + i
-            rt.forward(i32(rng.integers(0, V, n)), i32(slots), i32([p] * n), i32([p] * n), i32(np.arange(n)))
+            runner.run(Batch(rng.integers(0, V, n), slots, [p] * n, [p] * n, np.arange(n)))
         return n * steps / (time.perf_counter() - t)
 
     for s in range(8):

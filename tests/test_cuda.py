@@ -18,6 +18,7 @@ tests/cuda_ops, built into the simulator and into libedgeinfer_cuda_testops.so, 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import glob
 import logging
 import os
@@ -32,9 +33,11 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer.backends import cuda as cb
+from edgeinfer.backends import Batch, cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.backends import KVPlan
+from edgeinfer.errors import (EdgeInferError, InvalidArgumentError, NativeOutOfMemoryError, NativeUnsupportedError,
+                              RangeError)
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS_HEADER = ROOT / "tests" / "cuda_ops" / "ops.h"
@@ -510,13 +513,12 @@ def test_decode_steps_and_slots_agree_with_prefill(engines):
     ids = _text_ids(gpu)[:DECODE_TOKENS]
     n, half = len(ids), len(ids) // 2
     ref = gpu.logits(ids)
-    rt = gpu.runtime
+    rt = gpu.runner.runtime
     for s in (1, 2):
         rt.clear_slot(s)
     got = {1: [], 2: []}
     for i, tok in enumerate(ids):
-        lg = rt.forward(np.array([tok, tok], np.int32), np.array([1, 2], np.int32), np.array([i, i], np.int32),
-                        np.array([i, i], np.int32), np.array([0, 1], np.int32))
+        lg = rt.forward(Batch([tok, tok], [1, 2], [i, i], [i, i], [0, 1]))
         got[1].append(lg[0].copy())
         got[2].append(lg[1].copy())
         assert list(rt.argmax(2)) == [int(lg[0].argmax()), int(lg[1].argmax())]
@@ -524,8 +526,7 @@ def test_decode_steps_and_slots_agree_with_prefill(engines):
         kl, top1 = _kl_top1(ref, np.array(got[s]))
         assert top1 >= 0.95 and kl <= 0.01, (s, kl, top1)
     rt.forget_from(1, half)   # prefix reuse: recompute the second half
-    lg = rt.forward(np.array(ids[half:], np.int32), np.full(n - half, 1, np.int32), np.arange(half, n, dtype=np.int32),
-                    np.arange(half, n, dtype=np.int32), np.arange(n - half, dtype=np.int32))
+    lg = rt.forward(Batch.of_slot(1, ids[half:], np.arange(half, n), np.arange(half, n), np.arange(n - half)))
     kl, top1 = _kl_top1(ref[half:], lg)
     assert top1 >= 0.95 and kl <= 0.01
 
@@ -554,18 +555,16 @@ def test_greedy_generation_runs_on_gpu(engines):
 
 @needs_gpu
 def test_topk_end_to_end_on_logits_kept_on_the_device(engines):
-    """forward(download=False) keeps the rows on the device; topk / argmax read them there."""
+    """forward_topk keeps the rows on the device; topk / argmax read them there."""
     gpu, _ = engines
-    rt = gpu.runtime
-    ids = np.array(_text_ids(gpu)[:6], np.int32)
-    rows = np.array([5, 2], np.int32)
-    with gpu.scheduler.lease_slot() as slot:
+    rt = gpu.runner.runtime
+    ids = _text_ids(gpu)[:6]
+    with gpu.scheduler.lease_slot() as lease:
+        slot = lease.slot
+        batch = Batch.of_slot(slot, ids, np.arange(6), np.arange(6), [5, 2])
+        lg = rt.forward(batch).copy()
         rt.clear_slot(slot)
-        args = (ids, np.full(6, slot, np.int32), np.arange(6, dtype=np.int32), np.arange(6, dtype=np.int32), rows)
-        lg = rt.forward(*args).copy()
-        rt.clear_slot(slot)
-        assert rt.forward(*args, download=False) is None
-        top_ids, top_vals = rt.topk(2, 256)
+        top_ids, top_vals = rt.forward_topk(batch, 256)
         ref_ids, ref_vals = _topk_ref(lg, 256)
         np.testing.assert_array_equal(top_ids, ref_ids)
         np.testing.assert_array_equal(top_vals, ref_vals)
@@ -574,7 +573,8 @@ def test_topk_end_to_end_on_logits_kept_on_the_device(engines):
         for n_out, k in [(3, 1), (0, 1), (2, 0), (2, 257)]:
             with pytest.raises(EdgeInferError, match="topk"):
                 rt.topk(n_out, k)
-        rt.forward(*args[:4], np.zeros(0, np.int32), download=False)   # no rows: nothing to read
+        rt.clear_slot(slot)
+        rt.forward(Batch.of_slot(slot, ids, np.arange(6), np.arange(6), []))   # no rows: nothing to read
         with pytest.raises(EdgeInferError, match="last forward produced 0"):
             rt.topk(1, 1)
         rt.clear_slot(slot)
@@ -584,7 +584,7 @@ def test_topk_end_to_end_on_logits_kept_on_the_device(engines):
 def test_greedy_and_top_k_sampling_on_device_candidates_match_full_logits(engines, monkeypatch):
     """The scheduler's device top-k path draws the same tokens as the host sampler on the whole row."""
     gpu, _ = engines
-    rt = gpu.runtime
+    rt = gpu.runner.runtime
     calls = []
     topk = rt.topk
     monkeypatch.setattr(rt, "topk", lambda n_out, k: calls.append(k) or topk(n_out, k))
@@ -597,7 +597,8 @@ def test_greedy_and_top_k_sampling_on_device_candidates_match_full_logits(engine
 
     on_device = generate()
     assert calls and set(calls) <= {1, 40} and len(on_device[0]) == len(on_device[1]) == n
-    monkeypatch.setattr(rt, "max_topk", 0)   # the full-logits path: host sampler on downloaded rows
+    # the full-logits path: host sampler on downloaded rows
+    monkeypatch.setattr(gpu.runner, "caps", dataclasses.replace(gpu.runner.caps, max_topk=0))
     calls.clear()
     assert generate() == on_device and not calls
 
@@ -648,19 +649,42 @@ def test_fused_and_fallback_layers_match_float64_reference(recipe, tmp_path):
     ref = reference_logits(path, ids)
     with edgeinfer.load(str(path), n_ctx=64, device="cuda", n_slots=2, max_batch=32) as gpu:
         prefill = gpu.logits(ids)
-        rt = gpu.runtime
+        rt = gpu.runner.runtime
         rt.clear_slot(1)
-        decode = np.array([rt.forward(np.array([tok], np.int32), np.array([1], np.int32), np.array([i], np.int32),
-                                      np.array([i], np.int32), np.array([0], np.int32))[0].copy()
-                           for i, tok in enumerate(ids)])
+        decode = np.array([rt.forward(Batch([tok], [1], [i], [i], [0]))[0].copy() for i, tok in enumerate(ids)])
     assert nmse(ref, prefill) <= NMSE_MAX   # the f16 KV cache is the main error: about 1e-7
     assert nmse(ref, decode) <= NMSE_MAX
 
 
 @needs_gpu
 def test_model_too_big_is_a_clear_error(smollm2_path):
-    with pytest.raises(EdgeInferError, match=r"does not fit.*MiB"):
+    with pytest.raises(NativeOutOfMemoryError, match=r"does not fit.*MiB"):
         edgeinfer.load(smollm2_path, n_ctx=1 << 20, n_slots=4096, device="cuda")
+
+
+@needs_gpu
+def test_cuda_status_codes_raise_their_native_errors(tmp_path):
+    """The CUDA library's ei_status codes map to the same exceptions as the CPU library's."""
+    path = _tiny_model(tmp_path / "tiny.gguf", *TINY_RECIPES["fused"])
+    with edgeinfer.load(str(path), n_ctx=16, device="cuda", n_slots=2, max_batch=4) as gpu:
+        rt = gpu.runner.runtime
+        n_vocab = gpu.config.n_vocab
+        for batch, what in [(Batch.of_slot(2, [3], [0], [0], [0]), "slot 2"),
+                            (Batch.of_slot(0, [n_vocab], [0], [0], [0]), f"token id {n_vocab}"),
+                            (Batch.of_slot(0, [3], [-1], [0], [0]), "position -1"),
+                            (Batch.of_slot(0, [3] * 5, range(5), range(5), [4]), "batch of 5")]:
+            with pytest.raises(RangeError, match=what):
+                rt.forward(batch)
+        with pytest.raises(InvalidArgumentError, match="n_out=2"):
+            rt.forward(Batch.of_slot(0, [3], [0], [0], [0, 0]))
+        with pytest.raises(RangeError, match="topk of 1 rows"):
+            rt.topk(1, 1)
+        plan = KVPlan(n_slots=1, n_ctx=16, n_sink=0, max_batch=4)
+        with pytest.raises(NativeUnsupportedError, match="head_dim <= 256"):
+            cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, head_dim=512), plan, device=DEVICES[0])
+        with pytest.raises(InvalidArgumentError, match="inconsistent model configuration"):
+            cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, n_head_kv=gpu.config.n_head + 1), plan,
+                           device=DEVICES[0])
 
 
 @needs_gpu

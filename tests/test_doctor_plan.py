@@ -30,8 +30,8 @@ def test_plan_matches_engine_allocation(smollm2_path, ctx, slots, max_batch, kv)
     try:
         info = eng.info()
         assert info["kv_type"] == kv
-        row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=eng.runtime.n_threads)
-        kv_b, scratch = info["kv_bytes"], eng.runtime.scratch_bytes
+        row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=info["n_threads"])
+        kv_b, scratch = info["kv_bytes"], info["scratch_bytes"]
         assert abs(row.kv_bytes - kv_b) <= 0.05 * kv_b, (row.kv_bytes, kv_b)
         assert abs(row.scratch - scratch) <= 0.05 * scratch, (row.scratch, scratch)
         measured = m.weights_bytes + kv_b + scratch

@@ -1,63 +1,78 @@
-"""NativeRuntime: the thread pool, scratch and KV arena of one model, and its forward call."""
+"""The CPU backend: our SIMD kernels' thread pool, scratch and KV arena for one model."""
 from __future__ import annotations
 
 import numpy as np
 
 from .._native import check, ffi, lib
 from ..model.native_model import NativeModel
+from .base import Batch, Capabilities, KVPlan, require_kv_type
 
 KV_TYPES = {"f16": lib.EI_TYPE_F16, "q8_0": lib.EI_TYPE_Q8_0}
 ISA_NAMES = {"best": lib.EI_ISA_BEST, "scalar": lib.EI_ISA_SCALAR, "avx2": lib.EI_ISA_AVX2,
              "avx512": lib.EI_ISA_AVX512, "neon": lib.EI_ISA_NEON}
+PROFILE_STAGES = ("embed", "norm", "qkv", "rope_kv", "attention", "attn_out", "ffn_up", "ffn_act",
+                  "ffn_down", "head")
 
 
 def _i32(arr: np.ndarray):
     return ffi.from_buffer("int32_t[]", arr)
 
 
-class NativeRuntime:
-    """Allocates everything once; forward() never allocates on the C side.
+class CpuBackend:
+    name = "cpu"
+    kv_types = tuple(KV_TYPES)
 
-    Not thread-safe: the engine serialises calls.
-    """
-
-    def __init__(self, model: NativeModel, *, n_threads: int | None, n_slots: int, n_ctx: int,
-                 n_sink: int, max_batch: int, isa: str = "best", drop_packed_source: bool = False,
-                 kv_type: str = "f16"):
+    def __init__(self, n_threads: int | None = None, isa: str = "best"):
         if isa not in ISA_NAMES:
             raise ValueError(f"isa must be one of {sorted(ISA_NAMES)}, got {isa!r}")
-        if kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
-        self.kv_type = kv_type
+        self.n_threads = n_threads
+        self.isa = isa
+
+    def describe(self) -> str:
+        return f"CPU ({ffi.string(lib.ei_isa_name(lib.ei_cpu_best_isa())).decode()})"
+
+    def create_runtime(self, gguf, cfg, plan: KVPlan) -> "NativeRuntime":
+        require_kv_type(self, plan)
+        return NativeRuntime(NativeModel(gguf, cfg), plan, n_threads=self.n_threads, isa=self.isa,
+                             drop_packed_source=True)   # the kernels read their packed copy
+
+
+class NativeRuntime:
+    """Allocates everything once; forward() never allocates on the C side."""
+
+    def __init__(self, model: NativeModel, plan: KVPlan, *, n_threads: int | None = None, isa: str = "best",
+                 drop_packed_source: bool = False):
         self.model = model
-        self.n_vocab = model.cfg.n_vocab
-        self.max_batch = max_batch
         p = ffi.new("ei_runtime_params *")
         p.n_threads = n_threads or 0
-        p.n_slots, p.n_ctx, p.n_sink, p.max_batch = n_slots, n_ctx, n_sink, max_batch
-        p.kv_type = KV_TYPES[kv_type]
+        p.n_slots, p.n_ctx, p.n_sink, p.max_batch = plan.n_slots, plan.n_ctx, plan.n_sink, plan.max_batch
+        p.kv_type = KV_TYPES[plan.kv_type]
         p.isa = ISA_NAMES[isa]
         p.drop_packed_source = int(drop_packed_source)
         out = ffi.new("ei_runtime **")
         check(lib.ei_runtime_create(model.handle, p, out), "runtime_create")
         self.handle = ffi.gc(out[0], lib.ei_runtime_free)
-        self.kv_bytes = int(lib.ei_runtime_kv_bytes(self.handle))
-        self.scratch_bytes = int(lib.ei_runtime_scratch_bytes(self.handle))
-        self.packed_bytes = int(lib.ei_runtime_packed_bytes(self.handle))
-        self.n_threads = p.n_threads if p.n_threads > 0 else int(lib.ei_physical_cores())
         level = lib.ei_cpu_best_isa() if p.isa == lib.EI_ISA_BEST else p.isa
-        self.isa_name = ffi.string(lib.ei_isa_name(level)).decode()
+        self.caps = Capabilities(
+            device="cpu", isa=ffi.string(lib.ei_isa_name(level)).decode(), kv_type=plan.kv_type,
+            kv_types=CpuBackend.kv_types, max_batch=plan.max_batch, n_vocab=model.cfg.n_vocab,
+            n_threads=p.n_threads if p.n_threads > 0 else int(lib.ei_physical_cores()),
+            kv_bytes=int(lib.ei_runtime_kv_bytes(self.handle)),
+            scratch_bytes=int(lib.ei_runtime_scratch_bytes(self.handle)),
+            packed_bytes=int(lib.ei_runtime_packed_bytes(self.handle)), profile_stages=PROFILE_STAGES)
 
-    def forward(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray, cells: np.ndarray,
-                out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
-        """Runs one step; returns logits [len(out_rows), n_vocab] (written into `logits` if given)."""
-        n, n_out = len(tokens), len(out_rows)
+    def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
+        n_out = batch.n_out
         if logits is None:
-            logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
+            logits = np.empty((n_out, self.caps.n_vocab), dtype=np.float32)
         out_ptr = ffi.from_buffer("float[]", logits) if n_out else ffi.NULL
-        check(lib.ei_forward(self.handle, n, _i32(tokens), _i32(slots), _i32(pos), _i32(cells), n_out,
-                             _i32(out_rows) if n_out else ffi.NULL, out_ptr), "forward")
+        check(lib.ei_forward(self.handle, len(batch), _i32(batch.tokens), _i32(batch.slots), _i32(batch.pos),
+                             _i32(batch.cells), n_out, _i32(batch.out_rows) if n_out else ffi.NULL, out_ptr),
+              "forward")
         return logits[:n_out]
+
+    def forward_topk(self, batch: Batch, k: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError("the CPU backend has no device top-k (caps.max_topk = 0)")
 
     def clear_slot(self, slot: int) -> None:
         check(lib.ei_runtime_clear_slot(self.handle, slot), "clear_slot")
@@ -65,11 +80,7 @@ class NativeRuntime:
     def forget_from(self, slot: int, pos: int) -> None:
         check(lib.ei_runtime_forget_from(self.handle, slot, pos), "forget_from")
 
-    PROFILE_STAGES = ("embed", "norm", "qkv", "rope_kv", "attention", "attn_out", "ffn_up", "ffn_act",
-                      "ffn_down", "head")
-
     def profile(self, reset: bool = False) -> dict[str, float]:
-        """Seconds spent in each stage of the forward pass so far."""
-        buf = ffi.new("double[]", len(self.PROFILE_STAGES))
-        n = lib.ei_runtime_profile(self.handle, buf, len(self.PROFILE_STAGES), int(reset))
-        return {name: float(buf[i]) for i, name in enumerate(self.PROFILE_STAGES[:n])}
+        buf = ffi.new("double[]", len(PROFILE_STAGES))
+        n = lib.ei_runtime_profile(self.handle, buf, len(PROFILE_STAGES), int(reset))
+        return {name: float(buf[i]) for i, name in enumerate(PROFILE_STAGES[:n])}

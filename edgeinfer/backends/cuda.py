@@ -2,8 +2,8 @@
 
 CPU-only installs never build or link CUDA. This module finds the library
 ($EDGEINFER_CUDA_LIB, then the package directory, then native/cuda/build of a
-source tree), asks it for devices, and gives the engine one decision:
-`select_device(device)` -> ("cpu", reason) or ("cuda", DeviceInfo).
+source tree), asks it for devices (`select_device`), and implements the Backend
+protocol (backends/base.py) with CudaBackend / CudaRuntime.
 """
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EdgeInferError, NativeError
+from .._native import check as _check
+from ..errors import EdgeInferError
+from .base import Batch, Capabilities, KVPlan, require_kv_type
 
 log = logging.getLogger("edgeinfer")
 
@@ -112,9 +114,10 @@ def last_error(lib, ffi) -> str:
 
 
 def check(status: int, what: str) -> None:
+    """A non-zero ei_status of the CUDA library as the same NativeError subclass the CPU one raises."""
     if status != 0:
         ffi, lib = load_library()
-        raise NativeError(f"CUDA {what} failed (status {status}): {last_error(lib, ffi)}")
+        _check(status, f"CUDA {what}", lambda: last_error(lib, ffi))
 
 
 def probe() -> tuple[list[DeviceInfo], str]:
@@ -157,20 +160,30 @@ def select_device(device: str) -> tuple[str, DeviceInfo | str]:
     return "cpu", reason
 
 
-# ---------------------------------------------------------------------------- the runtime
+# ---------------------------------------------------------------------------- the backend
+class CudaBackend:
+    name = "cuda"
+    kv_types = ("f16",)
+
+    def __init__(self, device: DeviceInfo):
+        self.device = device
+
+    def describe(self) -> str:
+        return self.device.describe()
+
+    def create_runtime(self, gguf, cfg, plan: KVPlan) -> "CudaRuntime":
+        require_kv_type(self, plan)
+        # Weights go to the device; on integrated memory the host pages are dropped.
+        return CudaRuntime(gguf, cfg, plan, device=self.device, drop_host_pages=self.device.integrated)
+
+
 class CudaRuntime:
-    """NativeRuntime's interface (forward / clear_slot / forget_from / sizes) on a CUDA device.
+    """The Runtime protocol on a CUDA device: weights copied once, the KV ring in device memory."""
 
-    Weights are copied to the device once; the KV ring lives in device memory.
-    Not thread-safe: the engine serialises calls.
-    """
+    MAX_TOPK = 256          # the largest k of topk() (EIC_TOPK_MAX)
 
-    PROFILE_STAGES = ()
-    device_kind = "cuda"
-    max_topk = 256          # the largest k of topk() (EIC_TOPK_MAX)
-
-    def __init__(self, gguf, cfg, *, n_slots: int, n_ctx: int, max_batch: int, device: DeviceInfo | None = None,
-                 use_graphs: bool = True, drop_host_pages: bool = False):
+    def __init__(self, gguf, cfg, plan: KVPlan, *, device: DeviceInfo | None = None, use_graphs: bool = True,
+                 drop_host_pages: bool = False):
         from ..model.native_model import fill_config, model_tensors
 
         ffi, lib = load_library()
@@ -178,8 +191,6 @@ class CudaRuntime:
             raise EdgeInferError(f"CUDA backend unavailable: {lib}")
         self.ffi, self.lib = ffi, lib
         self.device = device
-        self.n_vocab = cfg.n_vocab
-        self.max_batch = max_batch
         c = ffi.new("ei_model_config *")
         fill_config(c, cfg)
         items = []
@@ -196,51 +207,43 @@ class CudaRuntime:
             t.data = ffi.cast("const void *", buf)
         p = ffi.new("ei_cuda_params *")
         p.device = device.index if device else 0
-        p.n_slots, p.n_ctx, p.max_batch = n_slots, n_ctx, max_batch
+        p.n_slots, p.n_ctx, p.max_batch = plan.n_slots, plan.n_ctx, plan.max_batch
         p.use_graphs, p.drop_host_pages = int(use_graphs), int(drop_host_pages)
         sizes = ffi.new("ei_cuda_sizes *")
         out = ffi.new("ei_cuda_runtime **")
-        st = lib.ei_cuda_runtime_create(c, tensors, len(items), p, sizes, out)
-        if st != 0:
-            raise EdgeInferError(f"CUDA runtime: {last_error(lib, ffi)}")
+        check(lib.ei_cuda_runtime_create(c, tensors, len(items), p, sizes, out), "runtime_create")
         self.handle = ffi.gc(out[0], lib.ei_cuda_runtime_free)
-        self.weight_bytes = int(sizes.weights)
-        self.kv_bytes = int(sizes.kv)
-        self.scratch_bytes = int(sizes.scratch)
-        self.packed_bytes = 0
-        self.n_threads = 0
         cc = device.compute_capability if device else (0, 0)
-        self.isa_name = f"cuda sm_{cc[0]}{cc[1]}"
+        self.caps = Capabilities(
+            device="cuda", isa=f"cuda sm_{cc[0]}{cc[1]}", kv_type=plan.kv_type, kv_types=CudaBackend.kv_types,
+            max_batch=plan.max_batch, n_vocab=cfg.n_vocab, max_topk=self.MAX_TOPK, kv_bytes=int(sizes.kv),
+            scratch_bytes=int(sizes.scratch), device_bytes=int(sizes.weights))
 
     def _i32(self, arr: np.ndarray):
-        return self.ffi.from_buffer("int32_t[]", np.ascontiguousarray(arr, dtype=np.int32))
+        return self.ffi.from_buffer("int32_t[]", arr)
 
-    def forward(self, tokens: np.ndarray, slots: np.ndarray, pos: np.ndarray, cells: np.ndarray,
-                out_rows: np.ndarray, logits: np.ndarray | None = None,
-                download: bool = True) -> np.ndarray | None:
-        """As NativeRuntime.forward. download=False keeps the logits rows on the device (for
-        argmax / topk) and returns None: no n_out x n_vocab copy back."""
-        ffi = self.ffi
-        n, n_out = len(tokens), len(out_rows)
-        if not download:
-            logits = None
-        elif logits is None:
-            logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
-        out_ptr = ffi.from_buffer("float[]", logits) if n_out and logits is not None else ffi.NULL
-        arrays = [np.ascontiguousarray(a, dtype=np.int32) for a in (tokens, slots, pos, cells, out_rows)]
-        bufs = [ffi.from_buffer("int32_t[]", a) for a in arrays]
-        st = self.lib.ei_cuda_forward(self.handle, n, bufs[0], bufs[1], bufs[2], bufs[3], n_out,
-                                      bufs[4] if n_out else ffi.NULL, out_ptr)
-        if st != 0:
-            raise NativeError(f"CUDA forward failed (status {st}): {last_error(self.lib, ffi)}")
-        return logits[:n_out] if logits is not None else None
+    def _run(self, batch: Batch, logits: np.ndarray | None) -> None:
+        n_out = batch.n_out
+        out_ptr = self.ffi.from_buffer("float[]", logits) if n_out and logits is not None else self.ffi.NULL
+        check(self.lib.ei_cuda_forward(self.handle, len(batch), self._i32(batch.tokens), self._i32(batch.slots),
+                                       self._i32(batch.pos), self._i32(batch.cells), n_out,
+                                       self._i32(batch.out_rows) if n_out else self.ffi.NULL, out_ptr), "forward")
+
+    def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
+        if logits is None:
+            logits = np.empty((batch.n_out, self.caps.n_vocab), dtype=np.float32)
+        self._run(batch, logits)
+        return logits[:batch.n_out]
+
+    def forward_topk(self, batch: Batch, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The logits stay on the device: only n_out x k candidates come back."""
+        self._run(batch, None)
+        return self.topk(batch.n_out, k)
 
     def argmax(self, n_out: int) -> np.ndarray:
         """Argmax of each logits row of the last forward, computed on the device."""
         out = np.empty(n_out, dtype=np.int32)
-        st = self.lib.ei_cuda_argmax(self.handle, n_out, self.ffi.from_buffer("int32_t[]", out))
-        if st != 0:
-            raise NativeError(f"CUDA argmax failed (status {st}): {last_error(self.lib, self.ffi)}")
+        check(self.lib.ei_cuda_argmax(self.handle, n_out, self._i32(out)), "argmax")
         return out
 
     def topk(self, n_out: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -248,19 +251,15 @@ class CudaRuntime:
         last forward, computed on the device; value descending, ties to the lower id, NaN as -inf."""
         ids = np.empty((n_out, k), dtype=np.int32)
         vals = np.empty((n_out, k), dtype=np.float32)
-        st = self.lib.ei_cuda_topk(self.handle, n_out, k, self.ffi.from_buffer("int32_t[]", ids),
-                                   self.ffi.from_buffer("float[]", vals))
-        if st != 0:
-            raise NativeError(f"CUDA topk failed (status {st}): {last_error(self.lib, self.ffi)}")
+        check(self.lib.ei_cuda_topk(self.handle, n_out, k, self._i32(ids), self.ffi.from_buffer("float[]", vals)),
+              "topk")
         return ids, vals
 
     def clear_slot(self, slot: int) -> None:
-        if self.lib.ei_cuda_clear_slot(self.handle, slot) != 0:
-            raise NativeError(f"CUDA clear_slot failed: {last_error(self.lib, self.ffi)}")
+        check(self.lib.ei_cuda_clear_slot(self.handle, slot), "clear_slot")
 
     def forget_from(self, slot: int, pos: int) -> None:
-        if self.lib.ei_cuda_forget_from(self.handle, slot, pos) != 0:
-            raise NativeError(f"CUDA forget_from failed: {last_error(self.lib, self.ffi)}")
+        check(self.lib.ei_cuda_forget_from(self.handle, slot, pos), "forget_from")
 
     def profile(self, reset: bool = False) -> dict[str, float]:
         return {}

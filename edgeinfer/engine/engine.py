@@ -2,49 +2,50 @@
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError, UnsupportedTypeError
+from ..backends import KVPlan, select_backend
+from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig
-from ..model.native_model import NativeModel
-from ..backends.cpu import NativeRuntime
 from ..text.chat_template import ChatTemplate
+from ..text.tokenizer import Tokenizer
 from .generation import Completion, Generation
 from .kv import KVRing
-from .scheduler import Scheduler
+from .runner import Runner
 from .sampling import SamplingParams
-from ..text.tokenizer import Tokenizer
+from .scheduler import Scheduler
 
 log = logging.getLogger("edgeinfer")
-
-DEVICES = ("cpu", "auto", "cuda")
 
 
 class Engine:
     """A loaded model: tokenizer, chat template, native weights and a fixed KV ring.
 
     Thread-safe: generations from any thread go to one scheduler (engine/scheduler.py)
-    that batches them: each step runs one native forward over every active slot, and
-    requests beyond `n_slots` wait for a free slot. Every native call runs under one lock.
+    that batches them: each step runs one forward over every active slot, and requests
+    beyond `n_slots` wait for a free slot. The runner (engine/runner.py) runs every native
+    call, under one lock.
     """
 
     def __init__(self, path: Path, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer,
-                 template: ChatTemplate, runtime: NativeRuntime, ring: KVRing, max_queue: int = 256):
+                 template: ChatTemplate, runner: Runner, ring: KVRing, max_queue: int = 256):
         self.path = path
         self.gguf = gguf
         self.config = cfg
         self.tokenizer = tokenizer
         self.template = template
-        self.runtime = runtime
-        self.ring = ring
+        self.runner = runner
         self.n_ctx = ring.capacity
-        self._step_lock = threading.RLock()
-        self.scheduler = Scheduler(self, max_queue=max_queue)
+        self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue)
+
+    @property
+    def ring(self) -> KVRing:
+        """The KV ring's bookkeeping (owned by the scheduler)."""
+        return self.scheduler.ring
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -53,10 +54,7 @@ class Engine:
              isa: str = "best", max_queue: int = 256, kv_type: str = "f16") -> "Engine":
         from ..hub import resolve_model
 
-        if device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-        from ..backends.cuda import CudaRuntime, select_device
-        backend, dev = select_device(device)   # device='cuda' without a usable GPU raises EdgeInferError
+        backend = select_backend(device, n_threads=n_threads, isa=isa)   # 'cuda' without a GPU raises
         if not isinstance(n_ctx, int) or n_ctx < 8:
             raise ValueError(f"n_ctx must be an int >= 8, got {n_ctx!r}")
         if not isinstance(n_slots, int) or n_slots < 1:
@@ -66,21 +64,12 @@ class Engine:
         cfg = ModelConfig.from_gguf(gguf)
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
-        native = NativeModel(gguf, cfg)
-        if backend == "cuda" and kv_type != "f16":
-            raise UnsupportedTypeError(f"kv_type={kv_type!r}: the CUDA backend keeps an f16 KV arena")
-        if backend == "cuda":   # weights go to the device; on integrated memory drop the host pages
-            runtime = CudaRuntime(gguf, cfg, n_slots=n_slots, n_ctx=n_ctx, max_batch=max_batch, device=dev,
-                                  drop_host_pages=dev.integrated)
-        else:
-            runtime = NativeRuntime(native, n_threads=n_threads, n_slots=n_slots, n_ctx=n_ctx,
-                                    n_sink=min(n_sink, n_ctx // 4), max_batch=max_batch, isa=isa,
-                                    drop_packed_source=True,   # the kernels read their packed copy
-                                    kv_type=kv_type)
-        ring = KVRing(n_slots, n_ctx, n_sink=min(n_sink, n_ctx // 4), overflow=overflow)
-        log.info("loaded %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name, cfg.arch,
-                 cfg.n_layer, runtime.kv_bytes / 2**20, n_slots, n_ctx)
-        return cls(path, gguf, cfg, tokenizer, template, runtime, ring, max_queue=max_queue)
+        n_sink = min(n_sink, n_ctx // 4)
+        ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow)
+        runtime = backend.create_runtime(gguf, cfg, KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
+        log.info("loaded %s on %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name,
+                 backend.describe(), cfg.arch, cfg.n_layer, runtime.caps.kv_bytes / 2**20, n_slots, n_ctx)
+        return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue)
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -134,13 +123,11 @@ class Engine:
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
         out = np.empty((len(ids), self.config.n_vocab), dtype=np.float32)
-        with self._slot_for([]) as slot:
-            self._reset_slot(slot)
-            for start in range(0, len(ids), self.runtime.max_batch):
-                chunk = ids[start:start + self.runtime.max_batch]
-                self._step(slot, chunk, out_rows=np.arange(len(chunk), dtype=np.int32),
-                           logits=out[start:start + len(chunk)])
-            self._reset_slot(slot)
+        step = self.runner.caps.max_batch
+        with self.scheduler.lease_slot() as lease:
+            for start in range(0, len(ids), step):
+                chunk = ids[start:start + step]
+                lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), out[start:start + len(chunk)])
         return out
 
     def generate(self, prompt: str | Sequence[int], **params: Any) -> Completion:
@@ -177,6 +164,7 @@ class Engine:
     # ------------------------------------------------------------------ info
     def info(self) -> dict:
         cfg = self.config
+        caps = self.runner.caps
         types: dict[str, int] = {}
         n_params = 0
         for t in self.gguf.tensors.values():
@@ -188,39 +176,19 @@ class Engine:
             "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_head_kv": cfg.n_head_kv,
             "n_ff": cfg.n_ff, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_ctx": self.n_ctx,
             "n_slots": self.ring.n_slots, "n_sink": self.ring.n_sink, "overflow": self.ring.overflow,
-            "kv_bytes": self.runtime.kv_bytes, "kv_type": getattr(self.runtime, "kv_type", "f16"), "scratch_bytes": self.runtime.scratch_bytes,
-            "packed_weight_bytes": getattr(self.runtime, "packed_bytes", 0),
-            "n_threads": self.runtime.n_threads, "isa": self.runtime.isa_name,
-            "device": getattr(self.runtime, "device_kind", "cpu"),
+            "kv_bytes": caps.kv_bytes, "kv_type": caps.kv_type, "scratch_bytes": caps.scratch_bytes,
+            "packed_weight_bytes": caps.packed_bytes, "device_weight_bytes": caps.device_bytes,
+            "n_threads": caps.n_threads, "isa": caps.isa, "device": caps.device,
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
         }
 
     def close(self) -> None:
         """Cancels running generations and frees native memory now rather than at garbage collection."""
-        sched = getattr(self, "scheduler", None)
-        if sched is not None:
-            sched.close()
-        self.runtime = None  # type: ignore[assignment]
+        self.scheduler.close()
+        self.runner.close()
 
     def __enter__(self) -> "Engine":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ slots and steps
-    def _slot_for(self, prompt_ids: list[int]):
-        """A slot taken from the scheduler for direct stepping (context manager)."""
-        return self.scheduler.lease_slot()
-
-    def _reset_slot(self, slot: int) -> None:
-        with self._step_lock:
-            self.ring.truncate(slot, 0)
-            self.runtime.clear_slot(slot)
-
-    def _step(self, slot: int, tokens: list[int], out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
-        with self._step_lock:
-            pos, cells = self.ring.reserve(slot, tokens)
-            n = len(tokens)
-            return self.runtime.forward(np.asarray(tokens, dtype=np.int32), np.full(n, slot, dtype=np.int32),
-                                        pos, cells, out_rows, logits)

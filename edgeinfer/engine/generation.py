@@ -1,9 +1,10 @@
-"""The token logic of one sequence (sample, detokenize, stop) and the iterator apps consume.
+"""The token logic of one sequence and the iterator apps consume.
 
-`SequenceState` is driven by the scheduler's engine loop: each time the sequence gets a
-row of logits it samples one token and returns the events that follow from it.
-`Generation` is the consumer side: it submits a request to the engine's scheduler and
-iterates over the text pieces that come back.
+`SequenceState` is driven by the scheduler's stepping thread: each time the sequence gets a
+row of logits it samples one token and returns the events that follow from it -- token ids
+only. `TextStream` is the consumer side of the same sequence: it turns those ids into text
+(never half a UTF-8 character) and applies the stop strings, off the stepping thread.
+`Generation` submits a request to the engine's scheduler and iterates over the text pieces.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import math
 import queue
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
@@ -62,7 +63,8 @@ class TokenLogprob:
 @dataclass
 class TokenEvent:
     token: int
-    text: str                       # text released by this token (may be "" while held back)
+    text: str = ""                  # text released by this token (may be "" while held back);
+                                    # filled in by TextStream, on the consumer side
     logprob: TokenLogprob | None = None
 
 
@@ -94,7 +96,7 @@ def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
 
 
 class SequenceState:
-    """Per-sequence token loop state; not thread-safe (only the engine loop touches it)."""
+    """Per-sequence token loop state; not thread-safe (only the stepping thread touches it)."""
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams,
                  n_logprobs: int | None = None, t_arrival: float | None = None):
@@ -102,8 +104,6 @@ class SequenceState:
         self.params = params
         self.n_logprobs = n_logprobs
         self.sampler = params.make_sampler()
-        self.stops = params.stop_matcher()
-        self.decoder = StreamDecoder(tokenizer)
         self.eog = set() if params.ignore_eos else tokenizer.eog_ids
         self.history = list(prompt_ids)
         self.tokens: list[int] = []
@@ -156,11 +156,8 @@ class SequenceState:
             self.t_first = now
             self.stats.ttft_s = now - self.t_arrival
         self.stats.completion_tokens = len(self.tokens)
-        piece, stopped = self.stops.feed(self.decoder.push(tok))
-        events.append(TokenEvent(tok, piece, lp))
-        if stopped:
-            events.append(self.finish("stop"))
-        elif self.limit is not None and len(self.tokens) >= self.limit:
+        events.append(TokenEvent(tok, logprob=lp))
+        if self.limit is not None and len(self.tokens) >= self.limit:
             events.append(self.finish("length"))
         elif not has_room:
             events.append(self.finish("length"))
@@ -168,20 +165,58 @@ class SequenceState:
 
     def finish(self, reason: str) -> DoneEvent:
         self.finish_reason = reason
-        tail = ""
-        if reason != "cancelled" and not self.stops.stopped:
-            tail, _ = self.stops.feed(self.decoder.flush())
-            tail += self.stops.flush()
+        return DoneEvent(reason, "", self.final_stats(len(self.tokens)))
+
+    def final_stats(self, n_tokens: int) -> GenerationStats:
+        """The stats of the sequence ended now after n_tokens. Reads only what is fixed once the
+        first token is out, so the consumer side may call it too (a stop string)."""
         t_end = time.perf_counter()
-        n = len(self.tokens)
-        st = self.stats
+        st = replace(self.stats, completion_tokens=n_tokens)
         if self.t_first is not None:
             st.decode_s = t_end - self.t_first
-            st.tpot_s = st.decode_s / (n - 1) if n > 1 else 0.0
+            st.tpot_s = st.decode_s / (n_tokens - 1) if n_tokens > 1 else 0.0
         else:
             st.ttft_s = t_end - self.t_arrival
         st.e2e_s = t_end - self.t_arrival
-        return DoneEvent(reason, tail, st)
+        return st
+
+
+class TextStream:
+    """The consumer side of one sequence: the stepping thread's token ids become text here.
+
+    `feed(events)` fills in each TokenEvent's text and the DoneEvent's tail (bytes held back,
+    a partial stop string), exactly as one StreamDecoder + StopMatcher over the ids would. A
+    stop string ends the sequence here: `on_stop` tells the scheduler to drop it, and what
+    the stepping thread still sends for it is ignored."""
+
+    def __init__(self, tokenizer: Tokenizer, seq: SequenceState, on_stop: Callable[[], None]):
+        self.seq = seq
+        self.decoder = StreamDecoder(tokenizer)
+        self.stops = seq.params.stop_matcher()
+        self.on_stop = on_stop
+        self.n_tokens = 0
+        self.done = False
+
+    def feed(self, events: list) -> list:
+        out: list = []
+        for ev in events:
+            if self.done:
+                break
+            if isinstance(ev, TokenEvent):
+                self.n_tokens += 1
+                ev.text, stopped = self.stops.feed(self.decoder.push(ev.token))
+                out.append(ev)
+                if stopped:
+                    self.done = True
+                    out.append(DoneEvent("stop", "", self.seq.final_stats(self.n_tokens)))
+                    self.on_stop()
+            else:
+                self.done = True
+                if isinstance(ev, DoneEvent) and ev.finish_reason != "cancelled":
+                    tail, _ = self.stops.feed(self.decoder.flush())
+                    ev.text = tail + self.stops.flush()
+                out.append(ev)
+        return out
 
 
 # --------------------------------------------------------------------------- consumer

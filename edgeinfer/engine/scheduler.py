@@ -1,11 +1,15 @@
 """Continuous batching over the fixed KV ring: one engine loop, one native forward per step.
 
 Each step builds ONE batch: the next token of every decoding sequence plus prefill chunks of
-admitted prompts (at most `max_batch` tokens in all), runs `NativeRuntime.forward` once,
-samples every sequence that got a row of logits and hands the resulting events to each
-request's sink. A finished or cancelled sequence frees its slot at once; the oldest waiting
-request takes a free slot at the start of the next step, choosing the slot that already
-holds the longest prefix of its prompt (prefix reuse).
+admitted prompts (at most `max_batch` tokens in all), hands it to the Runner (runner.py),
+samples every sequence that got a row of logits and hands the resulting token ids to the
+delivery thread (delivery.py), which detokenizes them and calls each request's sink. A
+finished or cancelled sequence frees its slot at once; the oldest waiting request takes a
+free slot at the start of the next step, choosing the slot that already holds the longest
+prefix of its prompt (prefix reuse).
+
+The scheduler owns the KV ring's bookkeeping (kv.py): which slot holds which tokens, and
+the positions and cells of every token it puts in a batch.
 
 The kernels compute every token row the same way whatever else is in the batch, so a
 sequence's output does not depend on its neighbours or on how its prompt was chunked.
@@ -18,16 +22,20 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..backends.base import Batch
 from ..errors import EdgeInferError
-from .generation import ErrorEvent, SequenceState
+from .delivery import Delivery
+from .generation import ErrorEvent, SequenceState, TextStream
+from .kv import KVRing
+from .runner import Runner
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .engine import Engine
+    from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("edgeinfer")
 
@@ -55,6 +63,7 @@ class Request:
         self.id = next(self._ids)
         self.seq = seq
         self.sink = sink
+        self.text = TextStream(scheduler.tokenizer, seq, on_stop=self.cancel)
         self.slot: int | None = None
         self.n_fed = 0                  # prompt tokens already in the slot (reused or fed)
         self.next_token: int | None = None
@@ -71,19 +80,55 @@ class Request:
             self.cancelled = True
             self._scheduler._wake()
 
+    def deliver(self, events: list) -> None:
+        """(delivery thread) Detokenizes the stepping thread's events and hands them to the sink."""
+        out = self.text.feed(events)
+        if not out:
+            return
+        try:
+            self.sink(out)
+        except Exception:  # a consumer that went away: drop its request, keep delivering the others
+            log.debug("sink of request %d failed", self.id, exc_info=True)
+            self.cancel()
+
+
+class Lease:
+    """A slot taken away from the scheduler (Scheduler.lease_slot) for direct teacher-forced
+    stepping: Engine.logits and tools/bench.py. The slot starts and ends empty."""
+
+    def __init__(self, scheduler: "Scheduler", slot: int):
+        self.slot = slot
+        self._ring = scheduler.ring
+        self._runner = scheduler.runner
+
+    def reset(self) -> None:
+        with self._runner.lock:
+            self._ring.truncate(self.slot, 0)
+            self._runner.clear_slot(self.slot)
+
+    def feed(self, tokens: Sequence[int], out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
+        """Appends `tokens` (at most caps.max_batch) to the slot; the logits of `out_rows`."""
+        with self._runner.lock:
+            pos, cells = self._ring.reserve(self.slot, tokens)
+            return self._runner.run(Batch.of_slot(self.slot, tokens, pos, cells, out_rows), logits).logits
+
 
 class Scheduler:
     """The engine loop of one Engine. Started lazily; the thread exits after `idle_exit_s`
     without work (and restarts on the next submit), so unused engines can be collected."""
 
-    def __init__(self, engine: "Engine", max_queue: int = 256, max_batch: int | None = None,
-                 idle_exit_s: float = 2.0):
-        self.engine = engine
-        self.n_slots = engine.ring.n_slots
+    def __init__(self, runner: Runner, ring: KVRing, tokenizer: "Tokenizer", max_queue: int = 256,
+                 max_batch: int | None = None, idle_exit_s: float = 2.0):
+        self.runner = runner
+        self.ring = ring
+        self.tokenizer = tokenizer
+        self.n_vocab = runner.caps.n_vocab
+        self.n_slots = ring.n_slots
         self.max_queue = max_queue
-        self.max_batch = max(self.n_slots, min(max_batch or engine.runtime.max_batch,
-                                               engine.runtime.max_batch))
+        limit = runner.caps.max_batch
+        self.max_batch = max(self.n_slots, min(max_batch or limit, limit))
         self.idle_exit_s = idle_exit_s
+        self._delivery = Delivery(idle_exit_s)
         self._cv = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []
@@ -96,16 +141,16 @@ class Scheduler:
         self.failed: BaseException | None = None
         self.steps = 0
         self.last_batch_tokens = 0
-        self._logits = np.empty((self.n_slots, engine.config.n_vocab), dtype=np.float32)
+        self._logits = np.empty((self.n_slots, self.n_vocab), dtype=np.float32)
 
     # ------------------------------------------------------------------ public
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
                n_logprobs: int | None = None, t_arrival: float | None = None) -> Request:
-        """Queues a sequence; events reach `sink(list_of_events)` from the engine loop thread.
+        """Queues a sequence; events reach `sink(list_of_events)` from the delivery thread.
 
         Raises QueueFullError when `max_queue` requests already wait for a slot, and
         SchedulerClosedError while draining or after close."""
-        seq = SequenceState(self.engine.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
+        seq = SequenceState(self.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
         req = Request(self, seq, sink)
         with self._cv:
             if self._closed or self._draining:
@@ -116,9 +161,10 @@ class Scheduler:
                 req.done = True
                 sink([seq.finish("length")])
                 return req
-            # Requests about to take a free slot (at the next step) are not "waiting".
-            if len(self._waiting) - len(self._free) >= self.max_queue:
-                raise QueueFullError(f"the queue is full ({len(self._waiting)} requests waiting for "
+            # Requests about to take a free slot (at the next step), or cancelled, are not "waiting".
+            n_waiting = sum(not r.cancelled for r in self._waiting)
+            if n_waiting - len(self._free) >= self.max_queue:
+                raise QueueFullError(f"the queue is full ({n_waiting} requests waiting for "
                                      f"{self.n_slots} slots)", retry_after_s=self._retry_after())
             self._waiting.append(req)
             self._ensure_thread()
@@ -126,8 +172,9 @@ class Scheduler:
         return req
 
     @contextlib.contextmanager
-    def lease_slot(self) -> Iterator[int]:
-        """Takes a free slot away from the scheduler for direct use (Engine.logits)."""
+    def lease_slot(self) -> Iterator[Lease]:
+        """Takes a free slot away from the scheduler for direct use (Engine.logits, bench),
+        emptied on the way in and out."""
         with self._cv:
             self._lease_waiters += 1
             try:
@@ -137,9 +184,13 @@ class Scheduler:
                 self._lease_waiters -= 1
             slot = self._free.pop(0)
             self._leased.add(slot)
+        lease = Lease(self, slot)
         try:
-            yield slot
+            lease.reset()
+            yield lease
         finally:
+            with contextlib.suppress(Exception):   # a failed native call must still return the slot
+                lease.reset()
             with self._cv:
                 self._leased.discard(slot)
                 self._free.append(slot)
@@ -150,7 +201,7 @@ class Scheduler:
         with self._cv:
             active = list(self._active)
             waiting = len(self._waiting)
-        ring = self.engine.ring
+        ring = self.ring
         return {
             "slots_total": self.n_slots,
             "slots_busy": len(active) + len(self._leased),
@@ -194,6 +245,7 @@ class Scheduler:
             self._active.clear()
         for r in left:
             self._finish(r, "cancelled")
+        self._delivery.close()
 
     # ------------------------------------------------------------------ loop
     def _wake(self) -> None:
@@ -251,7 +303,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         """(under lock) Gives free slots to waiting requests, oldest first, longest prefix."""
-        ring = self.engine.ring
+        ring = self.ring
         while self._waiting and self._free and not self._closed:
             if self._lease_waiters and len(self._free) <= self._lease_waiters:
                 break   # let a leaseholder (Engine.logits) have a slot
@@ -264,9 +316,9 @@ class Scheduler:
                     best, best_n = i, n
             slot = self._free.pop(best)
             keep = min(best_n, len(ids) - 1)
-            with self.engine._step_lock:
+            with self.runner.lock:
                 ring.truncate(slot, keep)
-                self.engine.runtime.forget_from(slot, keep)
+                self.runner.forget_from(slot, keep)
             req.slot = slot
             req.n_fed = keep
             req.seq.admitted(keep)
@@ -285,11 +337,7 @@ class Scheduler:
         self._emit(req, [req.seq.finish(reason)])
 
     def _emit(self, req: Request, events: list) -> None:
-        try:
-            req.sink(events)
-        except Exception:  # a consumer that went away must not stop the loop
-            log.debug("sink of request %d failed", req.id, exc_info=True)
-            req.cancelled = True
+        self._delivery.put(lambda: req.deliver(events))
 
     def _fail(self, reqs: list[Request], exc: BaseException) -> None:
         with self._cv:
@@ -297,9 +345,9 @@ class Scheduler:
                 if r in self._active:
                     self._active.remove(r)
                     if r.slot is not None:
-                        self.engine.ring.truncate(r.slot, 0)
+                        self.ring.truncate(r.slot, 0)
                         with contextlib.suppress(Exception):
-                            self.engine.runtime.clear_slot(r.slot)
+                            self.runner.clear_slot(r.slot)
                     self._release(r)
         for r in reqs:
             if not r.done:
@@ -309,17 +357,16 @@ class Scheduler:
     def _device_top_k(self, owners: list[Request]) -> int | None:
         """The k of one device top-k from which every owner of the step samples exactly
         (SequenceState.on_candidates), or None: download the logits rows (on_logits)."""
-        limit = getattr(self.engine.runtime, "max_topk", 0)   # 0: the runtime has no topk (CPU)
+        limit = self.runner.caps.max_topk   # 0: the logits always come to the host (CPU)
         if not owners or not limit:
             return None
-        ks = [r.seq.top_k_needed(self.engine.config.n_vocab) for r in owners]
+        ks = [r.seq.top_k_needed(self.n_vocab) for r in owners]
         if None in ks or max(ks) > limit:
             return None
         return max(ks)
 
     def _step(self, reqs: list[Request]) -> None:
-        eng = self.engine
-        ring = eng.ring
+        ring = self.ring
         toks: list[int] = []
         slots: list[int] = []
         pos_parts: list[np.ndarray] = []
@@ -327,7 +374,7 @@ class Scheduler:
         out_rows: list[int] = []
         owners: list[Request] = []
         budget = self.max_batch
-        with eng._step_lock:
+        with self.runner.lock:
             # Decode tokens first: every running sequence advances each step.
             for r in reqs:
                 if not r.prefilling:
@@ -363,33 +410,29 @@ class Scheduler:
             if not toks:
                 return
             n_out = len(out_rows)
-            batch = (np.asarray(toks, dtype=np.int32), np.asarray(slots, dtype=np.int32),
-                     np.concatenate(pos_parts).astype(np.int32, copy=False),
-                     np.concatenate(cell_parts).astype(np.int32, copy=False),
-                     np.asarray(out_rows, dtype=np.int32))
+            batch = Batch(toks, slots, np.concatenate(pos_parts), np.concatenate(cell_parts), out_rows)
             k = self._device_top_k(owners)
-            if k is None:
-                logits = eng.runtime.forward(*batch, self._logits[:n_out])
-            else:   # the logits stay on the device: only n_out x k candidates come back
-                eng.runtime.forward(*batch, download=False)
-                top_ids, top_vals = eng.runtime.topk(n_out, k)
+            out = self.runner.run(batch, self._logits[:n_out], top_k=k)
             self.steps += 1
             self.last_batch_tokens = len(toks)
         finished: list[Request] = []
+        out_events: list[tuple[Request, list]] = []
         for i, r in enumerate(owners):
             if r.cancelled:
                 continue        # reaped (and its slot freed) at the top of the next step
             room = ring.room(r.slot)
             has_room = room is None or room > 0
             if k is None:
-                events, nxt = r.seq.on_logits(logits[i], has_room)
+                events, nxt = r.seq.on_logits(out.logits[i], has_room)
             else:
-                events, nxt = r.seq.on_candidates(top_ids[i], top_vals[i], has_room)
+                events, nxt = r.seq.on_candidates(out.top_ids[i], out.top_vals[i], has_room)
             r.next_token = nxt
             if nxt is None:
                 r.done = True
                 finished.append(r)
-            self._emit(r, events)
+            out_events.append((r, events))
+        if out_events:   # one hand-over per step
+            self._delivery.put(lambda: [r.deliver(evs) for r, evs in out_events])
         if finished:
             with self._cv:
                 for r in finished:

@@ -255,54 +255,39 @@ class EdgeinferRunner(Runner):
 
         self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa, kv_type=kv,
                         device=device)
-        self.rt = self.eng.runtime
-        self.n_vocab = int(self.eng.config.n_vocab)
-        self.batch = int(self.rt.max_batch)
-        self.kv_bytes = int(self.rt.kv_bytes)
-        self.scratch_bytes = int(self.rt.scratch_bytes)
-        self.isa = getattr(self.rt, "isa_name", None)
-        if getattr(self.rt, "device_kind", "cpu") == "cuda":
-            self.isa = "cuda"
-        self.label = f"edgeinfer ({self.isa})" if self.isa else "edgeinfer"
+        caps = self.eng.runner.caps
+        self.n_vocab = caps.n_vocab
+        self.batch = caps.max_batch
+        self.kv_bytes = caps.kv_bytes
+        self.scratch_bytes = caps.scratch_bytes
+        self.label = f"edgeinfer ({caps.isa})"   # e.g. "avx2", "cuda sm_90"
         self._logits = np.empty((1, self.n_vocab), dtype=np.float32)
         self._no_rows = np.empty(0, dtype=np.int32)
         self._last_row = np.zeros(1, dtype=np.int32)
 
-    def _feed(self, ids: list[int], start: int, want_logits: bool) -> Optional[np.ndarray]:
-        """Feeds ids at positions start.. in chunks of max_batch (slot 0, no wrap)."""
-        rt, out = self.rt, None
+    def _feed(self, lease, ids: list[int], want_logits: bool) -> Optional[np.ndarray]:
+        """Feeds ids to the leased slot in chunks of max_batch: the engine's own step path."""
+        out = None
         for i in range(0, len(ids), self.batch):
-            chunk = np.asarray(ids[i:i + self.batch], dtype=np.int32)
-            n = len(chunk)
-            last = i + n == len(ids)
-            pos = np.arange(start + i, start + i + n, dtype=np.int32)
-            rows = np.array([n - 1], dtype=np.int32) if (last and want_logits) else self._no_rows
-            out = rt.forward(chunk, np.zeros(n, dtype=np.int32), pos, pos, rows,
-                             self._logits if (last and want_logits) else None)
+            chunk = ids[i:i + self.batch]
+            last = i + len(chunk) == len(ids)
+            rows = np.array([len(chunk) - 1], dtype=np.int32) if (last and want_logits) else self._no_rows
+            out = lease.feed(chunk, rows, self._logits if (last and want_logits) else None)
         return out
 
     def pp(self, ids: list[int]) -> float:
-        self.rt.clear_slot(0)
-        t0 = time.perf_counter()
-        self._feed(ids, 0, want_logits=True)
-        return time.perf_counter() - t0
+        with self.eng.scheduler.lease_slot() as lease:
+            t0 = time.perf_counter()
+            self._feed(lease, ids, want_logits=True)
+            return time.perf_counter() - t0
 
     def tg(self, prefix: list[int], n: int) -> float:
-        rt = self.rt
-        rt.clear_slot(0)
-        logits = self._feed(prefix, 0, want_logits=True)
-        tok = int(np.argmax(logits[0]))
-        p = len(prefix)
-        tokv = np.zeros(1, dtype=np.int32)
-        slot = np.zeros(1, dtype=np.int32)
-        pos = np.zeros(1, dtype=np.int32)
-        t0 = time.perf_counter()
-        for i in range(n):
-            tokv[0] = tok
-            pos[0] = p + i
-            out = rt.forward(tokv, slot, pos, pos, self._last_row, self._logits)
-            tok = int(np.argmax(out[0]))
-        return time.perf_counter() - t0
+        with self.eng.scheduler.lease_slot() as lease:
+            tok = int(np.argmax(self._feed(lease, prefix, want_logits=True)[0]))
+            t0 = time.perf_counter()
+            for _ in range(n):
+                tok = int(np.argmax(lease.feed([tok], self._last_row, self._logits)[0]))
+            return time.perf_counter() - t0
 
     def ttft_tpot(self, ids: list[int], n: int) -> tuple[float, float]:
         st = self.eng.generate(ids, max_tokens=n, temperature=0, ignore_eos=True).stats
@@ -312,7 +297,7 @@ class EdgeinferRunner(Runner):
         try:
             self.eng.close()
         finally:
-            self.eng = self.rt = None
+            self.eng = None
 
 
 class LlamaCppRunner(Runner):

@@ -14,7 +14,7 @@ Total = weights + KV arena + working buffers + process overhead, where
   V), which the runtime places on 2 MiB pages.
 
 ``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
-``engine.runtime.scratch_bytes``) to well within 5% (tests/test_doctor_plan.py).
+``Engine.info()["scratch_bytes"]``) to well within 5% (tests/test_doctor_plan.py).
 Both KV types the runtime implements are planned: f16 (the default) and q8_0 (``kv_type="q8_0"``).
 """
 from __future__ import annotations

@@ -1,0 +1,113 @@
+"""What the engine needs from a device: the Backend protocol and the values it trades in.
+
+A Backend makes a Runtime for one model and one KV plan. A Runtime runs one batched
+forward step over the fixed KV arena it allocated (any mix of slots, prefill chunks and
+decode tokens), and either returns logits rows or keeps them on the device and returns
+their top-k candidates. Everything the engine may ask about a runtime is in
+`Capabilities`; nothing above this layer probes attributes or branches on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..gguf.reader import GGUFFile
+    from ..model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """The KV arena a runtime allocates once: n_slots rings of n_ctx cells."""
+    n_slots: int
+    n_ctx: int
+    n_sink: int
+    max_batch: int              # most tokens in one forward step
+    kv_type: str = "f16"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    device: str                 # "cpu" | "cuda"
+    isa: str                    # kernel level, e.g. "avx2" or "cuda sm_90"
+    kv_type: str                # the arena's element type
+    kv_types: tuple[str, ...]   # every KV type this backend can allocate
+    max_batch: int
+    n_vocab: int
+    max_topk: int = 0           # largest k of forward_topk; 0: logits always come back to the host
+    n_threads: int = 0          # CPU worker threads (0 on a GPU)
+    kv_bytes: int = 0
+    scratch_bytes: int = 0
+    packed_bytes: int = 0       # repacked weight copies (CPU)
+    device_bytes: int = 0       # weights held in device memory (GPU)
+    profile_stages: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One forward step: token i goes to (slots[i], pos[i]) and is written to KV cell cells[i];
+    out_rows are the batch indices whose logits (or candidates) the step returns."""
+    tokens: np.ndarray
+    slots: np.ndarray
+    pos: np.ndarray
+    cells: np.ndarray
+    out_rows: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "slots", "pos", "cells", "out_rows"):
+            object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.int32))
+
+    @classmethod
+    def of_slot(cls, slot: int, tokens, pos, cells, out_rows) -> "Batch":
+        return cls(tokens, np.full(len(tokens), slot, dtype=np.int32), pos, cells, out_rows)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_out(self) -> int:
+        return len(self.out_rows)
+
+
+class Runtime(Protocol):
+    """One model's forward over a fixed KV arena. Not thread-safe: engine/runner.py serialises calls."""
+
+    caps: Capabilities
+
+    def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
+        """Logits [batch.n_out, n_vocab] float32 (written into `logits` when given)."""
+
+    def forward_topk(self, batch: Batch, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int32, vals float32) [batch.n_out, k]: each output row's k largest logits, value
+        descending, ties to the lower id. Only when 0 < k <= caps.max_topk."""
+
+    def clear_slot(self, slot: int) -> None:
+        """Forgets every cell of the slot."""
+
+    def forget_from(self, slot: int, pos: int) -> None:
+        """Forgets the slot's cells of positions >= pos (prefix reuse keeps the rest)."""
+
+    def profile(self, reset: bool = False) -> dict[str, float]:
+        """Seconds per forward stage (caps.profile_stages) so far; {} where not measured."""
+
+
+class Backend(Protocol):
+    name: str                   # "cpu" | "cuda"
+    kv_types: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line naming the device, for logs."""
+
+    def create_runtime(self, gguf: "GGUFFile", cfg: "ModelConfig", plan: KVPlan) -> Runtime:
+        """Allocates weights, KV arena and scratch once; raises UnsupportedTypeError for a
+        plan.kv_type outside kv_types."""
+
+
+def require_kv_type(backend: Backend, plan: KVPlan) -> None:
+    from ..errors import UnsupportedTypeError
+
+    if plan.kv_type not in backend.kv_types:
+        raise UnsupportedTypeError(f"kv_type must be one of {list(backend.kv_types)} on the {backend.name} "
+                                   f"backend, got {plan.kv_type!r}")
