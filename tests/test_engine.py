@@ -1,9 +1,7 @@
 """Engine behaviour on the real model: the KV ring, SIMD levels, threads, seeds, bad input."""
 from __future__ import annotations
 
-import ast
 import threading
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -189,63 +187,3 @@ def test_info_reports_the_arena(engine):
     assert info["kv_bytes"] == 2 * 30 * 3 * 64 * 512 * 2  # K and V, f16, one slot
     assert info["tensor_types"]["Q4_1"] > 0
     assert 100e6 < info["n_params"] < 200e6
-
-
-# --------------------------------------------------------------------------- module structure
-PKG = Path(edgeinfer.__file__).parent
-# Lower layers never import upper ones (a prefix matches a package and its modules).
-LAYERS = {
-    "edgeinfer.engine": ("edgeinfer.server", "edgeinfer.tools", "edgeinfer.cli"),
-    "edgeinfer.backends": ("edgeinfer.engine", "edgeinfer.server", "edgeinfer.tools", "edgeinfer.cli"),
-    "edgeinfer.gguf": ("edgeinfer.engine", "edgeinfer.backends"),
-    "edgeinfer.convert": ("edgeinfer.engine", "edgeinfer.backends"),
-}
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PKG.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _runtime_imports(path: Path) -> set[str]:
-    """The edgeinfer modules a file imports when it runs (its `if TYPE_CHECKING:` blocks left out),
-    function-local imports included."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = _module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    typing_only = {id(n) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for n in ast.walk(node)}
-    out = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            name = ".".join(base + ([node.module] if node.module else []))
-            out.add(name)
-            out.update(f"{name}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-    return out
-
-
-def test_engine_modules_have_no_import_cycle_and_layers_point_down():
-    graph = {_module_name(p): _runtime_imports(p) for p in PKG.rglob("*.py")}
-    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
-
-    def reachable(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for d in graph[todo.pop()] - seen:
-                seen.add(d)
-                todo.append(d)
-        return seen
-
-    assert "edgeinfer.engine.scheduler" in reachable("edgeinfer.engine.engine")   # the scan sees imports
-    assert [m for m in graph if m.startswith("edgeinfer.engine") and m in reachable(m)] == []
-    upward = [(m, d) for m, deps in graph.items() for d in deps
-              for low, high in LAYERS.items() if m.startswith(low) and d.startswith(high)]
-    assert upward == []
-

@@ -14,6 +14,16 @@ PROFILE_STAGES = ("embed", "norm", "qkv", "rope_kv", "attention", "attn_out", "f
                   "ffn_down", "head")
 
 
+def cpu_report() -> dict:
+    """What the CPU kernels see here: the ISA levels this CPU can run, the one `isa="best"`
+    picks, the physical cores (the default thread count) and the native library's version."""
+    levels = {name: v for name, v in ISA_NAMES.items() if name != "best"}
+    return {"isa_supported": [name for name, v in levels.items() if lib.ei_isa_supported(v)],
+            "best_isa": ffi.string(lib.ei_isa_name(lib.ei_cpu_best_isa())).decode(),
+            "physical_cores": int(lib.ei_physical_cores()),
+            "version": ffi.string(lib.ei_version()).decode()}
+
+
 def _i32(arr: np.ndarray):
     return ffi.from_buffer("int32_t[]", arr)
 

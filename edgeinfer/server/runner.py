@@ -114,7 +114,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
           on_ready: Callable[[str], None] | None = None) -> None:
     """Blocks serving until SIGTERM / SIGINT. Listens at once; the model loads in the
     background (/health answers 503 until it is ready, or if loading failed)."""
-    from .. import load
+    from ..engine.engine import Engine
     from ..hub import DEFAULT_MODEL
 
     name = model or DEFAULT_MODEL
@@ -134,7 +134,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
                 pass
 
         def _load():
-            return load(name, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow, kv_type=kv_type,
+            return Engine.load(name, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow, kv_type=kv_type,
                         max_batch=max_batch, max_queue=max_queue)
 
         async def loader() -> None:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import importlib.metadata
 import json
 import os
 import platform
@@ -251,9 +252,9 @@ class EdgeinferRunner(Runner):
 
     def __init__(self, path: str, threads: int, n_ctx: int, batch: int, isa: str = "best", kv: str = "f16",
                  device: str = "cpu"):
-        from .. import load
+        from ..engine.engine import Engine
 
-        self.eng = load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa, kv_type=kv,
+        self.eng = Engine.load(path, n_ctx=n_ctx, n_threads=threads, n_slots=1, max_batch=batch, isa=isa, kv_type=kv,
                         device=device)
         caps = self.eng.runner.caps
         self.n_vocab = caps.n_vocab
@@ -535,7 +536,7 @@ def _rss_probe(args: dict) -> dict:
     elif args["kind"] == "ort-genai":
         import onnxruntime_genai  # noqa: F401
     else:
-        from .. import load  # noqa: F401
+        from ..engine.engine import Engine  # noqa: F401
     base = _maxrss_bytes()
     r = make_runner(args["kind"], args.get("arg"), args["path"], args["threads"], args["n_ctx"],
                     args["batch"], args.get("isa", "best"), args.get("kv", "f16"), args.get("device", "cpu"))
@@ -599,19 +600,24 @@ def _version(mod: str) -> Optional[str]:
         return None
 
 
-def _system_info() -> dict:
-    from .. import __version__
+def _package_version() -> Optional[str]:
+    try:
+        return importlib.metadata.version("edgeinfer")
+    except importlib.metadata.PackageNotFoundError:   # run from a source tree that is not installed
+        return None
 
+
+def _system_info() -> dict:
     isa = None
     try:
-        from .._native import ffi, lib
+        from ..backends.cpu import cpu_report
 
-        isa = ffi.string(lib.ei_isa_name(lib.ei_cpu_best_isa())).decode()
+        isa = cpu_report()["best_isa"]
     except Exception:
         pass
     return {"cpu": cpu_name(), "n_cpus": os.cpu_count() or 0, "isa": isa,
             "platform": platform.platform(), "python": platform.python_version(),
-            "edgeinfer": __version__, "llama_cpp": _version("llama_cpp"),
+            "edgeinfer": _package_version(), "llama_cpp": _version("llama_cpp"),
             "onnxruntime_genai": _version("onnxruntime_genai"), "loadavg_start": None,
             "loadavg_end": None}
 

@@ -77,25 +77,22 @@ def cpu_report() -> dict[str, Any]:
 
 def _native_report(flags: set[str]) -> dict[str, Any]:
     try:
-        from .._native import ffi, lib
+        from ..backends.cpu import cpu_report as native
     except ImportError as e:
         return {"native": f"not built ({e})"}
-    name = lambda isa: ffi.string(lib.ei_isa_name(isa)).decode()  # noqa: E731
-    levels = {"scalar": lib.EI_ISA_SCALAR, "avx2": lib.EI_ISA_AVX2, "avx512": lib.EI_ISA_AVX512,
-              "neon": lib.EI_ISA_NEON}
-    best = int(lib.ei_cpu_best_isa())
-    kernels = name(best)
-    if best == lib.EI_ISA_NEON:
+    info = native()
+    kernels = info["best_isa"]
+    if kernels == "neon":
         dp = "asimddp" in flags and os.environ.get("EDGEINFER_NEON_DOTPROD", "") != "0"
         kernels += " + dotprod (vdotq_s32)" if dp else " (no dotprod: vmull/vpadal)"
-    elif best == lib.EI_ISA_AVX512:
+    elif kernels == "avx512":
         kernels += " (AVX-512 BW/VL/DQ + VNNI)"
-    elif best == lib.EI_ISA_AVX2:
+    elif kernels == "avx2":
         kernels += " (AVX2 + FMA + F16C)"
     rep = {
-        "isa_supported": [k for k, v in levels.items() if lib.ei_isa_supported(v)],
+        "isa_supported": info["isa_supported"],
         "kernels": kernels,
-        "physical_cores": int(lib.ei_physical_cores()),
+        "physical_cores": info["physical_cores"],
     }
     cap = os.environ.get("EDGEINFER_ISA")
     if cap:
@@ -231,10 +228,10 @@ def doctor_report(model: Optional[str] = None, kv: str = "f16", max_batch: int =
                   n_threads: Optional[int] = None) -> dict[str, Any]:
     rep: dict[str, Any] = {"cpu": cpu_report(), "cuda": cuda_report(), "memory": memory_report()}
     try:
-        from .._native import ffi, lib
+        from ..backends.cpu import cpu_report as native
 
-        rep["edgeinfer"] = ffi.string(lib.ei_version()).decode()
-    except Exception:  # pragma: no cover
+        rep["edgeinfer"] = native()["version"]
+    except ImportError:  # pragma: no cover - a broken install; cpu_report() says so
         pass
     if model:
         from . import plan

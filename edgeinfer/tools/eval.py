@@ -69,14 +69,14 @@ def compare_logits(ref: np.ndarray, model: np.ndarray, ids: list[int], rows: int
 
 def evaluate(model: str, reference: str, text: str, ctx: int = 512, n_threads: int | None = None,
              max_tokens: int | None = None) -> EvalResult:
-    from .. import load
+    from ..engine.engine import Engine
     from ..hub import resolve_model
 
     if ctx < 8:
         raise EdgeInferError(f"--ctx must be at least 8, got {ctx}")
     mpath, rpath = str(resolve_model(model)), str(resolve_model(reference))
-    with load(rpath, n_ctx=ctx, n_threads=n_threads) as ref, \
-            load(mpath, n_ctx=ctx, n_threads=n_threads) as mod:
+    with Engine.load(rpath, n_ctx=ctx, n_threads=n_threads) as ref, \
+            Engine.load(mpath, n_ctx=ctx, n_threads=n_threads) as mod:
         if ref.config.n_vocab != mod.config.n_vocab:
             raise EdgeInferError(f"the models do not share a vocabulary ({mod.config.n_vocab} vs "
                                  f"{ref.config.n_vocab} tokens): KL is undefined")

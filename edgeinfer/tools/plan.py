@@ -220,8 +220,8 @@ def human(n: float) -> str:
 
 def _physical_cores() -> int:
     try:
-        from .._native import lib
+        from ..backends.cpu import cpu_report
 
-        return int(lib.ei_physical_cores())
+        return cpu_report()["physical_cores"]
     except Exception:  # pragma: no cover - planning works without the native library
         return os.cpu_count() or 1
