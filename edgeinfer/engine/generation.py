@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class GenerationStats:
-    """Timings as defined in shared/design.md (TTFT includes waiting for a slot)."""
+    """Timings as defined in docs/architecture.md (TTFT includes waiting for a slot)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens reused from the slot (prefix reuse)

@@ -1,7 +1,7 @@
 """The server's Prometheus metrics, kept and exposed by prometheus-client in a registry of
 the server's own (never the process-global one, so two servers in a process do not mix).
 
-Definitions follow shared/design.md: TTFT = arrival -> first generated token, TPOT = mean
+Definitions follow docs/architecture.md (Metrics): TTFT = arrival -> first generated token, TPOT = mean
 time between output tokens after the first, e2e = arrival -> last token.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`edgeinfer bench`: llama-bench style measurements, optionally interleaved with peers.
 
-Metrics (definitions: shared/design.md, "Metrics"):
+Metrics (definitions: docs/architecture.md, "Metrics"):
 
 - ``pp`` (pp512): prefill tokens/s. A fresh sequence; the prompt goes through the native
   forward in chunks of ``batch`` tokens, logits only for the last token; tokens / time.

@@ -3,7 +3,7 @@
 For each concurrency level it sends `requests` streaming completions (closed loop: each of
 `c` workers sends the next request when its last one ends; with `rate`, Poisson arrivals at
 `rate` requests/s, at most `c` in flight) and reports throughput and P50/P90/P99 of TTFT,
-TPOT and end-to-end latency, as defined in shared/design.md, measured at the client.
+TPOT and end-to-end latency, as defined in docs/architecture.md (Metrics), measured at the client.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Total = weights + KV arena + working buffers + process overhead, where
 * weights are the GGUF file's tensor bytes (memory-mapped; on a board with no swap
   they must stay resident, so they count in full);
 * KV arena = 2 (K and V) x n_layers x n_kv_heads x head_dim x capacity x
-  bytes_per_element x n_slots  (../shared/design.md; f16: 2 bytes, q8_0: 34/32 bytes);
+  bytes_per_element x n_slots  (docs/architecture.md; f16: 2 bytes, q8_0: 34/32 bytes);
 * working buffers are what ``ei_runtime_create`` (native/src/runtime.c) allocates
   besides the KV arena: activations for ``max_batch`` tokens, the quantized
   activation blocks, per-thread attention scores, RoPE tables and cell bookkeeping;
