@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import require
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -72,10 +73,10 @@ def test_default_calibration_text_ships():
 
 
 # ------------------------------------------------------------------ tiny checkpoints
-torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
-tf = pytest.importorskip("transformers", reason="tiny checkpoints are built with transformers")
-pytest.importorskip("tokenizers")
-pytest.importorskip("sentencepiece")
+torch = require("torch", "tiny checkpoints are built with torch")
+tf = require("transformers", "tiny checkpoints are built with transformers")
+require("tokenizers")
+require("sentencepiece")
 
 import tiny_checkpoints  # noqa: E402
 
@@ -196,7 +197,7 @@ def test_auto_beats_fixed_types_on_tiny_model(auto256):
 
 @pytest.mark.oracle
 def test_llama_cpp_loads_auto_file(auto256):
-    pytest.importorskip("llama_cpp")
+    require("llama_cpp")
     from llama_oracle import kl_divergence, llama_logits
     import edgeinfer
     path = auto256[5.6].path
@@ -228,7 +229,7 @@ def test_auto_bad_inputs(tiny, tmp_path):
 
 
 def test_cli_auto_and_sweep(tiny, tmp_path):
-    pytest.importorskip("matplotlib")
+    require("matplotlib", "eval --sweep --plot needs matplotlib")
     from typer.testing import CliRunner
     from edgeinfer.cli import app
     from texts import TEXTS
@@ -268,7 +269,7 @@ def test_smollm2_auto_beats_q4_k_m_and_q4_0(smollm2_path, tmp_path):
     KL than Q4_K_M, and at the size of Q4_0 a far lower KL than Q4_0 (the full figures, on
     1186 tokens with the default 512-token calibration, are in docs/quantization.md; this
     uses 160 calibration tokens and 256 scored tokens)."""
-    pytest.importorskip("gguf")
+    require("gguf")
     from edgeinfer.tools.eval import evaluate
     from texts import TEXTS
     src = tiny_checkpoints.build_from_gguf(smollm2_path, tmp_path / "smol")

@@ -8,6 +8,7 @@ import zipfile
 from dataclasses import dataclass, field
 
 import pytest
+from conftest import require
 from typer.testing import CliRunner
 
 from edgeinfer import hub as models
@@ -19,15 +20,12 @@ from edgeinfer.hub import ModelSpec
 runner = CliRunner()
 
 
-def _engine_available() -> bool:
-    try:
-        import edgeinfer.engine.engine  # noqa: F401
-    except Exception:
-        return False
-    return True
+@pytest.fixture
+def real_engine():
+    return require("edgeinfer.engine.engine", "the real engine does not import")
 
 
-needs_engine = pytest.mark.skipif(not _engine_available(), reason="edgeinfer.engine.engine not importable yet")
+needs_engine = pytest.mark.usefixtures("real_engine")
 
 
 # --------------------------------------------------------------------------- a fake engine
@@ -183,9 +181,8 @@ def test_missing_model_file_exits_1(cmd, tmp_path):
     assert r.stdout == ""
 
 
+@needs_engine
 def test_not_a_gguf_file_exits_1_when_engine_present(tmp_path):
-    if not _engine_available():
-        pytest.skip("engine not built yet")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
     r = runner.invoke(app, ["info", str(bad)])

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import require
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -37,8 +38,8 @@ def test_compare_logits_math():
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
     import tiny_checkpoints
     from edgeinfer.convert import convert_checkpoint
     d = tmp_path_factory.mktemp("eval")
@@ -74,7 +75,7 @@ def test_evaluate_errors(pair, tmp_path):
 
 # ------------------------------------------------------------------ writer
 def test_writer_roundtrip(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    gguf = require("gguf", "the gguf package is the writer's oracle")
     p = tmp_path / "w.gguf"
     rng = np.random.default_rng(3)
     a = rng.standard_normal((3, 64)).astype(np.float32)

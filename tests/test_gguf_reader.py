@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import require
 
 import edgeinfer
 from edgeinfer.errors import GGUFError, ModelNotFoundError
@@ -35,7 +36,7 @@ from gguf_corpus import (
     tiny_llama,
 )
 
-gguf = pytest.importorskip("gguf")
+gguf = require("gguf", "the gguf package is the reader's oracle")
 
 MALFORMED = dict(malformed_corpus())
 

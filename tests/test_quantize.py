@@ -7,6 +7,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from conftest import require
 
 from edgeinfer.convert.quantize import can_quantize, quantize, row_nbytes
 from edgeinfer.convert.recipe import FILE_TYPES, Recipe, parse_keep, use_more_bits
@@ -16,7 +17,7 @@ from edgeinfer.gguf.types import GGMLType as T
 from edgeinfer.gguf.types import GGUFValueType as V
 from edgeinfer.gguf.writer import GGUFWriter
 
-gguf = pytest.importorskip("gguf", reason="the gguf package is the quantization oracle")
+gguf = require("gguf", "the gguf package is the quantization oracle")
 GQ = gguf.GGMLQuantizationType
 
 
@@ -140,7 +141,7 @@ def _synth_model(path, n_embd=256, n_ff=512, n_layer=2, n_vocab=256, tied=False,
 
 
 def _llama_quantize(src, dst, ftype: int, pure: bool):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp is the K-quant oracle")
+    llama_cpp = require("llama_cpp", "llama.cpp is the K-quant oracle")
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype = ftype
     p.pure = pure

@@ -15,11 +15,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import require
 
 import edgeinfer
 from edgeinfer.server import ServerThread
 
-openai = pytest.importorskip("openai")
+openai = require("openai", "the openai client is the server's oracle")
 
 N_CTX = 128
 PROMPTS = ["The history of the printing press begins", "Water boils at", "def fibonacci(n):",

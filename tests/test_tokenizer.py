@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require
 
+from edgeinfer.gguf.reader import GGUFFile
 from edgeinfer.text.tokenizer import StreamDecoder, Tokenizer, TokenType
 from edgeinfer.errors import InvalidTokenError, TokenizerError
 
@@ -90,26 +92,14 @@ FULL_CORPUS = CORPUS + _random_corpus(40, seed=1234)
 # helpers
 # ---------------------------------------------------------------------------------------------
 def load_metadata(path: Path) -> dict:
-    """GGUF metadata as a plain dict (edgeinfer's reader; the gguf package as a fallback)."""
-    try:
-        from edgeinfer.gguf.reader import GGUFFile
-    except ImportError:
-        GGUFFile = None
-    if GGUFFile is not None:
-        f = GGUFFile(path)
-        try:
-            return dict(f.metadata)
-        finally:
-            if hasattr(f, "close"):
-                f.close()
-    gguf = pytest.importorskip("gguf")
-    reader = gguf.GGUFReader(str(path))
-    return {k: fld.contents() for k, fld in reader.fields.items() if not k.startswith("GGUF.")}
+    """GGUF metadata as a plain dict."""
+    with GGUFFile(path) as f:
+        return dict(f.metadata)
 
 
 def write_vocab_gguf(path: Path, tok_meta: dict) -> Path:
     """Writes a vocab-only GGUF (arch llama, no tensors) holding `tok_meta` (tokenizer.* keys)."""
-    gguf = pytest.importorskip("gguf")
+    gguf = require("gguf", "the gguf package writes the vocab fixtures")
     w = gguf.GGUFWriter(str(path), arch="llama")
     # the hyper-parameters llama.cpp reads before the vocabulary, even with vocab_only
     w.add_context_length(256)
@@ -148,10 +138,7 @@ def write_vocab_gguf(path: Path, tok_meta: dict) -> Path:
 
 
 def _oracle_module():
-    return pytest.importorskip(
-        "llama_cpp",
-        reason="llama-cpp-python (the llama.cpp oracle) is not installed: "
-               "pip install the wheel built with the flags in the README")
+    return require("llama_cpp")
 
 
 def oracle_vocab(path: Path):
@@ -229,7 +216,7 @@ Le renard brun rapide saute par-dessus le chien paresseux. Größe, Straße, caf
 @pytest.fixture(scope="session", params=["bpe", "unigram"])
 def spm_variant(request, tmp_path_factory):
     """A tiny SentencePiece model (trained now) written as a tokenizer.ggml.model=llama GGUF."""
-    spm = pytest.importorskip("sentencepiece", reason="sentencepiece is needed to train the SPM fixture")
+    spm = require("sentencepiece", "sentencepiece trains the SPM fixture")
     d = tmp_path_factory.mktemp(f"spm-{request.param}")
     corpus_file = d / "train.txt"
     corpus_file.write_text(SPM_TRAINING_TEXT * 20, encoding="utf-8")
