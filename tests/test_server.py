@@ -190,10 +190,12 @@ def test_fifty_cancelled_streams_free_every_slot(server, client, engine):
 
 
 def test_disconnect_frees_slot_within_a_step(server, engine):
-    t0 = time.time()
+    steps = engine.scheduler.steps
     assert _open_and_drop(server.url, PROMPTS[0], wait_first=True)
-    snap = wait_idle(engine, timeout=5)
-    assert snap["slots_busy"] == 0 and time.time() - t0 < 3
+    snap = wait_idle(engine, timeout=60)   # a bound against hanging, not a speed check
+    assert snap["slots_busy"] == 0
+    # the stream asked for 100 tokens: the scheduler stepped a few times, not to the end
+    assert engine.scheduler.steps - steps <= 10, engine.scheduler.steps - steps
 
 
 # --------------------------------------------------------------------------- bad input

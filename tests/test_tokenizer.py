@@ -9,7 +9,6 @@ GGUFs are written at test time into temporary folders.
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -355,10 +354,10 @@ def test_smollm2_basics(smollm2_tok):
     assert 1 not in tok.encode("<|im_start|>", parse_special=False)
 
 
-@pytest.mark.parametrize("text", FULL_CORPUS)
-def test_roundtrip_bpe(smollm2_tok, text):
-    for parse_special in (True, False):
-        assert smollm2_tok.decode(smollm2_tok.encode(text, parse_special=parse_special)) == text
+def test_roundtrip_bpe(smollm2_tok):
+    bad = [(text, parse_special) for text in FULL_CORPUS for parse_special in (True, False)
+           if smollm2_tok.decode(smollm2_tok.encode(text, parse_special=parse_special)) != text]
+    assert not bad, f"{len(bad)} texts do not round-trip (text, parse_special); the first: {bad[:3]}"
 
 
 def test_roundtrip_spm(spm_variant):
@@ -484,19 +483,15 @@ def test_lone_surrogates_do_not_crash(smollm2_tok):
     assert smollm2_tok.decode(ids) == "a\ufffdb"
 
 
-def test_speed(smollm2_meta, smollm2_tok):
-    t0 = time.perf_counter()
-    Tokenizer.from_metadata(smollm2_meta)
-    build = time.perf_counter() - t0
+def test_word_cache_bounds_the_bpe_work(smollm2_meta, monkeypatch):
+    """The BPE merge loop (the costly part of encode) runs once per distinct word: fewer runs
+    than words on a first pass over 10 KB of code, none on a second pass."""
+    tok = Tokenizer.from_metadata(smollm2_meta)
+    runs = []
+    bpe_word = tok._bpe_word
+    monkeypatch.setattr(tok, "_bpe_word", lambda word: runs.append(word) or bpe_word(word))
     text = (Path(__file__).read_text(encoding="utf-8") * 2)[:10_000]
-    smollm2_tok.encode(text)  # warm-up (fills the word cache)
-    best = min(_timed(smollm2_tok.encode, text) for _ in range(3))
-    print(f"\nbuild {build * 1e3:.0f} ms, encode 10 KB {best * 1e3:.1f} ms")
-    assert build < 1.0
-    assert best < 0.1
-
-
-def _timed(fn, *args) -> float:
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
+    first = tok.encode(text)
+    assert len(runs) == len(set(runs)) and len(runs) < len(first) / 2, (len(runs), len(first))
+    runs.clear()
+    assert tok.encode(text) == first and runs == []
