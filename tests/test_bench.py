@@ -62,6 +62,7 @@ def _check_run(r: dict, cfg_pp: int, cfg_tg: int, reps: int, depth: int | None,
         assert r["cost_per_1m_output_tokens"] is None
 
 
+@pytest.mark.slow
 def test_bench_json_smoke(smollm2_path):
     """The CLI path: --pp 32 --tg 8 --reps 1 --json, every field present and sane."""
     from typer.testing import CliRunner
@@ -92,6 +93,8 @@ def test_bench_json_smoke(smollm2_path):
     assert run["cost_per_1m_output_tokens"] == pytest.approx(0.5 / 3600 / tg * 1e6)
 
 
+@pytest.mark.oracle
+@pytest.mark.slow
 def test_bench_compare_llama_cpp_and_missing_ort(smollm2_path):
     """The compare path with tiny sizes: llama.cpp interleaved, ratios, an absent ORT peer skipped."""
     require("llama_cpp")
@@ -134,6 +137,8 @@ def test_bench_cli_errors():
     assert r.exit_code == 1 and "kv must be one of" in r.output
 
 
+@pytest.mark.oracle
+@pytest.mark.slow
 def test_bench_q8_0_kv_on_both_engines(smollm2_path):
     """--kv q8_0 gives both engines a Q8_0 KV cache (llama.cpp through flash attention): the same
     KV bytes, 34/64 of f16's, and both decode at depth."""

@@ -308,6 +308,7 @@ def test_handle_errors_only_catches_ours():
 
 # --------------------------------------------------------------------------- the real engine
 
+@pytest.mark.slow
 @needs_engine
 def test_real_run_greedy_is_deterministic(smollm2_path):
     args = ["run", str(smollm2_path), "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2"]
@@ -318,6 +319,7 @@ def test_real_run_greedy_is_deterministic(smollm2_path):
     assert "TTFT" in a.stderr and "tok/s" in a.stderr
 
 
+@pytest.mark.slow
 @needs_engine
 def test_real_run_chat_seeded(smollm2_path):
     args = ["run", str(smollm2_path), "--chat", "-p", "Say hello.", "-n", "8", "--seed", "3", "-t", "2"]
@@ -342,6 +344,7 @@ def test_real_chat(smollm2_path):
     assert r.stdout.strip()
 
 
+@pytest.mark.slow
 @needs_engine
 def test_real_info_q8_0_kv_and_a_bad_kv(smollm2_path):
     """--kv on run/chat/info: q8_0 holds 34 bytes per 32 values where f16 holds 64."""

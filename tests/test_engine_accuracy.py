@@ -15,6 +15,8 @@ import edgeinfer
 require("llama_cpp")
 require("gguf", "the gguf package is a test dependency")
 
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
 from llama_oracle import compare_logits, first_divergence, llama_greedy, llama_logits, text_ids  # noqa: E402
 from reference_forward import reference_logits  # noqa: E402
 from texts import PROMPTS  # noqa: E402

@@ -50,6 +50,7 @@ def pair(tmp_path_factory):
     return ref, q
 
 
+@pytest.mark.slow
 def test_evaluate_figures(pair):
     from texts import TEXTS
     ref, q = pair
@@ -65,6 +66,7 @@ def test_evaluate_figures(pair):
     json.dumps(r.to_dict())
 
 
+@pytest.mark.slow
 def test_evaluate_errors(pair, tmp_path):
     ref, q = pair
     with pytest.raises(EdgeInferError):

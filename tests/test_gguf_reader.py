@@ -100,6 +100,7 @@ def oracle(smollm2_path):
     return gguf.GGUFReader(str(smollm2_path))
 
 
+@pytest.mark.slow
 def test_real_model_opens_without_reading_the_data(smollm2_path):
     """Opening parses the header only: the tensor data stays in the map, so what Python
     allocates (the metadata: 49152 tokens, the merges) is a fraction of the file."""
@@ -108,6 +109,7 @@ def test_real_model_opens_without_reading_the_data(smollm2_path):
     assert mem["bytes"] < smollm2_path.stat().st_size // 4, mem
 
 
+@pytest.mark.slow
 def test_real_model_tensors_match_gguf_package(real, oracle):
     assert real.version == 3 and real.alignment == oracle.alignment == 32
     assert real.data_offset == oracle.data_offset
@@ -131,6 +133,7 @@ def test_real_model_tensors_match_gguf_package(real, oracle):
         assert hashlib.sha256(t.data).digest() == hashlib.sha256(rt.data.tobytes()).digest()
 
 
+@pytest.mark.slow
 def test_real_model_metadata_matches_gguf_package(real, oracle):
     keys = [k for k in oracle.fields if not k.startswith("GGUF.")]
     assert list(real.metadata) == keys
@@ -292,6 +295,7 @@ def test_malformed_raises_gguf_error(corpus_dir, case):
     assert str(p) in str(ei.value)   # the message names the file
 
 
+@pytest.mark.slow
 def test_every_truncation_raises_gguf_error(tmp_path):
     """The tiny file cut after every byte of its header (and at a few points in the data):
     each cut is a GGUFError naming the file, with a bounded allocation."""
@@ -353,6 +357,7 @@ def _mutations(data: bytes, header_end: int, n: int, seed: int = 1234):
         yield bytes(buf)
 
 
+@pytest.mark.slow
 def test_fuzz_mutations_open_or_gguf_error(tmp_path):
     b = tiny_llama()
     data = b.build()

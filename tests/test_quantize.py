@@ -183,6 +183,7 @@ _FTYPES = {"q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q4_k_m": 15, 
            "q6_k": 18}
 
 
+@pytest.mark.slow
 @pytest.mark.oracle
 @pytest.mark.parametrize("shape", [(256, 512, 8, False), (192, 320, 10, True)],
                          ids=["rows256_untied", "rows192_tied"])

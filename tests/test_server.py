@@ -149,6 +149,7 @@ def test_models_tokenize_health_metrics(server, engine):
 
 # --------------------------------------------------------------------------- batching
 
+@pytest.mark.slow
 def test_eight_concurrent_greedy_equal_alone(server, client, engine):
     kw = dict(model="smollm2", max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
     alone = [client.completions.create(prompt=p, **kw).choices[0].text for p in PROMPTS]
@@ -260,6 +261,7 @@ def test_api_key(engine):
 
 # --------------------------------------------------------------------------- the bounded queue
 
+@pytest.mark.slow
 def test_queue_overflow_gives_429_while_health_stays_200(smollm2_path):
     eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=1, max_queue=1)
     with ServerThread(eng) as srv:
@@ -300,6 +302,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_cli_serve_and_sigterm(smollm2_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
