@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 
 import pytest
 
@@ -25,10 +26,22 @@ def strict() -> bool:
 
 def missing(reason: str) -> None:
     """Skips the test (or module) with `reason`; in strict mode fails it instead."""
+    caller = _caller()
+    if caller.f_code.co_name == "<module>":   # pytest would report this file's line, not the module's
+        reason = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}: {reason}"
     if strict():
         pytest.fail(f"{reason} (EDGEINFER_STRICT=1 makes this a failure; "
                     "EDGEINFER_STRICT=0 skips it)", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+    # reported at the test's line rather than here
+    raise pytest.skip.Exception(reason, allow_module_level=True, _use_item_location=True)
+
+
+def _caller() -> FrameType:
+    """The innermost frame outside this file."""
+    f = sys._getframe(1)
+    while f.f_code.co_filename == __file__:
+        f = f.f_back
+    return f
 
 
 def require(module: str, reason: str | None = None) -> ModuleType:

@@ -229,7 +229,6 @@ def test_auto_bad_inputs(tiny, tmp_path):
 
 
 def test_cli_auto_and_sweep(tiny, tmp_path):
-    require("matplotlib", "eval --sweep --plot needs matplotlib")
     from typer.testing import CliRunner
     from edgeinfer.cli import app
     from texts import TEXTS
@@ -245,9 +244,8 @@ def test_cli_auto_and_sweep(tiny, tmp_path):
     assert runner.invoke(app, ["convert", src, "-o", str(ref), "-t", "f16", "-q"]).exit_code == 0
     text = tmp_path / "t.txt"
     text.write_text(TEXTS["story"])
-    png = tmp_path / "sweep.png"
     r = runner.invoke(app, ["eval", "--sweep", src, "--reference", str(ref), "--text", str(text),
-                            "--types", "q8_0,q4_0", "--plot", str(png), "--json", "--ctx", "96"])
+                            "--types", "q8_0,q4_0", "--json", "--ctx", "96"])
     assert r.exit_code == 0, r.output
     pts = json.loads(r.stdout[r.stdout.index("["):])
     assert [p["label"] for p in pts if p["kind"] == "fixed"] == ["q8_0", "q4_0"]
@@ -257,9 +255,25 @@ def test_cli_auto_and_sweep(tiny, tmp_path):
     for p in auto:
         match = min(fixed.values(), key=lambda f: abs(f["bpw"] - p["target_bpw"]))
         assert p["size_model"] <= match["size_model"] and p["bpw"] <= p["target_bpw"] + 1e-9
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = runner.invoke(app, ["eval", "--reference", str(ref), "--text", str(text)])
     assert r.exit_code == 1 and "--sweep" in r.output
+
+
+def test_sweep_plot_is_a_png(tmp_path):
+    """eval --sweep --plot's figure: matplotlib (optional for users, needed here) writes a PNG."""
+    require("matplotlib", "eval --sweep --plot needs matplotlib")
+    from edgeinfer.tools.eval import EvalResult, SweepPoint, plot_sweep
+
+    def point(label: str, kind: str, size: int, kl: float) -> SweepPoint:
+        r = EvalResult(model=label, reference="f16", n_tokens=64, n_windows=1, ctx=96, ppl_model=2.0,
+                       ppl_reference=2.0, kl_mean=kl, kl_p99=kl, kl_max=kl, top1=0.9, size_model=size,
+                       size_reference=4 << 20)
+        return SweepPoint(label, kind, label, 8.0 * size / 2**20, None, None, r)
+
+    png = tmp_path / "sweep.png"
+    plot_sweep([point("q8_0", "fixed", 2 << 20, 1e-3), point("q4_0", "fixed", 1 << 20, 1e-2),
+                point("auto@6", "auto", 3 << 19, 3e-3), point("auto@5", "auto", 5 << 18, 0.0)], str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ------------------------------------------------------------------ real weights

@@ -179,11 +179,14 @@ def test_helpers():
         BenchConfig(device="gpu").validate()
 
 
+# an environmental skip even in strict mode: not every platform has an onnxruntime-genai wheel
+ORT_OPTIONAL = "the ONNX Runtime GenAI peer is optional (pip install onnxruntime-genai)"
+
 @pytest.fixture(scope="module")
 def ort_model_dir(smollm2_path, tmp_path_factory):
     """The ORT GenAI int4 model of scripts/make_ort_model.py: the cached one if it exists,
     else built here (HF checkpoint rebuilt from the GGUF, then ORT GenAI's builder)."""
-    pytest.importorskip("onnxruntime_genai", reason="the ONNX Runtime GenAI peer is optional (pip install onnxruntime-genai; not every platform has a wheel)")
+    pytest.importorskip("onnxruntime_genai", reason=ORT_OPTIONAL)
     from edgeinfer.hub import cache_dir
 
     cached = cache_dir() / "ort" / "smollm2-int4"
@@ -228,7 +231,7 @@ def test_bench_compare_ort_genai(smollm2_path, ort_model_dir):
 def test_ort_genai_runner_steps(ort_model_dir):
     """tg(prefix, n) runs exactly n one-token forwards after the prompt: the sequence ends
     n + 1 tokens past the prefix (the untimed first pick, then n forward+pick steps)."""
-    pytest.importorskip("onnxruntime_genai", reason="the ONNX Runtime GenAI peer is optional (pip install onnxruntime-genai; not every platform has a wheel)")
+    pytest.importorskip("onnxruntime_genai", reason=ORT_OPTIONAL)
     from edgeinfer.tools.bench import OrtGenaiRunner
 
     r = OrtGenaiRunner(str(ort_model_dir), threads=1, n_ctx=256)
