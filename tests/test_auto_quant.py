@@ -163,6 +163,7 @@ def auto256(tiny, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_auto_respects_budget(auto256):
     """File bits per weight (tensor data) <= target; more budget never predicts more KL;
     every 2-D weight is one of the candidates, 1-D tensors stay F32."""
@@ -186,6 +187,7 @@ def test_auto_respects_budget(auto256):
     assert auto256[auto256["q4_k_m"].bpw].nbytes <= auto256["q4_k_m"].nbytes
 
 
+@pytest.mark.slow
 def test_auto_beats_fixed_types_on_tiny_model(auto256):
     from edgeinfer.tools.eval import evaluate
     from texts import TEXTS
@@ -195,6 +197,7 @@ def test_auto_beats_fixed_types_on_tiny_model(auto256):
     assert kl[auto256["q4_k_m"].bpw] < kl["q4_k_m"], kl
 
 
+@pytest.mark.slow
 @pytest.mark.oracle
 def test_llama_cpp_loads_auto_file(auto256):
     require("llama_cpp")
@@ -228,6 +231,7 @@ def test_auto_bad_inputs(tiny, tmp_path):
     assert r.tensor_types["output.weight"] == "F16" and r.bpw <= 9.5
 
 
+@pytest.mark.slow
 def test_cli_auto_and_sweep(tiny, tmp_path):
     from typer.testing import CliRunner
     from edgeinfer.cli import app
