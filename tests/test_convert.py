@@ -124,6 +124,7 @@ def test_bf16_checkpoint(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------ llama.cpp on every type
+@pytest.mark.slow
 @pytest.mark.oracle
 @pytest.mark.parametrize("ftype", TYPES)
 @pytest.mark.parametrize("kind", KINDS + ["llama_256"])
