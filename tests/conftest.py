@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 from types import FrameType, ModuleType
+from typing import NoReturn
 
 import pytest
 
@@ -24,7 +25,7 @@ def strict() -> bool:
     return os.environ.get("EDGEINFER_STRICT", "0") not in ("", "0")
 
 
-def missing(reason: str) -> None:
+def missing(reason: str) -> NoReturn:
     """Skips the test (or module) with `reason`; in strict mode fails it instead."""
     caller = _caller()
     if caller.f_code.co_name == "<module>":   # pytest would report this file's line, not the module's
