@@ -280,11 +280,22 @@ def _tensor_info_offset(b: GGUFBuilder, name: str) -> int:
     raise KeyError(name)
 
 
+def truncations() -> Iterator[tuple[int, bytes]]:
+    """(length, the tiny file cut to it): every length inside the header, a few inside the data."""
+    b = tiny_llama()
+    base = b.build()
+    data_offset, size = b.layout["data_offset"], len(base)
+    for n in range(0, data_offset):
+        yield n, base[:n]
+    for n in sorted({data_offset, data_offset + 1, (data_offset + size) // 2, size - 64, size - 2, size - 1}):
+        yield n, base[:n]
+
+
 def malformed_corpus() -> Iterator[tuple[str, bytes]]:
     """(case name, file bytes) for every malformed variant; each must raise GGUFError."""
     base_b = tiny_llama()
     base = base_b.build()
-    L = base_b.layout
+    size = len(base)
 
     # -- magic / version / tiny files
     yield "empty_file", b""
@@ -320,14 +331,6 @@ def malformed_corpus() -> Iterator[tuple[str, bytes]]:
     yield "f32_array_length_past_end", _patched(base, sc_at + 8, u64(len(base) // 4))
     t0 = _tensor_info_offset(base_b, "token_embd.weight")
     yield "tensor_name_length_huge", _patched(base, t0, u64(2**64 - 1))
-
-    # -- truncation: every offset in the header region, some in the data
-    for n in range(0, L["data_offset"]):
-        yield f"truncated_at_{n}", base[:n]
-    size = len(base)
-    for n in sorted({L["data_offset"], L["data_offset"] + 1, (L["data_offset"] + size) // 2,
-                     size - 64, size - 2, size - 1}):
-        yield f"truncated_data_at_{n}", base[:n]
 
     # -- value types
     yield "unknown_value_type_13", _with(lambda b: b.add_raw("x.bad", u32(13) + b"\0" * 8))

@@ -1,7 +1,7 @@
 """Helpers around llama-cpp-python (the llama.cpp oracle) plus comparison metrics.
 
 llama.cpp objects are cached per model path (loading costs time).  Tests that
-need llama.cpp should call ``pytest.importorskip("llama_cpp", reason=...)``
+need llama.cpp should call ``require("llama_cpp", ...)`` (conftest.py)
 first; the metric functions here need only numpy.
 
 Typical use in a test::

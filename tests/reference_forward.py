@@ -13,6 +13,12 @@ head is tied to ``token_embd.weight`` when ``output.weight`` is absent.
 
     ref = ReferenceModel(path)
     lg = ref.logits(ids)          # np.float64 [len(ids), n_vocab]
+    lg = ref.logits(ids, ring=(64, 4))   # as through a KV ring of 64 cells, 4 of them sinks
+
+``ring=(capacity, n_sink)`` is the attention of edgeinfer's sliding KV ring
+(edgeinfer/engine/kv.py): position i attends to positions 0..n_sink-1 and to
+the last ``capacity - n_sink`` positions up to i, all rotated at their true
+positions.
 
 ``reference_logits(path, ids)`` caches models and results per process so
 several tests can share one forward pass.
@@ -117,8 +123,8 @@ class ReferenceModel:
         return y
 
     # -------------------------------------------------------------- forward
-    def hidden(self, ids) -> np.ndarray:
-        """Final-normed hidden states, float64 [T, n_embd]."""
+    def hidden(self, ids, ring: tuple[int, int] | None = None) -> np.ndarray:
+        """Final-normed hidden states, float64 [T, n_embd] (ring: see the module docstring)."""
         ids = np.asarray(list(ids), dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("ids must be a non-empty 1-D sequence")
@@ -129,6 +135,10 @@ class ReferenceModel:
         group = H // Hkv
         pos = np.arange(T)
         causal = np.triu(np.ones((T, T), dtype=bool), k=1)  # True = masked
+        if ring is not None:   # slid out: past the sinks and older than the window
+            capacity, n_sink = ring
+            i, j = np.indices((T, T))
+            causal |= (j >= n_sink) & (j <= i - (capacity - n_sink))
         scale = 1.0 / np.sqrt(D)
 
         x = self.tok_embd[ids]  # [T, E]
@@ -162,9 +172,9 @@ class ReferenceModel:
 
         return self._rmsnorm(x, self.w["output_norm.weight"])
 
-    def logits(self, ids) -> np.ndarray:
-        """Teacher-forced logits, float64 [len(ids), n_vocab]."""
-        h = self.hidden(ids)
+    def logits(self, ids, ring: tuple[int, int] | None = None) -> np.ndarray:
+        """Teacher-forced logits, float64 [len(ids), n_vocab] (ring: see the module docstring)."""
+        h = self.hidden(ids, ring)
         out = h @ self.output.T
         b = self.w.get("output.bias")
         if b is not None:

@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import edgeinfer  # noqa: E402
+from conftest import require  # noqa: E402
 from edgeinfer._native import ffi, lib  # noqa: E402
 from edgeinfer.arch import ARCHS  # noqa: E402
 from edgeinfer.errors import UnsupportedArchitectureError  # noqa: E402
@@ -37,9 +38,9 @@ def llamalike(monkeypatch):
 
 @pytest.fixture(scope="module")
 def llama_ckpt(tmp_path_factory):
-    pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
-    pytest.importorskip("transformers", reason="tiny checkpoints are built with transformers")
-    pytest.importorskip("tokenizers")
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
+    require("tokenizers")
     import tiny_checkpoints
 
     return tiny_checkpoints.build("llama", tmp_path_factory.mktemp("ckpt") / "llama")

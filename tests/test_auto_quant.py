@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import require
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -72,10 +73,10 @@ def test_default_calibration_text_ships():
 
 
 # ------------------------------------------------------------------ tiny checkpoints
-torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
-tf = pytest.importorskip("transformers", reason="tiny checkpoints are built with transformers")
-pytest.importorskip("tokenizers")
-pytest.importorskip("sentencepiece")
+torch = require("torch", "tiny checkpoints are built with torch")
+tf = require("transformers", "tiny checkpoints are built with transformers")
+require("tokenizers")
+require("sentencepiece")
 
 import tiny_checkpoints  # noqa: E402
 
@@ -162,6 +163,7 @@ def auto256(tiny, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_auto_respects_budget(auto256):
     """File bits per weight (tensor data) <= target; more budget never predicts more KL;
     every 2-D weight is one of the candidates, 1-D tensors stay F32."""
@@ -185,6 +187,7 @@ def test_auto_respects_budget(auto256):
     assert auto256[auto256["q4_k_m"].bpw].nbytes <= auto256["q4_k_m"].nbytes
 
 
+@pytest.mark.slow
 def test_auto_beats_fixed_types_on_tiny_model(auto256):
     from edgeinfer.tools.eval import evaluate
     from texts import TEXTS
@@ -194,9 +197,10 @@ def test_auto_beats_fixed_types_on_tiny_model(auto256):
     assert kl[auto256["q4_k_m"].bpw] < kl["q4_k_m"], kl
 
 
+@pytest.mark.slow
 @pytest.mark.oracle
 def test_llama_cpp_loads_auto_file(auto256):
-    pytest.importorskip("llama_cpp")
+    require("llama_cpp")
     from llama_oracle import kl_divergence, llama_logits
     import edgeinfer
     path = auto256[5.6].path
@@ -227,8 +231,8 @@ def test_auto_bad_inputs(tiny, tmp_path):
     assert r.tensor_types["output.weight"] == "F16" and r.bpw <= 9.5
 
 
+@pytest.mark.slow
 def test_cli_auto_and_sweep(tiny, tmp_path):
-    pytest.importorskip("matplotlib")
     from typer.testing import CliRunner
     from edgeinfer.cli import app
     from texts import TEXTS
@@ -244,9 +248,8 @@ def test_cli_auto_and_sweep(tiny, tmp_path):
     assert runner.invoke(app, ["convert", src, "-o", str(ref), "-t", "f16", "-q"]).exit_code == 0
     text = tmp_path / "t.txt"
     text.write_text(TEXTS["story"])
-    png = tmp_path / "sweep.png"
     r = runner.invoke(app, ["eval", "--sweep", src, "--reference", str(ref), "--text", str(text),
-                            "--types", "q8_0,q4_0", "--plot", str(png), "--json", "--ctx", "96"])
+                            "--types", "q8_0,q4_0", "--json", "--ctx", "96"])
     assert r.exit_code == 0, r.output
     pts = json.loads(r.stdout[r.stdout.index("["):])
     assert [p["label"] for p in pts if p["kind"] == "fixed"] == ["q8_0", "q4_0"]
@@ -256,9 +259,25 @@ def test_cli_auto_and_sweep(tiny, tmp_path):
     for p in auto:
         match = min(fixed.values(), key=lambda f: abs(f["bpw"] - p["target_bpw"]))
         assert p["size_model"] <= match["size_model"] and p["bpw"] <= p["target_bpw"] + 1e-9
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = runner.invoke(app, ["eval", "--reference", str(ref), "--text", str(text)])
     assert r.exit_code == 1 and "--sweep" in r.output
+
+
+def test_sweep_plot_is_a_png(tmp_path):
+    """eval --sweep --plot's figure: matplotlib (optional for users, needed here) writes a PNG."""
+    require("matplotlib", "eval --sweep --plot needs matplotlib")
+    from edgeinfer.tools.eval import EvalResult, SweepPoint, plot_sweep
+
+    def point(label: str, kind: str, size: int, kl: float) -> SweepPoint:
+        r = EvalResult(model=label, reference="f16", n_tokens=64, n_windows=1, ctx=96, ppl_model=2.0,
+                       ppl_reference=2.0, kl_mean=kl, kl_p99=kl, kl_max=kl, top1=0.9, size_model=size,
+                       size_reference=4 << 20)
+        return SweepPoint(label, kind, label, 8.0 * size / 2**20, None, None, r)
+
+    png = tmp_path / "sweep.png"
+    plot_sweep([point("q8_0", "fixed", 2 << 20, 1e-3), point("q4_0", "fixed", 1 << 20, 1e-2),
+                point("auto@6", "auto", 3 << 19, 3e-3), point("auto@5", "auto", 5 << 18, 0.0)], str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ------------------------------------------------------------------ real weights
@@ -268,7 +287,7 @@ def test_smollm2_auto_beats_q4_k_m_and_q4_0(smollm2_path, tmp_path):
     KL than Q4_K_M, and at the size of Q4_0 a far lower KL than Q4_0 (the full figures, on
     1186 tokens with the default 512-token calibration, are in docs/quantization.md; this
     uses 160 calibration tokens and 256 scored tokens)."""
-    pytest.importorskip("gguf")
+    require("gguf")
     from edgeinfer.tools.eval import evaluate
     from texts import TEXTS
     src = tiny_checkpoints.build_from_gguf(smollm2_path, tmp_path / "smol")

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import require
 
 from edgeinfer.tools.bench import (SCHEMA, BenchConfig, Spread, _parse_peer, format_table, parse_threads,
                              run_bench)
@@ -61,6 +62,7 @@ def _check_run(r: dict, cfg_pp: int, cfg_tg: int, reps: int, depth: int | None,
         assert r["cost_per_1m_output_tokens"] is None
 
 
+@pytest.mark.slow
 def test_bench_json_smoke(smollm2_path):
     """The CLI path: --pp 32 --tg 8 --reps 1 --json, every field present and sane."""
     from typer.testing import CliRunner
@@ -91,9 +93,11 @@ def test_bench_json_smoke(smollm2_path):
     assert run["cost_per_1m_output_tokens"] == pytest.approx(0.5 / 3600 / tg * 1e6)
 
 
+@pytest.mark.oracle
+@pytest.mark.slow
 def test_bench_compare_llama_cpp_and_missing_ort(smollm2_path):
     """The compare path with tiny sizes: llama.cpp interleaved, ratios, an absent ORT peer skipped."""
-    pytest.importorskip("llama_cpp")
+    require("llama_cpp")
     lines: list[str] = []
     cfg = BenchConfig(model=str(smollm2_path), threads=[2], pp=16, tg=4, reps=2, prompt_len=8,
                       output_len=3, compare=["llama.cpp", "ort-genai:/nonexistent/ort-model"],
@@ -133,10 +137,12 @@ def test_bench_cli_errors():
     assert r.exit_code == 1 and "kv must be one of" in r.output
 
 
+@pytest.mark.oracle
+@pytest.mark.slow
 def test_bench_q8_0_kv_on_both_engines(smollm2_path):
     """--kv q8_0 gives both engines a Q8_0 KV cache (llama.cpp through flash attention): the same
     KV bytes, 34/64 of f16's, and both decode at depth."""
-    pytest.importorskip("llama_cpp")
+    require("llama_cpp")
     cfg = BenchConfig(model=str(smollm2_path), threads=[2], pp=16, tg=4, reps=1, prompt_len=8,
                       output_len=3, ctx_depth=40, compare=["llama.cpp"], isolated_rss=False, kv="q8_0")
     res = run_bench(cfg)
@@ -173,18 +179,21 @@ def test_helpers():
         BenchConfig(device="gpu").validate()
 
 
+# an environmental skip even in strict mode: not every platform has an onnxruntime-genai wheel
+ORT_OPTIONAL = "the ONNX Runtime GenAI peer is optional (pip install onnxruntime-genai)"
+
 @pytest.fixture(scope="module")
 def ort_model_dir(smollm2_path, tmp_path_factory):
     """The ORT GenAI int4 model of scripts/make_ort_model.py: the cached one if it exists,
     else built here (HF checkpoint rebuilt from the GGUF, then ORT GenAI's builder)."""
-    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("onnxruntime_genai", reason=ORT_OPTIONAL)
     from edgeinfer.hub import cache_dir
 
     cached = cache_dir() / "ort" / "smollm2-int4"
     if (cached / "genai_config.json").is_file():
         return cached
     for mod in ("onnx", "onnx_ir", "torch", "transformers", "gguf"):
-        pytest.importorskip(mod, reason=f"building the ORT model needs {mod}")
+        pytest.importorskip(mod, reason=f"building the ONNX Runtime GenAI peer's model needs {mod}")
     import importlib.util
     from pathlib import Path
 
@@ -222,7 +231,7 @@ def test_bench_compare_ort_genai(smollm2_path, ort_model_dir):
 def test_ort_genai_runner_steps(ort_model_dir):
     """tg(prefix, n) runs exactly n one-token forwards after the prompt: the sequence ends
     n + 1 tokens past the prefix (the untimed first pick, then n forward+pick steps)."""
-    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("onnxruntime_genai", reason=ORT_OPTIONAL)
     from edgeinfer.tools.bench import OrtGenaiRunner
 
     r = OrtGenaiRunner(str(ort_model_dir), threads=1, n_ctx=256)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import require
 from typer.testing import CliRunner
 
 from edgeinfer import hub as models
@@ -22,15 +23,12 @@ from edgeinfer.hub import ModelSpec
 runner = CliRunner()
 
 
-def _engine_available() -> bool:
-    try:
-        import edgeinfer.engine.engine  # noqa: F401
-    except Exception:
-        return False
-    return True
+@pytest.fixture
+def real_engine():
+    return require("edgeinfer.engine.engine", "the real engine does not import")
 
 
-needs_engine = pytest.mark.skipif(not _engine_available(), reason="edgeinfer.engine.engine not importable yet")
+needs_engine = pytest.mark.usefixtures("real_engine")
 
 
 # --------------------------------------------------------------------------- a fake engine
@@ -186,9 +184,8 @@ def test_missing_model_file_exits_1(cmd, tmp_path):
     assert r.stdout == ""
 
 
+@needs_engine
 def test_not_a_gguf_file_exits_1_when_engine_present(tmp_path):
-    if not _engine_available():
-        pytest.skip("engine not built yet")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
     r = runner.invoke(app, ["info", str(bad)])
@@ -326,6 +323,7 @@ def test_handle_errors_only_catches_ours():
 
 # --------------------------------------------------------------------------- the real engine
 
+@pytest.mark.slow
 @needs_engine
 def test_real_run_greedy_is_deterministic(smollm2_path):
     args = ["run", str(smollm2_path), "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2"]
@@ -336,6 +334,7 @@ def test_real_run_greedy_is_deterministic(smollm2_path):
     assert "TTFT" in a.stderr and "tok/s" in a.stderr
 
 
+@pytest.mark.slow
 @needs_engine
 def test_real_run_chat_seeded(smollm2_path):
     args = ["run", str(smollm2_path), "--chat", "-p", "Say hello.", "-n", "8", "--seed", "3", "-t", "2"]
@@ -360,6 +359,7 @@ def test_real_chat(smollm2_path):
     assert r.stdout.strip()
 
 
+@pytest.mark.slow
 @needs_engine
 def test_real_info_q8_0_kv_and_a_bad_kv(smollm2_path):
     """--kv on run/chat/info: q8_0 holds 34 bytes per 32 values where f16 holds 64."""

@@ -12,13 +12,14 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import require
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
-tf = pytest.importorskip("transformers", reason="tiny checkpoints are built with transformers")
-pytest.importorskip("tokenizers")
-pytest.importorskip("sentencepiece")
+torch = require("torch", "tiny checkpoints are built with torch")
+tf = require("transformers", "tiny checkpoints are built with transformers")
+require("tokenizers")
+require("sentencepiece")
 
 import tiny_checkpoints  # noqa: E402
 
@@ -123,11 +124,12 @@ def test_bf16_checkpoint(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------ llama.cpp on every type
+@pytest.mark.slow
 @pytest.mark.oracle
 @pytest.mark.parametrize("ftype", TYPES)
 @pytest.mark.parametrize("kind", KINDS + ["llama_256"])
 def test_llama_cpp_agrees_on_every_type(tiny, kind, ftype):
-    pytest.importorskip("llama_cpp")
+    require("llama_cpp")
     from llama_oracle import llama_logits
     from reference_forward import reference_logits
 
@@ -196,7 +198,7 @@ def _corpus(kind: str) -> list[str]:
 @pytest.mark.oracle
 @pytest.mark.parametrize("kind", KINDS)
 def test_llama_cpp_tokenizes_like_source(tiny, kind):
-    pytest.importorskip("llama_cpp")
+    require("llama_cpp")
     from llama_oracle import llama_tokenize
     path = converted(tiny, kind, "q8_0")
     for text in _corpus(kind):
@@ -337,7 +339,7 @@ def test_smollm2_rebuilt_checkpoint_round_trips(smollm2_path, tmp_path):
     (dequantized to f32, Q/K un-permuted, tokenizer.json from its vocabulary) and converted
     back to q4_1 gives every tensor of the original file byte for byte, and the same
     tokenizer metadata; the rebuilt tokenizers' ids equal edgeinfer's on the converted file."""
-    pytest.importorskip("gguf")
+    require("gguf")
     import edgeinfer
     from texts import TEXTS
     from tokenizers import Tokenizer

@@ -47,7 +47,8 @@ DEVICES, NO_GPU_REASON = cb.probe()
 SIMULATED = bool(DEVICES) and DEVICES[0].name.startswith("eisim")
 E2E_TOKENS = 64 if SIMULATED else 400
 DECODE_TOKENS = 16 if SIMULATED else 40
-needs_gpu = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_REASON}")
+needs_gpu = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_REASON} "
+                               "(tests/test_cuda_sim.py runs these on eisim)")
 no_gpu_here = pytest.mark.skipif(bool(DEVICES), reason="a CUDA GPU is present (fallback tests need none)")
 
 TYPES = {

@@ -233,6 +233,7 @@ def _run_cuda_tests(sim_build: Path, select: str, **env: str) -> dict[str, int]:
 E2E = "end_to_end or decode_steps or greedy or tiny"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["forward", "reverse", "random"])
 def test_cuda_op_tests_pass_on_the_simulator(sim_build, order):
     """Every per-op test of tests/test_cuda.py, in three thread orders (a race would differ)."""

@@ -20,6 +20,7 @@ runner = CliRunner()
 
 # ------------------------------------------------------------------ plan vs the engine
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ctx,slots,max_batch,kv", [(512, 1, 256, "f16"), (2048, 2, 64, "f16"),
                                                     (4096, 4, 128, "f16"), (2048, 2, 64, "q8_0")])
 def test_plan_matches_engine_allocation(smollm2_path, ctx, slots, max_batch, kv):

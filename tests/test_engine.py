@@ -36,6 +36,7 @@ def test_generate_contract(engine):
     assert "".join(engine.stream(PROMPT, max_tokens=12, temperature=0.0)) == out.text
 
 
+@pytest.mark.slow
 def test_same_seed_same_text(engine):
     kw = dict(max_tokens=24, temperature=0.9, top_k=50, top_p=0.95, seed=1234)
     a, b = engine.generate(PROMPT, **kw), engine.generate(PROMPT, **kw)
@@ -57,6 +58,7 @@ def test_chat_reaches_eos(engine):
     assert out.finish_reason == "stop" and out.text.strip()
 
 
+@pytest.mark.slow
 def test_simd_levels_match_scalar_forward(smollm2_path, engine):
     """The whole forward pass with every kernel at each ISA level against the scalar reference.
 
@@ -80,6 +82,7 @@ def test_simd_levels_match_scalar_forward(smollm2_path, engine):
         assert nmse(simd, scalar) <= 1e-2, name
 
 
+@pytest.mark.slow
 def test_thread_counts_agree(smollm2_path, engine):
     ids = engine.tokenize(PROMPT)
     one = edgeinfer.load(smollm2_path, n_ctx=128, n_threads=1).logits(ids)
@@ -87,6 +90,7 @@ def test_thread_counts_agree(smollm2_path, engine):
         assert np.array_equal(edgeinfer.load(smollm2_path, n_ctx=128, n_threads=n).logits(ids), one)
 
 
+@pytest.mark.slow
 def test_ring_within_capacity_equals_large_ring(smollm2_path, engine):
     """A small ring that never wraps gives exactly the logits of a big one."""
     ids = engine.tokenize(PROMPT * 4)[:40]
@@ -108,6 +112,7 @@ def test_overflow_stop_ends_with_length(smollm2_path):
     assert out.stats.prompt_tokens + out.stats.completion_tokens == 32 + 1
 
 
+@pytest.mark.slow
 def test_overflow_slide_runs_in_constant_memory(smollm2_path):
     cap = 64
     eng = edgeinfer.load(smollm2_path, n_ctx=cap, n_threads=2, overflow="slide", n_sink=4)
@@ -127,6 +132,7 @@ def test_overflow_slide_runs_in_constant_memory(smollm2_path):
     assert all(np.isfinite(lp.logprob) and np.isfinite([v for _, v in lp.top]).all() for lp in gen.logprobs)
 
 
+@pytest.mark.slow
 def test_prefix_reuse_gives_same_output(smollm2_path):
     eng = edgeinfer.load(smollm2_path, n_ctx=256, n_threads=2)
     system = "You are a careful assistant. Answer briefly. " * 3
@@ -138,6 +144,7 @@ def test_prefix_reuse_gives_same_output(smollm2_path):
     assert a.tokens  # both ran
 
 
+@pytest.mark.slow
 def test_threads_share_one_engine_safely(smollm2_path, engine):
     prompts = [PROMPT, "Water boils at", "def fibonacci(n):", "My favourite colour is"]
     expected = {p: engine.generate(p, max_tokens=10, temperature=0.0).tokens for p in prompts}

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import require
 
 import edgeinfer
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python (the oracle) is installed by scripts/install_oracles.sh")
-pytest.importorskip("gguf", reason="the gguf package is a test dependency")
+require("llama_cpp")
+require("gguf", "the gguf package is a test dependency")
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
 from llama_oracle import compare_logits, first_divergence, llama_greedy, llama_logits, text_ids  # noqa: E402
 from reference_forward import reference_logits  # noqa: E402

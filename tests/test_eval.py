@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import require
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -32,8 +33,8 @@ def test_compare_logits_math():
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
     import tiny_checkpoints
     from edgeinfer.convert import convert_checkpoint
     d = tmp_path_factory.mktemp("eval")
@@ -44,6 +45,7 @@ def pair(tmp_path_factory):
     return ref, q
 
 
+@pytest.mark.slow
 def test_evaluate_figures(pair):
     from texts import TEXTS
     ref, q = pair
@@ -59,6 +61,7 @@ def test_evaluate_figures(pair):
     json.dumps(r.to_dict())
 
 
+@pytest.mark.slow
 def test_evaluate_errors(pair, tmp_path):
     ref, q = pair
     with pytest.raises(EdgeInferError):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import require
 
 from edgeinfer._native import ffi, lib
 
@@ -103,7 +104,7 @@ def q8_attention_model(q, k_raw, v_raw, cell_pos, pos, chunk=256, wmax=32767.0):
 def test_attention_over_q8_0_kv(n_cells, hd, g):
     """A Q8_0 KV arena: every ISA computes the documented quantized algorithm (numpy model), and
     that algorithm stays close to the exact softmax over the dequantized rows."""
-    pytest.importorskip("gguf")
+    require("gguf", "gguf.quants is the Q8_0 oracle")
     rng = np.random.default_rng(n_cells + hd + g)
     q = (rng.standard_normal((g, hd)) * 2).astype(np.float32)
     k_raw, k = q8_0_rows(rng.standard_normal((n_cells, hd)))
@@ -127,7 +128,7 @@ def test_attention_over_q8_0_kv(n_cells, hd, g):
 def test_attention_q8_0_tiny_weights_stay_finite():
     """The top cell's V block is all zeros and the other cells score ~85 lower: the largest
     weight of the block is ~1e-37. Every ISA drops the block (no WMAX / wmax overflow)."""
-    pytest.importorskip("gguf")
+    require("gguf", "gguf.quants is the Q8_0 oracle")
     hd = 32
     q = np.full((1, hd), 10.0, np.float32)
     k_raw, _ = q8_0_rows(np.stack([np.full(hd, 1.0), np.full(hd, -1.0), np.full(hd, -0.5)]))

@@ -7,13 +7,14 @@ import os
 import numpy as np
 import pytest
 
+from conftest import require
 from edgeinfer.errors import GGUFError
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.types import GGMLType as T
 from edgeinfer.gguf.types import GGUFValueType as V
 from edgeinfer.gguf.writer import GGUFWriter
 
-gguf = pytest.importorskip("gguf")
+gguf = require("gguf", "the gguf package is the writer's oracle")
 
 
 @pytest.mark.parametrize("alignment", [32, 64])

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import require
 
 from llama_oracle import compare_logits, first_divergence, kl_divergence, top1_agreement
 from reference_forward import ReferenceModel, get_reference_model, reference_logits
@@ -20,11 +21,7 @@ from texts import PROMPTS, TEXTS
 
 
 def _need_llama():
-    return pytest.importorskip(
-        "llama_cpp",
-        reason="llama-cpp-python (the llama.cpp oracle) is not installed; "
-        "pip install the wheel from ~/.cache/edgeinfer/wheels",
-    )
+    return require("llama_cpp")
 
 
 # ------------------------------------------------------------ metrics (pure numpy)

@@ -59,6 +59,7 @@ def _run_concurrently(eng, prompts, **kw):
     return results
 
 
+@pytest.mark.slow
 def test_eight_concurrent_equal_alone_and_share_steps(smollm2_path, alone):
     eng = edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2, n_slots=8)
     got = _run_concurrently(eng, PROMPTS, **GREEDY)
@@ -68,6 +69,7 @@ def test_eight_concurrent_equal_alone_and_share_steps(smollm2_path, alone):
     eng.close()
 
 
+@pytest.mark.slow
 def test_chunked_prefill_and_prefix_reuse_are_invariant(smollm2_path, alone):
     # max_batch=5: prompts are fed in chunks of various sizes next to other sequences' decodes.
     eng = edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2, n_slots=3, max_batch=5)

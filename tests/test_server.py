@@ -15,11 +15,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import require
 
 import edgeinfer
 from edgeinfer.server import ServerThread
 
-openai = pytest.importorskip("openai")
+openai = require("openai", "the openai client is the server's oracle")
 
 N_CTX = 128
 PROMPTS = ["The history of the printing press begins", "Water boils at", "def fibonacci(n):",
@@ -148,6 +149,7 @@ def test_models_tokenize_health_metrics(server, engine):
 
 # --------------------------------------------------------------------------- batching
 
+@pytest.mark.slow
 def test_eight_concurrent_greedy_equal_alone(server, client, engine):
     kw = dict(model="smollm2", max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
     alone = [client.completions.create(prompt=p, **kw).choices[0].text for p in PROMPTS]
@@ -189,10 +191,12 @@ def test_fifty_cancelled_streams_free_every_slot(server, client, engine):
 
 
 def test_disconnect_frees_slot_within_a_step(server, engine):
-    t0 = time.time()
+    steps = engine.scheduler.steps
     assert _open_and_drop(server.url, PROMPTS[0], wait_first=True)
-    snap = wait_idle(engine, timeout=5)
-    assert snap["slots_busy"] == 0 and time.time() - t0 < 3
+    snap = wait_idle(engine, timeout=60)   # a bound against hanging, not a speed check
+    assert snap["slots_busy"] == 0
+    # the stream asked for 100 tokens: the scheduler stepped a few times, not to the end
+    assert engine.scheduler.steps - steps <= 10, engine.scheduler.steps - steps
 
 
 # --------------------------------------------------------------------------- bad input
@@ -257,6 +261,7 @@ def test_api_key(engine):
 
 # --------------------------------------------------------------------------- the bounded queue
 
+@pytest.mark.slow
 def test_queue_overflow_gives_429_while_health_stays_200(smollm2_path):
     eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=1, max_queue=1)
     with ServerThread(eng) as srv:
@@ -297,6 +302,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_cli_serve_and_sigterm(smollm2_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

@@ -9,11 +9,12 @@ GGUFs are written at test time into temporary folders.
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import pytest
+from conftest import require
 
+from edgeinfer.gguf.reader import GGUFFile
 from edgeinfer.text.tokenizer import StreamDecoder, Tokenizer, TokenType
 from edgeinfer.errors import InvalidTokenError, TokenizerError
 
@@ -90,26 +91,14 @@ FULL_CORPUS = CORPUS + _random_corpus(40, seed=1234)
 # helpers
 # ---------------------------------------------------------------------------------------------
 def load_metadata(path: Path) -> dict:
-    """GGUF metadata as a plain dict (edgeinfer's reader; the gguf package as a fallback)."""
-    try:
-        from edgeinfer.gguf.reader import GGUFFile
-    except ImportError:
-        GGUFFile = None
-    if GGUFFile is not None:
-        f = GGUFFile(path)
-        try:
-            return dict(f.metadata)
-        finally:
-            if hasattr(f, "close"):
-                f.close()
-    gguf = pytest.importorskip("gguf")
-    reader = gguf.GGUFReader(str(path))
-    return {k: fld.contents() for k, fld in reader.fields.items() if not k.startswith("GGUF.")}
+    """GGUF metadata as a plain dict."""
+    with GGUFFile(path) as f:
+        return dict(f.metadata)
 
 
 def write_vocab_gguf(path: Path, tok_meta: dict) -> Path:
     """Writes a vocab-only GGUF (arch llama, no tensors) holding `tok_meta` (tokenizer.* keys)."""
-    gguf = pytest.importorskip("gguf")
+    gguf = require("gguf", "the gguf package writes the vocab fixtures")
     w = gguf.GGUFWriter(str(path), arch="llama")
     # the hyper-parameters llama.cpp reads before the vocabulary, even with vocab_only
     w.add_context_length(256)
@@ -148,10 +137,7 @@ def write_vocab_gguf(path: Path, tok_meta: dict) -> Path:
 
 
 def _oracle_module():
-    return pytest.importorskip(
-        "llama_cpp",
-        reason="llama-cpp-python (the llama.cpp oracle) is not installed: "
-               "pip install the wheel built with the flags in the README")
+    return require("llama_cpp")
 
 
 def oracle_vocab(path: Path):
@@ -229,7 +215,7 @@ Le renard brun rapide saute par-dessus le chien paresseux. Größe, Straße, caf
 @pytest.fixture(scope="session", params=["bpe", "unigram"])
 def spm_variant(request, tmp_path_factory):
     """A tiny SentencePiece model (trained now) written as a tokenizer.ggml.model=llama GGUF."""
-    spm = pytest.importorskip("sentencepiece", reason="sentencepiece is needed to train the SPM fixture")
+    spm = require("sentencepiece", "sentencepiece trains the SPM fixture")
     d = tmp_path_factory.mktemp(f"spm-{request.param}")
     corpus_file = d / "train.txt"
     corpus_file.write_text(SPM_TRAINING_TEXT * 20, encoding="utf-8")
@@ -368,10 +354,10 @@ def test_smollm2_basics(smollm2_tok):
     assert 1 not in tok.encode("<|im_start|>", parse_special=False)
 
 
-@pytest.mark.parametrize("text", FULL_CORPUS)
-def test_roundtrip_bpe(smollm2_tok, text):
-    for parse_special in (True, False):
-        assert smollm2_tok.decode(smollm2_tok.encode(text, parse_special=parse_special)) == text
+def test_roundtrip_bpe(smollm2_tok):
+    bad = [(text, parse_special) for text in FULL_CORPUS for parse_special in (True, False)
+           if smollm2_tok.decode(smollm2_tok.encode(text, parse_special=parse_special)) != text]
+    assert not bad, f"{len(bad)} texts do not round-trip (text, parse_special); the first: {bad[:3]}"
 
 
 def test_roundtrip_spm(spm_variant):
@@ -497,19 +483,15 @@ def test_lone_surrogates_do_not_crash(smollm2_tok):
     assert smollm2_tok.decode(ids) == "a\ufffdb"
 
 
-def test_speed(smollm2_meta, smollm2_tok):
-    t0 = time.perf_counter()
-    Tokenizer.from_metadata(smollm2_meta)
-    build = time.perf_counter() - t0
+def test_word_cache_bounds_the_bpe_work(smollm2_meta, monkeypatch):
+    """The BPE merge loop (the costly part of encode) runs once per distinct word: fewer runs
+    than words on a first pass over 10 KB of code, none on a second pass."""
+    tok = Tokenizer.from_metadata(smollm2_meta)
+    runs = []
+    bpe_word = tok._bpe_word
+    monkeypatch.setattr(tok, "_bpe_word", lambda word: runs.append(word) or bpe_word(word))
     text = (Path(__file__).read_text(encoding="utf-8") * 2)[:10_000]
-    smollm2_tok.encode(text)  # warm-up (fills the word cache)
-    best = min(_timed(smollm2_tok.encode, text) for _ in range(3))
-    print(f"\nbuild {build * 1e3:.0f} ms, encode 10 KB {best * 1e3:.1f} ms")
-    assert build < 1.0
-    assert best < 0.1
-
-
-def _timed(fn, *args) -> float:
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
+    first = tok.encode(text)
+    assert len(runs) == len(set(runs)) and len(runs) < len(first) / 2, (len(runs), len(first))
+    runs.clear()
+    assert tok.encode(text) == first and runs == []
