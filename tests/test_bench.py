@@ -175,7 +175,7 @@ def test_helpers():
     cfg = BenchConfig(pp=512, tg=128, ctx_depth=1500)
     assert cfg.effective_ctx() == 1792 and cfg.effective_ctx() % 256 == 0
     assert BenchConfig(pp=512, tg=128).effective_ctx() == 512
-    with pytest.raises(ValueError, match="device must be cpu, cuda or auto"):
+    with pytest.raises(ValueError, match="device must be one of cpu, auto, cuda"):
         BenchConfig(device="gpu").validate()
 
 

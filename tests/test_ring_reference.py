@@ -15,6 +15,7 @@ import pytest
 from conftest import require
 
 import edgeinfer
+from edgeinfer.backends import Batch
 from llama_oracle import compare_logits
 from reference_forward import get_reference_model
 from texts import TEXTS
@@ -28,15 +29,14 @@ N_TOKENS = 3 * CAPACITY
 
 def _teacher_forced_through_ring(eng, ids: list[int]) -> np.ndarray:
     """Logits of every position of `ids`, fed to slot 0 as the scheduler feeds a long prompt."""
-    ring, rt = eng.ring, eng.runtime
+    ring, runner = eng.ring, eng.runner
     out = np.empty((len(ids), eng.config.n_vocab), dtype=np.float32)
     i = 0
     while i < len(ids):
-        n = min(ring.max_chunk(0), rt.max_batch, len(ids) - i)
+        n = min(ring.max_chunk(0), runner.caps.max_batch, len(ids) - i)
         chunk = ids[i:i + n]
         pos, cells = ring.reserve(0, chunk)
-        rt.forward(np.asarray(chunk, dtype=np.int32), np.zeros(n, dtype=np.int32), pos, cells,
-                   np.arange(n, dtype=np.int32), out[i:i + n])
+        runner.run(Batch.of_slot(0, chunk, pos, cells, np.arange(n)), out[i:i + n])
         i += n
     return out
 

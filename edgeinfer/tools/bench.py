@@ -72,6 +72,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..backends import DEVICES
 from .plan import KV_TYPES
 
 __all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "parse_threads",
@@ -117,8 +118,8 @@ class BenchConfig:
             raise ValueError(f"ctx_depth must be >= 1, got {self.ctx_depth}")
         if self.kv not in KV_TYPES:
             raise ValueError(f"kv must be one of {', '.join(KV_TYPES)}, got {self.kv!r}")
-        if self.device not in ("cpu", "cuda", "auto"):
-            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.price_per_hour is not None and self.price_per_hour < 0:
             raise ValueError("price_per_hour must be >= 0")
         need = self.needed_ctx()
