@@ -17,7 +17,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol
 
 from ..errors import UnsupportedArchitectureError
 
-__all__ = ["Arch", "Tensor", "Weight", "Dims", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
+__all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
            "FLAGS", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
 
 # The ops the native forward pass implements (native/src/forward.c, native/cuda/forward.cu).
@@ -68,6 +68,22 @@ HF_KEYS: Mapping[str, str] = MappingProxyType({
 QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
 #: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
 FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs")
+
+
+class HeadDims:
+    """q_dim and kv_dim from the head counts: one definition for every dataclass that carries
+    them (ModelConfig, the converter's HParams, the planner's ModelShape)."""
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_head_kv * self.head_dim
 
 
 class Dims(Protocol):

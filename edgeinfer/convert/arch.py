@@ -15,14 +15,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..arch import Arch, arch_for_hf
+from ..arch import Arch, HeadDims, arch_for_hf
 from ..errors import ConversionError
 
 __all__ = ["HParams", "TensorMap"]
 
 
 @dataclass
-class HParams:
+class HParams(HeadDims):
     arch: Arch
     hf_class: str           # the config.json "architectures" entry converted
     n_layer: int
@@ -40,14 +40,6 @@ class HParams:
     has_qkv_bias: bool = False
 
     # the names the table's shapes and flags use (edgeinfer.arch.table.Dims)
-    @property
-    def q_dim(self) -> int:
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_head_kv * self.head_dim
-
     @property
     def rope_dim(self) -> int:
         return self.head_dim

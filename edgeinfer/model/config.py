@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ..arch import Arch, Weight, get_arch
+from ..arch import Arch, HeadDims, Weight, get_arch
 from ..arch.table import QKV_BIAS_ROLES
 from ..errors import GGUFError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
@@ -29,7 +29,7 @@ MAX_CTX = 1 << 24
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(HeadDims):
     arch: str
     n_layer: int
     n_embd: int
@@ -54,14 +54,6 @@ class ModelConfig:
     @property
     def n_gqa(self) -> int:
         return self.n_head // self.n_head_kv
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_head_kv * self.head_dim
 
     @property
     def has_output(self) -> bool:

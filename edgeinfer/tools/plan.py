@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ..arch import HeadDims
+
 __all__ = [
     "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes",
     "scratch_bytes", "overhead_bytes", "plan_one", "plan_grid", "largest_fit", "parse_size", "human",
@@ -41,7 +43,7 @@ PROCESS_OVERHEAD = 64 * 2**20    # interpreter + numpy + typer; SmolLM2-135M mea
 
 
 @dataclass
-class ModelShape:
+class ModelShape(HeadDims):
     """What the planner needs from a model (read from GGUF metadata, no weights loaded)."""
     name: str
     arch: str
@@ -57,14 +59,6 @@ class ModelShape:
     weights_bytes: int
     file_bytes: int = 0
     path: str = ""
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_head_kv * self.head_dim
 
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
