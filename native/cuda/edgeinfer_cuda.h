@@ -5,8 +5,9 @@
  * Same rules as edgeinfer.h: no function exits or aborts; each returns an
  * ei_status (the enum of edgeinfer.h) and ei_cuda_last_error() gives a message
  * for the calling thread. The batch contract of ei_cuda_forward is ei_forward's.
- * edgeinfer/backends/cuda.py builds its cffi declarations from this header (a
- * copy ships in that folder; tests/test_cuda.py checks the two are identical).
+ * edgeinfer/backends/cuda.py builds its cffi declarations from this header (the
+ * build copies it into edgeinfer/backends/include/; tests/test_cuda.py checks the
+ * copy is current).
  */
 #ifndef EDGEINFER_CUDA_H
 #define EDGEINFER_CUDA_H
