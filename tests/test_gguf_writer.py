@@ -125,3 +125,20 @@ def test_writer_failures_leave_nothing(tmp_path):
         w.add_kv("k", 1)
         w.add_kv("k", 2)
     assert os.listdir(tmp_path) == []
+
+
+def test_written_file_follows_the_umask(tmp_path):
+    """A converted model must be readable by a service user: 0666 less the umask, as open() does
+    (the temporary file it is written through starts at 0600)."""
+    for mask, want in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        old = os.umask(mask)
+        try:
+            p = tmp_path / f"m{mask:o}.gguf"
+            with GGUFWriter(p) as w:
+                w.add_kv("general.architecture", "llama")
+                w.add_tensor_info("a", (32,), T.F32)
+                w.write_header()
+                w.write_tensor_data("a", np.zeros(32, dtype=np.float32))
+        finally:
+            os.umask(old)
+        assert p.stat().st_mode & 0o777 == want, (oct(mask), oct(p.stat().st_mode))

@@ -105,6 +105,13 @@ def _array(key: str, items: Any, item_type: GGUFValueType | None) -> tuple[list,
         raise GGUFError(f"{key}: items do not fit {item_type.name}: {e}") from None
 
 
+def _new_file_mode() -> int:
+    """0666 less the process umask: the mode open() gives a new file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 class GGUFWriter:
     """Writes one GGUF file atomically (temp file + rename). Use as a context manager, or
     call `finish()` / `abort()` yourself."""
@@ -211,6 +218,7 @@ class GGUFWriter:
         self._w.flush()
         os.fsync(self._w.fout[0].fileno())
         self._w.close()
+        os.chmod(self._tmp, _new_file_mode())   # mkstemp made it 0600: unreadable by a service user
         os.replace(self._tmp, self.path)
         self._tmp = None
         self._finished = True
