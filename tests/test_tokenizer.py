@@ -421,6 +421,19 @@ def test_stream_decoder_invalid_bytes_become_replacement(smollm2_tok):
     assert dec.flush() == ""
 
 
+def test_stream_cut_inside_a_character_ends_without_replacement(smollm2_tok):
+    """A reply cut by max_tokens between the bytes of one character drops the partial
+    character instead of ending in U+FFFD."""
+    tok = smollm2_tok
+    ids = tok.encode("ok😀", add_special=False)
+    cut = next(n for n in range(1, len(ids)) if _is_partial(b"".join(tok.token_to_bytes(i) for i in ids[:n])))
+    dec = StreamDecoder(tok)
+    text = "".join(dec.push(i) for i in ids[:cut])
+    assert dec.pending                     # the cut really is inside the emoji
+    text += dec.flush()
+    assert text == "ok" and dec.pending == b""
+
+
 def test_decode_skip_special(smollm2_tok):
     tok = smollm2_tok
     ids = tok.encode("<|im_start|>user\nhi<|im_end|>")

@@ -898,10 +898,12 @@ class StreamDecoder:
         return "".join(self.push(i) for i in ids)
 
     def flush(self) -> str:
-        """Returns what is still held back (an incomplete character becomes U+FFFD)."""
-        s = self._dec.decode(b"", final=True)
+        """Ends the stream and returns what it still holds: always "", since push() returns
+        every whole character at once. Bytes still held back are the start of a character
+        the stream was cut inside (max_tokens, a stop): they are dropped, so a reply never
+        ends in U+FFFD."""
         self._dec.reset()
-        return s
+        return ""
 
     @property
     def pending(self) -> bytes:
