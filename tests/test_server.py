@@ -248,6 +248,18 @@ def test_bad_inputs_get_status_and_json_error(server, client):
     assert r.usage.completion_tokens == 3
 
 
+def test_a_message_too_large_to_render_is_a_context_error(engine):
+    """A chat message longer than any rendered prompt may be is reported as the context error
+    it is, naming the sizes, not as the template's output limit (engine and HTTP alike)."""
+    huge = [{"role": "user", "content": "a" * (engine.template.max_output_chars + 1)}]
+    with pytest.raises(edgeinfer.ContextOverflowError, match=f"{engine.n_ctx} tokens"):
+        engine.chat_ids(huge)
+    with ServerThread(engine) as srv:   # the default body limit (4 MiB) lets the message through
+        st, _, out = request(srv.url + "/v1/chat/completions", "POST", {"messages": huge, "max_tokens": 1})
+    assert st == 400 and out["error"]["code"] == "context_length_exceeded", out
+    assert out["error"]["param"] == "messages" and "characters" in out["error"]["message"]
+
+
 def test_api_key(engine):
     with ServerThread(engine, api_key="s3cret") as srv:
         assert request(srv.url + "/health")[0] == 200

@@ -150,7 +150,14 @@ class Engine:
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """The prompt ids of a chat. The template writes BOS itself where the model wants it;
-        special tokens are parsed."""
+        special tokens are parsed. Messages longer than any rendered prompt may be are a
+        ContextOverflowError, not a template failure."""
+        size = _content_chars(messages)
+        limit = self.template.max_output_chars
+        if size > limit:
+            raise ContextOverflowError(
+                f"the messages hold {size:,} characters, more than a chat prompt may render to "
+                f"({limit:,}) and far more than the context of {self.n_ctx} tokens")
         return self.tokenize(self.apply_chat_template(messages), add_special=False)
 
     def _generation(self, ids: list[int], params: dict) -> Generation:
@@ -192,3 +199,11 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _content_chars(messages: Any) -> int:
+    """Characters of text content in a chat (malformed messages count 0: the template's
+    validation names them)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
