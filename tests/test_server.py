@@ -308,6 +308,34 @@ def test_stop_finishes_in_flight_requests(smollm2_path):
     eng.close()
 
 
+def test_cli_serve_exits_non_zero_when_the_model_cannot_load(tmp_path):
+    """A supervisor must learn that the model is missing: exit 1 naming it, not a server that
+    runs on with nothing to serve. With --wait-for-model it keeps running: alive, not ready."""
+    missing = tmp_path / "nope.gguf"
+    port = _free_port()
+    r = subprocess.run([sys.executable, "-m", "edgeinfer", "serve", str(missing), "--port", str(port)],
+                       capture_output=True, text=True, timeout=120)   # a hang guard, not a speed check
+    assert r.returncode == 1 and "failed to load" in r.stderr and "nope.gguf" in r.stderr, r.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "edgeinfer", "serve", str(missing), "--port", str(port),
+                             "--wait-for-model"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        ready = None
+        for _ in range(600):   # until the load has failed (bounded: 60 s of polling)
+            try:
+                ready = request(url + "/ready")
+                if ready[2].get("status") == "failed":
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert ready[0] == 503 and "nope.gguf" in ready[2]["error"], ready
+        assert request(url + "/health")[0] == 200 and proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -326,7 +354,7 @@ def test_cli_serve_and_sigterm(smollm2_path):
         status = None
         while time.time() < deadline:
             try:
-                status = request(url + "/health")[0]
+                status = request(url + "/ready")[0]
                 if status == 200:
                     break
             except OSError:

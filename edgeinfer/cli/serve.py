@@ -37,6 +37,9 @@ def serve_cmd(
                                                  "in-flight requests finish.")] = 30.0,
     kv: Annotated[str, typer.Option("--kv", help="KV arena type: f16, or q8_0 (half the memory, "
                                     "a little accuracy).")] = "f16",
+    wait_for_model: Annotated[bool, typer.Option("--wait-for-model", help="Keep serving when the model "
+                                                 "fails to load (/ready answers 503 with the reason) "
+                                                 "instead of exiting with status 1.")] = False,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     from ..server import serve
@@ -55,7 +58,7 @@ def serve_cmd(
     try:
         serve(model, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
               max_queue=max_queue, max_body=max_body, drain_timeout_s=drain_timeout, overflow=overflow,
-              max_batch=max(max_batch, slots), kv_type=kv)
+              max_batch=max(max_batch, slots), kv_type=kv, wait_for_model=wait_for_model)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -110,7 +110,7 @@ async def _middleware(request: web.Request, handler):
     route = info.canonical if info is not None else "other"
     status = 500
     try:
-        if state.api_key is not None and request.path != "/health":
+        if state.api_key is not None and request.path not in ("/health", "/ready"):
             auth = request.headers.get("Authorization", "")
             if not hmac.compare_digest(auth.encode(), f"Bearer {state.api_key}".encode()):
                 raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
@@ -156,19 +156,34 @@ async def _read_json(request: web.Request, state: ServerState) -> Any:
 
 # --------------------------------------------------------------------------- simple routes
 
-async def health(request: web.Request) -> web.Response:
-    state: ServerState = request.app[STATE_KEY]
+def _serving_state(state: "ServerState") -> tuple[dict, int]:
+    """The server's state as /health and /ready report it, and whether it can serve (200)."""
     if state.status != "ready" or state.engine is None:
         body = {"status": state.status}
         if state.error:
             body["error"] = state.error
-        return _json(body, status=503)
+        return body, 503
     sched = state.engine.scheduler
     if sched.failed is not None:
-        return _json({"status": "failed", "error": str(sched.failed)}, status=503)
+        return {"status": "failed", "error": str(sched.failed)}, 503
     snap = sched.snapshot()
-    return _json({"status": "ok", "slots_busy": snap["slots_busy"], "slots_total": snap["slots_total"],
-                  "queue_length": snap["queue_length"]})
+    return {"status": "ok", "slots_busy": snap["slots_busy"], "slots_total": snap["slots_total"],
+            "queue_length": snap["queue_length"]}, 200
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness: 200 while the process serves HTTP (loading, ready, waiting for a model that
+    failed to load, draining); 503 only when the engine itself failed and a restart is due."""
+    state: ServerState = request.app[STATE_KEY]
+    body, _ = _serving_state(state)
+    engine_failed = state.engine is not None and state.engine.scheduler.failed is not None
+    return _json(body, status=503 if engine_failed else 200)
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness: 200 only when a model is loaded and requests will be served."""
+    body, status = _serving_state(request.app[STATE_KEY])
+    return _json(body, status=status)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -428,6 +443,7 @@ def create_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[_middleware], client_max_size=state.max_body)
     app[STATE_KEY] = state
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -12,6 +12,7 @@ from typing import Callable
 
 from aiohttp import web
 
+from ..errors import EdgeInferError
 from .app import DEFAULT_MAX_BODY, ServerState, create_app
 
 log = logging.getLogger("edgeinfer.server")
@@ -110,10 +111,12 @@ class ServerThread:
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots: int = 4,
           n_ctx: int = 2048, n_threads: int | None = None, api_key: str | None = None,
           max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY, drain_timeout_s: float = 30.0,
-          overflow: str = "stop", max_batch: int = 256, kv_type: str = "f16",
+          overflow: str = "stop", max_batch: int = 256, kv_type: str = "f16", wait_for_model: bool = False,
           on_ready: Callable[[str], None] | None = None) -> None:
     """Blocks serving until SIGTERM / SIGINT. Listens at once; the model loads in the
-    background (/health answers 503 until it is ready, or if loading failed)."""
+    background (/ready answers 503 until it is ready). A model that fails to load stops the
+    server with an EdgeInferError saying why, so a supervisor sees a non-zero exit; with
+    `wait_for_model` the server keeps running instead, /ready answering 503 with the error."""
     from ..engine.engine import Engine
     from ..hub import DEFAULT_MODEL
 
@@ -143,6 +146,9 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
             except Exception as e:
                 log.error("loading %s failed: %s", name, e)
                 state.set_failed(f"{type(e).__name__}: {e}")
+                if not wait_for_model:
+                    load_error.append(e)
+                    stop.set()
                 return
             if state.status == "draining":
                 eng.close()
@@ -155,12 +161,16 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
             if on_ready:
                 on_ready(url)
 
+        load_error: list[Exception] = []
         load_task = asyncio.create_task(loader())
         await stop.wait()
         log.warning("shutting down: finishing in-flight requests (up to %.0f s)", drain_timeout_s)
         load_task.cancel()
         await _drain(state, runner, drain_timeout_s, close_engine=True)
         log.warning("stopped")
+        if load_error:
+            e = load_error[0]
+            raise EdgeInferError(f"the model {name} failed to load: {type(e).__name__}: {e}") from e
 
     asyncio.run(main())
 
