@@ -260,6 +260,22 @@ def test_a_message_too_large_to_render_is_a_context_error(engine):
     assert out["error"]["param"] == "messages" and "characters" in out["error"]["message"]
 
 
+def test_unknown_model_names_are_404_and_models_can_be_retrieved(server, client):
+    """OpenAI's behaviour: a model the server does not serve is 404 model_not_found, never
+    silently answered by another model; GET /v1/models/{id} knows every name of the served one."""
+    assert client.models.retrieve("smollm2").id == "smollm2"
+    assert client.models.retrieve("default").id == "smollm2"          # an alias of the same model
+    for call in (lambda: client.models.retrieve("gpt-4o"),
+                 lambda: client.chat.completions.create(model="gpt-4o", max_tokens=1,
+                                                        messages=[{"role": "user", "content": "Hi"}]),
+                 lambda: client.completions.create(model="gpt-4o", prompt="Hi", max_tokens=1)):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.code == "model_not_found" and "gpt-4o" in str(e.value)
+    st, _, out = request(server.url + "/v1/completions", "POST", {"prompt": "Hi", "max_tokens": 1})
+    assert st == 200 and out["model"] == "smollm2"                     # no model: the served one
+
+
 def test_api_key(engine):
     with ServerThread(engine, api_key="s3cret") as srv:
         assert request(srv.url + "/health")[0] == 200
@@ -268,7 +284,7 @@ def test_api_key(engine):
         assert request(srv.url + "/metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
         assert request(srv.url + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0] == 200
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
-        assert c.completions.create(model="x", prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens >= 1
+        assert c.completions.create(model=c.models.list().data[0].id, prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens >= 1
 
 
 # --------------------------------------------------------------------------- the bounded queue

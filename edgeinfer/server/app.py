@@ -22,6 +22,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.scheduler import QueueFullError, SchedulerClosedError
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
+from ..hub import get_model_spec
 from .metrics import Metrics
 from .protocol import (APIError, DetokenizeBody, GenRequest, TokenizeBody, bad, parse, parse_chat,
                        parse_completion)
@@ -63,6 +64,18 @@ class ServerState:
                 "edgeinfer_engine_steps": (snap["steps"], "Batched forward steps run so far."),
             })
         return g
+
+    def model_ids(self) -> set[str]:
+        """The names a request may give for the served model: its id, and for a known model
+        its canonical name and aliases."""
+        spec = get_model_spec(self.model_name)
+        return {self.model_name} | ({spec.name, *spec.aliases} if spec else set())
+
+    def check_model(self, name: str | None) -> None:
+        """404 model_not_found for a name this server does not serve (None: the served one)."""
+        if name is not None and name not in self.model_ids():
+            raise APIError(404, f"the model '{name}' does not exist here; this server serves "
+                                f"'{self.model_name}' (GET /v1/models)", param="model", code="model_not_found")
 
     def set_engine(self, engine, model_name: str | None = None) -> None:
         self.engine = engine
@@ -186,16 +199,25 @@ async def ready(request: web.Request) -> web.Response:
     return _json(body, status=status)
 
 
+def _model_object(state: ServerState) -> dict:
+    eng = state.engine
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "edgeinfer",
+            "meta": {"n_ctx": eng.n_ctx, "n_slots": eng.ring.n_slots, "n_vocab": eng.config.n_vocab,
+                     "arch": eng.config.arch}}
+
+
 async def models(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
-    data = []
-    if state.engine is not None:
-        eng = state.engine
-        data.append({"id": state.model_name, "object": "model", "created": state.created,
-                     "owned_by": "edgeinfer",
-                     "meta": {"n_ctx": eng.n_ctx, "n_slots": eng.ring.n_slots,
-                              "n_vocab": eng.config.n_vocab, "arch": eng.config.arch}})
+    data = [_model_object(state)] if state.engine is not None else []
     return _json({"object": "list", "data": data})
+
+
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the served model under any of its names, else 404 model_not_found."""
+    state: ServerState = request.app[STATE_KEY]
+    state.require_engine()
+    state.check_model(request.match_info["model_id"])
+    return _json(_model_object(state))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -269,6 +291,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     eng = state.require_engine()
     body = await _read_json(request, state)
     req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
+    state.check_model(req.model)
     loop = asyncio.get_running_loop()
     ids, max_tokens = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
     try:
@@ -445,6 +468,7 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model_id}", model)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
