@@ -272,17 +272,17 @@ def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
             ids = eng.chat_ids(req.messages)
         else:
             ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
-        try:
-            return ids, eng.check_prompt(ids, req.max_tokens)
-        except ContextOverflowError:
-            param = param if req.max_tokens is None else "max_tokens"
-            raise
-        except ValueError as e:
-            raise bad(str(e), param, "empty_prompt") from None
     except TemplateError as e:
         raise bad(f"the chat template failed: {e}", "messages", "template_error") from None
-    except ContextOverflowError as e:   # from check_prompt, or messages too large to render
+    except ContextOverflowError as e:   # messages too large for any rendered prompt
         raise bad(str(e), param, "context_length_exceeded") from None
+    try:
+        return ids, eng.check_prompt(ids, req.max_tokens)
+    except ContextOverflowError as e:
+        raise bad(str(e), param if req.max_tokens is None else "max_tokens",
+                  "context_length_exceeded") from None
+    except ValueError as e:
+        raise bad(str(e), param, "empty_prompt") from None
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
