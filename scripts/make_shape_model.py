@@ -133,15 +133,19 @@ SHAPES: dict[str, dict] = {
                       "chat_template": _GEMMA_CHAT},
         "edgeinfer": False, "qk_norm": True, "gemma": True},
 }
-# Small shapes with the same structure, for tests (seconds to build and convert).
-SHAPES["llama-tiny"] = {**SHAPES["llama32-1b"], "config": {
+# Small shapes with the same structure, for tests (seconds to build and convert); larger
+# weights than the real shapes' 0.02 so that attention is peaked and the logits spread out,
+# which makes an engine that gets the model wrong visibly wrong.
+SHAPES["llama-tiny"] = {**SHAPES["llama32-1b"], "std": 0.08, "config": {
     **SHAPES["llama32-1b"]["config"], "hidden_size": 256, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
-    "vocab_size": 2304}, "tokenizer": {**_LLAMA3_TOK, "n_base": 2048}}
-SHAPES["qwen2-tiny"] = {**SHAPES["qwen25-05b"], "config": {
+    "vocab_size": 2304, "bos_token_id": 2048, "eos_token_id": 2049},
+    "tokenizer": {**_LLAMA3_TOK, "n_base": 2048}}
+SHAPES["qwen2-tiny"] = {**SHAPES["qwen25-05b"], "std": 0.08, "config": {
     **SHAPES["qwen25-05b"]["config"], "hidden_size": 256, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
-    "vocab_size": 2112}, "tokenizer": {**_QWEN_TOK, "n_base": 2048}}
+    "vocab_size": 2112, "bos_token_id": 2048, "eos_token_id": 2048},
+    "tokenizer": {**_QWEN_TOK, "n_base": 2048}}
 del SHAPES["llama-tiny"]["config"]["head_dim"]   # derived: 256 / 4
 
 # ---------------------------------------------------------------------------- tokenizer
@@ -264,6 +268,7 @@ def build_checkpoint(name: str, out: Path, seed: int = 0, log=print) -> Path:
         raise ValueError(f"{name}: tokenizer has {n_tok} tokens > vocab_size {c['vocab_size']}")
     (out / "config.json").write_text(json.dumps(c, indent=1), encoding="utf-8")
     gen = torch.Generator().manual_seed(seed)
+    std = shape.get("std", STD)
     norm_center = 0.0 if shape.get("gemma") else 1.0   # Gemma's RMSNorm multiplies by (1 + w)
     groups = [None] + list(range(c["num_hidden_layers"]))
     weight_map, total = {}, 0
@@ -273,7 +278,7 @@ def build_checkpoint(name: str, out: Path, seed: int = 0, log=print) -> Path:
         for tname, tshape, kind in _tensors(shape, layer):
             t = torch.randn(tshape, generator=gen, dtype=torch.bfloat16)
             if kind == "w":
-                t.mul_(STD)
+                t.mul_(std)
             elif kind == "n":
                 t.mul_(0.1).add_(norm_center)
             else:
