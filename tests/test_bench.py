@@ -261,3 +261,39 @@ def test_memory_floor_script(smollm2_path):
     assert "KV at depth 1500 (f16) 34.6 MB" in out.stdout      # 30 x 3 x 64 x 1500 x 2 B x 2
     pct = int(out.stdout.split("floor: at most ")[1].split("%")[0])
     assert 30 < pct < 100
+
+
+def test_memory_floor_any_gguf(tmp_path):
+    """memory_floor.py takes any GGUF file, including an architecture edgeinfer cannot run
+    (written by the gguf package): bytes from the tensor table, the KV shape from metadata,
+    an untied token embedding left out of the bytes streamed per token."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    gguf = require("gguf")
+    path = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(3)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(1)
+    w.add_key_length(32)
+    w.add_value_length(32)
+    w.add_tensor("token_embd.weight", np.zeros((1000, 64), dtype=np.float32))   # 256000 B
+    w.add_tensor("output.weight", np.zeros((500, 64), dtype=np.float32))        # 128000 B
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float16))  # 8192 B
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    script = Path(__file__).resolve().parent.parent / "scripts" / "memory_floor.py"
+    out = subprocess.run([sys.executable, str(script), str(path), "--depth", "1000", "--threads", "1",
+                          "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "weights streamed per token 0.1 MB (file tensors 0.4 MB less the untied token embedding 0.3 MB)" \
+        in out.stdout, out.stdout
+    assert "KV at depth 1000 (f16) 0.4 MB" in out.stdout     # 3 layers x 1 head x (32 + 32) x 1000 x 2 B
+    bad = subprocess.run([sys.executable, str(script), str(path), "--kv", "q4"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--kv" in bad.stderr
