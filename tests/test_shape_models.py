@@ -24,6 +24,7 @@ def _script(name: str):
     return mod
 
 
+@pytest.mark.oracle
 @pytest.mark.slow
 def test_shape_model_through_both_converters(tmp_path):
     for m in ("torch", "tokenizers", "safetensors", "transformers"):
