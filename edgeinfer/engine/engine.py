@@ -18,6 +18,7 @@ from .kv import KVRing
 from .runner import Runner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
+from .speculative import DraftModel, check_mode
 
 log = logging.getLogger("edgeinfer")
 
@@ -32,7 +33,8 @@ class Engine:
     """
 
     def __init__(self, path: Path, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer,
-                 template: ChatTemplate, runner: Runner, ring: KVRing, max_queue: int = 256):
+                 template: ChatTemplate, runner: Runner, ring: KVRing, max_queue: int = 256,
+                 draft: DraftModel | None = None, speculative: str | None = None, spec_max_slots: int = 2):
         self.path = path
         self.gguf = gguf
         self.config = cfg
@@ -40,7 +42,9 @@ class Engine:
         self.template = template
         self.runner = runner
         self.n_ctx = ring.capacity
-        self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue)
+        self.draft = draft
+        self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue, draft=draft,
+                                   speculative=speculative, spec_max_slots=spec_max_slots)
 
     @property
     def ring(self) -> KVRing:
@@ -51,9 +55,16 @@ class Engine:
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",
              n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
-             isa: str = "best", max_queue: int = 256, kv_type: str = "f16") -> "Engine":
+             isa: str = "best", max_queue: int = 256, kv_type: str = "f16", draft: str | Path | None = None,
+             speculative: str | None = None, spec_max_slots: int = 2) -> "Engine":
+        """`draft`: a smaller GGUF sharing the vocabulary, for speculative="draft" (its own KV
+        ring of n_slots x n_ctx cells). `speculative`: the default of generate/stream/chat
+        (None, "lookup" or "draft"); `spec_max_slots`: no speculation while more sequences decode."""
         from ..hub import resolve_model
 
+        check_mode(speculative)
+        if speculative == "draft" and draft is None:
+            raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         backend = select_backend(device, n_threads=n_threads, isa=isa)   # 'cuda' without a GPU raises
         if not isinstance(n_ctx, int) or n_ctx < 8:
             raise ValueError(f"n_ctx must be an int >= 8, got {n_ctx!r}")
@@ -69,7 +80,12 @@ class Engine:
         runtime = backend.create_runtime(gguf, cfg, KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
         log.info("loaded %s on %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name,
                  backend.describe(), cfg.arch, cfg.n_layer, runtime.caps.kv_bytes / 2**20, n_slots, n_ctx)
-        return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue)
+        drafter = None
+        if draft is not None:
+            drafter = _load_draft(backend, Path(resolve_model(str(draft))), gguf,
+                                  KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
+        return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
+                   draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots)
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -162,11 +178,13 @@ class Engine:
 
     def _generation(self, ids: list[int], params: dict) -> Generation:
         params = dict(params)
+        submit_kw = {"speculative": check_mode(params.pop("speculative"))} if "speculative" in params else {}
         n_logprobs = params.pop("logprobs", None)
         if n_logprobs is not None and (isinstance(n_logprobs, bool) or not isinstance(n_logprobs, int)
                                        or n_logprobs < 0):
             raise SamplingParamsError(f"logprobs must be an int >= 0 (alternatives per token), got {n_logprobs!r}")
-        return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs)
+        return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs,
+                          **submit_kw)
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict:
@@ -193,6 +211,8 @@ class Engine:
         """Cancels running generations and frees native memory now rather than at garbage collection."""
         self.scheduler.close()
         self.runner.close()
+        if self.draft is not None:
+            self.draft.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -207,3 +227,16 @@ def _content_chars(messages: Any) -> int:
     if not isinstance(messages, list):
         return 0
     return sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+
+def _load_draft(backend, path: Path, target: GGUFFile, plan: KVPlan) -> DraftModel:
+    """The draft model of speculative decoding: its own runtime and KV ring (overflow 'stop':
+    it only drafts while the sequence fits). Its vocabulary must be the target's, token for token."""
+    gguf = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(gguf)
+    if list(gguf.metadata.get("tokenizer.ggml.tokens") or []) != list(target.metadata.get("tokenizer.ggml.tokens") or []):
+        raise ValueError(f"the draft model {path.name} does not share the model's vocabulary")
+    runtime = backend.create_runtime(gguf, cfg, plan)
+    log.info("draft model %s: %s, %d layers", path.name, cfg.arch, cfg.n_layer)
+    return DraftModel(Runner(runtime), KVRing(plan.n_slots, plan.n_ctx, n_sink=plan.n_sink, overflow="stop"))
+
