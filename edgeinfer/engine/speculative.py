@@ -190,6 +190,7 @@ class SpecPolicy:
         self.max_slots = max_slots
         self.probe_every = probe_every
         self.min_gain = min_gain
+        self.fixed_k: int | None = None     # tests and benchmarks: always this k (no adaptation)
         self.costs = StepCosts()
 
     def choose_k(self, spec: SlotSpec, n_batch: int, n_others: int, k_limit: int, drafted: bool) -> int:
@@ -198,6 +199,8 @@ class SpecPolicy:
         k_limit = min(k_limit, self.max_k)
         if k_limit <= 0:
             return 0
+        if self.fixed_k is not None:
+            return min(self.fixed_k, k_limit)
         if spec.off_steps > 0:
             spec.off_steps -= 1
             if spec.off_steps == 0:
