@@ -181,7 +181,7 @@ def _prompts_50() -> list[str]:
     out = list(PROMPTS)
     i = 0
     while len(out) < 50:
-        s = sentences[i % len(sentences)]
+        s = sentences[(i // 2) % len(sentences)]
         out.append(f"Text: {s}.\nRepeat the text word for word.\nText: " if i % 2 == 0
                    else f"{s}. {s[:len(s) // 2]}")
         i += 1
@@ -328,3 +328,46 @@ def test_bad_speculative_arguments_are_typed_errors(tmp_path, smollm2_path):
         edgeinfer.load(path, n_ctx=32, n_threads=1, speculative="draft")
     with pytest.raises(ValueError, match="vocabulary"):
         edgeinfer.load(path, n_ctx=32, n_threads=1, draft=smollm2_path)
+
+
+# --------------------------------------------------------------------------- server, CLI
+
+def test_server_speculates_and_reports_it_in_metrics(smollm2_path):
+    """An engine loaded with speculative='lookup' (what `serve --speculative lookup` does):
+    a completion over HTTP equals plain greedy decoding and /metrics counts the drafts."""
+    import json
+    import urllib.request
+
+    from edgeinfer.server import ServerThread
+
+    prompt = "Copy this line twice: alpha beta gamma delta epsilon zeta eta theta.\nalpha beta gamma"
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2) as eng:
+        plain = eng.generate(prompt, max_tokens=24, temperature=0.0, ignore_eos=True).text
+    with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2, speculative="lookup") as eng:
+        eng.scheduler.policy.fixed_k = 4
+        srv = ServerThread(eng, model_name="smollm2").start()
+        try:
+            req = urllib.request.Request(srv.url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                out = json.loads(r.read())
+            assert out["choices"][0]["text"] == plain
+            with urllib.request.urlopen(srv.url + "/metrics", timeout=60) as r:
+                text = r.read().decode()
+        finally:
+            srv.stop(timeout_s=5)
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("edgeinfer_spec_")}
+    assert values["edgeinfer_spec_proposed_tokens"] >= values["edgeinfer_spec_accepted_tokens"] > 0, values
+    assert values["edgeinfer_spec_verify_steps"] > 0 and values["edgeinfer_spec_mean_k"] > 0
+
+
+def test_cli_rejects_bad_speculative_options():
+    import subprocess
+    import sys
+
+    for args in (["serve", "x.gguf", "--speculative", "draft"], ["serve", "x.gguf", "--speculative", "magic"],
+                 ["bench", "x.gguf", "--speculative", "draft"], ["bench", "x.gguf", "--speculative", "auto"]):
+        r = subprocess.run([sys.executable, "-m", "edgeinfer", *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "speculative" in r.stderr, (args, r.returncode, r.stderr)

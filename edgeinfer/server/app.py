@@ -62,6 +62,11 @@ class ServerState:
                 "edgeinfer_kv_cells_used": (snap["kv_cells_used"], "KV ring cells held by running sequences."),
                 "edgeinfer_kv_cells_total": (snap["kv_cells_total"], "KV ring cells in all slots."),
                 "edgeinfer_engine_steps": (snap["steps"], "Batched forward steps run so far."),
+                "edgeinfer_spec_proposed_tokens": (snap["spec_proposed"], "Speculative draft tokens verified."),
+                "edgeinfer_spec_accepted_tokens": (snap["spec_accepted"], "Speculative draft tokens accepted."),
+                "edgeinfer_spec_verify_steps": (snap["spec_steps"], "Verify steps that carried draft tokens."),
+                "edgeinfer_spec_mean_k": (snap["spec_proposed"] / snap["spec_steps"] if snap["spec_steps"] else 0,
+                                          "Mean draft tokens per verify step (the k chosen)."),
             })
         return g
 

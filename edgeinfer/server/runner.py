@@ -112,7 +112,8 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
           n_ctx: int = 2048, n_threads: int | None = None, api_key: str | None = None,
           max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY, drain_timeout_s: float = 30.0,
           overflow: str = "stop", max_batch: int = 256, kv_type: str = "f16", wait_for_model: bool = False,
-          on_ready: Callable[[str], None] | None = None) -> None:
+          on_ready: Callable[[str], None] | None = None, speculative: str | None = None,
+          draft: str | None = None) -> None:
     """Blocks serving until SIGTERM / SIGINT. Listens at once; the model loads in the
     background (/ready answers 503 until it is ready). A model that fails to load stops the
     server with an EdgeInferError saying why, so a supervisor sees a non-zero exit; with
@@ -138,7 +139,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
 
         def _load():
             return Engine.load(name, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow, kv_type=kv_type,
-                        max_batch=max_batch, max_queue=max_queue)
+                        max_batch=max_batch, max_queue=max_queue, speculative=speculative, draft=draft)
 
         async def loader() -> None:
             try:
