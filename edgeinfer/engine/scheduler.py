@@ -128,7 +128,8 @@ class Scheduler:
 
     def __init__(self, runner: Runner, ring: KVRing, tokenizer: "Tokenizer", max_queue: int = 256,
                  max_batch: int | None = None, idle_exit_s: float = 2.0, draft: DraftModel | None = None,
-                 speculative: str | None = None, spec_max_slots: int = 2, spec_max_k: int = 8):
+                 speculative: str | None = None, spec_max_slots: int = 2, spec_max_k: int = 8,
+                 draft_cost_ratio: float = 1.0):
         self.runner = runner
         self.ring = ring
         self.tokenizer = tokenizer
@@ -157,7 +158,7 @@ class Scheduler:
         self.speculative = check_mode(speculative)     # the default of submit()
         if speculative == "draft" and draft is None:
             raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
-        self.policy = SpecPolicy(max_k=spec_max_k, max_slots=spec_max_slots)
+        self.policy = SpecPolicy(max_k=spec_max_k, max_slots=spec_max_slots, draft_ratio=draft_cost_ratio)
         self.spec_proposed = 0      # totals over every request, for /metrics
         self.spec_accepted = 0
         self.spec_steps = 0
@@ -176,7 +177,7 @@ class Scheduler:
             raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         seq = SequenceState(self.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
         req = Request(self, seq, sink)
-        req.spec = SlotSpec(mode) if mode else None
+        req.spec = self.policy.new_slot(mode) if mode else None
         with self._cv:
             if self._closed or self._draining:
                 raise SchedulerClosedError("the engine is shutting down and admits no new requests")
@@ -414,7 +415,8 @@ class Scheduler:
             if seq.limit is not None:
                 k_limit = min(k_limit, seq.limit - len(seq.tokens) - 1)
             drafted = r.spec.mode == "draft"
-            k = self.policy.choose_k(r.spec, n_batch, len(decoding) - 1, k_limit, drafted)
+            lag = self.draft.lag(r.slot, seq.history) if drafted else 0
+            k = self.policy.choose_k(r.spec, n_batch, len(decoding) - 1, k_limit, drafted, lag)
             r.spec.k = k
             if k <= 0:
                 continue
@@ -440,6 +442,7 @@ class Scheduler:
         out_rows: list[int] = []
         owners: list[Request] = []
         drafts_of: list[list[int]] = []     # per owner: the proposals its rows verify
+        prefilled: list[Request] = []       # draft-mode requests whose prompt is now in
         budget = self.max_batch
         with self.runner.lock:
             # Decode tokens first: every running sequence advances each step.
@@ -478,6 +481,8 @@ class Scheduler:
                     out_rows.append(len(toks) - 1)
                     owners.append(r)
                     drafts_of.append([])
+                    if r.spec is not None and r.spec.mode == "draft":
+                        prefilled.append(r)
             if not toks:
                 return
             n_out = len(out_rows)
@@ -490,6 +495,8 @@ class Scheduler:
             self.policy.costs.observe_step(len(toks), time.perf_counter() - t0)
             self.steps += 1
             self.last_batch_tokens = len(toks)
+        for r in prefilled:     # the draft model's prefill goes with the model's (TTFT, not decode)
+            self._draft_prefill(r)
         finished: list[Request] = []
         out_events: list[tuple[Request, list]] = []
         row = 0
@@ -515,6 +522,14 @@ class Scheduler:
                     if r in self._active:
                         self._active.remove(r)
                         self._release(r)
+
+    def _draft_prefill(self, r: Request) -> None:
+        """Feeds the prompt to the draft model's slot if drafting may pay for this request;
+        otherwise the request decodes plainly to its end (catching up later would cost a
+        whole prefill)."""
+        if self.policy.draft_pays(r.spec) and self.draft.catch_up(r.slot, r.seq.prompt_ids):
+            return
+        r.spec = None
 
     def _sample(self, r: Request, out, row: int, k: int | None, has_room: bool) -> tuple[list, int | None]:
         """One token of `r` from logits row `row` (or its device top-k candidates)."""
@@ -546,7 +561,7 @@ class Scheduler:
             with self.runner.lock:
                 ring.truncate(r.slot, keep)
                 self.runner.forget_from(r.slot, keep)
-        spec.record(len(drafts), n_acc)
+        self.policy.record(spec, len(drafts), n_acc)
         self.spec_proposed += len(drafts)
         self.spec_accepted += n_acc
         self.spec_steps += 1

@@ -76,19 +76,39 @@ class DraftModel:
         self.n_vocab = runner.caps.n_vocab
         self._row = np.empty((1, self.n_vocab), dtype=np.float32)
 
+    def lag(self, slot: int, history: list[int]) -> int:
+        """Tokens of `history` the draft slot would have to be fed before drafting."""
+        return len(history) - min(self.ring.common_prefix(slot, history), len(history) - 1)
+
+    def catch_up(self, slot: int, history: list[int]) -> bool:
+        """Brings the draft slot up to `history`; False when it does not fit."""
+        if len(history) > self.ring.capacity:
+            return False
+        with self.runner.lock:
+            self._sync(slot, history, out=False)
+        return True
+
+    def _sync(self, slot: int, history: list[int], out: bool) -> None:
+        """Makes the slot hold `history`; with `out`, refeeds at least its last token so that
+        self._row is the next token's logits."""
+        ring = self.ring
+        keep = ring.common_prefix(slot, history)
+        if out:
+            keep = min(keep, len(history) - 1)
+        ring.truncate(slot, keep)
+        self.runner.forget_from(slot, keep)
+        todo = history[keep:]
+        step = self.runner.caps.max_batch
+        while todo:
+            chunk, todo = todo[:step], todo[step:]
+            self._feed(slot, chunk, out=out and not todo)
+
     def propose(self, slot: int, history: list[int], k: int) -> list[int]:
         ring = self.ring
         if k <= 0 or len(history) + k > ring.capacity:
             return []
         with self.runner.lock:
-            keep = min(ring.common_prefix(slot, history), len(history) - 1)
-            ring.truncate(slot, keep)
-            self.runner.forget_from(slot, keep)
-            todo = history[keep:]
-            step = self.runner.caps.max_batch
-            while todo:
-                chunk, todo = todo[:step], todo[step:]
-                self._feed(slot, chunk, out=not todo)
+            self._sync(slot, history, out=True)
             out = [int(np.argmax(self._row[0]))]
             while len(out) < k:
                 self._feed(slot, [out[-1]], out=True)
@@ -137,9 +157,10 @@ class StepCosts:
     """Decayed averages of measured seconds: forward steps by batch size (tokens), and one
     draft-model token."""
 
-    def __init__(self) -> None:
+    def __init__(self, draft_ratio: float = 1.0) -> None:
         self.step: dict[int, float] = {}
         self.draft_token: float | None = None
+        self.draft_ratio = draft_ratio  # prior: a draft token costs this share of a one-token step
 
     @staticmethod
     def _ema(old: float | None, new: float, a: float = 0.2) -> float:
@@ -151,6 +172,12 @@ class StepCosts:
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:
             self.draft_token = self._ema(self.draft_token, seconds / n_tokens)
+
+    def draft_estimate(self) -> float:
+        """Seconds of one draft-model token: measured, else the prior from the file sizes."""
+        if self.draft_token is not None:
+            return self.draft_token
+        return self.draft_ratio * (self.estimate(1) or 0.0)
 
     def estimate(self, n_tokens: int) -> float | None:
         """Seconds of a step of n tokens: measured, else interpolated (linearly) between the
@@ -185,17 +212,39 @@ class SpecPolicy:
     draft cost. 0 means plain decoding; a slot that chose 0 probes again after `probe_every`
     plain steps (acceptance changes along a text)."""
 
-    def __init__(self, max_k: int = 8, max_slots: int = 2, probe_every: int = 16, min_gain: float = 1.02):
+    def __init__(self, max_k: int = 8, max_slots: int = 2, probe_every: int = 16, min_gain: float = 1.02,
+                 draft_ratio: float = 1.0):
         self.max_k = max_k
         self.max_slots = max_slots
         self.probe_every = probe_every
         self.min_gain = min_gain
         self.fixed_k: int | None = None     # tests and benchmarks: always this k (no adaptation)
-        self.costs = StepCosts()
+        self.costs = StepCosts(draft_ratio)
+        self.seen = {"lookup": SlotSpec("lookup"), "draft": SlotSpec("draft")}   # every request's record
 
-    def choose_k(self, spec: SlotSpec, n_batch: int, n_others: int, k_limit: int, drafted: bool) -> int:
+    def new_slot(self, mode: str) -> SlotSpec:
+        """A request's record, starting from what earlier requests of the mode saw (weight 2)."""
+        seen = self.seen[mode]
+        total = seen.accepted_w + seen.rejected_w
+        w = 2.0 / total if total > 2.0 else 1.0
+        return SlotSpec(mode, accepted_w=seen.accepted_w * w, rejected_w=seen.rejected_w * w)
+
+    def record(self, spec: SlotSpec, k: int, n_acc: int) -> None:
+        spec.record(k, n_acc)
+        self.seen[spec.mode].record(k, n_acc)
+
+    def draft_pays(self, spec: SlotSpec) -> bool:
+        """Whether a one-stream step of this request would draft (before paying the draft
+        model's prefill of the prompt)."""
+        if self.fixed_k is not None or self.costs.estimate(1) is None:
+            return True
+        return self._best_k(spec, 1, 0, self.max_k, True) > 0
+
+    def choose_k(self, spec: SlotSpec, n_batch: int, n_others: int, k_limit: int, drafted: bool,
+                 lag: int = 0) -> int:
         """n_batch: tokens the step holds without this slot's drafts (its own token included);
-        n_others: other sequences that get a token from the step."""
+        n_others: other sequences that get a token from the step; lag: tokens the draft model
+        must catch up on first."""
         k_limit = min(k_limit, self.max_k)
         if k_limit <= 0:
             return 0
@@ -203,14 +252,22 @@ class SpecPolicy:
             return min(self.fixed_k, k_limit)
         if spec.off_steps > 0:
             spec.off_steps -= 1
-            if spec.off_steps == 0:
+            if spec.off_steps == 0 and lag <= 2:
                 return min(2, k_limit)  # a probe: fresh acceptance and cost figures
             return 0
-        base = self.costs.estimate(n_batch)
-        if base is None:
+        if self.costs.estimate(n_batch) is None:
             return min(4, k_limit)      # nothing measured yet: a moderate first try
+        best_k = self._best_k(spec, n_batch, n_others, k_limit, drafted, lag)
+        if best_k == 0:
+            spec.off_steps = self.probe_every
+        return best_k
+
+    def _best_k(self, spec: SlotSpec, n_batch: int, n_others: int, k_limit: int, drafted: bool,
+                lag: int = 0) -> int:
+        base = self.costs.estimate(n_batch)
         a = min(spec.acceptance(), 0.999)
-        d = (self.costs.draft_token or 0.0) if drafted else 0.0
+        d = self.costs.draft_estimate() if drafted else 0.0
+        extra = d * max(0, lag - 1)     # catching up beyond the usual one token
         plain_rate = (n_others + 1) / base
         best_k, best_rate = 0, plain_rate * self.min_gain
         for k in range(1, k_limit + 1):
@@ -218,11 +275,9 @@ class SpecPolicy:
             if t is None:
                 continue
             expected = (1 - a ** (k + 1)) / (1 - a)
-            rate = (n_others + expected) / (t + d * k)
+            rate = (n_others + expected) / (t + d * k + extra)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        if best_k == 0:
-            spec.off_steps = self.probe_every
         return best_k
 
 
