@@ -223,9 +223,12 @@ class SpecPolicy:
         self.seen = {"lookup": SlotSpec("lookup"), "draft": SlotSpec("draft")}   # every request's record
 
     def new_slot(self, mode: str) -> SlotSpec:
-        """A request's record, starting from what earlier requests of the mode saw (weight 2)."""
+        """A request's record, starting from what earlier requests of the mode saw (weight 2);
+        the first request of a mode starts optimistic (acceptance 0.8), so that it is tried."""
         seen = self.seen[mode]
         total = seen.accepted_w + seen.rejected_w
+        if total == 0:
+            return SlotSpec(mode, accepted_w=7.0, rejected_w=1.0)
         w = 2.0 / total if total > 2.0 else 1.0
         return SlotSpec(mode, accepted_w=seen.accepted_w * w, rejected_w=seen.rejected_w * w)
 

@@ -5,13 +5,15 @@ on one engine, one stream, greedy (so both produce the same tokens).
   copy-heavy    extract fields from a provided document (the answer copies spans of the prompt)
   free-writing  a short story (little to copy; the adaptive switch should turn speculation off)
 
-Each row: decode tokens/s of plain and speculative decoding (median over reps), their ratio
-(median of the per-rep ratios), and accepted / proposed draft tokens and the mean k chosen.
+Per workload, three variants are run in each rep, in rotating order: plain, speculative with the
+adaptive policy, and speculative with k forced to 4 (what the proposer achieves when it is always
+used). Each row: decode tokens/s of plain and speculative decoding (median over reps), their
+ratio (median of the per-rep ratios), accepted / proposed draft tokens and the mean k chosen.
+The policy's measurements carry over between runs of one engine, as in a server.
 """
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -59,6 +61,10 @@ class SpecRow:
         return self.accepted / self.proposed if self.proposed else 0.0
 
 
+VARIANTS = ["plain", "adaptive", "fixed"]
+FIXED_K = 4
+
+
 def parse_mode(arg: str) -> tuple[str, str | None]:
     """'lookup' -> ('lookup', None); 'draft:PATH' -> ('draft', PATH)."""
     if arg == "lookup":
@@ -81,37 +87,43 @@ def run_spec_bench(model: str, speculative: str, n_threads: int = 2, reps: int =
             ids = eng.chat_ids(messages)
             kw = dict(max_tokens=max_tokens, temperature=0.0)
             eng.generate(ids, **kw)                         # warm-up (caches, thread pool)
-            plain_tps, spec_tps, ratios = [], [], []
-            proposed = accepted = 0
-            k_sum = k_n = 0
+            tps: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            ratios: dict[str, list[float]] = {v: [] for v in VARIANTS if v != "plain"}
+            counts = {v: [0, 0, 0.0, 0] for v in VARIANTS}     # proposed, accepted, sum of k, runs with k
             n_tok = 0
             for rep in range(reps):
-                order = (None, mode) if rep % 2 == 0 else (mode, None)
+                order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]      # rotate: no variant always first
                 got = {}
-                for m in order:
+                for v in order:
                     eng.ring.truncate(0, 0)                 # no prefix reuse between runs
-                    t0 = time.perf_counter()
-                    c = eng.generate(ids, speculative=m, **kw)
-                    wall = time.perf_counter() - t0
-                    got[m] = (c, wall)
-                pc, sc = got[None][0], got[mode][0]
-                if pc.tokens != sc.tokens:
-                    raise RuntimeError(f"{name}: speculative greedy output differs from plain decoding")
-                n_tok = len(pc.tokens)
-                p_tps, s_tps = _decode_tps(pc), _decode_tps(sc)
-                plain_tps.append(p_tps)
-                spec_tps.append(s_tps)
-                ratios.append(s_tps / p_tps if p_tps else 0.0)
-                proposed += sc.stats.spec_proposed
-                accepted += sc.stats.spec_accepted
-                if sc.stats.spec_k:
-                    k_sum += sc.stats.spec_k
-                    k_n += 1
-                say(f"{name} rep {rep + 1}/{reps}: plain {p_tps:.1f} tok/s, {mode} {s_tps:.1f} tok/s "
-                    f"(accepted {sc.stats.spec_accepted}/{sc.stats.spec_proposed})")
-            rows.append(SpecRow(name, speculative, n_tok, statistics.median(plain_tps),
-                                statistics.median(spec_tps), statistics.median(ratios), proposed, accepted,
-                                k_sum / k_n if k_n else 0.0))
+                    eng.scheduler.policy.fixed_k = FIXED_K if v == "fixed" else None
+                    got[v] = eng.generate(ids, speculative=None if v == "plain" else mode, **kw)
+                eng.scheduler.policy.fixed_k = None
+                plain = got["plain"]
+                n_tok = len(plain.tokens)
+                p_tps = _decode_tps(plain)
+                for v in VARIANTS:
+                    c = got[v]
+                    if c.tokens != plain.tokens:
+                        raise RuntimeError(f"{name}: speculative greedy output differs from plain decoding")
+                    tps[v].append(_decode_tps(c))
+                    if v != "plain":
+                        ratios[v].append(tps[v][-1] / p_tps if p_tps else 0.0)
+                    cnt = counts[v]
+                    cnt[0] += c.stats.spec_proposed
+                    cnt[1] += c.stats.spec_accepted
+                    if c.stats.spec_k:
+                        cnt[2] += c.stats.spec_k
+                        cnt[3] += 1
+                say(f"{name} rep {rep + 1}/{reps}: " + ", ".join(
+                    f"{v} {tps[v][-1]:.1f} tok/s" + (f" ({got[v].stats.spec_accepted}/{got[v].stats.spec_proposed})"
+                                                     if v != "plain" else "") for v in VARIANTS))
+            for v in ("adaptive", "fixed"):
+                p, a, ks, kn = counts[v]
+                label = speculative if v == "adaptive" else f"{speculative} (k={FIXED_K} forced)"
+                rows.append(SpecRow(name, label, n_tok, statistics.median(tps["plain"]),
+                                    statistics.median(tps[v]), statistics.median(ratios[v]), p, a,
+                                    ks / kn if kn else 0.0))
     finally:
         eng.close()
     return rows
