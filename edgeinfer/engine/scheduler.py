@@ -28,6 +28,7 @@ import numpy as np
 
 from ..backends.base import Batch
 from ..errors import EdgeInferError
+from .constraint import MaskJob
 from .delivery import Delivery
 from .generation import ErrorEvent, SequenceState, TextStream
 from .kv import KVRing
@@ -412,7 +413,11 @@ class Scheduler:
             n_out = len(out_rows)
             batch = Batch(toks, slots, np.concatenate(pos_parts), np.concatenate(cell_parts), out_rows)
             k = self._device_top_k(owners)
-            out = self.runner.run(batch, self._logits[:n_out], top_k=k)
+            masks = MaskJob.start(r.seq.constraint for r in owners)   # overlaps the forward
+            try:
+                out = self.runner.run(batch, self._logits[:n_out], top_k=k)
+            finally:
+                masks.wait()
             self.steps += 1
             self.last_batch_tokens = len(toks)
         finished: list[Request] = []
