@@ -186,9 +186,8 @@ def _generic_messages(messages: list[dict], block: str | None) -> list[dict]:
             out.append({"role": "assistant", "content": "\n".join(parts)})
         elif role == "tool":
             cid = m.get("tool_call_id", "")
-            out.append({"role": "user", "content": json.dumps(
-                {"tool_response": {"name": names.get(cid, m.get("name", "")), "tool_call_id": cid,
-                                   "content": m.get("content") or ""}}, ensure_ascii=False)})
+            name = names.get(cid, m.get("name") or "the function")
+            out.append({"role": "user", "content": f"{name} returned: {m.get('content') or ''}"})
         else:
             out.append(dict(m))
     if block is None:

@@ -17,7 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
+from ..engine.constraint import ConstraintError, check_logit_bias, grammar_spec
 from ..engine.generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
+from ..engine.tool_calls import ToolError
 from ..engine.sampling import SamplingParams
 from ..engine.scheduler import QueueFullError, SchedulerClosedError
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
@@ -263,12 +265,20 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completion")
 
 
-def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
-    """The prompt ids and the max_tokens to generate with, checked by the engine; 400 naming
-    the field when the template fails, the prompt is empty or does not fit the context."""
+def _prompt(eng, req: GenRequest):
+    """The prompt ids, the max_tokens to generate with, checked by the engine, and the tool
+    plan (None without tools); 400 naming the field when the template fails, the prompt is
+    empty or does not fit the context."""
     param = "messages" if req.kind == "chat" else "prompt"
+    plan = None
     try:
-        if req.kind == "chat":
+        if req.kind == "chat" and req.tools:
+            try:
+                plan = eng.tool_plan(req.messages, req.tools, req.tool_choice)
+            except ToolError as e:
+                raise bad(str(e), "tools", "invalid_value") from None
+            ids = eng.chat_ids(plan.messages, **plan.render_extra)
+        elif req.kind == "chat":
             ids = eng.chat_ids(req.messages)
         else:
             ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
@@ -277,7 +287,7 @@ def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
     except ContextOverflowError as e:   # messages too large for any rendered prompt
         raise bad(str(e), param, "context_length_exceeded") from None
     try:
-        return ids, eng.check_prompt(ids, req.max_tokens)
+        return ids, eng.check_prompt(ids, req.max_tokens), plan
     except ContextOverflowError as e:
         raise bad(str(e), param if req.max_tokens is None else "max_tokens",
                   "context_length_exceeded") from None
@@ -293,11 +303,17 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     state.check_model(req.model)
     loop = asyncio.get_running_loop()
-    ids, max_tokens = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
+    ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
     try:
-        params = SamplingParams.from_dict(req.sampling, max_tokens=max_tokens)
+        spec = grammar_spec(response_format=req.response_format, **((plan.grammar or {}) if plan else {}))
+    except ConstraintError as e:
+        raise bad(str(e), "response_format", "invalid_value") from None
+    try:
+        sampling = {**req.sampling, "logit_bias": check_logit_bias(req.sampling.get("logit_bias"),
+                                                                   eng.config.n_vocab)}
+        params = SamplingParams.from_dict(sampling, max_tokens=max_tokens, grammar=spec)
     except SamplingParamsError as e:
-        raise bad(str(e), code="invalid_value") from None
+        raise bad(str(e), "logit_bias" if "logit_bias" in str(e) else None, code="invalid_value") from None
     queue: asyncio.Queue = asyncio.Queue()
 
     def sink(events: list) -> None:       # called on the engine loop thread
@@ -314,7 +330,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
                        headers={"Retry-After": "5"}) from None
     state.in_flight += 1
     try:
-        ctx = _Ctx(state, eng, req, len(ids), kind)
+        ctx = _Ctx(state, eng, req, len(ids), kind, plan)
         if req.stream:
             return await _stream(request, queue, ctx)
         return await _collect(queue, ctx)
@@ -324,8 +340,9 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
 
 
 class _Ctx:
-    def __init__(self, state: ServerState, eng, req: GenRequest, n_prompt: int, kind: str):
+    def __init__(self, state: ServerState, eng, req: GenRequest, n_prompt: int, kind: str, plan=None):
         self.state, self.eng, self.req, self.n_prompt, self.kind = state, eng, req, n_prompt, kind
+        self.plan = plan if plan is not None and plan.active else None   # tool calls to read back
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = state.model_name
@@ -384,8 +401,12 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
                 ctx.done(ev)
                 text = "".join(parts)
                 if ctx.kind == "chat":
-                    choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                              "logprobs": ctx.logprobs(lps), "finish_reason": ev.finish_reason}
+                    calls = ctx.plan.parse(text) if ctx.plan is not None else None
+                    msg = {"role": "assistant", "content": None if calls else text, "refusal": None}
+                    if calls:
+                        msg["tool_calls"] = calls
+                    choice = {"index": 0, "message": msg, "logprobs": ctx.logprobs(lps),
+                              "finish_reason": "tool_calls" if calls else ev.finish_reason}
                     obj = "chat.completion"
                 else:
                     choice = {"index": 0, "text": text, "logprobs": ctx.logprobs(lps),
@@ -428,6 +449,24 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
             c["usage"] = None
         return _sse(c)
 
+    # With tools, a reply that may be a call is held back until it ends and is parsed; one
+    # that starts like text streams as content from there on.
+    held: list[str] | None = [] if ctx.plan is not None else None
+
+    def tool_chunks(calls: list[dict]) -> list[bytes]:
+        out = []
+        for i, c in enumerate(calls):
+            f = c["function"]
+            first = {"index": i, "id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": ""}}
+            out.append(_sse({**base, "choices": [{"index": 0, "delta": {"tool_calls": [first]},
+                                                  "logprobs": None, "finish_reason": None}]}))
+            args = f["arguments"]
+            for j in range(0, len(args), 16):
+                out.append(_sse({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": i, "function": {"arguments": args[j:j + 16]}}]}, "logprobs": None,
+                    "finish_reason": None}]}))
+        return out
+
     try:
         if chat:
             await resp.write(chunk("", None, None, first=True))
@@ -436,14 +475,29 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
             out: list[bytes] = []
             finished = False
             for ev in events:
-                if isinstance(ev, TokenEvent):
+                if isinstance(ev, TokenEvent) and held is not None:
+                    held.append(ev.text)
+                    start = "".join(held).lstrip()
+                    if start and start[0] not in "{<[`":
+                        out.append(chunk("".join(held), None, None))
+                        held = None
+                elif isinstance(ev, TokenEvent):
                     if ev.text or ev.logprob is not None:
                         out.append(chunk(ev.text, None, [ev.logprob] if ev.logprob is not None else None))
                 elif isinstance(ev, DoneEvent):
                     ctx.done(ev)
-                    if ev.text:
+                    finish = ev.finish_reason
+                    if held is not None:
+                        text = "".join(held) + ev.text
+                        calls = ctx.plan.parse(text)
+                        if calls:
+                            out.extend(tool_chunks(calls))
+                            finish = "tool_calls"
+                        elif text:
+                            out.append(chunk(text, None, None))
+                    elif ev.text:
                         out.append(chunk(ev.text, None, None))
-                    out.append(chunk(None if chat else "", ev.finish_reason, None))
+                    out.append(chunk(None if chat else "", finish, None))
                     if inc:
                         out.append(_sse({**base, "choices": [], "usage": ctx.usage(ev.stats)}))
                     out.append(b"data: [DONE]\n\n")
