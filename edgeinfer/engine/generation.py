@@ -151,7 +151,7 @@ class SequenceState:
                 allowed = self.constraint.allowed(x.shape[0])
                 if not allowed.any():   # the grammar is in error: nothing may follow
                     return [self.finish("stop")], None
-                x[~allowed] = -np.inf
+                np.copyto(x, np.float32(-np.inf), where=~allowed)
         return self._advance(self.sampler(x, self.history), t, has_room, logits)
 
     def on_candidates(self, ids: np.ndarray, vals: np.ndarray, has_room: bool) -> tuple[list, int | None]:
