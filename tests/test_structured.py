@@ -96,6 +96,67 @@ def test_masks_are_computed_on_the_worker_thread(engine, monkeypatch):
     assert where and all(n.startswith("edgeinfer-mask") for n in where), set(where)
 
 
+def _fake_scheduler(max_topk=0):
+    import fake_backend as fb
+    from edgeinfer.backends.base import KVPlan
+    from edgeinfer.engine.kv import KVRing
+    from edgeinfer.engine.runner import Runner
+    from edgeinfer.engine.scheduler import Scheduler
+    rt = fb.FakeBackend(max_topk).create_runtime(None, None, KVPlan(2, 64, 0, 8))
+    return Scheduler(Runner(rt), KVRing(2, 64, n_sink=0), fb.tokenizer()), rt
+
+
+def test_mask_is_computed_while_the_forward_runs():
+    """With the forward held inside the (fake) native call, the step's mask gets computed:
+    it does not wait for the logits."""
+    from edgeinfer.engine.generation import Generation
+    from edgeinfer.engine.sampling import SamplingParams
+    sched, rt = _fake_scheduler()
+    filled = threading.Event()
+    orig = C.Constraint.fill_mask
+
+    def spy(self):
+        orig(self)
+        filled.set()
+
+    try:
+        C.Constraint.fill_mask = spy
+        rt.gate.clear()
+        params = SamplingParams(temperature=0.0, max_tokens=8, grammar=C.grammar_spec(regex="(ab)+c"))
+        gen = Generation(sched, [5, 6, 7], params)
+        assert rt.entered.acquire(timeout=30)          # the forward is in flight ...
+        assert filled.wait(timeout=30)                 # ... and the mask is done meanwhile
+        assert not rt.batches                          # (the forward has not returned)
+        rt.gate.set()
+        out = gen.result()
+    finally:
+        C.Constraint.fill_mask = orig
+        rt.gate.set()
+        sched.close()
+    assert re.fullmatch(r"(ab)+c", sched.tokenizer.decode(out.tokens)) and out.finish_reason == "stop"
+
+
+def test_constrained_sequences_skip_the_device_top_k():
+    """The device top-k cannot see a mask or a bias: such sequences get whole rows."""
+    import fake_backend as fb
+    from edgeinfer.engine.generation import Generation
+    from edgeinfer.engine.sampling import SamplingParams
+    sched, rt = _fake_scheduler(max_topk=8)
+    try:
+        free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        assert Generation(sched, [5, 6, 7], free).result().tokens == fb.reference_greedy([5, 6, 7], 6)
+        n = len(rt.topk_calls)
+        assert n > 0
+        spec = C.grammar_spec(regex="(ab)+c")
+        out = Generation(sched, [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=8, grammar=spec)).result()
+        assert re.fullmatch(r"(ab)+c", sched.tokenizer.decode(out.tokens))
+        top = fb.reference_greedy([5, 6, 7], 1)[0]
+        biased = Generation(sched, [5, 6, 7], free.replace(logit_bias={top: -100})).result()
+        assert biased.tokens[0] != top and len(rt.topk_calls) == n
+    finally:
+        sched.close()
+
+
 def test_constrained_and_free_batched_match_alone(engine):
     """Greedy: each request gives in a batch of constrained and free neighbours exactly
     what it gives alone."""
