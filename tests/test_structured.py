@@ -217,6 +217,21 @@ def test_tool_plan_formats():
             plan_tools("", msgs, tools, choice)
 
 
+def test_call_streamer_streams_the_arguments():
+    from edgeinfer.engine.tool_calls import CallStreamer
+    args = '{"city": "Rome", "metric": true}'
+    for fmt, text in [("generic", '{"tool_call": {"name": "get_weather", "arguments": ' + args + '}}'),
+                      ("json", '{"name": "get_weather", "arguments": ' + args + '}'),
+                      ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": ' + args + '}\n</tool_call>')]:
+        st = CallStreamer(fmt)
+        pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+        deltas = [st.feed(p) for p in pieces[:-1]] + [st.feed(pieces[-1], final=True)]
+        flat = [d for ds in deltas for d in ds]
+        assert flat[0]["function"] == {"name": "get_weather", "arguments": ""} and flat[0]["id"].startswith("call_")
+        assert "".join(d["function"]["arguments"] for d in flat[1:]) == args, fmt
+        assert sum(1 for ds in deltas[:-1] for d in ds if "id" not in d) > 3    # fragments as they came
+
+
 def test_engine_chat_calls_a_function_on_smollm2(engine):
     """SmolLM2's template has no tools: the generic JSON format; a forced call always parses."""
     msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
@@ -278,6 +293,19 @@ def test_json_schema_outputs_validate(client):
         assert c.finish_reason == "stop"
         jsonschema.validate(json.loads(c.message.content), PERSON)
     assert len({c.message.content for c in choices}) > 10      # sampled, not one answer
+
+
+def test_streamed_forced_call_on_smollm2(client):
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Weather in Rome, in metric?"}],
+              tools=[WEATHER, CLOCK], tool_choice="required", max_tokens=80, temperature=0)
+    plain = client.chat.completions.create(**kw).choices[0]
+    chunks = [c for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == plain.message.tool_calls[0].function.name
+    args = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(args) == json.loads(plain.message.tool_calls[0].function.arguments)
+    assert len(deltas) > 2 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert plain.finish_reason == "tool_calls" and plain.message.content is None
 
 
 def test_server_rejects_bad_structured_requests(client):

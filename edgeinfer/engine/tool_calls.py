@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SamplingParamsError
 
-__all__ = ["ToolError", "ToolPlan", "plan_tools", "new_call_id"]
+__all__ = ["ToolError", "ToolPlan", "CallStreamer", "plan_tools", "new_call_id"]
 
 _X_GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _NAME_RX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -100,6 +100,10 @@ class ToolPlan:
     def active(self) -> bool:
         return self.choice != "none"
 
+    def streamer(self) -> CallStreamer | None:
+        """A CallStreamer when the reply is forced to be one call (else None: read it at the end)."""
+        return CallStreamer(self.fmt) if self.choice == "required" else None
+
     def parse(self, text: str) -> list[dict] | None:
         """The calls in a reply (OpenAI tool_calls, ids new), or None when it is plain text."""
         if not self.active:
@@ -124,6 +128,49 @@ class ToolPlan:
             calls.append({"id": new_call_id(), "type": "function",
                           "function": {"name": b["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
         return calls or None
+
+
+# The forced call as the grammar writes it (compact JSON, name before arguments): what comes
+# before the arguments object and after it.
+_HEADS = {"generic": (r'\{"tool_call": \{"name": "([^"]+)", "arguments": ', "}}"),
+          "json": (r'\{"name": "([^"]+)", "arguments": ', "}"),
+          "hermes": (r'<tool_call>\n\{"name": "([^"]+)", "arguments": ', "}\n</tool_call>")}
+
+
+class CallStreamer:
+    """Streams a forced call (tool_choice "required" or named) as it is generated: `feed(text)`
+    returns OpenAI's tool-call deltas -- first {index, id, type, function: {name, arguments:
+    ""}}, then {index, function: {arguments: fragment}} -- holding back only what may be the
+    closing text after the arguments."""
+
+    def __init__(self, fmt: str):
+        head, self._tail = _HEADS[fmt]
+        self._head = re.compile(head)
+        self._buf = ""
+        self._args_at: int | None = None
+        self._sent = 0
+        self.call: dict | None = None
+
+    def feed(self, text: str, final: bool = False) -> list[dict]:
+        self._buf += text
+        out = []
+        if self._args_at is None:
+            m = self._head.match(self._buf)
+            if m is None:
+                return out
+            self._args_at = m.end()
+            self.call = {"id": new_call_id(), "type": "function", "function": {"name": m.group(1), "arguments": ""}}
+            out.append({"index": 0, "id": self.call["id"], "type": "function",
+                        "function": {"name": m.group(1), "arguments": ""}})
+        end = len(self._buf)
+        if not final or self._buf.endswith(self._tail):
+            end -= len(self._tail)
+        frag = self._buf[self._args_at + self._sent:end]
+        if frag:
+            self._sent += len(frag)
+            self.call["function"]["arguments"] += frag
+            out.append({"index": 0, "function": {"arguments": frag}})
+        return out
 
 
 def _loads(s: str) -> Any:

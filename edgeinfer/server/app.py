@@ -451,7 +451,13 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
 
     # With tools, a reply that may be a call is held back until it ends and is parsed; one
     # that starts like text streams as content from there on.
-    held: list[str] | None = [] if ctx.plan is not None else None
+    # A forced call streams its arguments as they come (CallStreamer).
+    streamer = ctx.plan.streamer() if ctx.plan is not None else None
+    held: list[str] | None = [] if ctx.plan is not None and streamer is None else None
+
+    def call_deltas(deltas: list[dict]) -> list[bytes]:
+        return [_sse({**base, "choices": [{"index": 0, "delta": {"tool_calls": [d]}, "logprobs": None,
+                                           "finish_reason": None}]}) for d in deltas]
 
     def tool_chunks(calls: list[dict]) -> list[bytes]:
         out = []
@@ -475,7 +481,9 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
             out: list[bytes] = []
             finished = False
             for ev in events:
-                if isinstance(ev, TokenEvent) and held is not None:
+                if isinstance(ev, TokenEvent) and streamer is not None:
+                    out.extend(call_deltas(streamer.feed(ev.text)))
+                elif isinstance(ev, TokenEvent) and held is not None:
                     held.append(ev.text)
                     start = "".join(held).lstrip()
                     if start and start[0] not in "{<[`":
@@ -487,7 +495,11 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
                 elif isinstance(ev, DoneEvent):
                     ctx.done(ev)
                     finish = ev.finish_reason
-                    if held is not None:
+                    if streamer is not None:
+                        out.extend(call_deltas(streamer.feed(ev.text, final=True)))
+                        if streamer.call is not None and finish == "stop":
+                            finish = "tool_calls"
+                    elif held is not None:
                         text = "".join(held) + ev.text
                         calls = ctx.plan.parse(text)
                         if calls:
