@@ -56,6 +56,11 @@ def test_bad_constraints_are_typed_errors():
         with pytest.raises(edgeinfer.errors.SamplingParamsError):
             C.check_logit_bias(bias, 49152)
     assert C.check_logit_bias({"5": -100, 7: 2.5}, 49152) == {5: -100.0, 7: 2.5}
+    from edgeinfer.engine.sampling import SamplingParams
+    p = SamplingParams(grammar=C.grammar_spec(regex="a+"), logit_bias={"3": 2})
+    assert SamplingParams.from_dict(p.to_dict()) == p and p.logit_bias == {3: 2.0}
+    with pytest.raises(edgeinfer.errors.SamplingParamsError):
+        SamplingParams(grammar="a+")
 
 
 def test_constrained_outputs_follow_their_grammar(engine):

@@ -355,6 +355,8 @@ class SamplingParams:
             object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias, 2**31 - 1) or None)
         if self.grammar is not None:
             from .constraint import GrammarSpec
+            if isinstance(self.grammar, Mapping) and set(self.grammar) == {"kind", "grammar"}:
+                object.__setattr__(self, "grammar", GrammarSpec(**self.grammar))   # from to_dict()
             if not isinstance(self.grammar, GrammarSpec):
                 raise SamplingParamsError("grammar must be a GrammarSpec (constraint.grammar_spec builds one)")
 
