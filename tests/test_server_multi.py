@@ -9,10 +9,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import require
 
 import edgeinfer
+import edgeinfer.errors
+from edgeinfer.backends.base import Batch
 from edgeinfer.server import ServerThread
 from edgeinfer.server.app import _sibling_seeds
 from test_server import _free_port, request, wait_idle
@@ -118,6 +121,7 @@ def test_fallback_fires_when_the_recent_ttft_is_over_the_limit(engines):
         assert metric(srv.url, "edgeinfer_fallbacks_total", model="q8", to="f16", reason="queue_full") == 0
 
 
+@pytest.mark.slow
 def test_n_choices(engines):
     """n=3: three choices with index 0..2, plain and streamed; greedy, all equal to n=1; with
     a seed, choice 0 is the n=1 reply and choice i is what the engine gives with the i-th
@@ -153,6 +157,44 @@ def test_n_choices(engines):
         assert single.choices[0].text == r.choices[0].text
 
 
+def test_siblings_copy_the_prompt_cells_instead_of_computing_them(smollm2_path):
+    """n > 1: the siblings after the first find its prompt in the KV cache and copy its cells
+    (counted as cached prompt tokens), and still give exactly the n=1 reply. The native copy
+    gives the same logits as computing the prompt, and refuses positions the slot lacks."""
+    eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=3)
+    try:
+        prompt = "Zebras graze on the savanna because"
+        ids = eng.tokenize(prompt)
+        with ServerThread(models={"m": eng}) as srv:
+            c = client_of(srv)
+            before = metric(srv.url, "edgeinfer_prompt_tokens_cached_total", model="m")
+            r = c.completions.create(model="m", prompt=prompt, n=3, max_tokens=6, temperature=0,
+                                     extra_body={"ignore_eos": True})
+            cached = metric(srv.url, "edgeinfer_prompt_tokens_cached_total", model="m") - before
+        assert cached >= 2 * (len(ids) - 1), cached
+        alone = eng.generate(prompt, max_tokens=6, temperature=0, ignore_eos=True).text
+        assert [ch.text for ch in r.choices] == [alone] * 3
+        # The runtime itself: slot 1 gets slot 0's cells; its last token's logits are slot 0's.
+        rt, n = eng.runner.runtime, len(ids)
+        with eng.runner.lock:
+            for s in (0, 1, 2):
+                rt.clear_slot(s)
+            pos = np.arange(n, dtype=np.int32)
+            full = rt.forward(Batch.of_slot(0, ids, pos, pos, [n - 1])).copy()
+            rt.copy_prefix(0, 1, n - 1)
+            last = rt.forward(Batch.of_slot(1, ids[-1:], pos[-1:], pos[-1:], [0]))
+            assert np.array_equal(full, last)
+            with pytest.raises(edgeinfer.errors.StateError, match="does not hold position"):
+                rt.copy_prefix(2, 1, 3)          # slot 2 is empty
+            for s in (0, 1, 2):
+                rt.clear_slot(s)
+            eng.scheduler.ring.truncate(0, 0)    # the scheduler's bookkeeping agrees: all empty
+            eng.scheduler.ring.truncate(1, 0)
+            eng.scheduler.ring.truncate(2, 0)
+    finally:
+        eng.close()
+
+
 def test_stop_takes_at_most_four_strings(engines):
     a, _ = engines
     with ServerThread(models={"m": a}) as srv:
@@ -169,6 +211,7 @@ def test_stop_takes_at_most_four_strings(engines):
             assert e.value.status_code == 400 and e.value.body["param"] == "stop"
 
 
+@pytest.mark.slow
 def test_max_tokens_omitted_runs_to_the_end_of_the_context(engines):
     """No max_tokens (or null): a reply that never stops runs until the context is full, on
     chat and completions alike."""
@@ -189,6 +232,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)   # a hang guard, not a speed check
 
 
+@pytest.mark.slow
 def test_cli_refuses_models_that_cannot_be_served_before_loading(smollm2_path, tmp_path):
     """Before anything loads: a missing file among several models, models that do not fit
     the memory budget (naming the figures), a fallback or a name that is wrong: non-zero."""

@@ -338,11 +338,21 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     eng = served.require()
     req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
     route = state.registry.route(served)
     if req.prompt_ids is not None:   # token ids belong to one vocabulary: no fallback across vocabularies
         route = [(m, r) for m, r in route if m.engine.config.n_vocab == eng.config.n_vocab]
     handles: list = []
+    try:
+        return await _run(request, state, kind, req, served, route, loop, t_arrival, handles)
+    finally:
+        for h in handles:
+            h.cancel()                     # no-op when finished; frees the slot otherwise
+
+
+async def _run(request, state: ServerState, kind: str, req: GenRequest, served: ServedModel, route: list,
+               loop, t_arrival: float, handles: list) -> web.StreamResponse:
+    """Submits the request's sequences to the first model of `route` that takes them, then
+    relays their events."""
     for i, (target, reason) in enumerate(route):
         eng = target.require()
         ids, max_tokens = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
@@ -352,9 +362,13 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         except SamplingParamsError as e:
             raise bad(str(e), code="invalid_value") from None
         state.check_draining()             # draining may have started while tokenizing
+        queue: asyncio.Queue = asyncio.Queue()
         try:
-            handles = _submit(eng, ids, params, req, loop, queue, t_arrival)
+            await _submit(eng, ids, params, req, loop, queue, t_arrival, handles)
         except QueueFullError as e:
+            for h in handles:              # siblings that had started (their events go to this queue)
+                h.cancel()
+            handles.clear()
             if i + 1 < len(route):
                 continue                   # the next route: the fallback model
             raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
@@ -373,27 +387,24 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         return await _collect(queue, ctx)
     finally:
         state.in_flight -= 1
-        for h in handles:
-            h.cancel()                     # no-op when finished; frees the slot otherwise
 
 
-def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenRequest, loop, queue: asyncio.Queue,
-            t_arrival: float) -> list:
-    """Submits one sequence per choice (all or none); their events reach `queue` as
-    (choice index, events). Siblings go in together, so those admitted at once share each
-    step's forward."""
-    handles = []
-    try:
-        for index, p in enumerate(params):
-            def sink(events: list, index: int = index) -> None:   # called on the engine's delivery thread
-                loop.call_soon_threadsafe(queue.put_nowait, (index, events))
+async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenRequest, loop,
+                  queue: asyncio.Queue, t_arrival: float, handles: list) -> None:
+    """Submits one sequence per choice, appending each to `handles` (the caller cancels them);
+    their events reach `queue` as (choice index, events). With n > 1 the first goes alone and
+    the others once its prompt is in the KV cache, so the scheduler copies the prompt's cells
+    into their slots instead of computing them again (Scheduler._running_prefix)."""
+    first = asyncio.Event()
+    for index, p in enumerate(params):
+        def sink(events: list, index: int = index) -> None:   # called on the engine's delivery thread
+            loop.call_soon_threadsafe(queue.put_nowait, (index, events))
+            if index == 0:
+                loop.call_soon_threadsafe(first.set)
 
-            handles.append(eng.scheduler.submit(ids, p, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival))
-    except BaseException:
-        for h in handles:
-            h.cancel()
-        raise
-    return handles
+        handles.append(eng.scheduler.submit(ids, p, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival))
+        if index == 0 and len(params) > 1:
+            await first.wait()             # the first token: the prompt has been computed
 
 
 class _Ctx:
