@@ -281,3 +281,20 @@ def test_cli_serves_two_models(smollm2_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_plan_serve_counts_every_model_and_the_process_once(smollm2_path):
+    """plan_serve: each model's row is plan_one's (its own weights, KV arena and buffers), the
+    process overhead counted once; check_serve refuses one byte short, naming the figures."""
+    from edgeinfer.tools import plan as P
+
+    m = P.model_shape(smollm2_path)
+    p = P.plan_serve([("a", m), ("b", m)], ctx=256, slots=2, n_threads=2)
+    one = P.plan_one(m, 256, 2, n_threads=2)
+    assert [r for _, r in p.rows] == [one, one]
+    assert p.total == 2 * one.total - P.PROCESS_OVERHEAD and p.fits is None
+    assert P.check_serve([("a", m), ("b", m)], 256, 2, "f16", p.total, n_threads=2).fits
+    with pytest.raises(P.MemoryBudgetError) as e:
+        P.check_serve([("a", m), ("b", m)], 256, 2, "f16", p.total - 1, n_threads=2, budget_source="--memory X")
+    msg = str(e.value)
+    assert P.human(p.total) in msg and "(--memory X)" in msg and f"a: weights {P.human(m.weights_bytes)}" in msg
