@@ -105,7 +105,7 @@ class ServerState:
     def check_model(self, name: str | None) -> None:
         self.lookup(name)
 
-    def set_engine(self, engine, model_name: str | None = None) -> None:
+    def set_engine(self, engine) -> None:
         """The default model is loaded (the one-model server)."""
         self.registry.default.set_engine(engine)
 
