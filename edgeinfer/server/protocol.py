@@ -82,7 +82,7 @@ class ResponseFormat(_Body):
 
 class _GenBody(_Body):
     model: str | None = None
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=16)     # choices per request: sibling sequences
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
@@ -92,7 +92,7 @@ class _GenBody(_Body):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
     ignore_eos: bool | None = None
-    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=16)] = None
+    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=4)] = None   # OpenAI's limit
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict | None = None
@@ -117,7 +117,7 @@ class ChatBody(_GenBody):
 
 class CompletionBody(_GenBody):
     prompt: Any = None        # a string, token ids, or a batch of one of those: see parse_completion
-    max_tokens: int | None = Field(16, ge=1)    # OpenAI's default; null: until EOS or a full context
+    max_tokens: int | None = Field(None, ge=1)  # omitted or null: until EOS or a full context
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
@@ -178,6 +178,7 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     n_logprobs: int | None = None           # None: no logprobs; else alternatives per token
+    n: int = 1                              # choices (sibling sequences of one prompt)
     response_format: dict | None = None     # structured output (engine/constraint.py)
     tools: list[dict] | None = None         # chat: functions the model may call
     tool_choice: Any = None
@@ -185,8 +186,6 @@ class GenRequest:
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
     """The request fields chat and completions share."""
-    if b.n is not None and b.n != 1:
-        raise bad(f"'n' must be 1 (one choice per request), got {b.n}", "n", "unsupported_value")
     sampling = {
         "temperature": 1.0 if b.temperature is None else b.temperature,
         "top_p": 1.0 if b.top_p is None else b.top_p,
@@ -202,7 +201,7 @@ def _request(kind: str, b: _GenBody) -> GenRequest:
         "logit_bias": b.logit_bias or None,   # checked against the vocabulary by the server
     }
     rf = getattr(b, "response_format", None)
-    return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream),
+    return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream), n=b.n or 1,
                       include_usage=bool(b.stream_options and b.stream_options.include_usage),
                       response_format=rf.model_dump(exclude_none=True) if rf is not None else None)
 
