@@ -313,6 +313,22 @@ def test_streamed_forced_call_on_smollm2(client):
     assert plain.finish_reason == "tool_calls" and plain.message.content is None
 
 
+def test_every_choice_follows_the_schema_and_calls(client):
+    """n > 1: each sibling sequence holds its own grammar state."""
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    msgs = [{"role": "user", "content": "A person as JSON."}]
+    r = client.chat.completions.create(model="smollm2", messages=msgs, response_format=rf, n=3,
+                                       max_tokens=60, temperature=1.0, seed=5)
+    assert len(r.choices) == 3
+    for c in r.choices:
+        jsonschema.validate(json.loads(c.message.content), PERSON)
+    r = client.chat.completions.create(model="smollm2", messages=msgs, tools=[WEATHER], tool_choice="required",
+                                       n=2, max_tokens=60, temperature=1.0, seed=5)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(c.message.tool_calls[0].function.arguments), WEATHER["function"]["parameters"])
+
+
 def test_server_rejects_bad_structured_requests(client):
     import openai
     msgs = [{"role": "user", "content": "hi"}]
