@@ -34,6 +34,7 @@ import numpy as np
 
 from ..backends.base import Batch
 from ..errors import EdgeInferError
+from .constraint import MaskJob
 from .delivery import Delivery
 from .generation import DoneEvent, ErrorEvent, SequenceState, TextStream
 from .kv import KVRing
@@ -239,6 +240,7 @@ class Scheduler:
             "spec_proposed": self.spec_proposed,
             "spec_accepted": self.spec_accepted,
             "spec_steps": self.spec_steps,
+            "spec_mean_k": self.spec_proposed / self.spec_steps if self.spec_steps else 0.0,
         }
 
     def in_flight(self) -> int:
@@ -345,13 +347,30 @@ class Scheduler:
                     best, best_n = i, n
             slot = self._free.pop(best)
             keep = min(best_n, len(ids) - 1)
+            src, shared = self._running_prefix(ids)
             with self.runner.lock:
-                ring.truncate(slot, keep)
-                self.runner.forget_from(slot, keep)
+                if shared > keep and self.runner.copy_prefix(src, slot, shared):
+                    ring.copy_prefix(src, slot, shared)   # a sibling's prompt: copied, not recomputed
+                    keep = shared
+                else:
+                    ring.truncate(slot, keep)
+                    self.runner.forget_from(slot, keep)
             req.slot = slot
             req.n_fed = keep
             req.seq.admitted(keep)
             self._active.append(req)
+
+    def _running_prefix(self, ids: list[int]) -> tuple[int, int]:
+        """(under lock) The running slot holding the longest prefix of `ids` already computed
+        (n > 1 siblings: the first one's prompt), and how many of its cells a new slot may
+        copy (never the last prompt token, whose logits are needed)."""
+        best, best_n = -1, 0
+        for r in self._active:
+            if r.slot is not None:
+                n = min(self.ring.common_prefix(r.slot, ids), r.n_fed, len(ids) - 1)
+                if n > best_n:
+                    best, best_n = r.slot, n
+        return best, best_n
 
     def _release(self, req: Request) -> None:
         """(under lock) Returns the request's slot to the free list (its cells stay for reuse)."""
@@ -398,7 +417,8 @@ class Scheduler:
         """Draft tokens per request id for this step ({} when none speculates): k from the
         policy, bounded by the batch, the room before the slot's first overwrite and max_tokens."""
         decoding = [r for r in reqs if not r.prefilling]
-        spec = [r for r in decoding if r.spec is not None and not r.cancelled]
+        # a grammar's mask follows the sampled tokens one at a time: constrained rows decode plainly
+        spec = [r for r in decoding if r.spec is not None and not r.cancelled and r.seq.constraint is None]
         if not spec:
             return {}
         if len(decoding) > self.policy.max_slots:
@@ -490,8 +510,12 @@ class Scheduler:
                 self._logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
             batch = Batch(toks, slots, np.concatenate(pos_parts), np.concatenate(cell_parts), out_rows)
             k = self._device_top_k(owners)
+            masks = MaskJob.start(r.seq.constraint for r in owners)   # overlaps the forward
             t0 = time.perf_counter()
-            out = self.runner.run(batch, self._logits[:n_out], top_k=k)
+            try:
+                out = self.runner.run(batch, self._logits[:n_out], top_k=k)
+            finally:
+                masks.wait()
             self.policy.costs.observe_step(len(toks), time.perf_counter() - t0)
             self.steps += 1
             self.last_batch_tokens = len(toks)
