@@ -119,8 +119,8 @@ class CheckedRuntime:
         return self.rt.forward(batch, logits)
 
 
-def _fake_scheduler(n_slots, n_ctx, n_sink, overflow, max_batch, speculative):
-    rt = fb.FakeBackend().create_runtime(None, None, KVPlan(n_slots, n_ctx, n_sink, max_batch))
+def _fake_scheduler(n_slots, n_ctx, n_sink, overflow, max_batch, speculative, max_topk=0):
+    rt = fb.FakeBackend(max_topk).create_runtime(None, None, KVPlan(n_slots, n_ctx, n_sink, max_batch))
     ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow)
     checked = CheckedRuntime(rt, ring)
     sched = Scheduler(Runner(checked), ring, fb.tokenizer(), speculative=speculative,
@@ -132,14 +132,16 @@ def _fake_scheduler(n_slots, n_ctx, n_sink, overflow, max_batch, speculative):
 def test_fuzz_propose_accept_reject_keeps_the_ring_coherent():
     """Random prompts (sharing prefixes with earlier prompts and outputs, so cells written by
     verified drafts are reused), random proposals, 1-3 slots running at once, stop and slide
-    rings: the output equals plain decoding's and each slot holds exactly its sequence."""
+    rings, logits rows or device top-k candidates: the output equals plain decoding's and each
+    slot holds exactly its sequence."""
     rng = random.Random(1234)
     n_checked = 0
     for case in range(6):
         overflow = "slide" if case % 2 else "stop"
         n_slots = 1 + case % 3
         n_ctx = 48
-        spec, checked = _fake_scheduler(n_slots, n_ctx, 4, overflow, 12, "lookup")
+        topk = 16 if case >= 3 else 0       # the last cases sample from device top-k candidates
+        spec, checked = _fake_scheduler(n_slots, n_ctx, 4, overflow, 12, "lookup", max_topk=topk)
         plain, _ = _fake_scheduler(1, n_ctx, 4, overflow, 12, None)
         spec.policy.fixed_k = 6
         spec.lookup = FuzzProposer(rng, lambda h, n: fb.reference_greedy(h, n))
@@ -154,7 +156,7 @@ def test_fuzz_propose_accept_reject_keeps_the_ring_coherent():
                     temp = rng.choice([0.0, 0.9])
                     n_new = rng.randint(1, 40) if overflow == "slide" else rng.randint(1, n_ctx - len(prompt))
                     params = SamplingParams(max_tokens=n_new, temperature=temp, seed=rng.randrange(1000),
-                                            ignore_eos=True)
+                                            top_k=8, ignore_eos=True)
                     reqs.append((prompt, params))
                 gens = [Generation(spec, p, sp) for p, sp in reqs]
                 outs = [g.result().tokens for g in gens]
@@ -163,6 +165,7 @@ def test_fuzz_propose_accept_reject_keeps_the_ring_coherent():
                     assert got == want, (case, prompt, params)
                     pool.append(prompt + got)
             assert spec.spec_proposed > spec.spec_accepted > 0
+            assert bool(checked.rt.topk_calls) == bool(topk)
             n_checked += checked.checked
         finally:
             spec.close()
@@ -311,6 +314,20 @@ def test_sampled_speculative_tokens_follow_the_model_distribution(tmp_path):
             kw = dict(max_tokens=8, seed=seed, **sampling)
             assert eng.generate(prompt, speculative="draft", **kw).tokens == \
                 eng.generate(prompt, speculative=None, **kw).tokens
+
+
+def test_constrained_sequences_decode_plainly(smollm2_path):
+    """A grammar's mask follows the sampled tokens one at a time, so a constrained request
+    does not speculate (its output is plain decoding's); an unconstrained one beside it does."""
+    with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2) as eng:
+        eng.scheduler.policy.fixed_k = 4
+        prompt = "Repeat: red green blue red green blue red"
+        kw = dict(max_tokens=12, temperature=0.0, regex="( ?(red|green|blue))+")
+        plain = eng.generate(prompt, **kw)
+        spec = eng.generate(prompt, speculative="lookup", **kw)
+        assert spec.tokens == plain.tokens and spec.stats.spec_proposed == 0
+        free = eng.generate(prompt, speculative="lookup", max_tokens=12, temperature=0.0)
+        assert free.stats.spec_proposed > 0
 
 
 # --------------------------------------------------------------------------- API errors
