@@ -388,3 +388,26 @@ def test_cli_rejects_bad_speculative_options():
                  ["bench", "x.gguf", "--speculative", "draft"], ["bench", "x.gguf", "--speculative", "auto"]):
         r = subprocess.run([sys.executable, "-m", "edgeinfer", *args], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "speculative" in r.stderr, (args, r.returncode, r.stderr)
+
+
+def test_a_failing_draft_model_only_turns_speculation_off(tmp_path):
+    """The draft model only proposes: when its forward fails, the request decodes plainly
+    (same tokens) instead of failing."""
+    path = _tiny_path(tmp_path)
+    with edgeinfer.load(path, n_ctx=32, n_threads=1, draft=path) as eng:
+        eng.scheduler.policy.fixed_k = 3
+        kw = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+        plain = eng.generate([1, 10, 11, 12], **kw).tokens
+        calls = []
+
+        def broken(batch, logits=None):
+            calls.append(len(batch))
+            raise RuntimeError("draft forward failed")
+
+        eng.draft.runner.runtime.forward = broken
+        for mode_prefill in (True, False):      # failing in the prompt's catch-up, then in a proposal
+            if not mode_prefill:
+                eng.scheduler._draft_prefill = lambda r: None
+            out = eng.generate([1, 10, 11, 12], speculative="draft", **kw)
+            assert out.tokens == plain and out.finish_reason == "length"
+        assert len(calls) >= 2

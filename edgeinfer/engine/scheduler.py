@@ -442,7 +442,14 @@ class Scheduler:
                 continue
             if drafted:
                 t0 = time.perf_counter()
-                drafts = self.draft.propose(r.slot, seq.history, k)
+                try:
+                    drafts = self.draft.propose(r.slot, seq.history, k)
+                except Exception:   # the draft model only proposes: the request goes on without it
+                    log.exception("draft model failed; request %d decodes plainly", r.id)
+                    with contextlib.suppress(Exception):
+                        self.draft.reset_slot(r.slot)
+                    r.spec.off_steps = 1 << 30
+                    continue
                 self.policy.costs.observe_draft(len(drafts), time.perf_counter() - t0)
             else:
                 drafts = self.lookup.propose(seq.history, k)
@@ -551,8 +558,13 @@ class Scheduler:
         """Feeds the prompt to the draft model's slot if drafting may pay for this request;
         otherwise the request decodes plainly to its end (catching up later would cost a
         whole prefill)."""
-        if self.policy.draft_pays(r.spec) and self.draft.catch_up(r.slot, r.seq.prompt_ids):
-            return
+        try:
+            if self.policy.draft_pays(r.spec) and self.draft.catch_up(r.slot, r.seq.prompt_ids):
+                return
+        except Exception:   # the draft model only proposes: the request goes on without it
+            log.exception("draft model failed; request %d decodes plainly", r.id)
+            with contextlib.suppress(Exception):
+                self.draft.reset_slot(r.slot)
         r.spec = None
 
     def _sample(self, r: Request, out, row: int, k: int | None, has_room: bool) -> tuple[list, int | None]:
