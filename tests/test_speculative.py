@@ -269,6 +269,7 @@ def _tiny_path(tmp_path) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_sampled_speculative_tokens_follow_the_model_distribution(tmp_path):
     """Plain temperature sampling (no top-k/top-p/min-p) on the tiny model (40 tokens, logits
     about 1e-3 apart, so T = 5e-4 spreads them like a real model's): 1500 seeds, the draft being the model
@@ -316,6 +317,7 @@ def test_sampled_speculative_tokens_follow_the_model_distribution(tmp_path):
                 eng.generate(prompt, speculative=None, **kw).tokens
 
 
+@pytest.mark.slow
 def test_constrained_sequences_decode_plainly(smollm2_path):
     """A grammar's mask follows the sampled tokens one at a time, so a constrained request
     does not speculate (its output is plain decoding's); an unconstrained one beside it does."""
@@ -349,6 +351,7 @@ def test_bad_speculative_arguments_are_typed_errors(tmp_path, smollm2_path):
 
 # --------------------------------------------------------------------------- server, CLI
 
+@pytest.mark.slow
 def test_server_speculates_and_reports_it_in_metrics(smollm2_path):
     """An engine loaded with speculative='lookup' (what `serve --speculative lookup` does):
     a completion over HTTP equals plain greedy decoding and /metrics counts the drafts."""
@@ -380,6 +383,7 @@ def test_server_speculates_and_reports_it_in_metrics(smollm2_path):
     assert values["edgeinfer_spec_verify_steps"] > 0 and values["edgeinfer_spec_mean_k"] > 0
 
 
+@pytest.mark.slow
 def test_cli_rejects_bad_speculative_options():
     import subprocess
     import sys
@@ -390,6 +394,7 @@ def test_cli_rejects_bad_speculative_options():
         assert r.returncode == 2 and "speculative" in r.stderr, (args, r.returncode, r.stderr)
 
 
+@pytest.mark.slow
 def test_a_failing_draft_model_only_turns_speculation_off(tmp_path):
     """The draft model only proposes: when its forward fails, the request decodes plainly
     (same tokens) instead of failing."""
