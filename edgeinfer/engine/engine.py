@@ -150,17 +150,17 @@ class Engine:
         """A chat reply. With `tools` (OpenAI's function list) and `tool_choice` ("auto", "none",
         "required", {"type": "function", "function": {"name": ...}}), a reply that calls
         functions has them in `Completion.tool_calls` and finish_reason "tool_calls"."""
-        if tools is None:
-            return self.generate(self.chat_ids(messages), **params)
-        plan = self.tool_plan(messages, tools, tool_choice)
-        out = self.generate(self.chat_ids(plan.messages, **plan.render_extra), **{**params, **(plan.grammar or {})})
-        calls = plan.parse(out.text)
-        if calls:
-            out.tool_calls, out.finish_reason = calls, "tool_calls"
-        return out
+        return self.stream_chat(messages, tools=tools, tool_choice=tool_choice, **params).result()
 
-    def stream_chat(self, messages: list[dict], **params: Any) -> Generation:
-        return self.stream(self.chat_ids(messages), **params)
+    def stream_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+                    **params: Any) -> Generation:
+        """As `chat`, streamed: iterates over the reply's text (with tools, a call's raw text);
+        once it ends, `Generation.tool_calls` holds the calls it made (None: none)."""
+        if tools is None:
+            return self.stream(self.chat_ids(messages), **params)
+        plan = self.tool_plan(messages, tools, tool_choice)
+        ids = self._prompt_ids(self.chat_ids(plan.messages, **plan.render_extra))
+        return self._generation(ids, {**params, **(plan.grammar or {})}, parse_calls=plan.parse)
 
     def tool_plan(self, messages: list[dict], tools: Any, tool_choice: Any = None) -> ToolPlan:
         """How a chat with `tools` is prompted (`plan.messages`, `plan.render_extra` for
@@ -182,7 +182,7 @@ class Engine:
                 f"({limit:,}) and far more than the context of {self.n_ctx} tokens")
         return self.tokenize(self.apply_chat_template(messages, **extra), add_special=False)
 
-    def _generation(self, ids: list[int], params: dict) -> Generation:
+    def _generation(self, ids: list[int], params: dict, parse_calls=None) -> Generation:
         params = dict(params)
         n_logprobs = params.pop("logprobs", None)
         if n_logprobs is not None and (isinstance(n_logprobs, bool) or not isinstance(n_logprobs, int)
@@ -195,7 +195,8 @@ class Engine:
             params["grammar"] = spec
         if params.get("logit_bias") is not None:
             params["logit_bias"] = check_logit_bias(params["logit_bias"], self.config.n_vocab)
-        return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs)
+        return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs,
+                          parse_calls=parse_calls)
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict:

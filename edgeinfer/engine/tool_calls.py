@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import SamplingParamsError
+from .constraint import JSON_STYLE, tight_schema
 
-__all__ = ["ToolError", "ToolPlan", "CallStreamer", "plan_tools", "new_call_id"]
+__all__ = ["ToolError", "ToolPlan", "CallStreamer", "plan_tools", "new_call_id", "call_finish"]
 
-_X_GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _NAME_RX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
@@ -33,6 +33,11 @@ class ToolError(SamplingParamsError):
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def call_finish(reason: str, calls: Any) -> str:
+    """A reply that made calls ends with "tool_calls", unless max_tokens cut it ("length")."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def takes_tools(template_source: str) -> bool:
@@ -105,9 +110,19 @@ class ToolPlan:
         return CallStreamer(self.fmt) if self.choice == "required" else None
 
     def parse(self, text: str) -> list[dict] | None:
-        """The calls in a reply (OpenAI tool_calls, ids new), or None when it is plain text."""
+        """The calls in a reply (OpenAI tool_calls, ids new), or None when it is plain text. A
+        forced call cut short (max_tokens) is returned with its partial arguments, as OpenAI
+        returns it (finish_reason "length") and as it was streamed."""
         if not self.active:
             return None
+        calls = self._parse(text)
+        if calls is None and self.choice == "required":
+            st = CallStreamer(self.fmt)
+            st.feed(text, final=True)
+            calls = [st.call] if st.call is not None else None
+        return calls
+
+    def _parse(self, text: str) -> list[dict] | None:
         bodies: list[Any] = []
         if self.fmt == "hermes":
             for m in re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S):
@@ -193,7 +208,7 @@ def _call_schema(tools: list[dict], only: str | None) -> dict:
         if only is not None and f["name"] != only:
             continue
         opts.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                     "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]}})
+                     "properties": {"name": {"const": f["name"]}, "arguments": tight_schema(f["parameters"])}})
     return opts[0] if len(opts) == 1 else {"anyOf": opts}
 
 
@@ -280,7 +295,7 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
         extra = {}
     grammar = None
     if choice == "required":
-        schema = {**_call_schema(tools, only), "x-guidance": _X_GUIDANCE}
+        schema = {**_call_schema(tools, only), "x-guidance": JSON_STYLE}
         if fmt == "hermes":
             grammar = {"grammar": {"type": "lark", "grammar":
                                    'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json '

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ..engine.constraint import ConstraintError, check_logit_bias, grammar_spec
 from ..engine.generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
-from ..engine.tool_calls import ToolError
+from ..engine.tool_calls import ToolError, call_finish
 from ..engine.sampling import SamplingParams
 from ..engine.scheduler import QueueFullError, SchedulerClosedError
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
@@ -512,7 +512,7 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
             if calls:
                 msg["tool_calls"] = calls
             choices.append({"index": i, "message": msg, "logprobs": ctx.logprobs(lps[i], i),
-                            "finish_reason": "tool_calls" if calls else done[i].finish_reason})
+                            "finish_reason": call_finish(done[i].finish_reason, calls)})
         else:
             choices.append({"index": i, "text": text, "logprobs": ctx.logprobs(lps[i], i),
                             "finish_reason": done[i].finish_reason})
@@ -601,14 +601,13 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
                     finish = ev.finish_reason
                     if st is not None:
                         out.extend(call_deltas(index, st.feed(ev.text, final=True)))
-                        if st.call is not None and finish == "stop":
-                            finish = "tool_calls"
+                        finish = call_finish(finish, st.call)
                     elif hd is not None:
                         text = "".join(hd) + ev.text
                         calls = ctx.plan.parse(text)
                         if calls:
                             out.extend(held_call(index, calls))
-                            finish = "tool_calls"
+                            finish = call_finish(finish, calls)
                         elif text:
                             out.append(chunk(index, text, None, None))
                     elif ev.text:
