@@ -188,6 +188,34 @@ def test_logit_bias(engine):
         engine.generate("x", logit_bias={"49152": 1})
 
 
+def test_open_schemas_end_as_llama_cpp_grammars_do(engine):
+    """A schema that lists properties without `additionalProperties`, or leaves an integer
+    unbounded, still ends (SmolLM2 otherwise writes extra keys / digits until max_tokens):
+    objects are closed and integers get at most 16 digits; outputs validate as given."""
+    open_schema = {"type": "object", "required": ["name", "country", "population"],
+                   "properties": {"name": {"type": "string", "maxLength": 30},
+                                  "country": {"type": "string", "maxLength": 30},
+                                  "population": {"type": "integer"}}}
+    msgs = [{"role": "user", "content": "Tell me about Paris"}]
+    for t, seed in [(0.0, 0), (1.0, 1), (1.0, 2)]:
+        out = engine.chat(msgs, json_schema=open_schema, temperature=t, seed=seed, max_tokens=80)
+        assert out.finish_reason == "stop", out.text
+        value = json.loads(out.text)
+        jsonschema.validate(value, open_schema)
+        assert set(value) == {"name", "country", "population"} and abs(value["population"]) < 10**16
+    tight = C.tight_schema({"type": "object", "properties": {"a": {"type": ["integer", "null"], "minimum": 0},
+                                                              "b": {"type": "object"}},
+                            "$defs": {"n": {"type": "number", "exclusiveMaximum": 1}},
+                            "anyOf": [{"properties": {"c": {"const": {"type": "integer"}}}}]})
+    assert tight["additionalProperties"] is False and tight["properties"]["a"] == {
+        "type": ["integer", "null"], "minimum": 0, "maximum": 10**16 - 1}
+    assert tight["properties"]["b"] == {"type": "object"}                  # json_object stays open
+    assert tight["$defs"]["n"] == {"type": "number", "exclusiveMaximum": 1, "minimum": -(10**16 - 1)}
+    assert tight["anyOf"][0]["properties"]["c"] == {"const": {"type": "integer"}}   # a value, not a schema
+    assert "additionalProperties" not in C.tight_schema(
+        {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]})   # b may only be extra
+
+
 # --------------------------------------------------------------------------- tools (engine)
 
 def test_tool_plan_formats():
@@ -235,6 +263,33 @@ def test_call_streamer_streams_the_arguments():
         assert flat[0]["function"] == {"name": "get_weather", "arguments": ""} and flat[0]["id"].startswith("call_")
         assert "".join(d["function"]["arguments"] for d in flat[1:]) == args, fmt
         assert sum(1 for ds in deltas[:-1] for d in ds if "id" not in d) > 3    # fragments as they came
+
+
+def test_stream_chat_with_tools(engine):
+    """Engine.stream_chat takes tools as chat does: the streamed text is the call's, and once
+    it ends tool_calls and finish_reason are chat's."""
+    msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    kw = dict(tools=[WEATHER, CLOCK], tool_choice="required", temperature=0, max_tokens=80)
+    gen = engine.stream_chat(msgs, **kw)
+    assert gen.tool_calls is None
+    text = "".join(gen)
+    plain = engine.chat(msgs, **kw)
+    assert text == plain.text and gen.finish_reason == plain.finish_reason == "tool_calls"
+    assert [c["function"] for c in gen.tool_calls] == [c["function"] for c in plain.tool_calls]
+
+
+def test_a_forced_call_cut_by_max_tokens_keeps_its_partial_arguments(client):
+    """As OpenAI: tool_calls with the arguments so far and finish_reason "length", plain and
+    streamed alike."""
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Weather in Rome?"}],
+              tools=[WEATHER], tool_choice="required", max_tokens=22, temperature=0)
+    plain = client.chat.completions.create(**kw).choices[0]
+    assert plain.finish_reason == "length" and plain.message.content is None
+    args = plain.message.tool_calls[0].function.arguments
+    assert plain.message.tool_calls[0].function.name == "get_weather" and args.startswith('{"city": ')
+    chunks = [c for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    streamed = "".join(d.function.arguments or "" for c in chunks for d in c.choices[0].delta.tool_calls or [])
+    assert streamed == args and chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_engine_chat_calls_a_function_on_smollm2(engine):
