@@ -104,9 +104,6 @@ class ServerState:
         """The served model a request names (None: the default); 404 model_not_found otherwise."""
         return self.registry.lookup(name)
 
-    def check_model(self, name: str | None) -> None:
-        self.lookup(name)
-
     def set_engine(self, engine) -> None:
         """The default model is loaded (the one-model server)."""
         self.registry.default.set_engine(engine)
