@@ -225,7 +225,7 @@ def test_tool_plan_formats():
                  "function": {"name": "get_weather", "arguments": '{"city": "Rome", "metric": true}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
     generic = plan_tools("{{ messages }}", msgs, [WEATHER, CLOCK], "auto")
-    assert generic.fmt == "generic" and generic.grammar is None
+    assert generic.fmt == "generic" and generic.spec is None
     assert "get_time" in generic.messages[0]["content"] and generic.messages[0]["role"] == "system"
     assert json.loads(generic.messages[2]["content"]) == {
         "tool_call": {"name": "get_weather", "arguments": {"city": "Rome", "metric": True}}}
@@ -240,7 +240,7 @@ def test_tool_plan_formats():
     calls = hermes.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "metric": false}}\n'
                          '</tool_call>')
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo", "metric": False}
-    assert "grammar" in hermes.grammar and C.grammar_spec(**hermes.grammar).kind == "lark"
+    assert hermes.spec.kind == "lark"
     none = plan_tools("{{ tools }}", msgs, [WEATHER], "none")
     assert none.render_extra == {} and none.parse('{"name": "get_weather", "arguments": {}}') is None
     for tools, choice in [([], None), ([{"type": "function", "function": {"name": "a b"}}], None),
@@ -365,6 +365,7 @@ def test_streamed_forced_call_on_smollm2(client):
     args = "".join(d.function.arguments or "" for d in deltas)
     assert json.loads(args) == json.loads(plain.message.tool_calls[0].function.arguments)
     assert len(deltas) > 2 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert all(c.choices[0].delta.content is None for c in chunks)      # no content, as OpenAI's
     assert plain.finish_reason == "tool_calls" and plain.message.content is None
 
 
@@ -392,12 +393,26 @@ def test_server_rejects_bad_structured_requests(client):
              (dict(response_format={"type": "xml"}), "response_format.type"),
              (dict(logit_bias={"49152": 1}), "logit_bias"), (dict(logit_bias={"1": 500}), "logit_bias"),
              (dict(tools=[{"type": "function", "function": {"name": "a b"}}]), "tools"),
-             (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tools"),
-             (dict(tool_choice="required"), "tool_choice")]
+             (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+             (dict(tools=[WEATHER], tool_choice={"type": "function"}), "tool_choice"),
+             (dict(tool_choice="required"), "tool_choice"),
+             (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
+                   tool_choice="required"), "tools"),
+             (dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}),
+              "response_format"),
+             (dict(tools=[WEATHER], messages=msgs + [{"role": "assistant", "tool_calls": [
+                 {"id": "1", "type": "function", "function": "get_weather"}]}]), "messages[1].tool_calls[0].function")]
     for kw, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=4, **kw)
+            client.chat.completions.create(**{"model": "smollm2", "messages": msgs, "max_tokens": 4, **kw})
         assert e.value.body["param"] == param, (kw, e.value.body)
+    # a stop string does not cut a forced call: the grammar ends it
+    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Weather in Rome?"}],
+                                       tools=[WEATHER], tool_choice="required", stop=["e", '"'], max_tokens=60,
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(r.choices[0].message.tool_calls[0].function.arguments),
+                        WEATHER["function"]["parameters"])
     r = client.completions.create(model="smollm2", prompt="Answer yes or no:", max_tokens=20, temperature=0,
                                   extra_body={"response_format": {"type": "json_schema", "json_schema": {
                                       "name": "a", "schema": {"type": "object", "required": ["a"],

@@ -174,6 +174,8 @@ def grammar_spec(response_format: Any = None, json_schema: Any = None, grammar: 
     grammar: Lark text, GBNF text, or ``{"type": "lark"|"gbnf"|"regex", "grammar": text}``.
     regex: a regular expression the whole output matches.
     """
+    if isinstance(grammar, GrammarSpec) and response_format is json_schema is regex is None:
+        return grammar    # built already (a forced tool call's)
     given = [n for n, v in (("response_format", response_format), ("json_schema", json_schema),
                             ("grammar", grammar), ("regex", regex)) if v is not None]
     if response_format is not None and _rf_type(response_format) == "text":

@@ -160,11 +160,13 @@ class Engine:
             return self.stream(self.chat_ids(messages), **params)
         plan = self.tool_plan(messages, tools, tool_choice)
         ids = self._prompt_ids(self.chat_ids(plan.messages, **plan.render_extra))
-        return self._generation(ids, {**params, **(plan.grammar or {})}, parse_calls=plan.parse)
+        if plan.spec is not None:   # the grammar ends a forced call; a stop string must not cut it
+            params = {**params, "grammar": plan.spec, "stop": []}
+        return self._generation(ids, params, parse_calls=plan.parse)
 
     def tool_plan(self, messages: list[dict], tools: Any, tool_choice: Any = None) -> ToolPlan:
         """How a chat with `tools` is prompted (`plan.messages`, `plan.render_extra` for
-        chat_ids), constrained (`plan.grammar`: generate's keywords) and read back (`plan.parse`)."""
+        chat_ids), constrained (`plan.spec`: generate's `grammar=`) and read back (`plan.parse`)."""
         return plan_tools(self.template.source, messages, tools, tool_choice)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import SamplingParamsError
-from .constraint import JSON_STYLE, tight_schema
+from .constraint import JSON_STYLE, ConstraintError, GrammarSpec, grammar_spec, tight_schema
 
 __all__ = ["ToolError", "ToolPlan", "CallStreamer", "plan_tools", "new_call_id", "call_finish"]
 
@@ -28,7 +28,11 @@ _NAME_RX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
 class ToolError(SamplingParamsError):
-    """Bad ``tools`` / ``tool_choice`` / tool messages (HTTP 400)."""
+    """Bad ``tools`` / ``tool_choice`` (HTTP 400 naming `param`)."""
+
+    def __init__(self, message: str, param: str = "tools"):
+        super().__init__(message)
+        self.param = param
 
 
 def new_call_id() -> str:
@@ -83,10 +87,10 @@ def check_choice(choice: Any, tools: list[dict]) -> tuple[str, str | None]:
             and isinstance(choice.get("function"), Mapping):
         name = choice["function"].get("name")
         if name not in {t["function"]["name"] for t in tools}:
-            raise ToolError(f"tool_choice names the function {name!r}, which is not in tools")
+            raise ToolError(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
         return "required", name
     raise ToolError("tool_choice must be 'auto', 'none', 'required' or "
-                    "{'type': 'function', 'function': {'name': ...}}")
+                    "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
 
 
 # --------------------------------------------------------------------------- formats
@@ -99,7 +103,7 @@ class ToolPlan:
     choice: str                                # "auto" | "none" | "required"
     messages: list[dict]                       # what the template renders
     render_extra: dict = field(default_factory=dict)   # tools=... for templates that take them
-    grammar: dict | None = None                # engine grammar kwargs: {"grammar": ...} or {"json_schema": ...}
+    spec: GrammarSpec | None = None            # the forced call's grammar ("required" / named)
 
     @property
     def active(self) -> bool:
@@ -293,7 +297,7 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
         fmt = "generic"
         msgs = _generic_messages(messages, _generic_block(tools, choice, only) if choice != "none" else None)
         extra = {}
-    grammar = None
+    spec = None
     if choice == "required":
         schema = {**_call_schema(tools, only), "x-guidance": JSON_STYLE}
         if fmt == "hermes":
@@ -305,4 +309,8 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
         else:
             grammar = {"json_schema": {"type": "object", "additionalProperties": False,
                                        "required": ["tool_call"], "properties": {"tool_call": schema}}}
-    return ToolPlan(fmt=fmt, tools=tools, choice=choice, messages=msgs, render_extra=extra, grammar=grammar)
+        try:
+            spec = grammar_spec(**grammar)
+        except ConstraintError as e:   # a function's parameters the grammar engine refuses
+            raise ToolError(f"tools: {e}") from None
+    return ToolPlan(fmt=fmt, tools=tools, choice=choice, messages=msgs, render_extra=extra, spec=spec)

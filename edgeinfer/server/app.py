@@ -306,7 +306,7 @@ def _prompt(eng, req: GenRequest):
             try:
                 plan = eng.tool_plan(req.messages, req.tools, req.tool_choice)
             except ToolError as e:
-                raise bad(str(e), "tools", "invalid_value") from None
+                raise bad(str(e), e.param, "invalid_value") from None
             ids = eng.chat_ids(plan.messages, **plan.render_extra)
         elif req.kind == "chat":
             ids = eng.chat_ids(req.messages)
@@ -395,18 +395,25 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
 def _params(eng, req: GenRequest, plan, max_tokens: int | None) -> list[SamplingParams]:
     """The sampling parameters of each choice on `eng`: structured output (response_format,
     a forced tool call) and logit_bias checked against this model; 400 naming the field."""
+    sampling = dict(req.sampling)
+    if plan is not None and plan.spec is not None:   # a forced call: its grammar, which ends it
+        if req.response_format is not None and req.response_format.get("type") != "text":
+            raise bad("response_format cannot be combined with a forced tool call (tool_choice "
+                      "'required' or a named function)", "response_format", "invalid_value")
+        spec = plan.spec
+        sampling["stop"] = []      # a stop string must not cut the call
+    else:
+        try:
+            spec = grammar_spec(response_format=req.response_format)
+        except ConstraintError as e:
+            raise bad(str(e), "response_format", "invalid_value") from None
     try:
-        spec = grammar_spec(response_format=req.response_format, **((plan.grammar or {}) if plan else {}))
-    except ConstraintError as e:
-        raise bad(str(e), "response_format", "invalid_value") from None
-    try:
-        bias = check_logit_bias(req.sampling.get("logit_bias"), eng.config.n_vocab)
+        sampling["logit_bias"] = check_logit_bias(sampling.get("logit_bias"), eng.config.n_vocab)
     except SamplingParamsError as e:
         raise bad(str(e), "logit_bias", "invalid_value") from None
     try:
-        return [SamplingParams.from_dict({**req.sampling, "seed": seed, "logit_bias": bias},
-                                         max_tokens=max_tokens, grammar=spec)
-                for seed in _sibling_seeds(req.sampling.get("seed"), req.n)]
+        return [SamplingParams.from_dict({**sampling, "seed": seed}, max_tokens=max_tokens, grammar=spec)
+                for seed in _sibling_seeds(sampling.get("seed"), req.n)]
     except SamplingParamsError as e:
         raise bad(str(e), code="invalid_value") from None
 
@@ -574,7 +581,9 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
     done: dict[int, DoneEvent] = {}
     try:
         if chat:
-            await resp.write(b"".join(chunk(i, "", None, None, first=True) for i in range(n)))
+            # a forced call has no content (null in the accumulated message, as OpenAI's)
+            await resp.write(b"".join(chunk(i, "" if streamers[i] is None else None, None, None, first=True)
+                                      for i in range(n)))
         while len(done) < n:
             index, events = await queue.get()
             out: list[bytes] = []

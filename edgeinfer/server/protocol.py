@@ -63,10 +63,21 @@ def _stop_list(v: Any) -> Any:
     return [v] if isinstance(v, str) else v
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str | dict = "{}"             # OpenAI sends JSON text; an object is taken too
+
+
+class ToolCall(_Body):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, BeforeValidator(_text_parts)] = ""
-    tool_calls: list[dict] | None = None     # an assistant's earlier calls
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None          # a tool result answers this call
     name: str | None = None
 
@@ -210,8 +221,8 @@ def parse_chat(body: Any) -> GenRequest:
     b = parse(ChatBody, body)
     req = _request("chat", b)
     req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content,
-                     **{k: v for k, v in (("tool_calls", m.tool_calls), ("tool_call_id", m.tool_call_id),
-                                          ("name", m.name)) if v is not None}}
+                     **({"tool_calls": [c.model_dump() for c in m.tool_calls]} if m.tool_calls else {}),
+                     **{k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None}}
                     for m in b.messages]
     req.max_tokens = b.max_completion_tokens or b.max_tokens
     if b.top_logprobs is not None and not b.logprobs:
