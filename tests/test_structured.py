@@ -188,6 +188,12 @@ def test_logit_bias(engine):
         engine.generate("x", logit_bias={"49152": 1})
 
 
+def test_logit_bias_through_the_server(client, engine):
+    r = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=6,
+                                  temperature=0, logit_bias={"28": 100})
+    assert r.choices[0].text == engine.detokenize([28] * 6)
+
+
 def test_open_schemas_end_as_llama_cpp_grammars_do(engine):
     """A schema that lists properties without `additionalProperties`, or leaves an integer
     unbounded, still ends (SmolLM2 otherwise writes extra keys / digits until max_tokens):
@@ -419,6 +425,26 @@ def test_server_rejects_bad_structured_requests(client):
                                                               "additionalProperties": False,
                                                               "properties": {"a": {"type": "boolean"}}}}}})
     assert json.loads(r.choices[0].text)["a"] in (True, False) and r.choices[0].finish_reason == "stop"
+
+
+def test_llama_cpp_grammar_fields(client):
+    """llama.cpp's server extensions `json_schema` and `grammar` (GBNF or Lark), on chat and
+    completions; one constraint per request (400 otherwise, as for a bad grammar)."""
+    import openai
+    msgs = [{"role": "user", "content": "Is water wet?"}]
+    r = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=40, temperature=0,
+                                       extra_body={"json_schema": PERSON})
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    for g in ['root ::= "yes" | "no"', 'start: "yes" | "no"']:
+        r = client.completions.create(model="smollm2", prompt="Is water wet? Answer:", max_tokens=5,
+                                      temperature=0.8, seed=1, extra_body={"grammar": g})
+        assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"
+    for extra, param in [({"grammar": "root ::= ("}, "grammar"),
+                         ({"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, None),
+                         ({"json_schema": PERSON, "tools": [WEATHER], "tool_choice": "required"}, "json_schema")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=4, extra_body=extra)
+        assert e.value.body["param"] == param, (extra, e.value.body)
 
 
 HERMES = """{%- if tools %}<|im_start|>system

@@ -396,17 +396,18 @@ def _params(eng, req: GenRequest, plan, max_tokens: int | None) -> list[Sampling
     """The sampling parameters of each choice on `eng`: structured output (response_format,
     a forced tool call) and logit_bias checked against this model; 400 naming the field."""
     sampling = dict(req.sampling)
+    given = next(iter(req.constraint), None)      # the field to name in a 400
     if plan is not None and plan.spec is not None:   # a forced call: its grammar, which ends it
-        if req.response_format is not None and req.response_format.get("type") != "text":
-            raise bad("response_format cannot be combined with a forced tool call (tool_choice "
-                      "'required' or a named function)", "response_format", "invalid_value")
+        if given is not None:
+            raise bad(f"{given} cannot be combined with a forced tool call (tool_choice 'required' or "
+                      "a named function)", given, "invalid_value")
         spec = plan.spec
         sampling["stop"] = []      # a stop string must not cut the call
     else:
         try:
-            spec = grammar_spec(response_format=req.response_format)
+            spec = grammar_spec(**req.constraint)
         except ConstraintError as e:
-            raise bad(str(e), "response_format", "invalid_value") from None
+            raise bad(str(e), given if len(req.constraint) == 1 else None, "invalid_value") from None
     try:
         sampling["logit_bias"] = check_logit_bias(sampling.get("logit_bias"), eng.config.n_vocab)
     except SamplingParamsError as e:

@@ -107,6 +107,9 @@ class _GenBody(_Body):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict | None = None
+    response_format: ResponseFormat | None = None
+    json_schema: dict | None = None    # llama.cpp's server extensions: a JSON Schema, or
+    grammar: str | None = None         # a GBNF (or Lark) grammar the output follows
     # OpenAI fields we accept but do not act on: checked for type only
     user: str | None = None
     metadata: dict | None = None
@@ -123,7 +126,6 @@ class ChatBody(_GenBody):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     functions: Any = None
-    response_format: ResponseFormat | None = None
 
 
 class CompletionBody(_GenBody):
@@ -133,7 +135,6 @@ class CompletionBody(_GenBody):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
-    response_format: ResponseFormat | None = None
 
 
 class TokenizeBody(_Body):
@@ -190,7 +191,8 @@ class GenRequest:
     include_usage: bool = False
     n_logprobs: int | None = None           # None: no logprobs; else alternatives per token
     n: int = 1                              # choices (sibling sequences of one prompt)
-    response_format: dict | None = None     # structured output (engine/constraint.py)
+    constraint: dict = field(default_factory=dict)   # structured output as given: grammar_spec's
+                                            # response_format / json_schema / grammar
     tools: list[dict] | None = None         # chat: functions the model may call
     tool_choice: Any = None
 
@@ -211,10 +213,12 @@ def _request(kind: str, b: _GenBody) -> GenRequest:
         "ignore_eos": bool(b.ignore_eos),
         "logit_bias": b.logit_bias or None,   # checked against the vocabulary by the server
     }
-    rf = getattr(b, "response_format", None)
+    constraint = {k: v for k, v in (("json_schema", b.json_schema), ("grammar", b.grammar)) if v is not None}
+    if b.response_format is not None and b.response_format.type != "text":
+        constraint["response_format"] = b.response_format.model_dump(exclude_none=True)
     return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream), n=b.n or 1,
                       include_usage=bool(b.stream_options and b.stream_options.include_usage),
-                      response_format=rf.model_dump(exclude_none=True) if rf is not None else None)
+                      constraint=constraint)
 
 
 def parse_chat(body: Any) -> GenRequest:
