@@ -169,21 +169,23 @@ class Engine:
         """A chat reply. With `tools` (OpenAI's function list) and `tool_choice` ("auto", "none",
         "required", {"type": "function", "function": {"name": ...}}), a reply that calls
         functions has them in `Completion.tool_calls` and finish_reason "tool_calls"."""
-        if tools is None:
-            return self.generate(self.chat_ids(messages), **params)
-        plan = self.tool_plan(messages, tools, tool_choice)
-        out = self.generate(self.chat_ids(plan.messages, **plan.render_extra), **{**params, **(plan.grammar or {})})
-        calls = plan.parse(out.text)
-        if calls:
-            out.tool_calls, out.finish_reason = calls, "tool_calls"
-        return out
+        return self.stream_chat(messages, tools=tools, tool_choice=tool_choice, **params).result()
 
-    def stream_chat(self, messages: list[dict], **params: Any) -> Generation:
-        return self.stream(self.chat_ids(messages), **params)
+    def stream_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+                    **params: Any) -> Generation:
+        """As `chat`, streamed: iterates over the reply's text (with tools, a call's raw text);
+        once it ends, `Generation.tool_calls` holds the calls it made (None: none)."""
+        if tools is None:
+            return self.stream(self.chat_ids(messages), **params)
+        plan = self.tool_plan(messages, tools, tool_choice)
+        ids = self._prompt_ids(self.chat_ids(plan.messages, **plan.render_extra))
+        if plan.spec is not None:   # the grammar ends a forced call; a stop string must not cut it
+            params = {**params, "grammar": plan.spec, "stop": []}
+        return self._generation(ids, params, parse_calls=plan.parse)
 
     def tool_plan(self, messages: list[dict], tools: Any, tool_choice: Any = None) -> ToolPlan:
         """How a chat with `tools` is prompted (`plan.messages`, `plan.render_extra` for
-        chat_ids), constrained (`plan.grammar`: generate's keywords) and read back (`plan.parse`)."""
+        chat_ids), constrained (`plan.spec`: generate's `grammar=`) and read back (`plan.parse`)."""
         return plan_tools(self.template.source, messages, tools, tool_choice)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
@@ -201,7 +203,7 @@ class Engine:
                 f"({limit:,}) and far more than the context of {self.n_ctx} tokens")
         return self.tokenize(self.apply_chat_template(messages, **extra), add_special=False)
 
-    def _generation(self, ids: list[int], params: dict) -> Generation:
+    def _generation(self, ids: list[int], params: dict, parse_calls=None) -> Generation:
         params = dict(params)
         submit_kw = {"speculative": check_mode(params.pop("speculative"))} if "speculative" in params else {}
         n_logprobs = params.pop("logprobs", None)
@@ -216,7 +218,7 @@ class Engine:
         if params.get("logit_bias") is not None:
             params["logit_bias"] = check_logit_bias(params["logit_bias"], self.config.n_vocab)
         return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs,
-                          **submit_kw)
+                          parse_calls=parse_calls, **submit_kw)
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from .sampling import SamplingParams
+from .tool_calls import call_finish
 from ..text.tokenizer import StreamDecoder, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,7 +54,7 @@ class GenerationStats:
 class Completion:
     text: str
     tokens: list[int]
-    finish_reason: str              # "stop" (EOS or stop string) | "length"
+    finish_reason: str              # "stop" (EOS or stop string) | "length" | "tool_calls"
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list["TokenLogprob"] | None = None
     tool_calls: list[dict] | None = None    # Engine.chat with tools: the calls the reply made
@@ -260,9 +261,14 @@ class Generation:
     """
 
     def __init__(self, scheduler: "Scheduler", prompt_ids: list[int], params: SamplingParams,
-                 n_logprobs: int | None = None, **submit_kw):
+                 n_logprobs: int | None = None, parse_calls: Callable[[str], list | None] | None = None,
+                 **submit_kw):
         self.prompt_ids = prompt_ids
         self.params = params
+        # a chat with tools: the reply's text is read back into tool_calls once it ends
+        self._parse_calls = parse_calls
+        self._text: list[str] = []
+        self.tool_calls: list[dict] | None = None
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if n_logprobs is not None else None
         self.finish_reason: str | None = None
@@ -277,6 +283,12 @@ class Generation:
         return self
 
     def __next__(self) -> str:
+        piece = self._next()
+        if self._parse_calls is not None:
+            self._text.append(piece)
+        return piece
+
+    def _next(self) -> str:
         while True:
             if not self._pending:
                 if self._done:
@@ -294,6 +306,9 @@ class Generation:
                 self._done = True
                 self.finish_reason = ev.finish_reason
                 self.stats = ev.stats
+                if self._parse_calls is not None:
+                    self.tool_calls = self._parse_calls("".join(self._text) + ev.text)
+                    self.finish_reason = call_finish(self.finish_reason, self.tool_calls)
                 if ev.text:
                     return ev.text
             elif isinstance(ev, ErrorEvent):
@@ -315,5 +330,5 @@ class Generation:
         """Runs to the end and returns the whole completion."""
         text = "".join(self)
         return Completion(text=text, tokens=list(self.tokens), finish_reason=self.finish_reason or "stop",
-                          stats=self.stats, logprobs=self.logprobs)
+                          stats=self.stats, logprobs=self.logprobs, tool_calls=self.tool_calls)
 
