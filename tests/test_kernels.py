@@ -414,22 +414,24 @@ def test_kernel_matmul(matmul_terminates, name):
                 assert np.array_equal(y, ref), (name, isa, n_tok, thr)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_kernel_matmul_packed_rows(name):
     """Row counts that are multiples of 8 go through the row-interleaved kernels:
-    close to the per-row dot (a different float order), and a token's result is
-    identical whatever else is in the batch."""
+    close to the per-row dot (a different float order) at 1-4 threads, and a
+    token's result is identical whatever else is in the batch."""
     rng = np.random.default_rng(5)
-    n, n_rows = 576, 48
+    n, n_rows = (768, 40) if name in K_TYPES else (576, 48)   # K: 3 super-blocks, 5 row groups
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     tid = TYPES[name][0]
     x = rng.standard_normal((7, n)).astype(np.float32)
     for isa in ISAS:
-        y = np.zeros((7, n_rows), np.float32)
-        assert lib.ei_kernel_matmul(tid, isa, ffi.from_buffer(raw), n_rows, n, fptr(x), 7, fptr(y), 2) == 0, _err()
         ref = np.array([[kdot(name, isa, np.ascontiguousarray(raw[r]), x[t]) for r in range(n_rows)]
                         for t in range(7)], np.float64)
-        assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) <= 1e-10, (name, isa)
+        for thr in (1, 2, 3, 4):
+            y = np.zeros((7, n_rows), np.float32)
+            st = lib.ei_kernel_matmul(tid, isa, ffi.from_buffer(raw), n_rows, n, fptr(x), 7, fptr(y), thr)
+            assert st == 0, _err()
+            assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) <= 1e-10, (name, isa, thr)
         for t in range(7):
             y1 = np.zeros((1, n_rows), np.float32)
             xt = np.ascontiguousarray(x[t:t + 1])

@@ -189,6 +189,7 @@ static void fill_avx2(ei_kernels *k) {
     /* Q8_0 is not packed: maddubs would saturate its 8-bit products */
     PACKED(EI_TYPE_Q4_0, q4_0, avx2) PACKED(EI_TYPE_Q4_1, q4_1, avx2)
     PACKED(EI_TYPE_Q5_0, q5_0, avx2) PACKED(EI_TYPE_Q5_1, q5_1, avx2)
+    PACKED(EI_TYPE_Q4_K, q4_k, avx2) PACKED(EI_TYPE_Q5_K, q5_k, avx2) PACKED(EI_TYPE_Q6_K, q6_k, avx2)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, 256, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
@@ -204,6 +205,7 @@ static void fill_avx512(ei_kernels *k) {
     PACKED(EI_TYPE_Q4_0, q4_0, vnni) PACKED(EI_TYPE_Q4_1, q4_1, vnni)
     PACKED(EI_TYPE_Q5_0, q5_0, vnni) PACKED(EI_TYPE_Q5_1, q5_1, vnni)
     PACKED(EI_TYPE_Q8_0, q8_0, vnni)
+    PACKED(EI_TYPE_Q4_K, q4_k, vnni) PACKED(EI_TYPE_Q5_K, q5_k, vnni) PACKED(EI_TYPE_Q6_K, q6_k, vnni)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 256, 0};
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
