@@ -228,6 +228,15 @@ static void fill_neon(ei_kernels *k, int dotprod) {
         QUANT_TYPES(DOT_NEON)
     }
     k->quantize_act = ei_quantize_act_neon;
+    /* the K-quants are packed (packed_k_neon.c); the 32-block types keep their GGUF layout here */
+#define PACKED_NEON(T, name, sfx) k->packed[T].x1 = ei_packed_##name##_x1_##sfx, k->packed[T].x4 = ei_packed_##name##_x4_##sfx;
+    if (dotprod) {
+        PACKED_NEON(EI_TYPE_Q4_K, q4_k, neondot) PACKED_NEON(EI_TYPE_Q5_K, q5_k, neondot)
+        PACKED_NEON(EI_TYPE_Q6_K, q6_k, neondot)
+    } else {
+        PACKED_NEON(EI_TYPE_Q4_K, q4_k, neon) PACKED_NEON(EI_TYPE_Q5_K, q5_k, neon) PACKED_NEON(EI_TYPE_Q6_K, q6_k, neon)
+    }
+#undef PACKED_NEON
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
     k->name = dotprod ? "neon+dotprod" : "neon";

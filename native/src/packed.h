@@ -1,4 +1,4 @@
-/* Row-interleaved ("packed") weights for x86 integer dot products.
+/* Row-interleaved ("packed") weights for integer dot products (x86; NEON for the K-quants).
  *
  * A GGUF row stores its blocks one after another, so a dot product ends in a
  * horizontal sum per row and pays per-block scalar work. Packed weights put 8
@@ -91,5 +91,17 @@ EI_PACKED_DECL(q6_k, avx2)
 EI_PACKED_DECL(q4_k, vnni)
 EI_PACKED_DECL(q5_k, vnni)
 EI_PACKED_DECL(q6_k, vnni)
+#endif
+#if defined(__aarch64__)
+/* packed_k_neon.c: plain ASIMD and dotprod builds */
+#define EI_PACKED_DECL_NEON(name, sfx)                                                                      \
+    void ei_packed_##name##_x1_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);      \
+    void ei_packed_##name##_x4_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_DECL_NEON(q4_k, neon)
+EI_PACKED_DECL_NEON(q5_k, neon)
+EI_PACKED_DECL_NEON(q6_k, neon)
+EI_PACKED_DECL_NEON(q4_k, neondot)
+EI_PACKED_DECL_NEON(q5_k, neondot)
+EI_PACKED_DECL_NEON(q6_k, neondot)
 #endif
 #endif
