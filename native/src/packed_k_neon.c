@@ -81,55 +81,62 @@ static inline uint8x16_t pkn_hbits(uint16_t m) {
         acc = PKDOT(acc, (w)[3], a, 3);                                                               \
     } while (0)
 
-/* Q4_K / Q5_K: per sub-block j and token, acc += isum * ((d * sc) * a.d) - (dmin * m) * a.s */
-static inline PKATTR __attribute__((always_inline)) void PKF(pkn_q45k)(int five, int nt, const void *packed, int64_t nb,
-                                                                   const void *act, int64_t act_stride, float *y,
-                                                                   int64_t ldy) {
+#define PKINL static inline PKATTR __attribute__((always_inline))
+
+PKINL void PKF(pkn_q45k_blk)(int five, int nt, int j, const uint8_t *p, float32x4_t d0, float32x4_t d1, float32x4_t m0,
+                            float32x4_t m1, const void *act, int64_t act_stride, int64_t b, float32x4_t acc[][2]) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0f);
+    const float32x4_t dsc0 = vmulq_f32(d0, pkn_u8f(p + 32 + 8 * j)), dsc1 = vmulq_f32(d1, pkn_u8f(p + 36 + 8 * j));
+    const float32x4_t dmn0 = vmulq_f32(m0, pkn_u8f(p + 96 + 8 * j)), dmn1 = vmulq_f32(m1, pkn_u8f(p + 100 + 8 * j));
+    const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * (j >> 1);
+    int8x16_t w0[8], w1[8];   /* rows 0-3, rows 4-7 */
+    for (int k = 0; k < 8; k++) {
+        uint8x16_t v0 = vld1q_u8(qp + 32 * k), v1 = vld1q_u8(qp + 32 * k + 16);
+        if (j & 1) {
+            v0 = vshrq_n_u8(v0, 4);
+            v1 = vshrq_n_u8(v1, 4);
+        } else {
+            v0 = vandq_u8(v0, m4);
+            v1 = vandq_u8(v1, m4);
+        }
+        if (five) {
+            uint32_t mk;
+            memcpy(&mk, p + EI_PK_Q4K_BYTES + 32 * j + 4 * k, 4);
+            v0 = vorrq_u8(v0, pkn_hbits((uint16_t)mk));
+            v1 = vorrq_u8(v1, pkn_hbits((uint16_t)(mk >> 16)));
+        }
+        w0[k] = vreinterpretq_s8_u8(v0);
+        w1[k] = vreinterpretq_s8_u8(v1);
+    }
+    for (int t = 0; t < nt; t++) {
+        const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
+        const int8x16_t a0 = vld1q_s8(a->q), a1 = vld1q_s8(a->q + 16);
+        int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0), u0 = vdupq_n_s32(0), u1 = vdupq_n_s32(0);
+        PK_DOT4(s0, w0, a0);
+        PK_DOT4(u0, w0 + 4, a1);
+        PK_DOT4(s1, w1, a0);
+        PK_DOT4(u1, w1 + 4, a1);
+        const float32x4_t ad = vdupq_n_f32(a->d), as = vdupq_n_f32(a->s);
+        acc[t][0] = vfmaq_f32(acc[t][0], vcvtq_f32_s32(vaddq_s32(s0, u0)), vmulq_f32(dsc0, ad));
+        acc[t][1] = vfmaq_f32(acc[t][1], vcvtq_f32_s32(vaddq_s32(s1, u1)), vmulq_f32(dsc1, ad));
+        acc[t][0] = vfmsq_f32(acc[t][0], dmn0, as);
+        acc[t][1] = vfmsq_f32(acc[t][1], dmn1, as);
+    }
+}
+
+/* Q4_K / Q5_K: per sub-block j and token, acc += isum * ((d * sc) * a.d) - (dmin * m) * a.s
+ * (sub-blocks spelled out: every shift and offset a constant) */
+PKINL void PKF(pkn_q45k)(int five, int nt, const void *packed, int64_t nb, const void *act, int64_t act_stride,
+                         float *y, int64_t ldy) {
     const uint8_t *p = packed;
     const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
-    const uint8x16_t m4 = vdupq_n_u8(0x0f);
     float32x4_t acc[4][2];
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++, p += ub) {
         const float32x4_t d0 = pkn_h4(p), d1 = pkn_h4(p + 8), m0 = pkn_h4(p + 16), m1 = pkn_h4(p + 24);
-        for (int j = 0; j < 8; j++) {
-            const float32x4_t dsc0 = vmulq_f32(d0, pkn_u8f(p + 32 + 8 * j)), dsc1 = vmulq_f32(d1, pkn_u8f(p + 36 + 8 * j));
-            const float32x4_t dmn0 = vmulq_f32(m0, pkn_u8f(p + 96 + 8 * j)), dmn1 = vmulq_f32(m1, pkn_u8f(p + 100 + 8 * j));
-            const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * (j >> 1);
-            int8x16_t w0[8], w1[8];   /* rows 0-3, rows 4-7 */
-            for (int k = 0; k < 8; k++) {
-                uint8x16_t v0 = vld1q_u8(qp + 32 * k), v1 = vld1q_u8(qp + 32 * k + 16);
-                if (j & 1) {
-                    v0 = vshrq_n_u8(v0, 4);
-                    v1 = vshrq_n_u8(v1, 4);
-                } else {
-                    v0 = vandq_u8(v0, m4);
-                    v1 = vandq_u8(v1, m4);
-                }
-                if (five) {
-                    uint32_t mk;
-                    memcpy(&mk, p + EI_PK_Q4K_BYTES + 32 * j + 4 * k, 4);
-                    v0 = vorrq_u8(v0, pkn_hbits((uint16_t)mk));
-                    v1 = vorrq_u8(v1, pkn_hbits((uint16_t)(mk >> 16)));
-                }
-                w0[k] = vreinterpretq_s8_u8(v0);
-                w1[k] = vreinterpretq_s8_u8(v1);
-            }
-            for (int t = 0; t < nt; t++) {
-                const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
-                const int8x16_t a0 = vld1q_s8(a->q), a1 = vld1q_s8(a->q + 16);
-                int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0), u0 = vdupq_n_s32(0), u1 = vdupq_n_s32(0);
-                PK_DOT4(s0, w0, a0);
-                PK_DOT4(u0, w0 + 4, a1);
-                PK_DOT4(s1, w1, a0);
-                PK_DOT4(u1, w1 + 4, a1);
-                const float32x4_t ad = vdupq_n_f32(a->d), as = vdupq_n_f32(a->s);
-                acc[t][0] = vfmaq_f32(acc[t][0], vcvtq_f32_s32(vaddq_s32(s0, u0)), vmulq_f32(dsc0, ad));
-                acc[t][1] = vfmaq_f32(acc[t][1], vcvtq_f32_s32(vaddq_s32(s1, u1)), vmulq_f32(dsc1, ad));
-                acc[t][0] = vfmsq_f32(acc[t][0], dmn0, as);
-                acc[t][1] = vfmsq_f32(acc[t][1], dmn1, as);
-            }
-        }
+#define PQ45(j) PKF(pkn_q45k_blk)(five, nt, j, p, d0, d1, m0, m1, act, act_stride, b, acc)
+        PQ45(0); PQ45(1); PQ45(2); PQ45(3); PQ45(4); PQ45(5); PQ45(6); PQ45(7);
+#undef PQ45
     }
     for (int t = 0; t < nt; t++) {
         vst1q_f32(y + t * ldy, acc[t][0]);
@@ -137,49 +144,53 @@ static inline PKATTR __attribute__((always_inline)) void PKF(pkn_q45k)(int five,
     }
 }
 
-/* Q6_K: per block j and token, acc += (sc_lo * (I_lo - 32 A_lo) + sc_hi * (I_hi - 32 A_hi)) * (d * a.d) */
-static inline PKATTR __attribute__((always_inline)) void PKF(pkn_q6k)(int nt, const void *packed, int64_t nb,
-                                                                  const void *act, int64_t act_stride, float *y,
-                                                                  int64_t ldy) {
-    const uint8_t *p = packed;
+PKINL void PKF(pkn_q6k_blk)(int nt, int j, const uint8_t *p, float32x4_t d0, float32x4_t d1, const void *act,
+                           int64_t act_stride, int64_t b, float32x4_t acc[][2]) {
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m30 = vdupq_n_u8(0x30);
+    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
+    const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
+    const int8_t *sc = (const int8_t *)(p + 16 + 16 * j);
+    const int32x4_t sl0 = pkn_s8i(sc), sl1 = pkn_s8i(sc + 4), sh0 = pkn_s8i(sc + 8), sh1 = pkn_s8i(sc + 12);
+    int8x16_t w0[8], w1[8];
+    for (int k = 0; k < 8; k++) {
+        for (int half = 0; half < 2; half++) {
+            uint8x16_t l = vld1q_u8(ql + 256 * (2 * h + c) + 32 * k + 16 * half);
+            uint8x16_t u = vld1q_u8(qh + 256 * h + 32 * k + 16 * half);
+            l = hi ? vshrq_n_u8(l, 4) : vandq_u8(l, m4);
+            u = s2 == 0 ? vshlq_n_u8(u, 4) : s2 == 2 ? vshlq_n_u8(u, 2) : s2 == 6 ? vshrq_n_u8(u, 2) : u;
+            const int8x16_t wv = vreinterpretq_s8_u8(vorrq_u8(l, vandq_u8(u, m30)));
+            if (half) w1[k] = wv;
+            else w0[k] = wv;
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
+        const int8x16_t a0 = vld1q_s8(a->q), a1 = vld1q_s8(a->q + 16);
+        const int32x4_t c0 = vdupq_n_s32(32 * (int32_t)vaddlvq_s8(a0)), c1 = vdupq_n_s32(32 * (int32_t)vaddlvq_s8(a1));
+        int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0), u0 = vdupq_n_s32(0), u1 = vdupq_n_s32(0);
+        PK_DOT4(s0, w0, a0);
+        PK_DOT4(u0, w0 + 4, a1);
+        PK_DOT4(s1, w1, a0);
+        PK_DOT4(u1, w1 + 4, a1);
+        const int32x4_t i0 = vmlaq_s32(vmulq_s32(vsubq_s32(s0, c0), sl0), vsubq_s32(u0, c1), sh0);
+        const int32x4_t i1 = vmlaq_s32(vmulq_s32(vsubq_s32(s1, c0), sl1), vsubq_s32(u1, c1), sh1);
+        const float32x4_t ad = vdupq_n_f32(a->d);
+        acc[t][0] = vfmaq_f32(acc[t][0], vcvtq_f32_s32(i0), vmulq_f32(d0, ad));
+        acc[t][1] = vfmaq_f32(acc[t][1], vcvtq_f32_s32(i1), vmulq_f32(d1, ad));
+    }
+}
+
+/* Q6_K: per block j and token, acc += (sc_lo * (I_lo - 32 A_lo) + sc_hi * (I_hi - 32 A_hi)) * (d * a.d) */
+PKINL void PKF(pkn_q6k)(int nt, const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
+                        int64_t ldy) {
+    const uint8_t *p = packed;
     float32x4_t acc[4][2];
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         const float32x4_t d0 = pkn_h4(p), d1 = pkn_h4(p + 8);
-        const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
-        for (int j = 0; j < 8; j++) {
-            const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
-            const int8_t *sc = (const int8_t *)(p + 16 + 16 * j);
-            const int32x4_t sl0 = pkn_s8i(sc), sl1 = pkn_s8i(sc + 4), sh0 = pkn_s8i(sc + 8), sh1 = pkn_s8i(sc + 12);
-            int8x16_t w0[8], w1[8];
-            for (int k = 0; k < 8; k++) {
-                for (int half = 0; half < 2; half++) {
-                    uint8x16_t l = vld1q_u8(ql + 256 * (2 * h + c) + 32 * k + 16 * half);
-                    uint8x16_t u = vld1q_u8(qh + 256 * h + 32 * k + 16 * half);
-                    l = hi ? vshrq_n_u8(l, 4) : vandq_u8(l, m4);
-                    u = s2 == 0 ? vshlq_n_u8(u, 4) : s2 == 2 ? vshlq_n_u8(u, 2) : s2 == 6 ? vshrq_n_u8(u, 2) : u;
-                    const int8x16_t wv = vreinterpretq_s8_u8(vorrq_u8(l, vandq_u8(u, m30)));
-                    if (half) w1[k] = wv;
-                    else w0[k] = wv;
-                }
-            }
-            for (int t = 0; t < nt; t++) {
-                const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
-                const int8x16_t a0 = vld1q_s8(a->q), a1 = vld1q_s8(a->q + 16);
-                const int32x4_t c0 = vdupq_n_s32(32 * (int32_t)vaddlvq_s8(a0)), c1 = vdupq_n_s32(32 * (int32_t)vaddlvq_s8(a1));
-                int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0), u0 = vdupq_n_s32(0), u1 = vdupq_n_s32(0);
-                PK_DOT4(s0, w0, a0);
-                PK_DOT4(u0, w0 + 4, a1);
-                PK_DOT4(s1, w1, a0);
-                PK_DOT4(u1, w1 + 4, a1);
-                const int32x4_t i0 = vmlaq_s32(vmulq_s32(vsubq_s32(s0, c0), sl0), vsubq_s32(u0, c1), sh0);
-                const int32x4_t i1 = vmlaq_s32(vmulq_s32(vsubq_s32(s1, c0), sl1), vsubq_s32(u1, c1), sh1);
-                const float32x4_t ad = vdupq_n_f32(a->d);
-                acc[t][0] = vfmaq_f32(acc[t][0], vcvtq_f32_s32(i0), vmulq_f32(d0, ad));
-                acc[t][1] = vfmaq_f32(acc[t][1], vcvtq_f32_s32(i1), vmulq_f32(d1, ad));
-            }
-        }
+#define PQ6(j) PKF(pkn_q6k_blk)(nt, j, p, d0, d1, act, act_stride, b, acc)
+        PQ6(0); PQ6(1); PQ6(2); PQ6(3); PQ6(4); PQ6(5); PQ6(6); PQ6(7);
+#undef PQ6
     }
     for (int t = 0; t < nt; t++) {
         vst1q_f32(y + t * ldy, acc[t][0]);
@@ -209,4 +220,5 @@ PKATTR void PKF(ei_packed_q6_k_x4)(const void *pk, int64_t nb, const void *act, 
 #undef PKCAT2
 #undef PKCAT
 #undef PKF
+#undef PKINL
 #endif /* EI_PKN_PASS */
