@@ -146,6 +146,7 @@ void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, in
 void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 int64_t ei_row_bytes(int type, int64_t n);
+size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols);
 float ei_fp16_to_fp32(uint16_t h);
 uint16_t ei_fp32_to_fp16(float f);
 float ei_bf16_to_fp32(uint16_t h);
@@ -412,6 +413,21 @@ def test_kernel_matmul(matmul_terminates, name):
                 ref = np.array([[kdot(name, isa, np.ascontiguousarray(raw[r]), x[t]) for r in range(n_rows)]
                                 for t in range(n_tok)], np.float32)
                 assert np.array_equal(y, ref), (name, isa, n_tok, thr)
+
+
+def test_k_quants_take_the_packed_path(internal):
+    """Every SIMD level packs Q4_K, Q5_K and Q6_K matrices of 8k rows (so the kernels that
+    test_kernel_matmul_packed_rows checks are the ones the runtime uses); the scalar
+    reference packs nothing, and shapes the layout cannot hold stay unpacked."""
+    _, ilib = internal
+    for name in sorted(K_TYPES):
+        tid = TYPES[name][0]
+        for isa in ISAS:
+            k = ilib.ei_kernels_get(isa)
+            got = ilib.ei_packed_bytes(k, tid, 40, 768)
+            assert (got > 0) == (isa != SCALAR), (name, isa, got)
+            assert ilib.ei_packed_bytes(k, tid, 44, 768) == 0, (name, isa)   # rows not a multiple of 8
+            assert ilib.ei_packed_bytes(k, tid, 40, 800) == 0, (name, isa)   # not whole super-blocks
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
