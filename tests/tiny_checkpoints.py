@@ -6,6 +6,10 @@ checkpoint carries a real tokenizer of a few hundred tokens:
   llama_tied: byte-level BPE, smollm style (Digits + ByteLevel), tied embeddings, chat template
   mistral : SentencePiece BPE tokenizer.model (byte fallback)
   qwen2   : byte-level BPE, Qwen2 Split regex, q/k/v biases
+  qwen3   : byte-level BPE, Qwen2 Split regex, per-head Q/K norms, head_dim 32 with width 64 /
+            4 heads, the Qwen3 chat template with its thinking switch
+  gemma3  : SentencePiece (no dummy prefix, byte fallback), 7 layers (local and global),
+            sliding window 16, GeGLU, post-norms, Gemma's chat template
 Needs torch, transformers, tokenizers, sentencepiece (and peft for the adapter).
 """
 from __future__ import annotations
@@ -35,6 +39,27 @@ QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+# The Qwen3 template's shape (thinking switch included), shortened: no tools.
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}")
+GEMMA_TURNS = ["<start_of_turn>", "<end_of_turn>"]
+# Gemma 3's template: a system message goes before the first user turn; the assistant is "model".
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + "
+    "message['content'] | trim + '<end_of_turn>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}")
 
 
 def _corpus():
@@ -71,17 +96,19 @@ def _bpe_tokenizer(style: str, vocab_size: int, specials: list[str]):
     return tok
 
 
-def _spm_model(path: Path, vocab_size: int = 420) -> None:
+def _spm_model(path: Path, vocab_size: int = 420, gemma: bool = False) -> None:
     import sentencepiece as spm
 
     txt = path / "corpus.txt"
     txt.write_text("\n".join(_corpus()), encoding="utf-8")
+    ids = (dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, user_defined_symbols=GEMMA_TURNS,
+                pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>") if gemma
+           else dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1))
     spm.SentencePieceTrainer.train(
         input=str(txt), model_prefix=str(path / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=0.98,
-        normalization_rule_name="identity", add_dummy_prefix=True, split_digits=True,
-        remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        normalization_rule_name="identity", add_dummy_prefix=not gemma, split_digits=True,
+        remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, minloglevel=2, **ids)
     txt.unlink()
     (path / "tokenizer.vocab").unlink()
 
@@ -139,6 +166,26 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         model = tf.Qwen2ForCausalLM(cfg)
         tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                 "chat_template": CHATML, "add_bos_token": False}
+    elif kind == "qwen3":
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+        tok = _bpe_tokenizer("qwen2", 380, specials)
+        n_vocab = tok.get_vocab_size()
+        cfg = tf.Qwen3Config(vocab_size=n_vocab, bos_token_id=None, eos_token_id=2,
+                             tie_word_embeddings=False, rope_theta=1000000.0, head_dim=32, **common)
+        model = tf.Qwen3ForCausalLM(cfg)
+        tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                "chat_template": QWEN3_TEMPLATE, "add_bos_token": False}
+    elif kind == "gemma3":
+        _spm_model(out, vocab_size=440, gemma=True)
+        tok = None
+        import sentencepiece as spm
+        n_vocab = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model")).vocab_size()
+        cfg = tf.Gemma3TextConfig(vocab_size=n_vocab, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                                  head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
+                                  **{**common, "num_hidden_layers": 7, "rms_norm_eps": 1e-6})
+        model = tf.Gemma3ForCausalLM(cfg)
+        tcfg = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>",
+                "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA3_TEMPLATE}
     else:
         raise ValueError(kind)
     with torch.no_grad():   # non-trivial norms and biases (HF initializes them to 1 / 0)

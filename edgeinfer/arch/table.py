@@ -23,7 +23,7 @@ __all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "ARCHS", "GGUF_KEYS",
 # The ops the native forward pass implements (native/src/forward.c, native/cuda/forward.cu).
 # A family that needs another one needs a kernel first (docs/architecture.md).
 NORMS = ("rms",)                  # RMSNorm times a weight
-ACTIVATIONS = ("silu",)           # the gated FFN: down(silu(gate(x)) * up(x))
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated FFN: down(act(gate(x)) * up(x)); gelu_tanh: GeGLU (Gemma)
 ROPE_STYLES = ("normal", "neox")  # rotated pairs (2i, 2i+1) / (i, i + rope_dim/2)
 
 #: Hyperparameter -> GGUF metadata key after the "{arch}." prefix (llama.cpp's LLM_KV names).
@@ -44,6 +44,13 @@ GGUF_KEYS: Mapping[str, str] = MappingProxyType({
     "rope_scaling_factor": "rope.scaling.factor",
     "rope_scale_linear": "rope.scale_linear",
     "n_expert": "expert_count",
+    # sliding-window attention and softcapping (Gemma 3)
+    "swa_window": "attention.sliding_window",
+    "swa_pattern": "attention.sliding_window_pattern",
+    "rope_theta_local": "rope.freq_base_swa",
+    "attn_scale": "attention.scale",
+    "final_softcap": "final_logit_softcapping",
+    "attn_softcap": "attn_logit_softcapping",
 })
 
 #: Hyperparameter -> key of a Hugging Face config.json.
@@ -67,7 +74,8 @@ HF_KEYS: Mapping[str, str] = MappingProxyType({
 #: The roles the `has_qkv_bias` flag of the native model config governs.
 QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
 #: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
-FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs")
+FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs",
+         "has_qk_norm", "has_post_norms")   # per-head Q/K norms, post-norms: Qwen3, Gemma 3
 
 
 class HeadDims:
@@ -92,12 +100,15 @@ class Dims(Protocol):
     n_embd: int
     n_ff: int
     n_vocab: int
+    head_dim: int
     q_dim: int
     kv_dim: int
     rope_dim: int
     has_qkv_bias: bool
     has_output: bool
     has_rope_freqs: bool
+    has_qk_norm: bool
+    has_post_norms: bool
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,14 @@ class Arch:
     keys: Mapping[str, str] = field(default_factory=lambda: GGUF_KEYS)
     hf_keys: Mapping[str, str] = field(default_factory=lambda: HF_KEYS)
     hf_ignore: str = r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$"   # HF buffers with no GGUF tensor
+    # ---- Qwen3 / Gemma 3 ops
+    qk_norm: bool = False          # attn_q_norm / attn_k_norm: RMSNorm of each q/k head before RoPE
+    post_norms: bool = False       # attn_post_norm / ffn_post_norm on each block's output
+    embd_scale_sqrt: bool = False  # token embeddings times sqrt(n_embd) (Gemma)
+    norm_shift: float = 0.0        # HF norm weights w are applied as (w + norm_shift): Gemma's (1 + w),
+                                   # stored shifted in GGUF as llama.cpp's converter does
+    swa_pattern: int = 0           # sliding-window layers: global iff (layer + 1) % swa_pattern == 0
+    rope_theta_local: float = 10000.0   # RoPE base of the local layers unless the file says
 
     def __post_init__(self):
         for what, value, known in (("norm", self.norm, NORMS), ("act", self.act, ACTIVATIONS),
@@ -228,12 +247,46 @@ DECODER = (
     Tensor("ffn_down", "blk.{i}.ffn_down.weight", lambda h: (h.n_ff, h.n_embd), _L + "mlp.down_proj.weight"),
 )
 
+#: Per-head RMSNorm of q and k (Qwen3, Gemma 3): head_dim weights each.
+QK_NORMS = (
+    Tensor("attn_q_norm", "blk.{i}.attn_q_norm.weight", lambda h: (h.head_dim,), _L + "self_attn.q_norm.weight",
+           when="has_qk_norm"),
+    Tensor("attn_k_norm", "blk.{i}.attn_k_norm.weight", lambda h: (h.head_dim,), _L + "self_attn.k_norm.weight",
+           when="has_qk_norm"),
+)
+
+
+def _gemma3_tensors() -> tuple[Tensor, ...]:
+    """The decoder's tensors with Gemma's four norms per layer: input -> attn_norm,
+    post_attention -> attn_post_norm, pre_feedforward -> ffn_norm, post_feedforward ->
+    ffn_post_norm (llama.cpp's names)."""
+    out = [t for t in DECODER if t.role not in ("ffn_norm", "rope_freqs")]
+    out += [
+        Tensor("ffn_norm", "blk.{i}.ffn_norm.weight", lambda h: (h.n_embd,), _L + "pre_feedforward_layernorm.weight"),
+        Tensor("attn_post_norm", "blk.{i}.post_attention_norm.weight", lambda h: (h.n_embd,),
+               _L + "post_attention_layernorm.weight", when="has_post_norms"),
+        Tensor("ffn_post_norm", "blk.{i}.post_ffw_norm.weight", lambda h: (h.n_embd,),
+               _L + "post_feedforward_layernorm.weight", when="has_post_norms"),
+        Tensor("rope_freqs", "rope_freqs.weight", lambda h: (h.rope_dim // 2,), when="has_rope_freqs"),
+    ]
+    return tuple(out) + QK_NORMS
+
+
+GEMMA3 = _gemma3_tensors()
+
 #: general.architecture -> family. SmolLM and Mistral checkpoints are llama files.
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", DECODER,
                   hf_classes={"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}),
     "qwen2": Arch("qwen2", DECODER, hf_classes={"Qwen2ForCausalLM": "qwen2"},
                   rope="neox", qkv_bias=True),
+    # ---- Qwen3 / Gemma 3
+    "qwen3": Arch("qwen3", DECODER + QK_NORMS, hf_classes={"Qwen3ForCausalLM": "qwen3"},
+                  rope="neox", qkv_bias=False, qk_norm=True),
+    "gemma3": Arch("gemma3", GEMMA3, hf_classes={"Gemma3ForCausalLM": "gemma3_text"},
+                   rope="neox", qkv_bias=False, act="gelu_tanh", qk_norm=True, post_norms=True,
+                   embd_scale_sqrt=True, norm_shift=1.0, swa_pattern=6,
+                   hf_keys={**HF_KEYS, "act": "hidden_activation"}),
 }
 
 

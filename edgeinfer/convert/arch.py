@@ -38,6 +38,19 @@ class HParams(HeadDims):
     rope_scaling: dict = field(default_factory=dict)
     tied_output: bool = False
     has_qkv_bias: bool = False
+    # ---- Qwen3 / Gemma 3: sliding window, local RoPE base, attention scale, softcap
+    swa_window: int = 0
+    rope_theta_local: float = 0.0
+    attn_scale: float = 0.0        # 0: 1/sqrt(head_dim)
+    final_softcap: float = 0.0
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.arch.qk_norm
+
+    @property
+    def has_post_norms(self) -> bool:
+        return self.arch.post_norms
 
     # the names the table's shapes and flags use (edgeinfer.arch.table.Dims)
     @property
@@ -80,6 +93,9 @@ class HParams(HeadDims):
         rs = config.get("rope_scaling") or {}
         if not isinstance(rp, dict) or not isinstance(rs, dict):
             raise ConversionError("config.json: rope_parameters / rope_scaling must be objects")
+        rp_local = None
+        if isinstance(rp.get("full_attention"), dict):   # per layer type (Gemma 3): global layers here
+            rp_local, rp = rp.get("sliding_attention"), rp["full_attention"]
         theta = rp.get("rope_theta", config.get(keys["rope_theta"], 10000.0))
         scaling = dict(rs)
         rtype = rp.get("rope_type") or rp.get("type")
@@ -93,12 +109,14 @@ class HParams(HeadDims):
         if config.get(keys["mlp_bias"]):
             raise ConversionError(f"config.json: {keys['mlp_bias']} = true is not supported")
         act = config.get(keys["act"], arch.act)
+        act = _HF_ACTS.get(act, act)
         if act != arch.act:
             raise ConversionError(f"config.json: {keys['act']} {act!r} is not supported "
                                   f"({arch.act} only)")
         qkv_bias = arch.qkv_bias
         if qkv_bias is None:
             qkv_bias = bool(config.get(keys["has_qkv_bias"], False))
+        extra = _swa_hparams(config, arch, n_layer=need("n_layer"), head_dim=head_dim, rp_local=rp_local)
         return cls(
             arch=arch, hf_class=hf_class, n_layer=need("n_layer"), n_embd=n_embd,
             n_ff=need("n_ff"), n_head=n_head, n_head_kv=n_head_kv,
@@ -106,7 +124,7 @@ class HParams(HeadDims):
             n_ctx=int(config.get(keys["n_ctx_train"]) or 4096),
             rms_eps=float(config.get(keys["rms_eps"], 1e-6)), rope_theta=float(theta),
             rope_scaling=scaling, tied_output=bool(config.get(keys["tied_output"], False)),
-            has_qkv_bias=qkv_bias,
+            has_qkv_bias=qkv_bias, **extra,
         )
 
     def metadata(self) -> list[tuple[str, object, str | None]]:
@@ -127,6 +145,13 @@ class HParams(HeadDims):
         if self.q_dim != self.n_embd:
             kv += [(key("head_dim"), self.head_dim, "UINT32"),
                    (key("value_dim"), self.head_dim, "UINT32")]
+        if self.swa_window:
+            kv += [(key("swa_window"), self.swa_window, "UINT32"),
+                   (key("rope_theta_local"), self.rope_theta_local, "FLOAT32")]
+        if self.attn_scale:
+            kv.append((key("attn_scale"), self.attn_scale, "FLOAT32"))
+        if self.final_softcap:
+            kv.append((key("final_softcap"), self.final_softcap, "FLOAT32"))
         if self.rope_scaling["rope_type"] == "linear":
             kv += [(key("rope_scaling"), "linear", "STRING"),
                    (key("rope_scaling_factor"), float(self.rope_scaling["factor"]), "FLOAT32")]
@@ -158,6 +183,46 @@ class HParams(HeadDims):
                 smooth = (old_ctx / wl - low) / (high - low)
                 out.append(1.0 / ((1 - smooth) / factor + smooth))
         return np.array(out, dtype=np.float32)
+
+
+#: Hugging Face activation names -> the table's.
+_HF_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+def _swa_hparams(config: dict, arch: Arch, n_layer: int, head_dim: int, rp_local: dict | None) -> dict:
+    """Sliding window, local RoPE base, attention scale and softcaps of a Gemma 3 style
+    config.json; refuses what the native forward does not implement."""
+    out: dict = {}
+    if config.get("attn_logit_softcapping"):
+        raise ConversionError("config.json: attn_logit_softcapping is not supported")
+    if config.get("use_sliding_window") and not arch.swa_pattern:
+        raise ConversionError(f"config.json: use_sliding_window = true is not supported for "
+                              f"{arch.name}")
+    if not arch.swa_pattern:
+        return out
+    cap = config.get("final_logit_softcapping")
+    if cap:
+        out["final_softcap"] = float(cap)
+    qpas = config.get("query_pre_attn_scalar")
+    if qpas and float(qpas) != float(head_dim):   # llama.cpp assumes head_dim unless told
+        out["attn_scale"] = float(qpas) ** -0.5
+    window = config.get("sliding_window")
+    if window:
+        types = config.get("layer_types")
+        pattern = arch.swa_pattern
+        if types is None and config.get("sliding_window_pattern") not in (None, pattern):
+            raise ConversionError(f"config.json: sliding_window_pattern "
+                                  f"{config.get('sliding_window_pattern')} is not supported "
+                                  f"({pattern} only)")
+        want = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                for i in range(n_layer)]
+        if types is not None and list(types) != want:
+            raise ConversionError(f"config.json: layer_types {types} is not the {pattern - 1} local : "
+                                  f"1 global layout edgeinfer (and llama.cpp) implement")
+        local = (rp_local or {}).get("rope_theta", config.get("rope_local_base_freq",
+                                                                arch.rope_theta_local))
+        out.update(swa_window=int(window), rope_theta_local=float(local))
+    return out
 
 
 def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -201,6 +266,11 @@ class TensorMap:
                 if w.hf is not None}
 
     def transform(self, hf: str) -> Callable[[np.ndarray], np.ndarray] | None:
+        shift = self.hp.arch.norm_shift
+        if shift:   # Gemma's norms scale by (1 + w): stored shifted, as llama.cpp's converter does
+            found = self.hp.arch.match_hf(hf)
+            if found and found[0].role.endswith("norm"):
+                return lambda w: (w.astype(np.float32) + np.float32(shift))
         if not self.hp.arch.permute_qk:
             return None
         found = self.hp.arch.match_hf(hf)

@@ -47,6 +47,16 @@ class ModelConfig(HeadDims):
     tied_output: bool = False
     rope_freq_scale: float = 1.0
     has_rope_freqs: bool = False
+    # ---- Qwen3 / Gemma 3: per-head Q/K norms, post-norms, GeGLU, embedding scale, sliding window
+    has_qk_norm: bool = False
+    has_post_norms: bool = False
+    act: str = "silu"
+    embd_scale: float = 0.0        # 0: none
+    attn_scale: float = 0.0        # 0: 1/sqrt(head_dim)
+    final_softcap: float = 0.0     # 0: none
+    swa_window: int = 0            # 0: every layer attends to the whole context
+    swa_pattern: int = 0           # with swa_window: layer l is global iff (l + 1) % swa_pattern == 0
+    rope_theta_local: float = 0.0  # RoPE base of the local layers (0: rope_theta)
     tensor_types: dict[str, int] = field(default_factory=dict, repr=False)
     family: Arch | None = field(default=None, repr=False, compare=False)   # the table entry of `arch`
 
@@ -58,6 +68,10 @@ class ModelConfig(HeadDims):
     @property
     def has_output(self) -> bool:
         return not self.tied_output
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Is `layer` a sliding-window layer (attends to the last swa_window positions only)?"""
+        return self.swa_window > 0 and (self.swa_pattern == 0 or (layer + 1) % self.swa_pattern != 0)
 
     def weights(self) -> list[Weight]:
         """Every tensor this model uses (name, table entry, layer, GGML shape), in the table's
@@ -184,6 +198,7 @@ class ModelConfig(HeadDims):
                 raise GGUFError(f"{f.path}: only some q/k/v biases are present ({', '.join(have)})")
             has_bias = all(present)
 
+        extra = _family_hparams(a, f, get_int, get_float, key, n_embd, head_dim)
         cfg = cls(
             arch=a.name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
             head_dim=head_dim, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
@@ -192,7 +207,7 @@ class ModelConfig(HeadDims):
             tied_output=a.tensor("output").gguf not in tensors,
             rope_freq_scale=rope_freq_scale,
             has_rope_freqs=a.tensor("rope_freqs").gguf in tensors,
-            family=a,
+            family=a, **extra,
         )
         cfg._check_tensors(f)
         return cfg
@@ -229,3 +244,35 @@ class ModelConfig(HeadDims):
 
 
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+def _family_hparams(a: Arch, f: GGUFFile, get_int, get_float, key, n_embd: int, head_dim: int) -> dict:
+    """The Qwen3 / Gemma 3 features: what the family implies plus its optional GGUF keys
+    (sliding window, local RoPE base, attention scale, final softcap), as llama.cpp reads them."""
+    out: dict = dict(has_qk_norm=a.qk_norm, has_post_norms=a.post_norms, act=a.act,
+                     embd_scale=math.sqrt(n_embd) if a.embd_scale_sqrt else 0.0)
+    if key("attn_softcap") in f and get_float("attn_softcap", 0.0) != 0.0:
+        raise GGUFError(f"{f.path}: {key('attn_softcap')} (attention logit softcapping) is not supported")
+    out["final_softcap"] = get_float("final_softcap", 0.0)
+    out["attn_scale"] = get_float("attn_scale", 0.0)
+    if out["final_softcap"] < 0 or out["attn_scale"] < 0:
+        raise GGUFError(f"{f.path}: {key('final_softcap')} and {key('attn_scale')} must be >= 0")
+    window = get_int("swa_window", 0, lo=0, hi=MAX_CTX) if a.swa_pattern else 0
+    if window:
+        full = key("swa_pattern")
+        pattern = a.swa_pattern
+        if full in f:
+            v = f.get(full)
+            if isinstance(v, list):   # one flag per layer: accepted when it is the periodic layout
+                n = next((p for p in range(1, len(v) + 2)
+                          if all(bool(x) == ((i + 1) % p != 0) for i, x in enumerate(v))), None)
+                if n is None:
+                    raise GGUFError(f"{f.path}: {full} = {v} is not a periodic local/global layout")
+                pattern = 0 if n > len(v) else n
+            else:
+                pattern = get_int("swa_pattern", lo=0, hi=MAX_LAYERS)
+        out.update(swa_window=window, swa_pattern=pattern,
+                   rope_theta_local=get_float("rope_theta_local", a.rope_theta_local))
+        if out["rope_theta_local"] <= 0:
+            raise GGUFError(f"{f.path}: {key('rope_theta_local')} must be > 0")
+    return out

@@ -19,6 +19,11 @@ def fill_config(c, cfg: ModelConfig) -> None:
     c.head_dim, c.n_ff, c.n_vocab = cfg.head_dim, cfg.n_ff, cfg.n_vocab
     c.rope_dim, c.rope_neox, c.has_qkv_bias = cfg.rope_dim, int(cfg.rope_neox), int(cfg.has_qkv_bias)
     c.rope_theta, c.rope_freq_scale, c.rms_eps = cfg.rope_theta, cfg.rope_freq_scale, cfg.rms_eps
+    # Qwen3 / Gemma 3
+    c.has_qk_norm, c.has_post_norms = int(cfg.has_qk_norm), int(cfg.has_post_norms)
+    c.act_gelu = int(cfg.act == "gelu_tanh")
+    c.embd_scale, c.attn_scale, c.final_softcap = cfg.embd_scale, cfg.attn_scale, cfg.final_softcap
+    c.swa_window, c.swa_pattern, c.rope_theta_local = cfg.swa_window, cfg.swa_pattern, cfg.rope_theta_local
 
 
 def model_tensors(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[int, int, TensorInfo]]:

@@ -172,12 +172,25 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_freq = alloc_zeroed(half * sizeof(double), &scratch);
     rt->out_rows = alloc_zeroed(B * d * sizeof(float), &scratch);
+    /* Sliding-window layers: a second RoPE table when their base differs, and per-thread
+     * cell positions masked to the window. */
+    int swa_fail = 0;
+    if (c->swa_window > 0) {
+        rt->swa_cell_pos = alloc_zeroed((size_t)prm.n_threads * prm.n_ctx * sizeof(int32_t), &scratch);
+        swa_fail |= !rt->swa_cell_pos;
+        if (c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) {
+            rt->rope_cos_l = alloc_zeroed(B * half * sizeof(float), &scratch);
+            rt->rope_sin_l = alloc_zeroed(B * half * sizeof(float), &scratch);
+            rt->rope_freq_local = alloc_zeroed(half * sizeof(double), &scratch);
+            swa_fail |= !rt->rope_cos_l || !rt->rope_sin_l || !rt->rope_freq_local;
+        }
+    }
     rt->kv_bytes = kv_total;
     rt->scratch_bytes = scratch;
 
     if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
         !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->attn_done || !rt->rope_cos ||
-        !rt->rope_sin || !rt->rope_freq || !rt->out_rows) {
+        !rt->rope_sin || !rt->rope_freq || !rt->out_rows || swa_fail) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate %zu bytes of KV + %zu of scratch",
                        kv_total, scratch);
@@ -187,6 +200,8 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     for (int i = 0; i < c->rope_dim / 2; i++) {
         double f = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) * c->rope_freq_scale;
         rt->rope_freq[i] = factors ? f / factors[i] : f;
+        /* local layers: their own base, no scaling (llama.cpp's rope_freq_{base,scale}_train_swa) */
+        if (rt->rope_freq_local) rt->rope_freq_local[i] = pow((double)c->rope_theta_local, -2.0 * i / (double)c->rope_dim);
     }
     if (pack_weights(rt) != EI_OK) {
         ei_runtime_free(rt);
@@ -207,7 +222,8 @@ void ei_runtime_free(ei_runtime *rt) {
     free(rt->packed);
     free(rt->pack_arena);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
-                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows};
+                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows,
+                    rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(rt);
 }

@@ -33,6 +33,11 @@ struct ei_runtime {
     float *rope_cos, *rope_sin;  /* [max_batch][rope_dim / 2] */
     double *rope_freq;           /* [rope_dim / 2]: scale * theta^(-2i/rope_dim) / factor_i, fixed at creation */
     float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
+    /* Sliding-window layers (NULL without them): [n_threads][n_ctx] cell positions masked to a
+     * query's window; the local layers' RoPE tables when their base differs from rope_theta. */
+    int32_t *swa_cell_pos;
+    float *rope_cos_l, *rope_sin_l;
+    double *rope_freq_local;
     size_t scratch_bytes;
     double prof[EI_PROF_COUNT];   /* seconds per stage */
 
