@@ -1,0 +1,212 @@
+"""Qwen3 and Gemma 3 from checkpoint to tokens, against transformers and llama.cpp (issue 14).
+
+Tiny random-weight checkpoints (tests/tiny_checkpoints.py: qwen3 with head_dim != width /
+heads and per-head Q/K norms; gemma3 with 7 layers of 5 local : 1 global, a sliding window of
+16, GeGLU, post-norms, a SentencePiece vocabulary without a dummy prefix) converted by our
+converter. One test per behaviour, looping over the families inside.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from conftest import require
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+torch = require("torch", "tiny checkpoints are built with torch")
+tf = require("transformers", "tiny checkpoints are built with transformers")
+require("tokenizers")
+require("sentencepiece")
+require("llama_cpp")
+require("gguf", "the gguf package is a test dependency")
+
+import tiny_checkpoints  # noqa: E402
+from llama_oracle import first_divergence, kl_divergence, llama_greedy, llama_logits, llama_tokenize  # noqa: E402
+
+import edgeinfer  # noqa: E402
+from edgeinfer.convert import convert_checkpoint  # noqa: E402
+from edgeinfer.gguf import GGUFFile  # noqa: E402
+
+pytestmark = [pytest.mark.oracle]
+torch.set_num_threads(1)
+
+FAMILIES = ["qwen3", "gemma3"]
+# ~100 tokens: well past gemma3's window of 16
+TEXT = ("The quick brown fox, 12345 apples; café 🙂 def f(x):\n    return x * 2\n\n"
+        "Once upon a time, in a small village, there lived an old clockmaker who loved tea. "
+        "SHOUTING words and don't won't they'll -- numbers 3.14159 and 2024.")
+PROMPTS = ["Once upon a time", "def add(a, b):", "Numbers: 0 1 2 3", "Hello, world! How are you"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fam")
+    out = {}
+    for fam in FAMILIES:
+        d = tiny_checkpoints.build(fam, root / fam)
+        files = {}
+        for ft in ("f32", "q8_0"):
+            files[ft] = root / f"{fam}.{ft}.gguf"
+            convert_checkpoint(str(d), str(files[ft]), ft)
+        out[fam] = (d, files)
+    return out
+
+
+def hf_logits(model_dir, ids, **overrides) -> np.ndarray:
+    m = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **overrides).eval()
+    with torch.no_grad():
+        return m(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def engine(path, **kw):
+    return edgeinfer.load(str(path), n_ctx=256, n_threads=2, **kw)
+
+
+def test_file_describes_the_family(tiny):
+    """The converted files carry what llama.cpp reads: gemma3's window, head sizes, shifted norms."""
+    d, files = tiny["gemma3"]
+    with GGUFFile(files["f32"]) as f:
+        m = f.metadata
+        assert m["general.architecture"] == "gemma3"
+        assert m["gemma3.attention.sliding_window"] == 16
+        assert m["gemma3.attention.key_length"] == 32 and m["gemma3.embedding_length"] == 64
+        assert m["tokenizer.ggml.add_space_prefix"] is False
+        assert "output.weight" not in f.tensors          # tied head
+        norm = np.frombuffer(bytes(f.tensors["blk.0.attn_q_norm.weight"].data), np.float32)
+    hf = tf.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
+    w = hf.model.layers[0].self_attn.q_norm.weight.detach().numpy()
+    np.testing.assert_array_equal(np.asarray(norm), w + 1.0)    # Gemma's (1 + w), stored shifted
+    with GGUFFile(tiny["qwen3"][1]["f32"]) as f:
+        m = f.metadata
+        assert m["general.architecture"] == "qwen3"
+        assert m["qwen3.attention.key_length"] == 32 and m["qwen3.attention.head_count"] == 4
+        assert m["qwen3.embedding_length"] == 64                 # 4 heads of 32 != 64 / 4
+        assert "blk.1.attn_k_norm.weight" in f.tensors and "output.weight" in f.tensors
+
+
+def test_f32_logits_as_close_to_transformers_as_llama_cpp(tiny):
+    """Issue 14: our F32 logits vs transformers at most 1.5x llama.cpp's own difference on the
+    same file, and within 1e-3 where llama.cpp is. The text runs past gemma3's window."""
+    for fam in FAMILIES:
+        d, files = tiny[fam]
+        ids = llama_tokenize(files["f32"], TEXT)
+        assert len(ids) > 3 * 16
+        ref = hf_logits(d, ids)
+        with engine(files["f32"]) as e:
+            ours = e.logits(ids)
+        theirs = llama_logits(files["f32"], ids)
+        o, t = float(np.abs(ours - ref).max()), float(np.abs(theirs - ref).max())
+        print(f"\n{fam}: max |logit - transformers|: edgeinfer {o:.2e}, llama.cpp {t:.2e}")
+        assert o <= 1.5 * t, (fam, o, t)
+        if t <= 1e-3:
+            assert o <= 1e-3, (fam, o)
+
+
+def test_sliding_window_matches_transformers_past_the_window(tiny):
+    """Gemma 3's local layers see only the last 16 positions: our logits follow transformers'
+    windowed model past the window, and the window changes them there (so the check bites),
+    for a prompt evaluated at once and for tokens decoded one by one."""
+    d, files = tiny["gemma3"]
+    ids = llama_tokenize(files["f32"], TEXT)[:60]
+    ref = hf_logits(d, ids)
+    full = hf_logits(d, ids, sliding_window=4096)      # the same weights, no window
+    assert np.abs(full[:16] - ref[:16]).max() < 1e-4    # inside the window: the same model
+    assert np.abs(full[20:] - ref[20:]).max() > 1e-2    # past it: the window matters
+    bound = 0.1 * float(np.abs(full[20:] - ref[20:]).max())
+    for max_batch in (256, 7, 1):      # one prefill, chunks across the window's edge, one by one
+        with engine(files["f32"], max_batch=max_batch) as e:
+            err = float(np.abs(e.logits(ids) - ref).max())
+        print(f"\ngemma3 past the window, batches of {max_batch}: max |edgeinfer - transformers| "
+              f"{err:.2e}; transformers without the window differs by {np.abs(full - ref).max():.2e}")
+        assert err <= bound, (max_batch, err, bound)
+
+
+def test_q8_0_kl_against_llama_cpp(tiny):
+    for fam in FAMILIES:
+        path = tiny[fam][1]["q8_0"]
+        ids = llama_tokenize(path, TEXT)
+        with engine(path) as e:
+            ours = e.logits(ids)
+        kl = float(kl_divergence(llama_logits(path, ids), ours).mean())
+        print(f"\n{fam} Q8_0: mean KL(llama.cpp || edgeinfer) {kl:.5f}")
+        assert kl <= 0.01, (fam, kl)
+
+
+def test_greedy_32_tokens_identical_to_llama_cpp(tiny):
+    """32 greedy tokens on the Q8_0 file as llama.cpp picks them. Random tiny models have
+    near-flat logits: a divergence is accepted only after the first token and only where
+    llama.cpp's own two best candidates are within 0.02 (the two runtimes' Q8_0 logits differ
+    by about that), and is printed."""
+    same = total = 0
+    for fam in FAMILIES:
+        path = tiny[fam][1]["q8_0"]
+        with engine(path) as e:
+            for prompt in PROMPTS:
+                ids = e.tokenize(prompt)
+                ours = e.generate(ids, max_tokens=32, temperature=0.0, ignore_eos=True).tokens
+                theirs = llama_greedy(path, ids, 32)
+                div = first_divergence(ours, theirs)
+                total += 1
+                same += div is None
+                if div is None:
+                    continue
+                top2 = np.sort(llama_logits(path, ids + theirs[:div])[-1])[-2:]
+                print(f"\n{fam} {prompt!r}: diverges at token {div}; llama.cpp's top-2 gap there "
+                      f"{top2[1] - top2[0]:.4f}")
+                assert div > 0 and top2[1] - top2[0] < 0.02, (fam, prompt, div, ours, theirs)
+    print(f"\ngreedy 32 tokens: {same}/{total} identical to llama.cpp")
+
+
+def test_tokenizer_matches_llama_cpp_on_the_hostile_corpus(tiny):
+    """Qwen BPE and Gemma SPM (no dummy prefix, user-defined turn markers) against llama.cpp
+    on the same files, with and without BOS and special-token parsing."""
+    from test_tokenizer import FULL_CORPUS, SPM_CORPUS, compare_with_oracle, oracle_vocab
+
+    from edgeinfer.text.tokenizer import Tokenizer
+    extra = ["<|im_start|>user\nhi<|im_end|>\n<think>\nx\n</think>", "<start_of_turn>user\nhi<end_of_turn>\n",
+             "<bos>a<eos>b", "\n\n\n", "   ", "a  b   c    d"]
+    for fam in FAMILIES:
+        path = tiny[fam][1]["q8_0"]
+        with GGUFFile(path) as f:
+            tok = Tokenizer.from_metadata(dict(f.metadata))
+        ok, n, failures = compare_with_oracle(tok, oracle_vocab(path), sorted(set(SPM_CORPUS + FULL_CORPUS))
+                                              + extra)
+        print(f"\n{fam}: {ok}/{n} tokenizations identical to llama.cpp")
+        assert ok == n, "\n".join(failures)
+
+
+def test_lora_merged_equals_peft(tiny, tmp_path):
+    require("peft")
+    for fam in FAMILIES:
+        d = tiny[fam][0]
+        adapter = tiny_checkpoints.build_lora(d, tmp_path / f"lora-{fam}")
+        out = tmp_path / f"{fam}-lora.gguf"
+        convert_checkpoint(str(d), str(out), "f32", lora_dir=str(adapter))
+        ids = llama_tokenize(out, TEXT)
+        from peft import PeftModel
+        m = PeftModel.from_pretrained(
+            tf.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32), str(adapter)).eval()
+        with torch.no_grad():
+            ref = m(torch.tensor([ids])).logits[0].numpy()
+        base = hf_logits(d, ids)
+        assert np.abs(ref - base).max() > 1e-2               # the adapter does change the model
+        with engine(out) as e:
+            ours = e.logits(ids)
+        theirs = llama_logits(out, ids)
+        assert np.abs(ours - ref).max() <= max(1e-3, 1.5 * np.abs(theirs - ref).max()), fam
+
+
+def test_bf16_checkpoint_converts(tiny, tmp_path):
+    for fam in FAMILIES:
+        d = tiny_checkpoints.build(fam, tmp_path / fam, dtype="bfloat16")
+        out = tmp_path / f"{fam}.gguf"
+        convert_checkpoint(str(d), str(out), "f32")
+        ids = llama_tokenize(out, TEXT)
+        ref = hf_logits(d, ids)      # bf16 weights held in f32 by transformers
+        with engine(out) as e:
+            ours = e.logits(ids)
+        theirs = llama_logits(out, ids)
+        assert np.abs(ours - ref).max() <= max(1e-3, 1.5 * np.abs(theirs - ref).max()), fam
