@@ -188,10 +188,12 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
                 "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA3_TEMPLATE}
     else:
         raise ValueError(kind)
+    # Gemma's norms scale by (1 + w): the same effective weights as the others' w
+    one = 0.0 if kind == "gemma3" else 1.0
     with torch.no_grad():   # non-trivial norms and biases (HF initializes them to 1 / 0)
         for n, p in model.named_parameters():
             if p.ndim == 1:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in n else 0.1 * torch.randn_like(p))
+                p.copy_(one + 0.2 * torch.randn_like(p) if "norm" in n else 0.1 * torch.randn_like(p))
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
     if tok is not None:
