@@ -7,6 +7,7 @@ converter. One test per behaviour, looping over the families inside.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -214,3 +215,47 @@ def test_bf16_checkpoint_converts(tiny, tmp_path):
             ours = e.logits(ids)
         theirs = llama_logits(out, ids)
         assert np.abs(ours - ref).max() <= max(1e-3, 1.5 * np.abs(theirs - ref).max()), fam
+
+
+def test_chat_templates_render_as_transformers_and_qwen3_thinks_on_request(tiny):
+    """Each family's template as transformers renders it (Gemma's system-in-first-turn, Qwen3's
+    thinking switch), and enable_thinking passed through chat(), chat_template_kwargs and the
+    server's chat endpoint (as an extra body field and inside chat_template_kwargs)."""
+    openai = require("openai", "the openai client is the server's oracle")
+    from edgeinfer.server import ServerThread
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Count to 3"}]
+    for fam in FAMILIES:
+        d, files = tiny[fam]
+        from transformers.utils.chat_template_utils import render_jinja_template
+        tcfg = json.loads((d / "tokenizer_config.json").read_text())
+        specials = {k: tcfg[k] for k in ("bos_token", "eos_token") if k in tcfg}
+        with engine(files["q8_0"]) as e:
+            for kw in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+                want = render_jinja_template([msgs], chat_template=tcfg["chat_template"],
+                                             add_generation_prompt=True, **specials, **kw)[0][0]
+                assert e.apply_chat_template(msgs, **kw) == want, (fam, kw)
+            if fam != "qwen3":
+                continue
+            off = e.apply_chat_template(msgs, enable_thinking=False)
+            assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+            assert e.apply_chat_template(msgs).endswith("<|im_start|>assistant\n")
+            ids_off = e.chat_ids(msgs, enable_thinking=False)
+            assert ids_off == e.tokenize(off, add_special=False) and ids_off != e.chat_ids(msgs)
+            greedy = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+            want = e.generate(ids_off, **greedy).tokens
+            assert e.chat(msgs, enable_thinking=False, **greedy).tokens == want
+            assert e.chat(msgs, chat_template_kwargs={"enable_thinking": False}, **greedy).tokens == want
+            assert e.chat(msgs, **greedy).tokens == e.generate(e.chat_ids(msgs), **greedy).tokens
+            srv = ServerThread(e, model_name="qwen3").start()
+            try:
+                client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+                for extra in ({"enable_thinking": False}, {"chat_template_kwargs": {"enable_thinking": False}}):
+                    r = client.chat.completions.create(model="qwen3", messages=msgs, max_tokens=6, temperature=0.0,
+                                                       extra_body=extra)
+                    assert r.usage.prompt_tokens == len(ids_off), extra
+                    assert r.choices[0].message.content == e.detokenize(want), extra
+                r = client.chat.completions.create(model="qwen3", messages=msgs, max_tokens=6, temperature=0.0)
+                assert r.usage.prompt_tokens == len(e.chat_ids(msgs))
+            finally:
+                srv.stop(timeout_s=5)

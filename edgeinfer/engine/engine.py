@@ -139,16 +139,23 @@ class Engine:
         """Iterates over text pieces as they are generated (never half a UTF-8 character)."""
         return self._generation(self._prompt_ids(prompt), params)
 
-    def chat(self, messages: list[dict], **params: Any) -> Completion:
-        return self.generate(self.chat_ids(messages), **params)
+    def chat(self, messages: list[dict], *, chat_template_kwargs: dict | None = None,
+             enable_thinking: bool | None = None, **params: Any) -> Completion:
+        """Generates the reply to a chat. chat_template_kwargs are extra variables of the chat
+        template; enable_thinking (Qwen3's switch) is one of them."""
+        kw = _template_kwargs(chat_template_kwargs, enable_thinking)
+        return self.generate(self.chat_ids(messages, **kw), **params)
 
-    def stream_chat(self, messages: list[dict], **params: Any) -> Generation:
-        return self.stream(self.chat_ids(messages), **params)
+    def stream_chat(self, messages: list[dict], *, chat_template_kwargs: dict | None = None,
+                    enable_thinking: bool | None = None, **params: Any) -> Generation:
+        kw = _template_kwargs(chat_template_kwargs, enable_thinking)
+        return self.stream(self.chat_ids(messages, **kw), **params)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **template_kwargs: Any) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
+    def chat_ids(self, messages: list[dict], **template_kwargs: Any) -> list[int]:
         """The prompt ids of a chat. The template writes BOS itself where the model wants it;
         special tokens are parsed. Messages longer than any rendered prompt may be are a
         ContextOverflowError, not a template failure."""
@@ -158,7 +165,7 @@ class Engine:
             raise ContextOverflowError(
                 f"the messages hold {size:,} characters, more than a chat prompt may render to "
                 f"({limit:,}) and far more than the context of {self.n_ctx} tokens")
-        return self.tokenize(self.apply_chat_template(messages), add_special=False)
+        return self.tokenize(self.apply_chat_template(messages, **template_kwargs), add_special=False)
 
     def _generation(self, ids: list[int], params: dict) -> Generation:
         params = dict(params)
@@ -207,3 +214,14 @@ def _content_chars(messages: Any) -> int:
     if not isinstance(messages, list):
         return 0
     return sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+
+def _template_kwargs(kwargs: dict | None, enable_thinking: bool | None) -> dict:
+    """The extra chat-template variables of a chat call: chat_template_kwargs plus the
+    enable_thinking switch (which wins when both name it)."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"chat_template_kwargs must be a dict, got {type(kwargs).__name__}")
+    out = dict(kwargs or {})
+    if enable_thinking is not None:
+        out["enable_thinking"] = bool(enable_thinking)
+    return out

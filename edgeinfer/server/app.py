@@ -269,7 +269,7 @@ def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
     param = "messages" if req.kind == "chat" else "prompt"
     try:
         if req.kind == "chat":
-            ids = eng.chat_ids(req.messages)
+            ids = eng.chat_ids(req.messages, **req.template_kwargs)
         else:
             ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
     except TemplateError as e:

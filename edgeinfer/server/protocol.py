@@ -108,6 +108,9 @@ class ChatBody(_GenBody):
     tools: Any = None
     functions: Any = None
     response_format: ResponseFormat | None = None
+    # extra variables for the chat template (vLLM / llama-server style), e.g. Qwen3's thinking switch
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
 
 
 class CompletionBody(_GenBody):
@@ -172,6 +175,7 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     n_logprobs: int | None = None           # None: no logprobs; else alternatives per token
+    template_kwargs: dict = field(default_factory=dict)   # chat: extra chat-template variables
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -207,6 +211,9 @@ def parse_chat(body: Any) -> GenRequest:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     if b.logprobs:
         req.n_logprobs = b.top_logprobs or 0
+    req.template_kwargs = dict(b.chat_template_kwargs or {})
+    if b.enable_thinking is not None:
+        req.template_kwargs["enable_thinking"] = b.enable_thinking
     for name in ("tools", "functions"):
         if getattr(b, name):
             raise bad(f"'{name}' is not supported by this server", name, "unsupported_parameter")
