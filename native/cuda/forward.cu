@@ -106,6 +106,7 @@ typedef struct {
 
 typedef struct {
     dweight attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+    dweight q_norm, k_norm, attn_post_norm, ffn_post_norm;   /* Qwen3 / Gemma 3; NULL when absent */
 } dlayer;
 
 struct ei_cuda_runtime {
@@ -124,6 +125,8 @@ struct ei_cuda_runtime {
     /* device batch: tokens, slots, pos, cells, n_cells, out_rows; each max_batch int32 */
     int32_t *d_batch, *h_batch;   /* h_batch is pinned */
     float *x, *q, *kc, *vc, *att, *gate, *up, *rope_cos, *rope_sin, *onorm, *logits, *part;
+    float *rope_cos_l, *rope_sin_l;   /* local layers' RoPE tables when their base differs; else NULL */
+    float *post;                      /* [max_batch][n_embd]: a block's output before its post-norm */
     int32_t *d_top_ids;        /* argmax / top-k results: max_batch x EIC_TOPK_MAX each */
     float *d_top_vals;
     int32_t attn_tokens, max_chunks, last_n_out;
@@ -160,6 +163,10 @@ static dweight *layer_slot(dlayer *L, int role) {
     case EI_T_FFN_GATE: return &L->w_gate;
     case EI_T_FFN_UP: return &L->w_up;
     case EI_T_FFN_DOWN: return &L->w_down;
+    case EI_T_ATTN_Q_NORM: return &L->q_norm;
+    case EI_T_ATTN_K_NORM: return &L->k_norm;
+    case EI_T_ATTN_POST_NORM: return &L->attn_post_norm;
+    case EI_T_FFN_POST_NORM: return &L->ffn_post_norm;
     default: return NULL;
     }
 }
@@ -221,7 +228,12 @@ static ei_status check_model(const ei_cuda_runtime *rt) {
         CK(bq, qd, 1, c->has_qkv_bias) CK(bk, kvd, 1, c->has_qkv_bias) CK(bv, kvd, 1, c->has_qkv_bias)
         CK(wo, qd, d, 1) CK(ffn_norm, d, 1, 1) CK(w_gate, d, c->n_ff, 1) CK(w_up, d, c->n_ff, 1)
         CK(w_down, c->n_ff, d, 1)
+        CK(q_norm, c->head_dim, 1, c->has_qk_norm) CK(k_norm, c->head_dim, 1, c->has_qk_norm)
+        CK(attn_post_norm, d, 1, c->has_post_norms) CK(ffn_post_norm, d, 1, c->has_post_norms)
 #undef CK
+        if ((!c->has_qk_norm && (L->q_norm.data || L->k_norm.data)) ||
+            (!c->has_post_norms && (L->attn_post_norm.data || L->ffn_post_norm.data)))
+            return eic_fail(EI_ERR_INVALID_ARG, "blk.%d: norm weights for a model configured without them", l);
         if (!c->has_qkv_bias && (L->bq.data || L->bk.data || L->bv.data))
             return eic_fail(EI_ERR_INVALID_ARG, "blk.%d: q/k/v biases for a model configured without them", l);
     }
@@ -235,7 +247,7 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
             if (rt->graphs[i][j]) cudaGraphExecDestroy(rt->graphs[i][j]);
     void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->q, rt->kc, rt->vc,
                    rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
-                   rt->d_top_ids, rt->d_top_vals};
+                   rt->d_top_ids, rt->d_top_vals, rt->rope_cos_l, rt->rope_sin_l, rt->post};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (rt->h_batch) cudaFreeHost(rt->h_batch);
@@ -258,7 +270,10 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->n_head % c->n_head_kv ||
         c->head_dim < 2 || c->n_ff < 1 || c->n_vocab < 1 || c->rope_dim < 0 || c->rope_dim > c->head_dim ||
         c->rope_dim % 2 || (c->rope_neox != 0 && c->rope_neox != 1) ||
-        (c->has_qkv_bias != 0 && c->has_qkv_bias != 1))
+        (c->has_qkv_bias != 0 && c->has_qkv_bias != 1) || (c->has_qk_norm != 0 && c->has_qk_norm != 1) ||
+        (c->has_post_norms != 0 && c->has_post_norms != 1) || (c->act_gelu != 0 && c->act_gelu != 1) ||
+        !(c->embd_scale >= 0) || !(c->attn_scale >= 0) || !(c->final_softcap >= 0) || !(c->rope_theta_local >= 0) ||
+        c->swa_window < 0 || c->swa_pattern < 0)
         return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration");
     if (c->head_dim > EIC_MAX_HEAD_DIM || c->n_head / c->n_head_kv > EIC_MAX_GROUP)
         return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d and GQA groups <= %d (got %d, %d)",
@@ -292,11 +307,15 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (attn_tokens < 1) attn_tokens = 1;
     if (attn_tokens > B) attn_tokens = B;
     if (attn_tokens > 65535) attn_tokens = 65535;
+    const int local_rope = c->swa_window > 0 && c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta;
     const size_t scr[] = {6 * B * 4,  B * d * 4,  B * qd * 4,   B * kvd * 4,  B * kvd * 4, B * qd * 4,
                           B * ff * 4, B * ff * 4, B * half * 4, B * half * 4, B * d * 4,
                           B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * EIC_TOPK_MAX * 4,
                           B * EIC_TOPK_MAX * 4,
-                          (size_t)p->n_slots * p->n_ctx * 4};
+                          (size_t)p->n_slots * p->n_ctx * 4,
+                          /* local RoPE tables and the post-norm buffer, when the model has them */
+                          local_rope ? B * half * 4 : 0, local_rope ? B * half * 4 : 0,
+                          c->has_post_norms ? B * d * 4 : 0};
     size_t scratch = 0;
     for (size_t i = 0; i < sizeof scr / sizeof scr[0]; i++) scratch += al256(scr[i]);
     ei_cuda_sizes sz = {wbytes, kv_bytes, scratch, wbytes + kv_bytes + scratch};
@@ -363,6 +382,11 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     DALLOC(rt->part, attn_tokens * part_per_tok);
     DALLOC(rt->d_top_ids, B * EIC_TOPK_MAX * 4);
     DALLOC(rt->d_top_vals, B * EIC_TOPK_MAX * 4);
+    if (local_rope) {
+        DALLOC(rt->rope_cos_l, B * half * 4);
+        DALLOC(rt->rope_sin_l, B * half * 4);
+    }
+    if (c->has_post_norms) DALLOC(rt->post, B * d * 4);
 #undef DALLOC
     if ((st = eic_check(cudaMallocHost((void **)&rt->h_batch, 6 * B * 4), "cudaMallocHost")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->kv.k, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
@@ -513,9 +537,17 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
 
     LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, rt->rope_cos, rt->rope_sin,
                         rt->d_cell_pos, slots, cells, rt->p.n_ctx));
+    if (rt->rope_cos_l)   /* sliding-window layers: their own base, no scaling (as the CPU) */
+        LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta_local, 1.0f, NULL, rt->rope_cos_l, rt->rope_sin_l,
+                            NULL, slots, cells, rt->p.n_ctx));
     LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
+    if (c->embd_scale > 0 && c->embd_scale != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, c->embd_scale));
     for (int l = 0; l < c->n_layer; l++) {
         const dlayer *L = &rt->layers[l];
+        const int local = c->swa_window > 0 && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
+        const eic_qk_norm qkn = {(const float *)L->q_norm.data, (const float *)L->k_norm.data, c->rms_eps};
+        const float *rc = local && rt->rope_cos_l ? rt->rope_cos_l : rt->rope_cos;
+        const float *rsn = local && rt->rope_sin_l ? rt->rope_sin_l : rt->rope_sin;
         /* attn_norm + Q, K, V: one launch unless the recipe mixes their types */
         const eic_mm_part qkv[3] = {{L->wq.data, (const float *)L->bq.data, rt->q, qd, qd},
                                     {L->wk.data, (const float *)L->bk.data, rt->kc, kvd, kvd},
@@ -523,31 +555,43 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
         const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
         LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
         LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
-                           c->rope_neox, rt->rope_cos, rt->rope_sin, &rt->kv, l, slots, cells));
+                           c->rope_neox, rc, rsn, &rt->kv, l, slots, cells, c->has_qk_norm ? &qkn : NULL));
         for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
             const int32_t nt = T - t0 < rt->attn_tokens ? T - t0 : rt->attn_tokens;
             LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, &rt->kv, l, slots + t0, pos + t0, ncells + t0,
-                              rt->d_cell_pos, n_chunks, rt->part, rt->att + t0 * qd));
+                              rt->d_cell_pos, n_chunks, rt->part, rt->att + t0 * qd, c->attn_scale,
+                              local ? c->swa_window : 0));
         }
-        LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
+        if (c->has_post_norms) {   /* Gemma 3: O, then its post-norm, into the residual */
+            LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 0, rt->post, d));
+            LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->attn_post_norm.data, T, d, c->rms_eps, rt->x));
+        } else {
+            LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
+        }
         /* ffn_norm + gate, up and SwiGLU: one launch when gate and up share a type */
         const float *fn = (const float *)L->ffn_norm.data;
-        if (L->w_gate.type == L->w_up.type) {
+        if (L->w_gate.type == L->w_up.type && !c->act_gelu) {
             LCK(eic_matmul_glu(s, L->w_gate.type, L->w_gate.data, NULL, L->w_up.data, NULL, ff, d, rt->x, d, T, fn,
                                c->rms_eps, rt->gate, ff));
         } else {
             const eic_mm_part gu[2] = {{L->w_gate.data, NULL, rt->gate, ff, ff}, {L->w_up.data, NULL, rt->up, ff, ff}};
             const int gu_types[2] = {L->w_gate.type, L->w_up.type};
             LCK(matmul_by_type(s, gu, gu_types, 2, d, rt->x, T, fn, c->rms_eps));
-            LCK(eic_swiglu(s, rt->gate, rt->up, (int64_t)T * ff));
+            LCK((c->act_gelu ? eic_geglu : eic_swiglu)(s, rt->gate, rt->up, (int64_t)T * ff));
         }
-        LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
+        if (c->has_post_norms) {
+            LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 0, rt->post, d));
+            LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->ffn_post_norm.data, T, d, c->rms_eps, rt->x));
+        } else {
+            LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
+        }
     }
     (void)half;
     if (n_out > 0) {
         const dweight *head = rt->output.data ? &rt->output : &rt->tok_embd;
         LCK(eic_rmsnorm(s, rt->x, (const float *)rt->output_norm.data, orows, n_out, d, c->rms_eps, rt->onorm));
         LCK(eic_matmul(s, head->type, head->data, c->n_vocab, d, rt->onorm, d, n_out, NULL, 0, rt->logits, c->n_vocab));
+        if (c->final_softcap > 0) LCK(eic_softcap(s, rt->logits, (int64_t)n_out * c->n_vocab, c->final_softcap));
     }
     return cudaSuccess;
 }
