@@ -259,3 +259,42 @@ def test_chat_templates_render_as_transformers_and_qwen3_thinks_on_request(tiny)
                 assert r.usage.prompt_tokens == len(e.chat_ids(msgs))
             finally:
                 srv.stop(timeout_s=5)
+
+
+def test_sliding_window_layers_keep_only_their_window(tiny):
+    """Gemma 3's local layers hold a ring of window + max_batch - 1 cells per slot, not the
+    context: at 32K the arena is a fraction of the full one, and `plan` predicts it exactly."""
+    from edgeinfer.tools import plan as P
+    path = tiny["gemma3"][1]["f32"]
+    m = P.model_shape(path)
+    full = 2 * m.n_layer * m.n_head_kv * m.head_dim * 32768 * 2
+    for max_batch in (256, 64):
+        with edgeinfer.load(str(path), n_ctx=32768, n_threads=1, max_batch=max_batch) as e:
+            info = e.info()
+        local = 16 + max_batch - 1
+        assert info["sliding_window"] == 16 and info["local_layers"] == 6 and info["local_kv_cells"] == local
+        want = 2 * m.n_head_kv * m.head_dim * 2 * (1 * 32768 + 6 * local)     # 1 global + 6 local layers
+        assert info["kv_bytes"] == want == P.plan_one(m, 32768, 1, max_batch=max_batch).kv_bytes
+        print(f"\ngemma3 tiny at 32K, max_batch {max_batch}: KV arena {want} bytes, {want / full:.3f} of the "
+              f"full cache")
+        assert want < 0.2 * full
+
+
+def test_prefix_reuse_with_the_local_ring(tiny):
+    """With a small local ring (max_batch 4: 19 cells) a slot reuses a shared prefix only when the
+    window its next token needs is still in the ring (a rewind of at most max_batch positions);
+    either way the tokens equal those of an engine whose local layers keep the full ring."""
+    path = tiny["gemma3"][1]["f32"]
+    greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with edgeinfer.load(str(path), n_ctx=256, n_threads=1) as full:     # 16 + 256 - 1 > 256: full ring
+        assert full.info()["local_kv_cells"] == 0
+        base = full.tokenize(TEXT)[:60]
+        first = full.generate(base, **greedy).tokens
+        prompts = [base, base + first[:6] + base[3:5], base[:40] + base[5:9]]   # rewind ~1 (kept), ~27 (lost)
+        want = [full.generate(p, **greedy).tokens for p in prompts]
+    with edgeinfer.load(str(path), n_ctx=256, n_threads=1, max_batch=4) as e:
+        assert e.info()["local_kv_cells"] == 19
+        got = [e.generate(p, **greedy) for p in prompts]
+    assert [c.tokens for c in got] == want
+    assert got[1].stats.cached_tokens >= 60      # the window is intact: the prefix is reused
+    assert got[2].stats.cached_tokens == 0       # the ring lost the window: recomputed

@@ -10,7 +10,7 @@ import numpy as np
 from ..backends import KVPlan, select_backend
 from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, local_ring_cells
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .generation import Completion, Generation
@@ -65,7 +65,8 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         n_sink = min(n_sink, n_ctx // 4)
-        ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow)
+        ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow, swa_window=cfg.swa_window,
+                      local_cells=local_ring_cells(cfg.swa_window, n_ctx, max_batch))
         runtime = backend.create_runtime(gguf, cfg, KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
         log.info("loaded %s on %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name,
                  backend.describe(), cfg.arch, cfg.n_layer, runtime.caps.kv_bytes / 2**20, n_slots, n_ctx)
@@ -194,6 +195,10 @@ class Engine:
             "packed_weight_bytes": caps.packed_bytes, "device_weight_bytes": caps.device_bytes,
             "n_threads": caps.n_threads, "isa": caps.isa, "device": caps.device,
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
+            # sliding-window layers: the window, and the cells per slot of their own KV ring (0: full ring)
+            **({"sliding_window": cfg.swa_window, "local_layers": sum(map(cfg.is_local_layer, range(cfg.n_layer))),
+                "local_kv_cells": self.ring.local_cells if caps.device == "cpu" else 0}
+               if cfg.swa_window else {}),
         }
 
     def close(self) -> None:

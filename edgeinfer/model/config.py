@@ -12,7 +12,7 @@ from ..errors import GGUFError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
 
-__all__ = ["ModelConfig", "VECTOR_TYPES"]
+__all__ = ["ModelConfig", "VECTOR_TYPES", "local_ring_cells", "kv_layer_cells"]
 
 #: Types accepted for 1-D tensors (norm weights, biases, rope factors); llama.cpp's converter
 #: always writes these as F32.
@@ -71,7 +71,11 @@ class ModelConfig(HeadDims):
 
     def is_local_layer(self, layer: int) -> bool:
         """Is `layer` a sliding-window layer (attends to the last swa_window positions only)?"""
-        return self.swa_window > 0 and (self.swa_pattern == 0 or (layer + 1) % self.swa_pattern != 0)
+        return _is_local(layer, self.swa_window, self.swa_pattern)
+
+    def kv_layer_cells(self, n_ctx: int, max_batch: int) -> list[int]:
+        """KV cells per slot of each layer, as the CPU runtime allocates them."""
+        return kv_layer_cells(self.n_layer, self.swa_window, self.swa_pattern, n_ctx, max_batch)
 
     def weights(self) -> list[Weight]:
         """Every tensor this model uses (name, table entry, layer, GGML shape), in the table's
@@ -244,6 +248,24 @@ class ModelConfig(HeadDims):
 
 
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+def _is_local(layer: int, swa_window: int, swa_pattern: int) -> bool:
+    return swa_window > 0 and (swa_pattern == 0 or (layer + 1) % swa_pattern != 0)
+
+
+def local_ring_cells(swa_window: int, n_ctx: int, max_batch: int) -> int:
+    """Cells per slot of the sliding-window layers' own ring (native/src/runtime.h): the window
+    plus a batch less one, so a batch's earliest query still finds its window once the batch's
+    last token is stored; 0 (they use the full ring) when that is not smaller than n_ctx."""
+    r = swa_window + max_batch - 1
+    return r if swa_window > 0 and r < n_ctx else 0
+
+
+def kv_layer_cells(n_layer: int, swa_window: int, swa_pattern: int, n_ctx: int, max_batch: int) -> list[int]:
+    """KV cells per slot of each layer: n_ctx, or the local ring for a sliding-window layer."""
+    r = local_ring_cells(swa_window, n_ctx, max_batch)
+    return [r if r and _is_local(i, swa_window, swa_pattern) else n_ctx for i in range(n_layer)]
 
 
 def _family_hparams(a: Arch, f: GGUFFile, get_int, get_float, key, n_embd: int, head_dim: int) -> dict:

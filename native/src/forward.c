@@ -98,13 +98,15 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
     int hd = c->head_dim, half = c->rope_dim / 2;
     const int local = rt->rope_freq_local && ei_layer_is_local(c, layer);   /* local layers: their own base */
     const float *cos_t = local ? rt->rope_cos_l : rt->rope_cos, *sin_t = local ? rt->rope_sin_l : rt->rope_sin;
+    const int32_t R = ei_layer_in_local_ring(rt, layer) ? rt->local_cells : 0;
     for (int64_t t = 0; t < n_tok; t++) {
         const float *cs = cos_t + t * half, *sn = sin_t + t * half;
         for (int h = 0; h < c->n_head; h++) rope_head(c, rt->q + (t * c->n_head + h) * hd, cs, sn);
         for (int h = 0; h < c->n_head_kv; h++) {
             float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
             rope_head(c, kh, cs, sn);
-            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cells[t] * rt->kv_row_bytes;
+            const int32_t cell = R ? pos[t] % R : cells[t];   /* the local ring: position mod its size */
+            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cell * rt->kv_row_bytes;
             ei_kv_store_row(rt->p.kv_type, kh, hd, rt->k + off);
             ei_kv_store_row(rt->p.kv_type, vh, hd, rt->v + off);
         }
@@ -112,6 +114,11 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
         if (layer == 0) {
             rt->cell_pos[cell] = pos[t];
             if (rt->n_used[slots[t]] <= cells[t]) rt->n_used[slots[t]] = cells[t] + 1;
+            if (rt->local_cells) {
+                const int32_t lc = pos[t] % rt->local_cells;
+                rt->local_cell_pos[(size_t)slots[t] * rt->local_cells + lc] = pos[t];
+                if (rt->local_used[slots[t]] <= lc) rt->local_used[slots[t]] = lc + 1;
+            }
         }
     }
 }
@@ -149,12 +156,15 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
         const int slot = t->slots[tok];
         /* partials laid out [token][kv head][chunk][head of the group] */
         float *part = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
-        const int32_t c0 = chunk * EI_ATTN_CHUNK, c1 = EI_MIN(c0 + EI_ATTN_CHUNK, rt->n_used[slot]);
+        const int ring = ei_layer_in_local_ring(rt, t->layer);
+        const int32_t c0 = chunk * EI_ATTN_CHUNK,
+                      c1 = EI_MIN(c0 + EI_ATTN_CHUNK, ring ? rt->local_used[slot] : rt->n_used[slot]);
         if (c0 >= c1) {
             for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
         } else {
             const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
-            const int32_t *cp = rt->cell_pos + (size_t)slot * rt->p.n_ctx;
+            const int32_t *cp = ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
+                                     : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
             if (window > 0) {   /* a local layer: cells older than the window read as empty */
                 const int32_t lo = t->pos[tok] - window;
                 for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo ? cp[cc] : -1;
@@ -174,7 +184,8 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
 
 static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *slots, const int32_t *pos) {
     int32_t used = 0;
-    for (int64_t i = 0; i < n_tok; i++) used = EI_MAX(used, rt->n_used[slots[i]]);
+    const int ring = ei_layer_in_local_ring(rt, layer);
+    for (int64_t i = 0; i < n_tok; i++) used = EI_MAX(used, ring ? rt->local_used[slots[i]] : rt->n_used[slots[i]]);
     attn_task t = {.rt = rt, .layer = layer, .slots = slots, .pos = pos,
                    .n_chunks = (used + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK};
     for (int64_t t0 = 0; t0 < n_tok; t0 += rt->attn_tokens) {

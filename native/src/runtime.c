@@ -139,8 +139,25 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->attn = ei_attn_pick(kt, prm.kv_type, c->head_dim);
 
     rt->kv_row_bytes = (size_t)ei_row_bytes(prm.kv_type, c->head_dim);
-    size_t kv_rows = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx;
     size_t kv_total = 0, scratch = 0;
+    int swa_fail = 0;
+    /* Sliding-window layers: their own ring of window + max_batch - 1 cells when that is smaller. */
+    if (c->swa_window > 0 && (int64_t)c->swa_window + prm.max_batch - 1 < prm.n_ctx)
+        rt->local_cells = c->swa_window + prm.max_batch - 1;
+    rt->layer_off = alloc_zeroed((size_t)c->n_layer * sizeof(size_t), &scratch);
+    size_t kv_rows = 0;
+    for (int l = 0; rt->layer_off && l < c->n_layer; l++) {
+        rt->layer_off[l] = kv_rows * rt->kv_row_bytes;
+        const size_t cells = ei_layer_in_local_ring(rt, l) ? (size_t)rt->local_cells : (size_t)prm.n_ctx;
+        kv_rows += (size_t)prm.n_slots * c->n_head_kv * cells;
+    }
+    if (rt->local_cells) {
+        rt->local_cell_pos = alloc_zeroed((size_t)prm.n_slots * rt->local_cells * sizeof(int32_t), &scratch);
+        rt->local_used = alloc_zeroed((size_t)prm.n_slots * sizeof(int32_t), &scratch);
+        swa_fail |= !rt->local_cell_pos || !rt->local_used;
+        for (size_t i = 0; rt->local_cell_pos && i < (size_t)prm.n_slots * rt->local_cells; i++)
+            rt->local_cell_pos[i] = -1;
+    }
     rt->k = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
     rt->v = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
     rt->cell_pos = alloc_zeroed((size_t)prm.n_slots * prm.n_ctx * sizeof(int32_t), &scratch);
@@ -174,7 +191,6 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->out_rows = alloc_zeroed(B * d * sizeof(float), &scratch);
     /* Sliding-window layers: a second RoPE table when their base differs, and per-thread
      * cell positions masked to the window. */
-    int swa_fail = 0;
     if (c->swa_window > 0) {
         rt->swa_cell_pos = alloc_zeroed((size_t)prm.n_threads * prm.n_ctx * sizeof(int32_t), &scratch);
         swa_fail |= !rt->swa_cell_pos;
@@ -190,7 +206,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
 
     if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
         !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->attn_done || !rt->rope_cos ||
-        !rt->rope_sin || !rt->rope_freq || !rt->out_rows || swa_fail) {
+        !rt->rope_sin || !rt->rope_freq || !rt->out_rows || !rt->layer_off || swa_fail) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate %zu bytes of KV + %zu of scratch",
                        kv_total, scratch);
@@ -223,7 +239,8 @@ void ei_runtime_free(ei_runtime *rt) {
     free(rt->pack_arena);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
                     rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows,
-                    rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local};
+                    rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local,
+                    rt->layer_off, rt->local_cell_pos, rt->local_used};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(rt);
 }
@@ -255,6 +272,15 @@ ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) {
         if (cp[c] >= 0) used = c + 1;
     }
     rt->n_used[slot] = used;
+    if (rt->local_cells) {   /* the sliding-window layers' ring */
+        int32_t *lp = rt->local_cell_pos + (size_t)slot * rt->local_cells;
+        used = 0;
+        for (int32_t c = 0; c < rt->local_used[slot]; c++) {
+            if (lp[c] >= pos) lp[c] = -1;
+            if (lp[c] >= 0) used = c + 1;
+        }
+        rt->local_used[slot] = used;
+    }
     return EI_OK;
 }
 
