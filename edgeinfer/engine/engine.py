@@ -197,7 +197,7 @@ class Engine:
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
             # sliding-window layers: the window, and the cells per slot of their own KV ring (0: full ring)
             **({"sliding_window": cfg.swa_window, "local_layers": sum(map(cfg.is_local_layer, range(cfg.n_layer))),
-                "local_kv_cells": self.ring.local_cells if caps.device == "cpu" else 0}
+                "local_kv_cells": self.ring.local_cells}
                if cfg.swa_window else {}),
         }
 
