@@ -208,7 +208,8 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 17}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}, 400),
@@ -440,7 +441,8 @@ def test_request_errors_name_the_field_and_unknown_fields_are_ignored():
         assert param in e.value.message
     req = parse_chat({"messages": msg, "max_tokens": 5, "service_tier": "auto", "modalities": ["text"]})
     assert req.max_tokens == 5 and req.messages == msg
-    assert parse_completion({"prompt": "x", "prediction": {"type": "content"}}, 10).max_tokens == 16
+    # max_tokens omitted: until EOS or the context is full (the server resolves None to the room left)
+    assert parse_completion({"prompt": "x", "prediction": {"type": "content"}}, 10).max_tokens is None
 
 
 def test_metrics_escape_label_values():

@@ -66,6 +66,9 @@ def _stop_list(v: Any) -> Any:
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, BeforeValidator(_text_parts)] = ""
+    tool_calls: list[dict] | None = None     # an assistant's earlier calls
+    tool_call_id: str | None = None          # a tool result answers this call
+    name: str | None = None
 
 
 class StreamOptions(_Body):
@@ -73,12 +76,13 @@ class StreamOptions(_Body):
 
 
 class ResponseFormat(_Body):
-    type: str = "text"
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: dict | None = None
 
 
 class _GenBody(_Body):
     model: str | None = None
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=16)     # choices per request: sibling sequences
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
@@ -88,7 +92,7 @@ class _GenBody(_Body):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
     ignore_eos: bool | None = None
-    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=16)] = None
+    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=4)] = None   # OpenAI's limit
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict | None = None
@@ -105,7 +109,8 @@ class ChatBody(_GenBody):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: Any = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
     functions: Any = None
     response_format: ResponseFormat | None = None
     # extra variables for the chat template (vLLM / llama-server style), e.g. Qwen3's thinking switch
@@ -115,11 +120,12 @@ class ChatBody(_GenBody):
 
 class CompletionBody(_GenBody):
     prompt: Any = None        # a string, token ids, or a batch of one of those: see parse_completion
-    max_tokens: int | None = Field(16, ge=1)    # OpenAI's default; null: until EOS or a full context
+    max_tokens: int | None = Field(None, ge=1)  # omitted or null: until EOS or a full context
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None
 
 
 class TokenizeBody(_Body):
@@ -175,15 +181,15 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     n_logprobs: int | None = None           # None: no logprobs; else alternatives per token
+    n: int = 1                              # choices (sibling sequences of one prompt)
+    response_format: dict | None = None     # structured output (engine/constraint.py)
+    tools: list[dict] | None = None         # chat: functions the model may call
+    tool_choice: Any = None
     template_kwargs: dict = field(default_factory=dict)   # chat: extra chat-template variables
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
     """The request fields chat and completions share."""
-    if b.n is not None and b.n != 1:
-        raise bad(f"'n' must be 1 (one choice per request), got {b.n}", "n", "unsupported_value")
-    if b.logit_bias:
-        raise bad("'logit_bias' is not supported", "logit_bias", "unsupported_parameter")
     sampling = {
         "temperature": 1.0 if b.temperature is None else b.temperature,
         "top_p": 1.0 if b.top_p is None else b.top_p,
@@ -196,15 +202,20 @@ def _request(kind: str, b: _GenBody) -> GenRequest:
         "seed": None if b.seed is None else b.seed & 0xFFFF_FFFF_FFFF_FFFF,
         "stop": [s for s in b.stop or [] if s],
         "ignore_eos": bool(b.ignore_eos),
+        "logit_bias": b.logit_bias or None,   # checked against the vocabulary by the server
     }
-    return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream),
-                      include_usage=bool(b.stream_options and b.stream_options.include_usage))
+    rf = getattr(b, "response_format", None)
+    return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream), n=b.n or 1,
+                      include_usage=bool(b.stream_options and b.stream_options.include_usage),
+                      response_format=rf.model_dump(exclude_none=True) if rf is not None else None)
 
 
 def parse_chat(body: Any) -> GenRequest:
     b = parse(ChatBody, body)
     req = _request("chat", b)
-    req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
+    req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content,
+                     **{k: v for k, v in (("tool_calls", m.tool_calls), ("tool_call_id", m.tool_call_id),
+                                          ("name", m.name)) if v is not None}}
                     for m in b.messages]
     req.max_tokens = b.max_completion_tokens or b.max_tokens
     if b.top_logprobs is not None and not b.logprobs:
@@ -214,12 +225,11 @@ def parse_chat(body: Any) -> GenRequest:
     req.template_kwargs = dict(b.chat_template_kwargs or {})
     if b.enable_thinking is not None:
         req.template_kwargs["enable_thinking"] = b.enable_thinking
-    for name in ("tools", "functions"):
-        if getattr(b, name):
-            raise bad(f"'{name}' is not supported by this server", name, "unsupported_parameter")
-    if b.response_format is not None and b.response_format.type != "text":
-        raise bad("only response_format {'type': 'text'} is supported", "response_format",
-                  "unsupported_value")
+    if b.functions:
+        raise bad("'functions' is not supported: use 'tools'", "functions", "unsupported_parameter")
+    if b.tool_choice is not None and not b.tools and b.tool_choice != "none":
+        raise bad("'tool_choice' needs 'tools'", "tool_choice", "invalid_value")
+    req.tools, req.tool_choice = b.tools or None, b.tool_choice
     return req
 
 
