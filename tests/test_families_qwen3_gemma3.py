@@ -340,3 +340,43 @@ def test_llama_cpp_converter_output_loads(tiny, tmp_path):
         assert ids == ours_file.tokenize(TEXT)
         assert theirs_file.info()["sliding_window"] == 16
         np.testing.assert_allclose(theirs_file.logits(ids), ours_file.logits(ids), rtol=0, atol=1e-5)
+
+
+def test_gemma_sized_spm_vocabulary_matches_llama_cpp(tiny, tmp_path):
+    """Gemma's vocabulary size: the tiny gemma3 SentencePiece vocabulary (no dummy prefix, byte
+    fallback, user-defined turn markers) grown to 262,144 entries with synthetic pieces of 2-4
+    letters (with and without the word-start mark) and a few user-defined tags, as a vocab-only
+    GGUF; our tokenizer against llama.cpp's on the hostile corpus."""
+    import itertools
+    from test_tokenizer import FULL_CORPUS, SPM_CORPUS, compare_with_oracle, oracle_vocab, write_vocab_gguf
+
+    from edgeinfer.text.tokenizer import Tokenizer
+    with GGUFFile(tiny["gemma3"][1]["q8_0"]) as f:
+        meta = {k: v for k, v in f.metadata.items() if k.startswith("tokenizer.ggml.")}
+    tokens, scores = list(meta["tokenizer.ggml.tokens"]), [float(s) for s in meta["tokenizer.ggml.scores"]]
+    tiny_tokens = list(tokens)
+    types = [int(t) for t in meta["tokenizer.ggml.token_type"]]
+    have = set(tokens)
+    for tag in ("<h1>", "</h1>", "<start_of_image>", "<table>"):    # user-defined, as Gemma's tags
+        tokens.append(tag), scores.append(0.0), types.append(4), have.add(tag)
+    rng = np.random.default_rng(0)
+    low = min(scores) - 1.0
+    letters = "etaoinshrdlcumwfgypbvkjxqz"
+    for n in (2, 3, 4):
+        for combo in itertools.product(letters, repeat=n):
+            for piece in ("\u2581" + "".join(combo), "".join(combo)):
+                if len(tokens) == 262144:
+                    break
+                if piece not in have:
+                    tokens.append(piece), scores.append(low - n - float(rng.random())), types.append(1)
+    assert len(tokens) == 262144
+    meta.update({"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+                 "tokenizer.ggml.token_type": types})
+    path = write_vocab_gguf(tmp_path / "gemma-262k.gguf", meta)
+    tok = Tokenizer.from_metadata(meta)
+    n_tiny = len(tiny_tokens)
+    assert any(i >= n_tiny for i in tok.encode("the then them theme thesis", add_special=False))   # pieces used
+    corpus = sorted(set(SPM_CORPUS + FULL_CORPUS)) + ["<h1>Title</h1> <table>", "the then them theme thesis"]
+    ok, n, failures = compare_with_oracle(tok, oracle_vocab(path), corpus)
+    print(f"\ngemma-sized SPM vocabulary (262,144 entries): {ok}/{n} tokenizations identical to llama.cpp")
+    assert ok == n, "\n".join(failures)
