@@ -380,3 +380,23 @@ def test_gemma_sized_spm_vocabulary_matches_llama_cpp(tiny, tmp_path):
     ok, n, failures = compare_with_oracle(tok, oracle_vocab(path), corpus)
     print(f"\ngemma-sized SPM vocabulary (262,144 entries): {ok}/{n} tokenizations identical to llama.cpp")
     assert ok == n, "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_every_quantization_type_agrees_with_llama_cpp(tiny, tmp_path):
+    """Each output type of our converter, read by llama.cpp and by us: mean KL <= 0.01 and
+    top-1 >= 90% on the same file (near-flat random logits make top-1 the looser figure).
+    The tiny models' rows of 64 / 160 send the K-quants to their fallbacks (Q5_0, Q8_0 ...)."""
+    for fam in FAMILIES:
+        d = tiny[fam][0]
+        for ft in ("f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k"):
+            path = tmp_path / f"{fam}.{ft}.gguf"
+            convert_checkpoint(str(d), str(path), ft)
+            ids = llama_tokenize(path, TEXT)
+            with engine(path) as e:
+                ours = e.logits(ids)
+            theirs = llama_logits(path, ids)
+            kl = float(kl_divergence(theirs, ours).mean())
+            top1 = float(np.mean(theirs.argmax(-1) == ours.argmax(-1)))
+            print(f"\n{fam} {ft}: KL(llama.cpp || edgeinfer) {kl:.6f}, top-1 {top1:.3f}")
+            assert kl <= 0.01 and top1 >= 0.9, (fam, ft, kl, top1)

@@ -30,7 +30,7 @@ from ..errors import EdgeInferError
 from ..model.config import kv_layer_cells, local_ring_cells
 
 __all__ = [
-    "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes",
+    "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes", "kv_layer_cells",
     "scratch_bytes", "overhead_bytes", "plan_one", "plan_grid", "largest_fit", "parse_size", "human",
     "ServePlan", "plan_serve", "MemoryBudgetError",
 ]
