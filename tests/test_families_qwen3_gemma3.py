@@ -400,3 +400,23 @@ def test_every_quantization_type_agrees_with_llama_cpp(tiny, tmp_path):
             top1 = float(np.mean(theirs.argmax(-1) == ours.argmax(-1)))
             print(f"\n{fam} {ft}: KL(llama.cpp || edgeinfer) {kl:.6f}, top-1 {top1:.3f}")
             assert kl <= 0.01 and top1 >= 0.9, (fam, ft, kl, top1)
+
+
+def test_sharded_checkpoint_converts_to_the_same_file(tiny, tmp_path):
+    """A checkpoint saved in several safetensors shards converts to the tensors of the single-file one."""
+    import shutil
+    for fam in FAMILIES:
+        d, files = tiny[fam]
+        sharded = tmp_path / fam
+        m = tf.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
+        m.save_pretrained(sharded, max_shard_size="100KB")
+        assert len(list(sharded.glob("*.safetensors"))) > 2 and (sharded / "model.safetensors.index.json").exists()
+        for f in d.iterdir():
+            if f.name.startswith("tokenizer"):
+                shutil.copy(f, sharded / f.name)
+        out = tmp_path / f"{fam}.sharded.gguf"
+        convert_checkpoint(str(sharded), str(out), "f32")
+        with GGUFFile(out) as a, GGUFFile(files["f32"]) as b:
+            assert set(a.tensors) == set(b.tensors)
+            for name, t in a.tensors.items():
+                assert bytes(t.data) == bytes(b.tensors[name].data), (fam, name)
