@@ -420,3 +420,32 @@ def test_sharded_checkpoint_converts_to_the_same_file(tiny, tmp_path):
             assert set(a.tensors) == set(b.tensors)
             for name, t in a.tensors.items():
                 assert bytes(t.data) == bytes(b.tensors[name].data), (fam, name)
+
+
+def test_gemma3_linear_rope_scaling_scales_the_global_layers_only(tiny, tmp_path):
+    """Gemma 3 4B and up scale RoPE linearly (factor 8) on the global layers; the local layers keep
+    base 10,000 unscaled (transformers' rope_parameters per layer type, llama.cpp's *_swa)."""
+    import shutil
+    d0 = tiny["gemma3"][0]
+    cfg = tf.AutoConfig.from_pretrained(str(d0))
+    cfg.rope_parameters = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                           "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    torch.manual_seed(3)
+    m = tf.Gemma3ForCausalLM(cfg)
+    d = tmp_path / "gemma3-linear"
+    m.save_pretrained(d)
+    for f in d0.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, d / f.name)
+    out = tmp_path / "gemma3-linear.gguf"
+    convert_checkpoint(str(d), str(out), "f32")
+    with GGUFFile(out) as f:
+        assert f.metadata["gemma3.rope.scaling.type"] == "linear"
+    ids = llama_tokenize(out, TEXT)
+    ref = hf_logits(d, ids)
+    with engine(out) as e:
+        ours = e.logits(ids)
+    theirs = llama_logits(out, ids)
+    o, t = float(np.abs(ours - ref).max()), float(np.abs(theirs - ref).max())
+    print(f"\ngemma3 with linear RoPE scaling: max |logit - transformers|: edgeinfer {o:.2e}, llama.cpp {t:.2e}")
+    assert o <= max(1e-3, 1.5 * t)

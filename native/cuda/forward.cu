@@ -328,7 +328,10 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (attn_tokens < 1) attn_tokens = 1;
     if (attn_tokens > B) attn_tokens = B;
     if (attn_tokens > 65535) attn_tokens = 65535;
-    const int local_rope = c->swa_window > 0 && c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta;
+    int has_freqs = 0;   /* rope_freqs: the global layers' factors, not the local ones' */
+    for (int32_t i = 0; i < n_tensors; i++) has_freqs |= tensors[i].layer < 0 && tensors[i].role == EI_T_ROPE_FREQS;
+    const int local_rope = c->swa_window > 0 && ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) ||
+                                                 c->rope_freq_scale != 1.0f || has_freqs);
     const size_t scr[] = {EIC_BATCH_ARRAYS * B * 4,  B * d * 4,  B * qd * 4,   B * kvd * 4,  B * kvd * 4, B * qd * 4,
                           B * ff * 4, B * ff * 4, B * half * 4, B * half * 4, B * d * 4,
                           B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * EIC_TOPK_MAX * 4,
@@ -609,7 +612,8 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
         LCK(eic_rope_tables(s, pos, T, 0, 1.0f, 1.0f, NULL, NULL, NULL, rt->d_cell_pos_l, slots, cells_l,
                             rt->local_cells));
     if (rt->rope_cos_l)   /* sliding-window layers: their own base, no scaling (as the CPU) */
-        LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta_local, 1.0f, NULL, rt->rope_cos_l, rt->rope_sin_l,
+        LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta, 1.0f,
+                            NULL, rt->rope_cos_l, rt->rope_sin_l,
                             NULL, slots, cells, rt->p.n_ctx));
     LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
     if (c->embd_scale > 0 && c->embd_scale != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, c->embd_scale));

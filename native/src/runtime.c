@@ -194,7 +194,9 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     if (c->swa_window > 0) {
         rt->swa_cell_pos = alloc_zeroed((size_t)prm.n_threads * prm.n_ctx * sizeof(int32_t), &scratch);
         swa_fail |= !rt->swa_cell_pos;
-        if (c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) {
+        /* local layers: their own base and no scaling, so their own tables unless both match */
+        if ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) || c->rope_freq_scale != 1.0f ||
+            m->rope_freqs.data) {
             rt->rope_cos_l = alloc_zeroed(B * half * sizeof(float), &scratch);
             rt->rope_sin_l = alloc_zeroed(B * half * sizeof(float), &scratch);
             rt->rope_freq_local = alloc_zeroed(half * sizeof(double), &scratch);
@@ -217,7 +219,8 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
         double f = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) * c->rope_freq_scale;
         rt->rope_freq[i] = factors ? f / factors[i] : f;
         /* local layers: their own base, no scaling (llama.cpp's rope_freq_{base,scale}_train_swa) */
-        if (rt->rope_freq_local) rt->rope_freq_local[i] = pow((double)c->rope_theta_local, -2.0 * i / (double)c->rope_dim);
+        const double base_l = c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta;
+        if (rt->rope_freq_local) rt->rope_freq_local[i] = pow(base_l, -2.0 * i / (double)c->rope_dim);
     }
     if (pack_weights(rt) != EI_OK) {
         ei_runtime_free(rt);
