@@ -18,7 +18,7 @@ import edgeinfer.errors
 from edgeinfer.backends.base import Batch
 from edgeinfer.server import ServerThread
 from edgeinfer.server.app import _sibling_seeds
-from test_server import _free_port, request, wait_idle
+from test_server import _free_port, request, wait_idle, wait_ready
 
 openai = require("openai", "the openai client is the server's oracle")
 parser = require("prometheus_client.parser", "prometheus-client parses /metrics")
@@ -252,7 +252,6 @@ def test_cli_refuses_models_that_cannot_be_served_before_loading(smollm2_path, t
 def test_cli_serves_two_models(smollm2_path):
     """`serve --model a=PATH --model b=PATH --fallback b` loads both; each answers under its name."""
     import signal
-    import time
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -261,16 +260,7 @@ def test_cli_serves_two_models(smollm2_path):
                              "--model", f"b={smollm2_path}", "--fallback", "b", "--memory", "4GiB"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        status = None
-        for _ in range(600):   # bounded polling until both are loaded
-            try:
-                status = request(url + "/ready")[0]
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        assert status == 200
+        assert wait_ready(url) == 200      # both are loaded
         assert [m["id"] for m in request(url + "/v1/models")[2]["data"]] == ["a", "b"]
         for name in ("a", "b"):
             st, _, out = request(url + "/v1/completions", "POST", {"model": name, "prompt": "Hi", "max_tokens": 2})

@@ -188,6 +188,40 @@ def test_logit_bias(engine):
         engine.generate("x", logit_bias={"49152": 1})
 
 
+def test_logit_bias_through_the_server(client, engine):
+    r = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=6,
+                                  temperature=0, logit_bias={"28": 100})
+    assert r.choices[0].text == engine.detokenize([28] * 6)
+
+
+def test_open_schemas_end_as_llama_cpp_grammars_do(engine):
+    """A schema that lists properties without `additionalProperties`, or leaves an integer
+    unbounded, still ends (SmolLM2 otherwise writes extra keys / digits until max_tokens):
+    objects are closed and integers get at most 16 digits; outputs validate as given."""
+    open_schema = {"type": "object", "required": ["name", "country", "population"],
+                   "properties": {"name": {"type": "string", "maxLength": 30},
+                                  "country": {"type": "string", "maxLength": 30},
+                                  "population": {"type": "integer"}}}
+    msgs = [{"role": "user", "content": "Tell me about Paris"}]
+    for t, seed in [(0.0, 0), (1.0, 1), (1.0, 2)]:
+        out = engine.chat(msgs, json_schema=open_schema, temperature=t, seed=seed, max_tokens=80)
+        assert out.finish_reason == "stop", out.text
+        value = json.loads(out.text)
+        jsonschema.validate(value, open_schema)
+        assert set(value) == {"name", "country", "population"} and abs(value["population"]) < 10**16
+    tight = C.tight_schema({"type": "object", "properties": {"a": {"type": ["integer", "null"], "minimum": 0},
+                                                              "b": {"type": "object"}},
+                            "$defs": {"n": {"type": "number", "exclusiveMaximum": 1}},
+                            "anyOf": [{"properties": {"c": {"const": {"type": "integer"}}}}]})
+    assert tight["additionalProperties"] is False and tight["properties"]["a"] == {
+        "type": ["integer", "null"], "minimum": 0, "maximum": 10**16 - 1}
+    assert tight["properties"]["b"] == {"type": "object"}                  # json_object stays open
+    assert tight["$defs"]["n"] == {"type": "number", "exclusiveMaximum": 1, "minimum": -(10**16 - 1)}
+    assert tight["anyOf"][0]["properties"]["c"] == {"const": {"type": "integer"}}   # a value, not a schema
+    assert "additionalProperties" not in C.tight_schema(
+        {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]})   # b may only be extra
+
+
 # --------------------------------------------------------------------------- tools (engine)
 
 def test_tool_plan_formats():
@@ -197,7 +231,7 @@ def test_tool_plan_formats():
                  "function": {"name": "get_weather", "arguments": '{"city": "Rome", "metric": true}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
     generic = plan_tools("{{ messages }}", msgs, [WEATHER, CLOCK], "auto")
-    assert generic.fmt == "generic" and generic.grammar is None
+    assert generic.fmt == "generic" and generic.spec is None
     assert "get_time" in generic.messages[0]["content"] and generic.messages[0]["role"] == "system"
     assert json.loads(generic.messages[2]["content"]) == {
         "tool_call": {"name": "get_weather", "arguments": {"city": "Rome", "metric": True}}}
@@ -212,7 +246,7 @@ def test_tool_plan_formats():
     calls = hermes.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "metric": false}}\n'
                          '</tool_call>')
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo", "metric": False}
-    assert "grammar" in hermes.grammar and C.grammar_spec(**hermes.grammar).kind == "lark"
+    assert hermes.spec.kind == "lark"
     none = plan_tools("{{ tools }}", msgs, [WEATHER], "none")
     assert none.render_extra == {} and none.parse('{"name": "get_weather", "arguments": {}}') is None
     for tools, choice in [([], None), ([{"type": "function", "function": {"name": "a b"}}], None),
@@ -235,6 +269,33 @@ def test_call_streamer_streams_the_arguments():
         assert flat[0]["function"] == {"name": "get_weather", "arguments": ""} and flat[0]["id"].startswith("call_")
         assert "".join(d["function"]["arguments"] for d in flat[1:]) == args, fmt
         assert sum(1 for ds in deltas[:-1] for d in ds if "id" not in d) > 3    # fragments as they came
+
+
+def test_stream_chat_with_tools(engine):
+    """Engine.stream_chat takes tools as chat does: the streamed text is the call's, and once
+    it ends tool_calls and finish_reason are chat's."""
+    msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    kw = dict(tools=[WEATHER, CLOCK], tool_choice="required", temperature=0, max_tokens=80)
+    gen = engine.stream_chat(msgs, **kw)
+    assert gen.tool_calls is None
+    text = "".join(gen)
+    plain = engine.chat(msgs, **kw)
+    assert text == plain.text and gen.finish_reason == plain.finish_reason == "tool_calls"
+    assert [c["function"] for c in gen.tool_calls] == [c["function"] for c in plain.tool_calls]
+
+
+def test_a_forced_call_cut_by_max_tokens_keeps_its_partial_arguments(client):
+    """As OpenAI: tool_calls with the arguments so far and finish_reason "length", plain and
+    streamed alike."""
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Weather in Rome?"}],
+              tools=[WEATHER], tool_choice="required", max_tokens=22, temperature=0)
+    plain = client.chat.completions.create(**kw).choices[0]
+    assert plain.finish_reason == "length" and plain.message.content is None
+    args = plain.message.tool_calls[0].function.arguments
+    assert plain.message.tool_calls[0].function.name == "get_weather" and args.startswith('{"city": ')
+    chunks = [c for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    streamed = "".join(d.function.arguments or "" for c in chunks for d in c.choices[0].delta.tool_calls or [])
+    assert streamed == args and chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_engine_chat_calls_a_function_on_smollm2(engine):
@@ -310,6 +371,7 @@ def test_streamed_forced_call_on_smollm2(client):
     args = "".join(d.function.arguments or "" for d in deltas)
     assert json.loads(args) == json.loads(plain.message.tool_calls[0].function.arguments)
     assert len(deltas) > 2 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert all(c.choices[0].delta.content is None for c in chunks)      # no content, as OpenAI's
     assert plain.finish_reason == "tool_calls" and plain.message.content is None
 
 
@@ -337,18 +399,52 @@ def test_server_rejects_bad_structured_requests(client):
              (dict(response_format={"type": "xml"}), "response_format.type"),
              (dict(logit_bias={"49152": 1}), "logit_bias"), (dict(logit_bias={"1": 500}), "logit_bias"),
              (dict(tools=[{"type": "function", "function": {"name": "a b"}}]), "tools"),
-             (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tools"),
-             (dict(tool_choice="required"), "tool_choice")]
+             (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+             (dict(tools=[WEATHER], tool_choice={"type": "function"}), "tool_choice"),
+             (dict(tool_choice="required"), "tool_choice"),
+             (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
+                   tool_choice="required"), "tools"),
+             (dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}),
+              "response_format"),
+             (dict(tools=[WEATHER], messages=msgs + [{"role": "assistant", "tool_calls": [
+                 {"id": "1", "type": "function", "function": "get_weather"}]}]), "messages[1].tool_calls[0].function")]
     for kw, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=4, **kw)
+            client.chat.completions.create(**{"model": "smollm2", "messages": msgs, "max_tokens": 4, **kw})
         assert e.value.body["param"] == param, (kw, e.value.body)
+    # a stop string does not cut a forced call: the grammar ends it
+    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Weather in Rome?"}],
+                                       tools=[WEATHER], tool_choice="required", stop=["e", '"'], max_tokens=60,
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(r.choices[0].message.tool_calls[0].function.arguments),
+                        WEATHER["function"]["parameters"])
     r = client.completions.create(model="smollm2", prompt="Answer yes or no:", max_tokens=20, temperature=0,
                                   extra_body={"response_format": {"type": "json_schema", "json_schema": {
                                       "name": "a", "schema": {"type": "object", "required": ["a"],
                                                               "additionalProperties": False,
                                                               "properties": {"a": {"type": "boolean"}}}}}})
     assert json.loads(r.choices[0].text)["a"] in (True, False) and r.choices[0].finish_reason == "stop"
+
+
+def test_llama_cpp_grammar_fields(client):
+    """llama.cpp's server extensions `json_schema` and `grammar` (GBNF or Lark), on chat and
+    completions; one constraint per request (400 otherwise, as for a bad grammar)."""
+    import openai
+    msgs = [{"role": "user", "content": "Is water wet?"}]
+    r = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=40, temperature=0,
+                                       extra_body={"json_schema": PERSON})
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    for g in ['root ::= "yes" | "no"', 'start: "yes" | "no"']:
+        r = client.completions.create(model="smollm2", prompt="Is water wet? Answer:", max_tokens=5,
+                                      temperature=0.8, seed=1, extra_body={"grammar": g})
+        assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"
+    for extra, param in [({"grammar": "root ::= ("}, "grammar"),
+                         ({"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, None),
+                         ({"json_schema": PERSON, "tools": [WEATHER], "tool_choice": "required"}, "json_schema")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=4, extra_body=extra)
+        assert e.value.body["param"] == param, (extra, e.value.body)
 
 
 HERMES = """{%- if tools %}<|im_start|>system

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..text.tokenizer import Tokenizer
 
 __all__ = ["ConstraintError", "GrammarSpec", "Constraint", "MaskJob", "grammar_spec",
-           "check_logit_bias", "ll_tokenizer"]
+           "check_logit_bias", "ll_tokenizer", "tight_schema", "JSON_STYLE"]
 
 _ATTR_SPECIAL_MASK = (1 << 3) | (1 << 4)   # control | user-defined (tokenizer.py's attributes)
 
@@ -93,7 +93,48 @@ class GrammarSpec:
 
 # JSON output as the model writes it: no indentation, ", " / ": " separators; no whitespace
 # after the value, so the grammar ends with the last brace.
-_JSON_OPTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+# What llama.cpp's grammars do with what a schema leaves open, so that a small model cannot
+# run on until max_tokens (at temperature 1 it does): an object that lists its properties
+# takes no others unless it says so (`additionalProperties` missing means false; OpenAI's
+# strict mode requires it anyway), and a number without a bound gets at most 16 integral
+# digits. Outputs still validate against the schema as given.
+_MAX_INT = 10**16 - 1
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else",
+               "contains", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def tight_schema(schema: Any) -> Any:
+    """A copy of a JSON Schema with closed objects and bounded numbers where it leaves them
+    open (sub-schemas included; enum / const / default values untouched)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    types = out.get("type")
+    types = types if isinstance(types, list) else [types]
+    if "integer" in types or "number" in types:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -_MAX_INT
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = _MAX_INT
+    props = out.get("properties")
+    if isinstance(props, Mapping) and set(out.get("required") or ()) <= set(props) and not any(
+            k in out for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
+        out["additionalProperties"] = False
+    for k in _SCHEMA_MAPS:
+        if isinstance(out.get(k), Mapping):
+            out[k] = {name: tight_schema(v) for name, v in out[k].items()}
+    for k in _SCHEMA_ONE:
+        if isinstance(out.get(k), Mapping):
+            out[k] = tight_schema(out[k])
+    for k in _SCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [tight_schema(v) for v in out[k]]
+    return out
 
 
 def _validated(kind: str, grammar: str) -> GrammarSpec:
@@ -113,7 +154,7 @@ def _schema_grammar(schema: Any, what: str) -> GrammarSpec:
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError(f"{what} must be a JSON object, got {type(schema).__name__}")
     try:
-        g = _ll().LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTS)
+        g = _ll().LLMatcher.grammar_from_json_schema(tight_schema(schema), overrides=JSON_STYLE)
     except (ValueError, TypeError) as e:
         raise ConstraintError(f"invalid {what}: {e}") from None
     return _validated("json_schema", g)
@@ -133,6 +174,8 @@ def grammar_spec(response_format: Any = None, json_schema: Any = None, grammar: 
     grammar: Lark text, GBNF text, or ``{"type": "lark"|"gbnf"|"regex", "grammar": text}``.
     regex: a regular expression the whole output matches.
     """
+    if isinstance(grammar, GrammarSpec) and response_format is json_schema is regex is None:
+        return grammar    # built already (a forced tool call's)
     given = [n for n, v in (("response_format", response_format), ("json_schema", json_schema),
                             ("grammar", grammar), ("regex", regex)) if v is not None]
     if response_format is not None and _rf_type(response_format) == "text":

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from .sampling import SamplingParams
+from .tool_calls import call_finish
 from ..text.tokenizer import StreamDecoder, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,6 +37,13 @@ class GenerationStats:
     decode_s: float = 0.0
     queue_s: float = 0.0            # arrival -> slot granted
     e2e_s: float = 0.0              # arrival -> finished
+    spec_proposed: int = 0          # speculative decoding: draft tokens verified
+    spec_accepted: int = 0          # ... and confirmed by the model's own samples
+    spec_k: float = 0.0             # mean drafts per verify step (the k the policy chose)
+
+    @property
+    def spec_acceptance(self) -> float:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -46,7 +54,7 @@ class GenerationStats:
 class Completion:
     text: str
     tokens: list[int]
-    finish_reason: str              # "stop" (EOS or stop string) | "length"
+    finish_reason: str              # "stop" (EOS or stop string) | "length" | "tool_calls"
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list["TokenLogprob"] | None = None
     tool_calls: list[dict] | None = None    # Engine.chat with tools: the calls the reply made
@@ -253,9 +261,14 @@ class Generation:
     """
 
     def __init__(self, scheduler: "Scheduler", prompt_ids: list[int], params: SamplingParams,
-                 n_logprobs: int | None = None):
+                 n_logprobs: int | None = None, parse_calls: Callable[[str], list | None] | None = None,
+                 **submit_kw):
         self.prompt_ids = prompt_ids
         self.params = params
+        # a chat with tools: the reply's text is read back into tool_calls once it ends
+        self._parse_calls = parse_calls
+        self._text: list[str] = []
+        self.tool_calls: list[dict] | None = None
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if n_logprobs is not None else None
         self.finish_reason: str | None = None
@@ -264,12 +277,18 @@ class Generation:
         self._pending: deque = deque()
         self._done = False
         self._req: "Request | None" = None
-        self._req = scheduler.submit(prompt_ids, params, self._events.put, n_logprobs=n_logprobs)
+        self._req = scheduler.submit(prompt_ids, params, self._events.put, n_logprobs=n_logprobs, **submit_kw)
 
     def __iter__(self) -> Iterator[str]:
         return self
 
     def __next__(self) -> str:
+        piece = self._next()
+        if self._parse_calls is not None:
+            self._text.append(piece)
+        return piece
+
+    def _next(self) -> str:
         while True:
             if not self._pending:
                 if self._done:
@@ -287,6 +306,9 @@ class Generation:
                 self._done = True
                 self.finish_reason = ev.finish_reason
                 self.stats = ev.stats
+                if self._parse_calls is not None:
+                    self.tool_calls = self._parse_calls("".join(self._text) + ev.text)
+                    self.finish_reason = call_finish(self.finish_reason, self.tool_calls)
                 if ev.text:
                     return ev.text
             elif isinstance(ev, ErrorEvent):
@@ -308,5 +330,5 @@ class Generation:
         """Runs to the end and returns the whole completion."""
         text = "".join(self)
         return Completion(text=text, tokens=list(self.tokens), finish_reason=self.finish_reason or "stop",
-                          stats=self.stats, logprobs=self.logprobs)
+                          stats=self.stats, logprobs=self.logprobs, tool_calls=self.tool_calls)
 

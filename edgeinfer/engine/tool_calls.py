@@ -20,19 +20,28 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import SamplingParamsError
+from .constraint import JSON_STYLE, ConstraintError, GrammarSpec, grammar_spec, tight_schema
 
-__all__ = ["ToolError", "ToolPlan", "CallStreamer", "plan_tools", "new_call_id"]
+__all__ = ["ToolError", "ToolPlan", "CallStreamer", "plan_tools", "new_call_id", "call_finish"]
 
-_X_GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _NAME_RX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
 class ToolError(SamplingParamsError):
-    """Bad ``tools`` / ``tool_choice`` / tool messages (HTTP 400)."""
+    """Bad ``tools`` / ``tool_choice`` (HTTP 400 naming `param`)."""
+
+    def __init__(self, message: str, param: str = "tools"):
+        super().__init__(message)
+        self.param = param
 
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def call_finish(reason: str, calls: Any) -> str:
+    """A reply that made calls ends with "tool_calls", unless max_tokens cut it ("length")."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def takes_tools(template_source: str) -> bool:
@@ -78,10 +87,10 @@ def check_choice(choice: Any, tools: list[dict]) -> tuple[str, str | None]:
             and isinstance(choice.get("function"), Mapping):
         name = choice["function"].get("name")
         if name not in {t["function"]["name"] for t in tools}:
-            raise ToolError(f"tool_choice names the function {name!r}, which is not in tools")
+            raise ToolError(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
         return "required", name
     raise ToolError("tool_choice must be 'auto', 'none', 'required' or "
-                    "{'type': 'function', 'function': {'name': ...}}")
+                    "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
 
 
 # --------------------------------------------------------------------------- formats
@@ -94,7 +103,7 @@ class ToolPlan:
     choice: str                                # "auto" | "none" | "required"
     messages: list[dict]                       # what the template renders
     render_extra: dict = field(default_factory=dict)   # tools=... for templates that take them
-    grammar: dict | None = None                # engine grammar kwargs: {"grammar": ...} or {"json_schema": ...}
+    spec: GrammarSpec | None = None            # the forced call's grammar ("required" / named)
 
     @property
     def active(self) -> bool:
@@ -105,9 +114,19 @@ class ToolPlan:
         return CallStreamer(self.fmt) if self.choice == "required" else None
 
     def parse(self, text: str) -> list[dict] | None:
-        """The calls in a reply (OpenAI tool_calls, ids new), or None when it is plain text."""
+        """The calls in a reply (OpenAI tool_calls, ids new), or None when it is plain text. A
+        forced call cut short (max_tokens) is returned with its partial arguments, as OpenAI
+        returns it (finish_reason "length") and as it was streamed."""
         if not self.active:
             return None
+        calls = self._parse(text)
+        if calls is None and self.choice == "required":
+            st = CallStreamer(self.fmt)
+            st.feed(text, final=True)
+            calls = [st.call] if st.call is not None else None
+        return calls
+
+    def _parse(self, text: str) -> list[dict] | None:
         bodies: list[Any] = []
         if self.fmt == "hermes":
             for m in re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S):
@@ -193,7 +212,7 @@ def _call_schema(tools: list[dict], only: str | None) -> dict:
         if only is not None and f["name"] != only:
             continue
         opts.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                     "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]}})
+                     "properties": {"name": {"const": f["name"]}, "arguments": tight_schema(f["parameters"])}})
     return opts[0] if len(opts) == 1 else {"anyOf": opts}
 
 
@@ -278,9 +297,9 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
         fmt = "generic"
         msgs = _generic_messages(messages, _generic_block(tools, choice, only) if choice != "none" else None)
         extra = {}
-    grammar = None
+    spec = None
     if choice == "required":
-        schema = {**_call_schema(tools, only), "x-guidance": _X_GUIDANCE}
+        schema = {**_call_schema(tools, only), "x-guidance": JSON_STYLE}
         if fmt == "hermes":
             grammar = {"grammar": {"type": "lark", "grammar":
                                    'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json '
@@ -290,4 +309,8 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
         else:
             grammar = {"json_schema": {"type": "object", "additionalProperties": False,
                                        "required": ["tool_call"], "properties": {"tool_call": schema}}}
-    return ToolPlan(fmt=fmt, tools=tools, choice=choice, messages=msgs, render_extra=extra, grammar=grammar)
+        try:
+            spec = grammar_spec(**grammar)
+        except ConstraintError as e:   # a function's parameters the grammar engine refuses
+            raise ToolError(f"tools: {e}") from None
+    return ToolPlan(fmt=fmt, tools=tools, choice=choice, messages=msgs, render_extra=extra, spec=spec)

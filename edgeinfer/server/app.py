@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ..engine.constraint import ConstraintError, check_logit_bias, grammar_spec
 from ..engine.generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
-from ..engine.tool_calls import ToolError
+from ..engine.tool_calls import ToolError, call_finish
 from ..engine.sampling import SamplingParams
 from ..engine.scheduler import QueueFullError, SchedulerClosedError
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
@@ -96,16 +96,17 @@ class ServerState:
                     ("max_queue", "edgeinfer_queue_capacity", "Bound of the waiting queue."),
                     ("kv_cells_used", "edgeinfer_kv_cells_used", "KV ring cells held by running sequences."),
                     ("kv_cells_total", "edgeinfer_kv_cells_total", "KV ring cells in all slots."),
-                    ("steps", "edgeinfer_engine_steps", "Batched forward steps run so far.")):
+                    ("steps", "edgeinfer_engine_steps", "Batched forward steps run so far."),
+                    ("spec_proposed", "edgeinfer_spec_proposed_tokens", "Speculative draft tokens verified."),
+                    ("spec_accepted", "edgeinfer_spec_accepted_tokens", "Speculative draft tokens accepted."),
+                    ("spec_steps", "edgeinfer_spec_verify_steps", "Verify steps that carried draft tokens."),
+                    ("spec_mean_k", "edgeinfer_spec_mean_k", "Mean draft tokens per verify step (the k chosen).")):
                 g[name] = ({m: snap[key] for m, snap in snaps.items()}, help_)
         return g
 
     def lookup(self, name: str | None) -> ServedModel:
         """The served model a request names (None: the default); 404 model_not_found otherwise."""
         return self.registry.lookup(name)
-
-    def check_model(self, name: str | None) -> None:
-        self.lookup(name)
 
     def set_engine(self, engine) -> None:
         """The default model is loaded (the one-model server)."""
@@ -309,7 +310,7 @@ def _prompt(eng, req: GenRequest):
             try:
                 plan = eng.tool_plan(req.messages, req.tools, req.tool_choice)
             except ToolError as e:
-                raise bad(str(e), "tools", "invalid_value") from None
+                raise bad(str(e), e.param, "invalid_value") from None
             ids = eng.chat_ids(plan.messages, **{**req.template_kwargs, **plan.render_extra})
         elif req.kind == "chat":
             ids = eng.chat_ids(req.messages, **req.template_kwargs)
@@ -398,18 +399,26 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
 def _params(eng, req: GenRequest, plan, max_tokens: int | None) -> list[SamplingParams]:
     """The sampling parameters of each choice on `eng`: structured output (response_format,
     a forced tool call) and logit_bias checked against this model; 400 naming the field."""
+    sampling = dict(req.sampling)
+    given = next(iter(req.constraint), None)      # the field to name in a 400
+    if plan is not None and plan.spec is not None:   # a forced call: its grammar, which ends it
+        if given is not None:
+            raise bad(f"{given} cannot be combined with a forced tool call (tool_choice 'required' or "
+                      "a named function)", given, "invalid_value")
+        spec = plan.spec
+        sampling["stop"] = []      # a stop string must not cut the call
+    else:
+        try:
+            spec = grammar_spec(**req.constraint)
+        except ConstraintError as e:
+            raise bad(str(e), given if len(req.constraint) == 1 else None, "invalid_value") from None
     try:
-        spec = grammar_spec(response_format=req.response_format, **((plan.grammar or {}) if plan else {}))
-    except ConstraintError as e:
-        raise bad(str(e), "response_format", "invalid_value") from None
-    try:
-        bias = check_logit_bias(req.sampling.get("logit_bias"), eng.config.n_vocab)
+        sampling["logit_bias"] = check_logit_bias(sampling.get("logit_bias"), eng.config.n_vocab)
     except SamplingParamsError as e:
         raise bad(str(e), "logit_bias", "invalid_value") from None
     try:
-        return [SamplingParams.from_dict({**req.sampling, "seed": seed, "logit_bias": bias},
-                                         max_tokens=max_tokens, grammar=spec)
-                for seed in _sibling_seeds(req.sampling.get("seed"), req.n)]
+        return [SamplingParams.from_dict({**sampling, "seed": seed}, max_tokens=max_tokens, grammar=spec)
+                for seed in _sibling_seeds(sampling.get("seed"), req.n)]
     except SamplingParamsError as e:
         raise bad(str(e), code="invalid_value") from None
 
@@ -512,7 +521,7 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
             if calls:
                 msg["tool_calls"] = calls
             choices.append({"index": i, "message": msg, "logprobs": ctx.logprobs(lps[i], i),
-                            "finish_reason": "tool_calls" if calls else done[i].finish_reason})
+                            "finish_reason": call_finish(done[i].finish_reason, calls)})
         else:
             choices.append({"index": i, "text": text, "logprobs": ctx.logprobs(lps[i], i),
                             "finish_reason": done[i].finish_reason})
@@ -577,7 +586,9 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
     done: dict[int, DoneEvent] = {}
     try:
         if chat:
-            await resp.write(b"".join(chunk(i, "", None, None, first=True) for i in range(n)))
+            # a forced call has no content (null in the accumulated message, as OpenAI's)
+            await resp.write(b"".join(chunk(i, "" if streamers[i] is None else None, None, None, first=True)
+                                      for i in range(n)))
         while len(done) < n:
             index, events = await queue.get()
             out: list[bytes] = []
@@ -601,14 +612,13 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
                     finish = ev.finish_reason
                     if st is not None:
                         out.extend(call_deltas(index, st.feed(ev.text, final=True)))
-                        if st.call is not None and finish == "stop":
-                            finish = "tool_calls"
+                        finish = call_finish(finish, st.call)
                     elif hd is not None:
                         text = "".join(hd) + ev.text
                         calls = ctx.plan.parse(text)
                         if calls:
                             out.extend(held_call(index, calls))
-                            finish = "tool_calls"
+                            finish = call_finish(finish, calls)
                         elif text:
                             out.append(chunk(index, text, None, None))
                     elif ev.text:

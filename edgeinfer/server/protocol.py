@@ -63,10 +63,21 @@ def _stop_list(v: Any) -> Any:
     return [v] if isinstance(v, str) else v
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str | dict = "{}"             # OpenAI sends JSON text; an object is taken too
+
+
+class ToolCall(_Body):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, BeforeValidator(_text_parts)] = ""
-    tool_calls: list[dict] | None = None     # an assistant's earlier calls
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None          # a tool result answers this call
     name: str | None = None
 
@@ -96,6 +107,9 @@ class _GenBody(_Body):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict | None = None
+    response_format: ResponseFormat | None = None
+    json_schema: dict | None = None    # llama.cpp's server extensions: a JSON Schema, or
+    grammar: str | None = None         # a GBNF (or Lark) grammar the output follows
     # OpenAI fields we accept but do not act on: checked for type only
     user: str | None = None
     metadata: dict | None = None
@@ -112,7 +126,6 @@ class ChatBody(_GenBody):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     functions: Any = None
-    response_format: ResponseFormat | None = None
     # extra variables for the chat template (vLLM / llama-server style), e.g. Qwen3's thinking switch
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: bool | None = None
@@ -125,7 +138,6 @@ class CompletionBody(_GenBody):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
-    response_format: ResponseFormat | None = None
 
 
 class TokenizeBody(_Body):
@@ -182,7 +194,8 @@ class GenRequest:
     include_usage: bool = False
     n_logprobs: int | None = None           # None: no logprobs; else alternatives per token
     n: int = 1                              # choices (sibling sequences of one prompt)
-    response_format: dict | None = None     # structured output (engine/constraint.py)
+    constraint: dict = field(default_factory=dict)   # structured output as given: grammar_spec's
+                                            # response_format / json_schema / grammar
     tools: list[dict] | None = None         # chat: functions the model may call
     tool_choice: Any = None
     template_kwargs: dict = field(default_factory=dict)   # chat: extra chat-template variables
@@ -204,18 +217,20 @@ def _request(kind: str, b: _GenBody) -> GenRequest:
         "ignore_eos": bool(b.ignore_eos),
         "logit_bias": b.logit_bias or None,   # checked against the vocabulary by the server
     }
-    rf = getattr(b, "response_format", None)
+    constraint = {k: v for k, v in (("json_schema", b.json_schema), ("grammar", b.grammar)) if v is not None}
+    if b.response_format is not None and b.response_format.type != "text":
+        constraint["response_format"] = b.response_format.model_dump(exclude_none=True)
     return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream), n=b.n or 1,
                       include_usage=bool(b.stream_options and b.stream_options.include_usage),
-                      response_format=rf.model_dump(exclude_none=True) if rf is not None else None)
+                      constraint=constraint)
 
 
 def parse_chat(body: Any) -> GenRequest:
     b = parse(ChatBody, body)
     req = _request("chat", b)
     req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content,
-                     **{k: v for k, v in (("tool_calls", m.tool_calls), ("tool_call_id", m.tool_call_id),
-                                          ("name", m.name)) if v is not None}}
+                     **({"tool_calls": [c.model_dump() for c in m.tool_calls]} if m.tool_calls else {}),
+                     **{k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None}}
                     for m in b.messages]
     req.max_tokens = b.max_completion_tokens or b.max_tokens
     if b.top_logprobs is not None and not b.logprobs:
