@@ -328,7 +328,7 @@ def test_rmsnorm(n):
     assert nmse(ref, out) <= NMSE_MAX
 
 
-def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
+def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs, mscale=1.0):
     x = x.astype(np.float64).copy()
     half = rope_dim // 2
     f = theta ** (-2.0 * np.arange(half) / rope_dim)
@@ -336,7 +336,7 @@ def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
         f = f / freqs
     for t, p in enumerate(pos):
         a = p * scale * f
-        c, s = np.cos(a), np.sin(a)
+        c, s = np.cos(a) * mscale, np.sin(a) * mscale
         i0 = np.arange(half) if neox else 2 * np.arange(half)
         i1 = i0 + half if neox else i0 + 1
         x0, x1 = x[t, :, i0].copy(), x[t, :, i1].copy()
@@ -347,18 +347,19 @@ def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
 
 @needs_gpu
 @pytest.mark.parametrize("neox", [0, 1])
-@pytest.mark.parametrize("hd,rope_dim,use_freqs", [(64, 64, False), (80, 32, True), (128, 128, False)])
-def test_rope(neox, hd, rope_dim, use_freqs):
+@pytest.mark.parametrize("hd,rope_dim,use_freqs,mscale", [(64, 64, False, 1.0), (80, 32, True, 1.0),
+                                                          (128, 128, False, 1.0), (128, 96, True, 1.19)])
+def test_rope(neox, hd, rope_dim, use_freqs, mscale):
     ffi, lib = _test_ops()
     rng = np.random.default_rng(hd + neox)
     n_tok, heads = 5, 3
     x = rng.standard_normal((n_tok, heads, hd)).astype(np.float32)
     pos = np.array([0, 1, 17, 4095, 131071], dtype=np.int32)
     freqs = rng.uniform(1, 8, rope_dim // 2).astype(np.float32) if use_freqs else None
-    ref = _rope_ref(x, pos, rope_dim, neox, 10000.0, 0.5, freqs)
+    ref = _rope_ref(x, pos, rope_dim, neox, 10000.0, 0.5, freqs, mscale)   # (128, 96): Phi-4-mini
     got = x.copy()
     _ok(lib.ei_cuda_op_rope(_f(ffi, got), n_tok, heads, hd, rope_dim, neox, 10000.0, 0.5,
-                            _f(ffi, freqs) if use_freqs else ffi.NULL, ffi.from_buffer("int32_t[]", pos)))
+                            _f(ffi, freqs) if use_freqs else ffi.NULL, mscale, ffi.from_buffer("int32_t[]", pos)))
     assert nmse(ref, got) <= NMSE_MAX
 
 

@@ -6,6 +6,9 @@ checkpoint carries a real tokenizer of a few hundred tokens:
   llama_tied: byte-level BPE, smollm style (Digits + ByteLevel), tied embeddings, chat template
   mistral : SentencePiece BPE tokenizer.model (byte fallback)
   qwen2   : byte-level BPE, Qwen2 Split regex, q/k/v biases
+  llama32 : Llama 3.2 layout: llama3 rope_scaling (rope_freqs), tied head, Llama 3 chat template
+  phi3    : Phi-3.5 layout: fused qkv / gate_up, LongRoPE short/long factors, SentencePiece
+  phi4    : Phi-4-mini layout: fused tensors, partial rotary (0.75), LongRoPE, tied head, BPE
 Needs torch, transformers, tokenizers, sentencepiece (and peft for the adapter).
 """
 from __future__ import annotations
@@ -31,6 +34,37 @@ LLAMA3_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# The Llama 3.2 Instruct template without its tool-calling branches (a system header carrying
+# the dates, then one header per message, each closed by <|eot_id|>).
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}\n"
+    "{%- if not date_string is defined %}{%- set date_string = strftime_now(\"%d %b %Y\") %}{%- endif %}\n"
+    "{%- if messages[0]['role'] == 'system' %}\n"
+    "    {%- set system_message = messages[0]['content']|trim %}\n"
+    "    {%- set messages = messages[1:] %}\n"
+    "{%- else %}\n"
+    "    {%- set system_message = \"\" %}\n"
+    "{%- endif %}\n"
+    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n"
+    "{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n"
+    "{{- system_message }}\n"
+    "{{- \"<|eot_id|>\" }}\n"
+    "{%- for message in messages %}\n"
+    "    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+    "{%- endif %}\n")
+
+# The Phi-3.5-mini / Phi-4-mini chat template (<|role|> ... <|end|>).
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
@@ -87,7 +121,8 @@ def _spm_model(path: Path, vocab_size: int = 420) -> None:
 
 
 def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float32") -> Path:
-    """Builds checkpoint `kind` (llama, llama_tied, mistral, qwen2, llama_256) in `out`."""
+    """Builds checkpoint `kind` (llama, llama_tied, mistral, qwen2, llama_256, llama32, phi3,
+    phi4) in `out`."""
     import torch
     import transformers as tf
 
@@ -139,6 +174,47 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         model = tf.Qwen2ForCausalLM(cfg)
         tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                 "chat_template": CHATML, "add_bos_token": False}
+    elif kind == "llama32":
+        specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+                    "<|end_header_id|>"]
+        tok = _bpe_tokenizer("llama3", 400, specials)
+        n_vocab = tok.get_vocab_size()
+        # llama3 scaling over head_dim 16, base 500000: wavelengths on both sides of and
+        # inside [old_ctx / high, old_ctx / low], so all three branches of the factors occur
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        cfg = tf.LlamaConfig(vocab_size=n_vocab, bos_token_id=0, eos_token_id=2,
+                             tie_word_embeddings=True, rope_parameters=rope, **common)
+        model = tf.LlamaForCausalLM(cfg)
+        tcfg = {"bos_token": specials[0], "eos_token": specials[2], "chat_template": LLAMA3_TEMPLATE}
+    elif kind in ("phi3", "phi4"):
+        # LongRoPE: long factors once a sequence passes original_max_position_embeddings (32)
+        partial = 1.0 if kind == "phi3" else 0.75
+        half = int(16 * partial) // 2
+        g = torch.Generator().manual_seed(seed + 7)
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
+                "short_factor": (1.0 + 0.5 * torch.rand(half, generator=g)).tolist(),
+                "long_factor": (2.0 + 6.0 * torch.rand(half, generator=g)).tolist()}
+        if kind == "phi3":      # Phi-3.5-mini: SentencePiece (Llama 2) vocabulary, untied head
+            _spm_model(out)
+            tok = None
+            import sentencepiece as spm
+            n_vocab = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model")).vocab_size()
+            ids = dict(bos_token_id=1, eos_token_id=2)
+            tcfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                    "add_bos_token": False, "add_eos_token": False, "chat_template": PHI3_TEMPLATE}
+        else:                   # Phi-4-mini: byte-level BPE, tied head
+            specials = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+            tok = _bpe_tokenizer("llama3", 400, specials)
+            tok.post_processor = None
+            n_vocab = tok.get_vocab_size()
+            ids = dict(bos_token_id=0, eos_token_id=0)
+            tcfg = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "add_bos_token": False,
+                    "chat_template": PHI3_TEMPLATE}
+        cfg = tf.Phi3Config(vocab_size=n_vocab, pad_token_id=None, tie_word_embeddings=(kind == "phi4"),
+                            original_max_position_embeddings=32, rope_parameters=rope,
+                            sliding_window=None, **ids, **common)
+        model = tf.Phi3ForCausalLM(cfg)
     else:
         raise ValueError(kind)
     with torch.no_grad():   # non-trivial norms and biases (HF initializes them to 1 / 0)

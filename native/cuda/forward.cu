@@ -511,7 +511,7 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     int32_t *ncells = batch_arr(rt, rt->d_batch, 4), *orows = batch_arr(rt, rt->d_batch, 5);
     const float *freqs = (const float *)rt->rope_freqs.data;
 
-    LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, rt->rope_cos, rt->rope_sin,
+    LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, c->rope_attn_factor, rt->rope_cos, rt->rope_sin,
                         rt->d_cell_pos, slots, cells, rt->p.n_ctx));
     LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
     for (int l = 0; l < c->n_layer; l++) {

@@ -103,6 +103,10 @@ typedef struct {
     float rope_theta;
     float rope_freq_scale; /* linear RoPE scaling: positions are multiplied by it (1 = none) */
     float rms_eps;
+    /* RoPE (fam-b): cos and sin are multiplied by it, so the rotated dimensions of q and k
+     * are scaled (LongRoPE's attention factor; llama.cpp's rope.scaling.attn_factor).
+     * 0 or 1: none. */
+    float rope_attn_factor;
 } ei_model_config;
 
 typedef struct ei_model ei_model;

@@ -28,6 +28,8 @@ ei_status ei_model_create(const ei_model_config *cfg, ei_model **out) {
         return ei_fail(EI_ERR_INVALID_ARG, "rope_dim=%d must be even and <= head_dim", cfg->rope_dim);
     if (!(cfg->rms_eps > 0) || !(cfg->rope_theta > 0) || !(cfg->rope_freq_scale > 0))
         return ei_fail(EI_ERR_INVALID_ARG, "rms_eps, rope_theta and rope_freq_scale must be positive");
+    if (!(cfg->rope_attn_factor >= 0) || cfg->rope_attn_factor > 1e3f)
+        return ei_fail(EI_ERR_INVALID_ARG, "rope_attn_factor=%g must be in [0, 1000]", (double)cfg->rope_attn_factor);
     ei_model *m = calloc(1, sizeof *m);
     if (!m) return ei_fail(EI_ERR_OUT_OF_MEMORY, "model_create: out of memory");
     m->layers = calloc((size_t)cfg->n_layer, sizeof(ei_layer));
