@@ -199,9 +199,12 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
             _spm_model(out)
             tok = None
             import sentencepiece as spm
-            n_vocab = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model")).vocab_size()
-            ids = dict(bos_token_id=1, eos_token_id=2)
-            tcfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+            n_sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model")).vocab_size()
+            added = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>", "<|system|>"]
+            (out / "added_tokens.json").write_text(json.dumps({t: n_sp + k for k, t in enumerate(added)}))
+            n_vocab = n_sp + len(added) + 3          # padded, as Phi-3.5's 32064
+            ids = dict(bos_token_id=1, eos_token_id=n_sp + 2)
+            tcfg = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "<|end|>", "unk_token": "<unk>",
                     "add_bos_token": False, "add_eos_token": False, "chat_template": PHI3_TEMPLATE}
         else:                   # Phi-4-mini: byte-level BPE, tied head
             specials = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -209,7 +212,8 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
             tok.post_processor = None
             n_vocab = tok.get_vocab_size()
             ids = dict(bos_token_id=0, eos_token_id=0)
-            tcfg = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "add_bos_token": False,
+            tcfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                    "add_bos_token": False,
                     "chat_template": PHI3_TEMPLATE}
         cfg = tf.Phi3Config(vocab_size=n_vocab, pad_token_id=None, tie_word_embeddings=(kind == "phi4"),
                             original_max_position_embeddings=32, rope_parameters=rope,
