@@ -234,7 +234,7 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
 
 
 def build_lora(base: str | os.PathLike, out: str | os.PathLike, seed: int = 1,
-               use_rslora: bool = False) -> Path:
+               use_rslora: bool = False, targets: list[str] | None = None) -> Path:
     """A PEFT LoRA adapter on `base` with random non-zero B (so merging changes the model)."""
     import torch
     import transformers as tf
@@ -243,7 +243,7 @@ def build_lora(base: str | os.PathLike, out: str | os.PathLike, seed: int = 1,
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     cfg = LoraConfig(r=4, lora_alpha=8, use_rslora=use_rslora, lora_dropout=0.0,
-                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
+                     target_modules=targets or ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
                      task_type="CAUSAL_LM")
     pm = get_peft_model(model, cfg)
     with torch.no_grad():
