@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
+from conftest import require
 from edgeinfer.backends import Batch, cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
 from edgeinfer.backends import KVPlan
@@ -656,6 +657,33 @@ def test_fused_and_fallback_layers_match_float64_reference(recipe, tmp_path):
         decode = np.array([rt.forward(Batch([tok], [1], [i], [i], [0]))[0].copy() for i, tok in enumerate(ids)])
     assert nmse(ref, prefill) <= NMSE_MAX   # the f16 KV cache is the main error: about 1e-7
     assert nmse(ref, decode) <= NMSE_MAX
+
+
+@needs_gpu
+def test_tiny_llama32_phi3_phi4_end_to_end_match_float64_reference(tmp_path):
+    """Llama 3.2 (llama3 rope_freqs), Phi-3.5 (fused q/k/v and gate/up, LongRoPE) and Phi-4-mini
+    (partial rotary) tiny checkpoints, converted to Q8_0, prefill and decode against the float64
+    forward; the phi models at a context within their original one (short factors) and past it."""
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_checkpoints
+    from reference_forward import ReferenceModel
+    from edgeinfer.convert import convert_checkpoint
+
+    ids = [int(i) for i in np.random.default_rng(2).integers(3, 300, 21)]
+    for kind in ("llama32", "phi3", "phi4"):
+        path = tmp_path / f"{kind}.q8_0.gguf"
+        convert_checkpoint(str(tiny_checkpoints.build(kind, tmp_path / kind)), str(path), "q8_0")
+        for n_ctx in (32, 64):
+            ref = ReferenceModel(path, n_ctx=n_ctx).logits(ids)
+            with edgeinfer.load(str(path), n_ctx=n_ctx, device="cuda", n_slots=2, max_batch=32) as gpu:
+                prefill = gpu.logits(ids)
+                rt = gpu.runner.runtime
+                rt.clear_slot(1)
+                decode = np.array([rt.forward(Batch([t], [1], [i], [i], [0]))[0].copy() for i, t in enumerate(ids)])
+            assert nmse(ref, prefill) <= NMSE_MAX, (kind, n_ctx)
+            assert nmse(ref, decode) <= NMSE_MAX, (kind, n_ctx)
 
 
 @needs_gpu

@@ -124,6 +124,14 @@ class Tensor:
     def per_layer(self) -> bool:
         return "{i}" in self.gguf
 
+    @property
+    def c_roles(self) -> tuple[str, ...]:
+        """The C roles (EI_T_<ROLE>) this tensor feeds: its parts', LongRoPE factors' rope_freqs,
+        else its own."""
+        if self.split:
+            return tuple(r for r, _ in self.split)
+        return ("rope_freqs",) if self.role in LONGROPE_ROLES else (self.role,)
+
 
 class Weight(NamedTuple):
     """A tensor of one model: its GGUF name, table entry, layer (-1: global) and shape."""
