@@ -85,9 +85,10 @@ def _llama_cpp(path, ids, n_ctx: int) -> np.ndarray:
         llm.close()
 
 
-# Contexts: 256 (LongRoPE long factors: past the tiny phi models' original 32) with 80
-# tokens; 32 (short factors) with 20 tokens. transformers switches by the sequence length.
-CASES = [(80, 256), (20, 32)]
+# LongRoPE: the tiny phi models' original context is 32, so at 256 both transformers (80
+# tokens) and llama.cpp take the long factors; the short ones are checked against llama.cpp in
+# test_longrope_factors_follow_the_context (llama.cpp pads any context to 256).
+CASES = [(80, 256)]
 
 
 def test_f32_logits_vs_transformers_as_close_as_llama_cpp(fam):
@@ -146,8 +147,13 @@ def test_llama_cpp_converter_output_loads_and_agrees(fam, tmp_path):
                     assert b.metadata.get(key) == pytest.approx(v), (k, key)
 
 
-def test_longrope_factors_follow_the_context(fam):
-    """Within the original context: short factors; past it: long; each as transformers."""
+def test_longrope_factors_follow_the_context(fam, tmp_path):
+    """Within the original context: short factors; past it: long; as transformers (which
+    switches by the sequence length) and llama.cpp (by the context, padded to 256) choose.
+    The tiny models' original context of 32 is below any llama.cpp context, so a copy with
+    original 256 (and 4096 positions) puts llama.cpp on both sides."""
+    import json
+    import shutil
     from reference_forward import ReferenceModel
     for k in ("phi3", "phi4"):
         with GGUFFile(fam[k]["f32"]) as f:
@@ -161,6 +167,22 @@ def test_longrope_factors_follow_the_context(fam):
         np.testing.assert_allclose(short, ReferenceModel(fam[k]["f32"], n_ctx=32).logits(ids), atol=1e-3)
         np.testing.assert_allclose(long, ReferenceModel(fam[k]["f32"], n_ctx=64).logits(ids), atol=1e-3)
         assert float(np.abs(short - _hf(fam[k]["dir"], ids)).max()) <= 1e-3
+
+        d = tmp_path / f"{k}_orig256"
+        shutil.copytree(fam[k]["dir"], d)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["original_max_position_embeddings"] = cfg["rope_parameters"]["original_max_position_embeddings"] = 256
+        cfg["max_position_embeddings"] = 4096
+        (d / "config.json").write_text(json.dumps(cfg))
+        path = tmp_path / f"{k}_orig256.f32.gguf"
+        convert_checkpoint(str(d), str(path), "f32")
+        for n, n_ctx in ((80, 256), (300, 512)):       # short, long
+            ids = _ids(n, seed=3)
+            ref = _hf(d, ids)
+            ours = float(np.abs(_ours(path, ids, n_ctx) - ref).max())
+            theirs = float(np.abs(_llama_cpp(path, ids, n_ctx) - ref).max())
+            print(f"{k} original 256, n_ctx={n_ctx}: |edgeinfer - hf| {ours:.2e}, |llama.cpp - hf| {theirs:.2e}")
+            assert theirs <= 1e-3 and ours <= 1e-3, (k, n_ctx, ours, theirs)
 
 
 def test_chat_templates_render_and_tokenize_as_the_oracles(fam):
