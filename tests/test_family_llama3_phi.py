@@ -213,3 +213,29 @@ def test_chat_templates_render_and_tokenize_as_the_oracles(fam):
                 msgs, tokenize=False, add_generation_prompt=True)
         assert text == want, k
         assert ids == llama_tokenize(path, text, add_bos=False, special=True), k
+
+
+def test_bad_llama3_and_phi3_configs_are_conversion_errors(fam, tmp_path):
+    import json
+    import shutil
+    from edgeinfer.errors import ConversionError
+    cases = [
+        ("phi3", lambda c: c["rope_parameters"].update(long_factor=[1.0, 2.0]), "long_factor must be 8"),
+        ("phi3", lambda c: c["rope_parameters"].update(short_factor=[0.0] * 8), "short_factor must be 8 positive"),
+        ("phi4", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.0), "partial_rotary_factor"),
+        ("phi3", lambda c: (c["rope_parameters"].pop("original_max_position_embeddings"),
+                            c.pop("original_max_position_embeddings")), "original_max_position_embeddings"),
+        ("phi3", lambda c: c["rope_parameters"].update(rope_type="yarn"), "'yarn' is not supported"),
+        ("llama32", lambda c: c["rope_parameters"].pop("factor"), "incomplete llama3 rope scaling"),
+        ("llama32", lambda c: c["rope_parameters"].update(rope_type="longrope"), "'longrope' is not supported"),
+    ]
+    for n, (k, change, match) in enumerate(cases):
+        d = tmp_path / f"bad{n}"
+        shutil.copytree(fam[k]["dir"], d)
+        cfg = json.loads((d / "config.json").read_text())
+        change(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+        out = tmp_path / f"bad{n}.gguf"
+        with pytest.raises(ConversionError, match=match):
+            convert_checkpoint(str(d), str(out), "q8_0")
+        assert not out.exists()

@@ -99,7 +99,11 @@ class HParams(HeadDims):
         if stype not in ("default", "linear", "llama3") + (("longrope", "su") if longrope_ok else ()):
             raise ConversionError(f"config.json: RoPE scaling {stype!r} is not supported "
                                   f"(supported: none, linear, llama3{', longrope' if longrope_ok else ''})")
-        partial = float(rp.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
+        partial = rp.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+        try:
+            partial = 1.0 if partial is None else float(partial)
+        except (TypeError, ValueError):
+            raise ConversionError(f"config.json: partial_rotary_factor {partial!r} is not a number") from None
         if not 0 < partial <= 1:
             raise ConversionError(f"config.json: partial_rotary_factor {partial} is not in (0, 1]")
         n_ctx_orig = int(scaling.get("original_max_position_embeddings")
