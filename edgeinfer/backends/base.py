@@ -89,6 +89,9 @@ class Runtime(Protocol):
     def forget_from(self, slot: int, pos: int) -> None:
         """Forgets the slot's cells of positions >= pos (prefix reuse keeps the rest)."""
 
+    # Optional: copy_prefix(src, dst, n) makes slot dst hold slot src's positions [0, n)
+    # (n > 1 siblings share the prompt's cells); a runtime without it computes them again.
+
     def profile(self, reset: bool = False) -> dict[str, float]:
         """Seconds per forward stage (caps.profile_stages) so far; {} where not measured."""
 

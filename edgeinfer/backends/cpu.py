@@ -90,6 +90,9 @@ class NativeRuntime:
     def forget_from(self, slot: int, pos: int) -> None:
         check(lib.ei_runtime_forget_from(self.handle, slot, pos), "forget_from")
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        check(lib.ei_runtime_copy_prefix(self.handle, src, dst, n), "copy_prefix")
+
     def profile(self, reset: bool = False) -> dict[str, float]:
         buf = ffi.new("double[]", len(PROFILE_STAGES))
         n = lib.ei_runtime_profile(self.handle, buf, len(PROFILE_STAGES), int(reset))

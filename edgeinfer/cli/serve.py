@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -9,12 +10,47 @@ import typer
 
 from ..errors import EdgeInferError
 
-__all__ = ["register", "serve_cmd"]
+__all__ = ["register", "serve_cmd", "parse_models"]
+
+_NAMED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._:-]*)=(.+)$")   # NAME=PATH (a name has no '/' or '=')
+
+
+def parse_models(positional: Optional[str], options: list[str]) -> list[tuple[str, str]] | None:
+    """The served models as (name, source) pairs, the first the default; None: the one model
+    of today's `serve [MODEL]` (named as before). `--model NAME=PATH` names it; a plain
+    `--model PATH` (or known name) is served under its own id. ValueError for duplicates."""
+    from ..server.runner import model_id
+
+    given = ([positional] if positional else []) + list(options)
+    if len(given) <= 1 and not any(_NAMED.match(g) for g in given):
+        return None
+    out: list[tuple[str, str]] = []
+    for g in given:
+        mt = _NAMED.match(g)
+        out.append((mt.group(1), mt.group(2)) if mt else (model_id(g), g))
+    names = [n for n, _ in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"two models are served under the name {dup[0]!r}: name them (--model NAME=PATH)")
+    return out
 
 
 def serve_cmd(
     model: Annotated[Optional[str], typer.Argument(
         help="A .gguf file or a known model name; default: the default model (fetched on first use).")] = None,
+    models: Annotated[Optional[list[str]], typer.Option(
+        "--model", "-m", help="A model to serve, as NAME=PATH (or a path / known name, served under its "
+        "own id); repeat it to serve several at once (the first is the default). A request's 'model' "
+        "picks one.")] = None,
+    fallback: Annotated[Optional[str], typer.Option(
+        "--fallback", help="NAME of a (smaller) served model that takes requests for the others when "
+        "their queue is full, or their recent TTFT is over --fallback-ttft-ms.")] = None,
+    fallback_ttft_ms: Annotated[Optional[float], typer.Option(
+        "--fallback-ttft-ms", help="With --fallback: route to it while a model's median time to first "
+        "token over the last 30 s exceeds this (ms).")] = None,
+    memory: Annotated[Optional[str], typer.Option(
+        "--memory", help="Memory budget the models must fit (plan's figures), e.g. 8GB, 7.5GiB; default "
+        "with several models: the memory available now.")] = None,
     host: Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", help="TCP port.")] = 8080,
@@ -56,7 +92,26 @@ def serve_cmd(
         print("error: --kv must be f16 or q8_0", file=sys.stderr)
         raise typer.Exit(2)
     try:
-        serve(model, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
+        served = parse_models(model, models or [])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    names = [n for n, _ in served] if served else []
+    if fallback is not None and fallback not in names:
+        print(f"error: --fallback {fallback!r} is not the name of a served model "
+              f"({', '.join(names) or 'serve several: --model NAME=PATH ...'})", file=sys.stderr)
+        raise typer.Exit(2)
+    if fallback_ttft_ms is not None and (fallback is None or fallback_ttft_ms <= 0):
+        print("error: --fallback-ttft-ms needs --fallback and a value > 0", file=sys.stderr)
+        raise typer.Exit(2)
+    if served is None and models:
+        model = models[0]                  # one plain --model PATH: as the positional MODEL
+    if (served and len(served) > 1) or memory is not None:
+        _check_memory(served or [("", model)], memory, ctx, slots, kv, max(max_batch, slots), threads,
+                      wait_for_model)
+    try:
+        serve(model, models=served, fallback=fallback,
+              fallback_ttft_s=None if fallback_ttft_ms is None else fallback_ttft_ms / 1000, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
               max_queue=max_queue, max_body=max_body, drain_timeout_s=drain_timeout, overflow=overflow,
               max_batch=max(max_batch, slots), kv_type=kv, wait_for_model=wait_for_model)
     except OSError as e:
@@ -65,6 +120,44 @@ def serve_cmd(
     except EdgeInferError as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(1) from None
+
+
+def _check_memory(models: list[tuple[str, Optional[str]]], memory: Optional[str], ctx: int, slots: int,
+                  kv: str, max_batch: int, threads: Optional[int], wait_for_model: bool) -> None:
+    """Before anything loads: do all the models fit the budget? Exit 1 naming the figures if
+    not, or if a model cannot be read (the error says which; with --wait-for-model such a model
+    is left out of the plan and fails at load, where the server reports it)."""
+    from ..hub import DEFAULT_MODEL
+    from ..tools import plan as P
+    from ..tools.doctor import memory_report
+
+    try:
+        budget = P.parse_size(memory) if memory is not None else memory_report().get("available")
+    except ValueError as e:
+        print(f"error: --memory: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if budget is None:
+        return      # no budget given and none readable here: nothing to check against
+    source = f"--memory {memory}" if memory is not None else "memory available now"
+    shapes = []
+    for name, src in models:
+        try:
+            shapes.append((name, P.model_shape(src or DEFAULT_MODEL)))
+        except EdgeInferError as e:
+            if wait_for_model:
+                continue
+            print(f"error: the model {src or DEFAULT_MODEL} failed to load: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+            raise typer.Exit(1) from None
+    if not shapes:
+        return
+    try:
+        p = P.check_serve(shapes, ctx, slots, kv, budget, max_batch, threads, budget_source=source)
+    except EdgeInferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    logging.getLogger("edgeinfer.server").warning(
+        "memory plan: %s of %s (%s): %s", P.human(p.total), P.human(budget), source, p.describe())
 
 
 def register(app: typer.Typer) -> None:

@@ -13,10 +13,12 @@ from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from .constraint import check_logit_bias, grammar_spec
 from .generation import Completion, Generation
 from .kv import KVRing
 from .runner import Runner
 from .sampling import SamplingParams
+from .tool_calls import ToolPlan, plan_tools
 from .scheduler import Scheduler
 
 log = logging.getLogger("edgeinfer")
@@ -132,23 +134,45 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[int], **params: Any) -> Completion:
         """Runs to the end. `logprobs=N` (extension) also returns, per token, its log-probability
-        and the N most likely alternatives in `Completion.logprobs`."""
+        and the N most likely alternatives in `Completion.logprobs`. Structured output (at most
+        one): `response_format={"type": "json_object"}` or `{"type": "json_schema", "json_schema":
+        {"schema": {...}}}`, `json_schema={...}`, `regex="..."`, `grammar="<Lark or GBNF>"`;
+        the output follows it and ends (finish_reason "stop") where it is complete.
+        `logit_bias={token_id: bias in [-100, 100]}` as OpenAI's."""
         return self._generation(self._prompt_ids(prompt), params).result()
 
     def stream(self, prompt: str | Sequence[int], **params: Any) -> Generation:
         """Iterates over text pieces as they are generated (never half a UTF-8 character)."""
         return self._generation(self._prompt_ids(prompt), params)
 
-    def chat(self, messages: list[dict], **params: Any) -> Completion:
-        return self.generate(self.chat_ids(messages), **params)
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+             **params: Any) -> Completion:
+        """A chat reply. With `tools` (OpenAI's function list) and `tool_choice` ("auto", "none",
+        "required", {"type": "function", "function": {"name": ...}}), a reply that calls
+        functions has them in `Completion.tool_calls` and finish_reason "tool_calls"."""
+        return self.stream_chat(messages, tools=tools, tool_choice=tool_choice, **params).result()
 
-    def stream_chat(self, messages: list[dict], **params: Any) -> Generation:
-        return self.stream(self.chat_ids(messages), **params)
+    def stream_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+                    **params: Any) -> Generation:
+        """As `chat`, streamed: iterates over the reply's text (with tools, a call's raw text);
+        once it ends, `Generation.tool_calls` holds the calls it made (None: none)."""
+        if tools is None:
+            return self.stream(self.chat_ids(messages), **params)
+        plan = self.tool_plan(messages, tools, tool_choice)
+        ids = self._prompt_ids(self.chat_ids(plan.messages, **plan.render_extra))
+        if plan.spec is not None:   # the grammar ends a forced call; a stop string must not cut it
+            params = {**params, "grammar": plan.spec, "stop": []}
+        return self._generation(ids, params, parse_calls=plan.parse)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+    def tool_plan(self, messages: list[dict], tools: Any, tool_choice: Any = None) -> ToolPlan:
+        """How a chat with `tools` is prompted (`plan.messages`, `plan.render_extra` for
+        chat_ids), constrained (`plan.spec`: generate's `grammar=`) and read back (`plan.parse`)."""
+        return plan_tools(self.template.source, messages, tools, tool_choice)
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+
+    def chat_ids(self, messages: list[dict], **extra: Any) -> list[int]:
         """The prompt ids of a chat. The template writes BOS itself where the model wants it;
         special tokens are parsed. Messages longer than any rendered prompt may be are a
         ContextOverflowError, not a template failure."""
@@ -158,15 +182,23 @@ class Engine:
             raise ContextOverflowError(
                 f"the messages hold {size:,} characters, more than a chat prompt may render to "
                 f"({limit:,}) and far more than the context of {self.n_ctx} tokens")
-        return self.tokenize(self.apply_chat_template(messages), add_special=False)
+        return self.tokenize(self.apply_chat_template(messages, **extra), add_special=False)
 
-    def _generation(self, ids: list[int], params: dict) -> Generation:
+    def _generation(self, ids: list[int], params: dict, parse_calls=None) -> Generation:
         params = dict(params)
         n_logprobs = params.pop("logprobs", None)
         if n_logprobs is not None and (isinstance(n_logprobs, bool) or not isinstance(n_logprobs, int)
                                        or n_logprobs < 0):
             raise SamplingParamsError(f"logprobs must be an int >= 0 (alternatives per token), got {n_logprobs!r}")
-        return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs)
+        spec = grammar_spec(response_format=params.pop("response_format", None),
+                            json_schema=params.pop("json_schema", None),
+                            grammar=params.pop("grammar", None), regex=params.pop("regex", None))
+        if spec is not None:
+            params["grammar"] = spec
+        if params.get("logit_bias") is not None:
+            params["logit_bias"] = check_logit_bias(params["logit_bias"], self.config.n_vocab)
+        return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs,
+                          parse_calls=parse_calls)
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict:

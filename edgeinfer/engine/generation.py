@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from .sampling import SamplingParams
+from .tool_calls import call_finish
 from ..text.tokenizer import StreamDecoder, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,9 +47,10 @@ class GenerationStats:
 class Completion:
     text: str
     tokens: list[int]
-    finish_reason: str              # "stop" (EOS or stop string) | "length"
+    finish_reason: str              # "stop" (EOS or stop string) | "length" | "tool_calls"
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list["TokenLogprob"] | None = None
+    tool_calls: list[dict] | None = None    # Engine.chat with tools: the calls the reply made
 
 
 # --------------------------------------------------------------------------- events
@@ -113,6 +115,14 @@ class SequenceState:
         self.t_admit: float | None = None
         self.t_first: float | None = None
         self.finish_reason: str | None = None
+        self.constraint = None
+        if params.grammar is not None:
+            from .constraint import Constraint
+            self.constraint = Constraint(params.grammar, tokenizer)
+        self.bias_ids = self.bias_vals = None
+        if params.logit_bias:
+            self.bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
+            self.bias_vals = np.fromiter(params.logit_bias.values(), dtype=np.float32)
 
     def admitted(self, cached: int) -> None:
         self.t_admit = time.perf_counter()
@@ -125,12 +135,25 @@ class SequenceState:
     def top_k_needed(self, n_vocab: int) -> int | None:
         """How many of the best logits `on_candidates` needs; None: give it the whole row
         (`on_logits`), as penalties and logprobs do."""
-        return None if self.n_logprobs is not None else self.sampler.top_k_needed(n_vocab)
+        if self.n_logprobs is not None or self.constraint is not None or self.bias_ids is not None:
+            return None     # a mask or a bias can change any logit
+        return self.sampler.top_k_needed(n_vocab)
 
     def on_logits(self, logits: np.ndarray, has_room: bool) -> tuple[list, int | None]:
         """Samples one token. Returns (events, token to feed next or None when finished)."""
         t = time.perf_counter()
-        return self._advance(self.sampler(logits, self.history), t, has_room, logits)
+        x = logits
+        if self.bias_ids is not None or self.constraint is not None:
+            x = np.array(logits, dtype=np.float32, copy=True)
+            if self.bias_ids is not None:
+                ok = self.bias_ids < x.shape[0]
+                x[self.bias_ids[ok]] += self.bias_vals[ok]
+            if self.constraint is not None:
+                allowed = self.constraint.allowed(x.shape[0])
+                if not allowed.any():   # the grammar is in error: nothing may follow
+                    return [self.finish("stop")], None
+                np.copyto(x, np.float32(-np.inf), where=~allowed)
+        return self._advance(self.sampler(x, self.history), t, has_room, logits)
 
     def on_candidates(self, ids: np.ndarray, vals: np.ndarray, has_room: bool) -> tuple[list, int | None]:
         """As on_logits, from the best logits of the row only (ids, vals: at least
@@ -157,7 +180,9 @@ class SequenceState:
             self.stats.ttft_s = now - self.t_arrival
         self.stats.completion_tokens = len(self.tokens)
         events.append(TokenEvent(tok, logprob=lp))
-        if self.limit is not None and len(self.tokens) >= self.limit:
+        if self.constraint is not None and (not self.constraint.consume(tok) or self.constraint.done):
+            events.append(self.finish("stop"))     # the grammar is complete
+        elif self.limit is not None and len(self.tokens) >= self.limit:
             events.append(self.finish("length"))
         elif not has_room:
             events.append(self.finish("length"))
@@ -229,9 +254,13 @@ class Generation:
     """
 
     def __init__(self, scheduler: "Scheduler", prompt_ids: list[int], params: SamplingParams,
-                 n_logprobs: int | None = None):
+                 n_logprobs: int | None = None, parse_calls: Callable[[str], list | None] | None = None):
         self.prompt_ids = prompt_ids
         self.params = params
+        # a chat with tools: the reply's text is read back into tool_calls once it ends
+        self._parse_calls = parse_calls
+        self._text: list[str] = []
+        self.tool_calls: list[dict] | None = None
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if n_logprobs is not None else None
         self.finish_reason: str | None = None
@@ -246,6 +275,12 @@ class Generation:
         return self
 
     def __next__(self) -> str:
+        piece = self._next()
+        if self._parse_calls is not None:
+            self._text.append(piece)
+        return piece
+
+    def _next(self) -> str:
         while True:
             if not self._pending:
                 if self._done:
@@ -263,6 +298,9 @@ class Generation:
                 self._done = True
                 self.finish_reason = ev.finish_reason
                 self.stats = ev.stats
+                if self._parse_calls is not None:
+                    self.tool_calls = self._parse_calls("".join(self._text) + ev.text)
+                    self.finish_reason = call_finish(self.finish_reason, self.tool_calls)
                 if ev.text:
                     return ev.text
             elif isinstance(ev, ErrorEvent):
@@ -284,5 +322,5 @@ class Generation:
         """Runs to the end and returns the whole completion."""
         text = "".join(self)
         return Completion(text=text, tokens=list(self.tokens), finish_reason=self.finish_reason or "stop",
-                          stats=self.stats, logprobs=self.logprobs)
+                          stats=self.stats, logprobs=self.logprobs, tool_calls=self.tool_calls)
 

@@ -100,5 +100,10 @@ class KVRing:
         st.tokens = st.tokens[:n_keep]
         st.n_past = n_keep
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Records that dst now holds src's first n positions (Runner.copy_prefix copied them)."""
+        st, held = self.slots[dst], self.slots[src]
+        st.tokens, st.n_past, st.wrapped = held.tokens[:n], n, False
+
     def cells_used(self, slot: int) -> int:
         return min(self.slots[slot].n_past, self.capacity)

@@ -43,6 +43,16 @@ class Runner:
         with self.lock:
             self.runtime.forget_from(slot, pos)
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> bool:
+        """Makes slot dst hold slot src's first n positions; False (nothing done) where the
+        backend cannot copy cells (then the prompt is computed again)."""
+        copy = getattr(self.runtime, "copy_prefix", None)
+        if copy is None:
+            return False
+        with self.lock:
+            copy(src, dst, n)
+        return True
+
     def close(self) -> None:
         """Drops the runtime (its native memory goes with the last reference)."""
         with self.lock:

@@ -330,6 +330,11 @@ class SamplingParams:
     max_tokens: int | None = 64
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    # token id -> bias added to its logit (OpenAI's logit_bias; ids checked against the
+    # vocabulary where it is known: SequenceState)
+    logit_bias: Mapping[int, float] | None = None
+    # a constraint.GrammarSpec: the output follows a JSON Schema / regex / grammar
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         p = _check_chain(self.temperature, self.top_k, self.top_p, self.min_p,
@@ -345,6 +350,15 @@ class SamplingParams:
         object.__setattr__(self, "stop", _check_stop(self.stop))
         if not isinstance(self.ignore_eos, bool):
             raise SamplingParamsError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logit_bias is not None:
+            from .constraint import check_logit_bias
+            object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias, 2**31 - 1) or None)
+        if self.grammar is not None:
+            from .constraint import GrammarSpec
+            if isinstance(self.grammar, Mapping) and set(self.grammar) == {"kind", "grammar"}:
+                object.__setattr__(self, "grammar", GrammarSpec(**self.grammar))   # from to_dict()
+            if not isinstance(self.grammar, GrammarSpec):
+                raise SamplingParamsError("grammar must be a GrammarSpec (constraint.grammar_spec builds one)")
 
     @property
     def greedy(self) -> bool:

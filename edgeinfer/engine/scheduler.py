@@ -28,6 +28,7 @@ import numpy as np
 
 from ..backends.base import Batch
 from ..errors import EdgeInferError
+from .constraint import MaskJob
 from .delivery import Delivery
 from .generation import ErrorEvent, SequenceState, TextStream
 from .kv import KVRing
@@ -316,13 +317,30 @@ class Scheduler:
                     best, best_n = i, n
             slot = self._free.pop(best)
             keep = min(best_n, len(ids) - 1)
+            src, shared = self._running_prefix(ids)
             with self.runner.lock:
-                ring.truncate(slot, keep)
-                self.runner.forget_from(slot, keep)
+                if shared > keep and self.runner.copy_prefix(src, slot, shared):
+                    ring.copy_prefix(src, slot, shared)   # a sibling's prompt: copied, not recomputed
+                    keep = shared
+                else:
+                    ring.truncate(slot, keep)
+                    self.runner.forget_from(slot, keep)
             req.slot = slot
             req.n_fed = keep
             req.seq.admitted(keep)
             self._active.append(req)
+
+    def _running_prefix(self, ids: list[int]) -> tuple[int, int]:
+        """(under lock) The running slot holding the longest prefix of `ids` already computed
+        (n > 1 siblings: the first one's prompt), and how many of its cells a new slot may
+        copy (never the last prompt token, whose logits are needed)."""
+        best, best_n = -1, 0
+        for r in self._active:
+            if r.slot is not None:
+                n = min(self.ring.common_prefix(r.slot, ids), r.n_fed, len(ids) - 1)
+                if n > best_n:
+                    best, best_n = r.slot, n
+        return best, best_n
 
     def _release(self, req: Request) -> None:
         """(under lock) Returns the request's slot to the free list (its cells stay for reuse)."""
@@ -412,7 +430,11 @@ class Scheduler:
             n_out = len(out_rows)
             batch = Batch(toks, slots, np.concatenate(pos_parts), np.concatenate(cell_parts), out_rows)
             k = self._device_top_k(owners)
-            out = self.runner.run(batch, self._logits[:n_out], top_k=k)
+            masks = MaskJob.start(r.seq.constraint for r in owners)   # overlaps the forward
+            try:
+                out = self.runner.run(batch, self._logits[:n_out], top_k=k)
+            finally:
+                masks.wait()
             self.steps += 1
             self.last_batch_tokens = len(toks)
         finished: list[Request] = []

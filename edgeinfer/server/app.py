@@ -7,6 +7,7 @@ Handlers never run the model: they validate, tokenize (on one helper thread), su
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -17,15 +18,17 @@ from typing import Any
 
 from aiohttp import web
 
+from ..engine.constraint import ConstraintError, check_logit_bias, grammar_spec
 from ..engine.generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
+from ..engine.tool_calls import ToolError, call_finish
 from ..engine.sampling import SamplingParams
 from ..engine.scheduler import QueueFullError, SchedulerClosedError
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
-from ..hub import get_model_spec
 from .metrics import Metrics
 from .protocol import (APIError, DetokenizeBody, GenRequest, TokenizeBody, bad, parse, parse_chat,
                        parse_completion)
+from .registry import Registry, ServedModel
 
 log = logging.getLogger("edgeinfer.server")
 
@@ -33,71 +36,90 @@ DEFAULT_MAX_BODY = 4 * 2**20
 
 
 class ServerState:
-    """What the handlers share: the engine (None while loading), status, metrics, options."""
+    """What the handlers share: the served models (server/registry.py; engines are None while
+    loading), status, metrics, options. `engine` and `model_name` are the default model's."""
 
     def __init__(self, engine=None, model_name: str | None = None, api_key: str | None = None,
-                 max_body: int = DEFAULT_MAX_BODY):
-        self.engine = engine
-        self.model_name = model_name or (engine.path.stem if engine is not None else "edgeinfer")
+                 max_body: int = DEFAULT_MAX_BODY, registry: Registry | None = None):
+        if registry is None:
+            name = model_name or (engine.path.stem if engine is not None else "edgeinfer")
+            registry = Registry([ServedModel(name, engine, Registry.aliases_of(name))])
+        self.registry = registry
         self.api_key = api_key
         self.max_body = max_body
-        self.status = "ready" if engine is not None else "loading"
-        self.error: str | None = None
+        self.draining = False
         self.metrics = Metrics(gauges=self.gauges)
+        for m in registry:
+            self.metrics.add_model(m.name)
         self.created = int(time.time())
         self.in_flight = 0
         self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeinfer-tok")
 
-    def gauges(self) -> dict[str, tuple[float, str]]:
-        """The gauges /metrics reports, read at each scrape."""
-        g = {"edgeinfer_requests_in_flight": (self.in_flight, "HTTP generation requests being served."),
-             "edgeinfer_ready": (1 if self.status == "ready" else 0, "1 when the server can serve.")}
-        if self.engine is not None:
-            snap = self.engine.scheduler.snapshot()
-            g.update({
-                "edgeinfer_slots_busy": (snap["slots_busy"], "KV slots held by running sequences."),
-                "edgeinfer_slots_total": (snap["slots_total"], "KV slots in the ring."),
-                "edgeinfer_queue_length": (snap["queue_length"], "Requests waiting for a slot."),
-                "edgeinfer_queue_capacity": (snap["max_queue"], "Bound of the waiting queue."),
-                "edgeinfer_kv_cells_used": (snap["kv_cells_used"], "KV ring cells held by running sequences."),
-                "edgeinfer_kv_cells_total": (snap["kv_cells_total"], "KV ring cells in all slots."),
-                "edgeinfer_engine_steps": (snap["steps"], "Batched forward steps run so far."),
-            })
+    @property
+    def engine(self):
+        return self.registry.default.engine
+
+    @property
+    def model_name(self) -> str:
+        return self.registry.default.name
+
+    @property
+    def status(self) -> str:
+        """draining; failed when a model failed to load; ready when every model is loaded."""
+        if self.draining:
+            return "draining"
+        states = [m.status for m in self.registry]
+        if "failed" in states:
+            return "failed"
+        return "ready" if all(s == "ready" for s in states) else "loading"
+
+    @property
+    def error(self) -> str | None:
+        errors = [f"{m.name}: {m.error}" if len(self.registry) > 1 else m.error
+                  for m in self.registry if m.error]
+        return "; ".join(errors) or None
+
+    def engines(self) -> dict[str, Any]:
+        return {m.name: m.engine for m in self.registry if m.engine is not None}
+
+    def gauges(self) -> dict[str, tuple[Any, str]]:
+        """The gauges /metrics reports, read at each scrape (per model where they are a model's)."""
+        g: dict[str, tuple[Any, str]] = {
+            "edgeinfer_requests_in_flight": (self.in_flight, "HTTP generation requests being served."),
+            "edgeinfer_ready": (1 if self.status == "ready" else 0, "1 when the server can serve.")}
+        snaps = {name: eng.scheduler.snapshot() for name, eng in self.engines().items()}
+        if snaps:
+            for key, name, help_ in (
+                    ("slots_busy", "edgeinfer_slots_busy", "KV slots held by running sequences."),
+                    ("slots_total", "edgeinfer_slots_total", "KV slots in the ring."),
+                    ("queue_length", "edgeinfer_queue_length", "Requests waiting for a slot."),
+                    ("max_queue", "edgeinfer_queue_capacity", "Bound of the waiting queue."),
+                    ("kv_cells_used", "edgeinfer_kv_cells_used", "KV ring cells held by running sequences."),
+                    ("kv_cells_total", "edgeinfer_kv_cells_total", "KV ring cells in all slots."),
+                    ("steps", "edgeinfer_engine_steps", "Batched forward steps run so far.")):
+                g[name] = ({m: snap[key] for m, snap in snaps.items()}, help_)
         return g
 
-    def model_ids(self) -> set[str]:
-        """The names a request may give for the served model: its id, and for a known model
-        its canonical name and aliases."""
-        spec = get_model_spec(self.model_name)
-        return {self.model_name} | ({spec.name, *spec.aliases} if spec else set())
+    def lookup(self, name: str | None) -> ServedModel:
+        """The served model a request names (None: the default); 404 model_not_found otherwise."""
+        return self.registry.lookup(name)
 
-    def check_model(self, name: str | None) -> None:
-        """404 model_not_found for a name this server does not serve (None: the served one)."""
-        if name is not None and name not in self.model_ids():
-            raise APIError(404, f"the model '{name}' does not exist here; this server serves "
-                                f"'{self.model_name}' (GET /v1/models)", param="model", code="model_not_found")
-
-    def set_engine(self, engine, model_name: str | None = None) -> None:
-        self.engine = engine
-        if model_name:
-            self.model_name = model_name
-        self.status = "ready"
+    def set_engine(self, engine) -> None:
+        """The default model is loaded (the one-model server)."""
+        self.registry.default.set_engine(engine)
 
     def set_failed(self, message: str) -> None:
-        self.error = message
-        self.status = "failed"
+        self.registry.default.set_failed(message)
 
-    def require_engine(self):
-        if self.status == "draining":
+    def check_draining(self) -> None:
+        if self.draining:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down",
                            headers={"Retry-After": "5"})
-        if self.status == "failed":
-            raise APIError(503, f"the model failed to load: {self.error}", type="server_error",
-                           code="model_failed")
-        if self.engine is None:
-            raise APIError(503, "the model is still loading", type="server_error", code="model_loading",
-                           headers={"Retry-After": "2"})
-        return self.engine
+
+    def require_engine(self, name: str | None = None):
+        """The engine of the named model (None: the default), or 503 saying why there is none."""
+        self.check_draining()
+        return self.lookup(name).require()
 
 
 STATE_KEY = web.AppKey("edgeinfer_state", ServerState)
@@ -170,54 +192,64 @@ async def _read_json(request: web.Request, state: ServerState) -> Any:
 # --------------------------------------------------------------------------- simple routes
 
 def _serving_state(state: "ServerState") -> tuple[dict, int]:
-    """The server's state as /health and /ready report it, and whether it can serve (200)."""
-    if state.status != "ready" or state.engine is None:
+    """The server's state as /health and /ready report it, and whether it can serve (200):
+    every model loaded and no engine failed."""
+    if state.status != "ready":
         body = {"status": state.status}
         if state.error:
             body["error"] = state.error
         return body, 503
-    sched = state.engine.scheduler
-    if sched.failed is not None:
-        return {"status": "failed", "error": str(sched.failed)}, 503
-    snap = sched.snapshot()
-    return {"status": "ok", "slots_busy": snap["slots_busy"], "slots_total": snap["slots_total"],
-            "queue_length": snap["queue_length"]}, 200
+    engines = state.engines()
+    for name, eng in engines.items():
+        if eng.scheduler.failed is not None:
+            err = str(eng.scheduler.failed)
+            return {"status": "failed", "error": f"{name}: {err}" if len(engines) > 1 else err}, 503
+    snaps = [eng.scheduler.snapshot() for eng in engines.values()]
+    body = {"status": "ok", "slots_busy": sum(s["slots_busy"] for s in snaps),
+            "slots_total": sum(s["slots_total"] for s in snaps),
+            "queue_length": sum(s["queue_length"] for s in snaps)}
+    if len(engines) > 1:
+        body["models"] = {name: {k: snap[k] for k in ("slots_busy", "slots_total", "queue_length")}
+                          for name, snap in zip(engines, snaps)}
+    return body, 200
 
 
 async def health(request: web.Request) -> web.Response:
     """Liveness: 200 while the process serves HTTP (loading, ready, waiting for a model that
-    failed to load, draining); 503 only when the engine itself failed and a restart is due."""
+    failed to load, draining); 503 only when an engine itself failed and a restart is due."""
     state: ServerState = request.app[STATE_KEY]
     body, _ = _serving_state(state)
-    engine_failed = state.engine is not None and state.engine.scheduler.failed is not None
+    engine_failed = any(eng.scheduler.failed is not None for eng in state.engines().values())
     return _json(body, status=503 if engine_failed else 200)
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Readiness: 200 only when a model is loaded and requests will be served."""
+    """Readiness: 200 only when every model is loaded and requests will be served."""
     body, status = _serving_state(request.app[STATE_KEY])
     return _json(body, status=status)
 
 
-def _model_object(state: ServerState) -> dict:
-    eng = state.engine
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "edgeinfer",
+def _model_object(state: ServerState, served: ServedModel) -> dict:
+    eng = served.engine
+    return {"id": served.name, "object": "model", "created": state.created, "owned_by": "edgeinfer",
             "meta": {"n_ctx": eng.n_ctx, "n_slots": eng.ring.n_slots, "n_vocab": eng.config.n_vocab,
                      "arch": eng.config.arch}}
 
 
 async def models(request: web.Request) -> web.Response:
+    """GET /v1/models: every loaded model, the default first."""
     state: ServerState = request.app[STATE_KEY]
-    data = [_model_object(state)] if state.engine is not None else []
+    data = [_model_object(state, m) for m in state.registry if m.engine is not None]
     return _json({"object": "list", "data": data})
 
 
 async def model(request: web.Request) -> web.Response:
-    """GET /v1/models/{id}: the served model under any of its names, else 404 model_not_found."""
+    """GET /v1/models/{id}: a served model under any of its names, else 404 model_not_found."""
     state: ServerState = request.app[STATE_KEY]
-    state.require_engine()
-    state.check_model(request.match_info["model_id"])
-    return _json(_model_object(state))
+    state.check_draining()
+    served = state.lookup(request.match_info["model_id"])
+    served.require()
+    return _json(_model_object(state, served))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -263,12 +295,20 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completion")
 
 
-def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
-    """The prompt ids and the max_tokens to generate with, checked by the engine; 400 naming
-    the field when the template fails, the prompt is empty or does not fit the context."""
+def _prompt(eng, req: GenRequest):
+    """The prompt ids, the max_tokens to generate with, checked by the engine, and the tool
+    plan (None without tools); 400 naming the field when the template fails, the prompt is
+    empty or does not fit the context."""
     param = "messages" if req.kind == "chat" else "prompt"
+    plan = None
     try:
-        if req.kind == "chat":
+        if req.kind == "chat" and req.tools:
+            try:
+                plan = eng.tool_plan(req.messages, req.tools, req.tool_choice)
+            except ToolError as e:
+                raise bad(str(e), e.param, "invalid_value") from None
+            ids = eng.chat_ids(plan.messages, **plan.render_extra)
+        elif req.kind == "chat":
             ids = eng.chat_ids(req.messages)
         else:
             ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
@@ -277,7 +317,7 @@ def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
     except ContextOverflowError as e:   # messages too large for any rendered prompt
         raise bad(str(e), param, "context_length_exceeded") from None
     try:
-        return ids, eng.check_prompt(ids, req.max_tokens)
+        return ids, eng.check_prompt(ids, req.max_tokens), plan
     except ContextOverflowError as e:
         raise bad(str(e), param if req.max_tokens is None else "max_tokens",
                   "context_length_exceeded") from None
@@ -285,56 +325,135 @@ def _prompt(eng, req: GenRequest) -> tuple[list[int], int]:
         raise bad(str(e), param, "empty_prompt") from None
 
 
+def _sibling_seeds(seed: int | None, n: int) -> list[int | None]:
+    """The seeds of n sibling choices: the request's seed for the first (so n=1 and choice 0
+    of n>1 agree) and distinct seeds derived from it for the others; None stays None (each
+    sibling draws fresh entropy)."""
+    if seed is None:
+        return [None] * n
+    return [seed] + [int.from_bytes(hashlib.blake2b(f"{seed}/{i}".encode(), digest_size=8).digest(), "little")
+                     for i in range(1, n)]
+
+
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     t_arrival = time.perf_counter()
     state: ServerState = request.app[STATE_KEY]
-    eng = state.require_engine()
+    state.check_draining()
     body = await _read_json(request, state)
+    name = body.get("model") if isinstance(body, dict) else None
+    served = state.lookup(name if isinstance(name, str) else None)   # a non-string: 400 from parse
+    eng = served.require()
     req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
-    state.check_model(req.model)
     loop = asyncio.get_running_loop()
-    ids, max_tokens = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
+    route = state.registry.route(served)
+    if req.prompt_ids is not None:   # token ids belong to one vocabulary: no fallback across vocabularies
+        route = [(m, r) for m, r in route if m.engine.config.n_vocab == eng.config.n_vocab]
+    handles: list = []
     try:
-        params = SamplingParams.from_dict(req.sampling, max_tokens=max_tokens)
-    except SamplingParamsError as e:
-        raise bad(str(e), code="invalid_value") from None
-    queue: asyncio.Queue = asyncio.Queue()
+        return await _run(request, state, kind, req, served, route, loop, t_arrival, handles)
+    finally:
+        for h in handles:
+            h.cancel()                     # no-op when finished; frees the slot otherwise
 
-    def sink(events: list) -> None:       # called on the engine loop thread
-        loop.call_soon_threadsafe(queue.put_nowait, events)
 
-    state.require_engine()                 # draining may have started while tokenizing
-    try:
-        handle = eng.scheduler.submit(ids, params, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival)
-    except QueueFullError as e:
-        raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
-                       headers={"Retry-After": str(max(1, round(e.retry_after_s)))}) from None
-    except SchedulerClosedError as e:
-        raise APIError(503, str(e), type="server_error", code="shutting_down",
-                       headers={"Retry-After": "5"}) from None
+async def _run(request, state: ServerState, kind: str, req: GenRequest, served: ServedModel, route: list,
+               loop, t_arrival: float, handles: list) -> web.StreamResponse:
+    """Submits the request's sequences to the first model of `route` that takes them, then
+    relays their events."""
+    for i, (target, reason) in enumerate(route):
+        eng = target.require()
+        ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
+        params = _params(eng, req, plan, max_tokens)
+        state.check_draining()             # draining may have started while tokenizing
+        queue: asyncio.Queue = asyncio.Queue()
+        try:
+            await _submit(eng, ids, params, req, loop, queue, t_arrival, handles)
+        except QueueFullError as e:
+            for h in handles:              # siblings that had started (their events go to this queue)
+                h.cancel()
+            handles.clear()
+            if i + 1 < len(route):
+                continue                   # the next route: the fallback model
+            raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(max(1, round(e.retry_after_s)))}) from None
+        except SchedulerClosedError as e:
+            raise APIError(503, str(e), type="server_error", code="shutting_down",
+                           headers={"Retry-After": "5"}) from None
+        if reason is not None:
+            state.metrics.count_fallback(served.name, target.name, reason)
+        break
     state.in_flight += 1
     try:
-        ctx = _Ctx(state, eng, req, len(ids), kind)
+        ctx = _Ctx(state, target, req, len(ids), kind, plan)
         if req.stream:
             return await _stream(request, queue, ctx)
         return await _collect(queue, ctx)
     finally:
         state.in_flight -= 1
-        handle.cancel()                    # no-op when finished; frees the slot otherwise
+
+
+def _params(eng, req: GenRequest, plan, max_tokens: int | None) -> list[SamplingParams]:
+    """The sampling parameters of each choice on `eng`: structured output (response_format,
+    a forced tool call) and logit_bias checked against this model; 400 naming the field."""
+    sampling = dict(req.sampling)
+    given = next(iter(req.constraint), None)      # the field to name in a 400
+    if plan is not None and plan.spec is not None:   # a forced call: its grammar, which ends it
+        if given is not None:
+            raise bad(f"{given} cannot be combined with a forced tool call (tool_choice 'required' or "
+                      "a named function)", given, "invalid_value")
+        spec = plan.spec
+        sampling["stop"] = []      # a stop string must not cut the call
+    else:
+        try:
+            spec = grammar_spec(**req.constraint)
+        except ConstraintError as e:
+            raise bad(str(e), given if len(req.constraint) == 1 else None, "invalid_value") from None
+    try:
+        sampling["logit_bias"] = check_logit_bias(sampling.get("logit_bias"), eng.config.n_vocab)
+    except SamplingParamsError as e:
+        raise bad(str(e), "logit_bias", "invalid_value") from None
+    try:
+        return [SamplingParams.from_dict({**sampling, "seed": seed}, max_tokens=max_tokens, grammar=spec)
+                for seed in _sibling_seeds(sampling.get("seed"), req.n)]
+    except SamplingParamsError as e:
+        raise bad(str(e), code="invalid_value") from None
+
+
+async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenRequest, loop,
+                  queue: asyncio.Queue, t_arrival: float, handles: list) -> None:
+    """Submits one sequence per choice, appending each to `handles` (the caller cancels them);
+    their events reach `queue` as (choice index, events). With n > 1 the first goes alone and
+    the others once its prompt is in the KV cache, so the scheduler copies the prompt's cells
+    into their slots instead of computing them again (Scheduler._running_prefix)."""
+    first = asyncio.Event()
+    for index, p in enumerate(params):
+        def sink(events: list, index: int = index) -> None:   # called on the engine's delivery thread
+            loop.call_soon_threadsafe(queue.put_nowait, (index, events))
+            if index == 0:
+                loop.call_soon_threadsafe(first.set)
+
+        handles.append(eng.scheduler.submit(ids, p, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival))
+        if index == 0 and len(params) > 1:
+            await first.wait()             # the first token: the prompt has been computed
 
 
 class _Ctx:
-    def __init__(self, state: ServerState, eng, req: GenRequest, n_prompt: int, kind: str):
-        self.state, self.eng, self.req, self.n_prompt, self.kind = state, eng, req, n_prompt, kind
+    def __init__(self, state: ServerState, served: ServedModel, req: GenRequest, n_prompt: int, kind: str,
+                 plan=None):
+        self.state, self.served, self.req, self.n_prompt, self.kind = state, served, req, n_prompt, kind
+        self.plan = plan if plan is not None and plan.active else None   # tool calls to read back
+        self.eng = served.engine
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self.model = state.model_name
-        self.text_offset = 0
+        self.model = served.name           # the model that serves it (the fallback's, when it fell back)
+        self.text_offset = [0] * req.n
 
-    def usage(self, stats) -> dict:
-        return {"prompt_tokens": self.n_prompt, "completion_tokens": stats.completion_tokens,
-                "total_tokens": self.n_prompt + stats.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+    def usage(self, stats: list) -> dict:
+        """Usage of all choices: the prompt once, the completions summed (as OpenAI counts n)."""
+        completion = sum(s.completion_tokens for s in stats)
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": completion,
+                "total_tokens": self.n_prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens}}
 
     def chat_logprobs(self, lps: list[TokenLogprob]) -> dict:
         def entry(tok: int, lp: float) -> dict:
@@ -343,24 +462,26 @@ class _Ctx:
         return {"content": [{**entry(x.token, x.logprob), "top_logprobs": [entry(t, l) for t, l in x.top]}
                             for x in lps], "refusal": None}
 
-    def completion_logprobs(self, lps: list[TokenLogprob]) -> dict:
+    def completion_logprobs(self, lps: list[TokenLogprob], index: int) -> dict:
         tokens, offsets = [], []
         for x in lps:
             t = _piece(self.eng, x.token)
             tokens.append(t)
-            offsets.append(self.text_offset)
-            self.text_offset += len(t)
+            offsets.append(self.text_offset[index])
+            self.text_offset[index] += len(t)
         return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps],
                 "top_logprobs": [{_piece(self.eng, t): l for t, l in x.top} for x in lps],
                 "text_offset": offsets}
 
-    def logprobs(self, lps: list[TokenLogprob]) -> dict | None:
+    def logprobs(self, lps: list[TokenLogprob], index: int = 0) -> dict | None:
         if self.req.n_logprobs is None:
             return None
-        return self.chat_logprobs(lps) if self.kind == "chat" else self.completion_logprobs(lps)
+        return self.chat_logprobs(lps) if self.kind == "chat" else self.completion_logprobs(lps, index)
 
     def done(self, ev: DoneEvent) -> None:
-        self.state.metrics.observe_generation(ev.stats, ev.finish_reason)
+        self.state.metrics.observe_generation(ev.stats, ev.finish_reason, model=self.served.name)
+        if ev.stats.completion_tokens > 0:
+            self.served.observe_ttft(ev.stats.ttft_s)
 
 
 def _engine_error(ev: ErrorEvent) -> APIError:
@@ -370,32 +491,39 @@ def _engine_error(ev: ErrorEvent) -> APIError:
 
 
 async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
-    parts: list[str] = []
-    lps: list[TokenLogprob] = []
-    while True:
-        events = await queue.get()
+    n = ctx.req.n
+    parts: list[list[str]] = [[] for _ in range(n)]
+    lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
+    done: dict[int, DoneEvent] = {}
+    while len(done) < n:
+        index, events = await queue.get()
         for ev in events:
             if isinstance(ev, TokenEvent):
-                parts.append(ev.text)
+                parts[index].append(ev.text)
                 if ev.logprob is not None:
-                    lps.append(ev.logprob)
+                    lps[index].append(ev.logprob)
             elif isinstance(ev, DoneEvent):
-                parts.append(ev.text)
+                parts[index].append(ev.text)
                 ctx.done(ev)
-                text = "".join(parts)
-                if ctx.kind == "chat":
-                    choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                              "logprobs": ctx.logprobs(lps), "finish_reason": ev.finish_reason}
-                    obj = "chat.completion"
-                else:
-                    choice = {"index": 0, "text": text, "logprobs": ctx.logprobs(lps),
-                              "finish_reason": ev.finish_reason}
-                    obj = "text_completion"
-                return _json({"id": ctx.id, "object": obj, "created": ctx.created, "model": ctx.model,
-                              "choices": [choice], "usage": ctx.usage(ev.stats),
-                              "system_fingerprint": "edgeinfer"})
+                done[index] = ev
             elif isinstance(ev, ErrorEvent):
                 raise _engine_error(ev)
+    choices = []
+    for i in range(n):
+        text = "".join(parts[i])
+        if ctx.kind == "chat":
+            calls = ctx.plan.parse(text) if ctx.plan is not None else None
+            msg = {"role": "assistant", "content": None if calls else text, "refusal": None}
+            if calls:
+                msg["tool_calls"] = calls
+            choices.append({"index": i, "message": msg, "logprobs": ctx.logprobs(lps[i], i),
+                            "finish_reason": call_finish(done[i].finish_reason, calls)})
+        else:
+            choices.append({"index": i, "text": text, "logprobs": ctx.logprobs(lps[i], i),
+                            "finish_reason": done[i].finish_reason})
+    return _json({"id": ctx.id, "object": "chat.completion" if ctx.kind == "chat" else "text_completion",
+                  "created": ctx.created, "model": ctx.model, "choices": choices,
+                  "usage": ctx.usage([done[i].stats for i in range(n)]), "system_fingerprint": "edgeinfer"})
 
 
 def _sse(obj: Any) -> bytes:
@@ -408,53 +536,103 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
     await resp.prepare(request)
     chat = ctx.kind == "chat"
     inc = ctx.req.include_usage
+    n = ctx.req.n
     base = {"id": ctx.id, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": ctx.created, "model": ctx.model, "system_fingerprint": "edgeinfer"}
 
-    def chunk(text: str | None, finish: str | None, lps: list[TokenLogprob] | None, first: bool = False) -> bytes:
+    def chunk(index: int, text: str | None, finish: str | None, lps: list[TokenLogprob] | None,
+              first: bool = False) -> bytes:
         if chat:
             delta: dict = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": ctx.logprobs(lps) if lps else None,
+            choice = {"index": index, "delta": delta, "logprobs": ctx.logprobs(lps, index) if lps else None,
                       "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": ctx.logprobs(lps) if lps else None,
-                      "finish_reason": finish}
+            choice = {"index": index, "text": text or "",
+                      "logprobs": ctx.logprobs(lps, index) if lps else None, "finish_reason": finish}
         c = {**base, "choices": [choice]}
         if inc:
             c["usage"] = None
         return _sse(c)
 
+    # With tools: a forced call streams its arguments as they come (CallStreamer); with "auto"
+    # a reply that may be a call is held back until it ends and is parsed, and one that starts
+    # like text streams as content from there on.
+    streamers = [ctx.plan.streamer() if ctx.plan is not None else None for _ in range(n)]
+    held: list[list[str] | None] = [[] if ctx.plan is not None and st is None else None for st in streamers]
+
+    def call_deltas(index: int, deltas: list[dict]) -> list[bytes]:
+        return [_sse({**base, "choices": [{"index": index, "delta": {"tool_calls": [d]}, "logprobs": None,
+                                           "finish_reason": None}]}) for d in deltas]
+
+    def held_call(index: int, calls: list[dict]) -> list[bytes]:
+        out = []
+        for i, c in enumerate(calls):
+            f = c["function"]
+            out += call_deltas(index, [{"index": i, "id": c["id"], "type": "function",
+                                        "function": {"name": f["name"], "arguments": ""}}])
+            args = f["arguments"]
+            out += call_deltas(index, [{"index": i, "function": {"arguments": args[j:j + 16]}}
+                                       for j in range(0, len(args), 16)])
+        return out
+
+    done: dict[int, DoneEvent] = {}
     try:
         if chat:
-            await resp.write(chunk("", None, None, first=True))
-        while True:
-            events = await queue.get()
+            # a forced call has no content (null in the accumulated message, as OpenAI's)
+            await resp.write(b"".join(chunk(i, "" if streamers[i] is None else None, None, None, first=True)
+                                      for i in range(n)))
+        while len(done) < n:
+            index, events = await queue.get()
             out: list[bytes] = []
-            finished = False
+            failed = False
             for ev in events:
-                if isinstance(ev, TokenEvent):
+                st, hd = streamers[index], held[index]
+                if isinstance(ev, TokenEvent) and st is not None:
+                    out.extend(call_deltas(index, st.feed(ev.text)))
+                elif isinstance(ev, TokenEvent) and hd is not None:
+                    hd.append(ev.text)
+                    start = "".join(hd).lstrip()
+                    if start and start[0] not in "{<[`":
+                        out.append(chunk(index, "".join(hd), None, None))
+                        held[index] = None
+                elif isinstance(ev, TokenEvent):
                     if ev.text or ev.logprob is not None:
-                        out.append(chunk(ev.text, None, [ev.logprob] if ev.logprob is not None else None))
+                        out.append(chunk(index, ev.text, None, [ev.logprob] if ev.logprob is not None else None))
                 elif isinstance(ev, DoneEvent):
                     ctx.done(ev)
-                    if ev.text:
-                        out.append(chunk(ev.text, None, None))
-                    out.append(chunk(None if chat else "", ev.finish_reason, None))
-                    if inc:
-                        out.append(_sse({**base, "choices": [], "usage": ctx.usage(ev.stats)}))
-                    out.append(b"data: [DONE]\n\n")
-                    finished = True
+                    done[index] = ev
+                    finish = ev.finish_reason
+                    if st is not None:
+                        out.extend(call_deltas(index, st.feed(ev.text, final=True)))
+                        finish = call_finish(finish, st.call)
+                    elif hd is not None:
+                        text = "".join(hd) + ev.text
+                        calls = ctx.plan.parse(text)
+                        if calls:
+                            out.extend(held_call(index, calls))
+                            finish = call_finish(finish, calls)
+                        elif text:
+                            out.append(chunk(index, text, None, None))
+                    elif ev.text:
+                        out.append(chunk(index, ev.text, None, None))
+                    out.append(chunk(index, None if chat else "", finish, None))
                 elif isinstance(ev, ErrorEvent):
                     out.append(_sse(_engine_error(ev).body()))
-                    out.append(b"data: [DONE]\n\n")
-                    finished = True
+                    failed = True
+                    break
+            if len(done) == n and not failed:
+                if inc:
+                    out.append(_sse({**base, "choices": [], "usage": ctx.usage([done[i].stats for i in range(n)])}))
+                out.append(b"data: [DONE]\n\n")
+            if failed:
+                out.append(b"data: [DONE]\n\n")
             if out:
                 await resp.write(b"".join(out))
-            if finished:
+            if failed:
                 break
         await resp.write_eof()
     except (ConnectionResetError, ConnectionError):

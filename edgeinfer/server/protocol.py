@@ -63,9 +63,23 @@ def _stop_list(v: Any) -> Any:
     return [v] if isinstance(v, str) else v
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str | dict = "{}"             # OpenAI sends JSON text; an object is taken too
+
+
+class ToolCall(_Body):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, BeforeValidator(_text_parts)] = ""
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None          # a tool result answers this call
+    name: str | None = None
 
 
 class StreamOptions(_Body):
@@ -73,12 +87,13 @@ class StreamOptions(_Body):
 
 
 class ResponseFormat(_Body):
-    type: str = "text"
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: dict | None = None
 
 
 class _GenBody(_Body):
     model: str | None = None
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=16)     # choices per request: sibling sequences
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
@@ -88,10 +103,13 @@ class _GenBody(_Body):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
     ignore_eos: bool | None = None
-    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=16)] = None
+    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=4)] = None   # OpenAI's limit
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict | None = None
+    response_format: ResponseFormat | None = None
+    json_schema: dict | None = None    # llama.cpp's server extensions: a JSON Schema, or
+    grammar: str | None = None         # a GBNF (or Lark) grammar the output follows
     # OpenAI fields we accept but do not act on: checked for type only
     user: str | None = None
     metadata: dict | None = None
@@ -105,14 +123,14 @@ class ChatBody(_GenBody):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: Any = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
     functions: Any = None
-    response_format: ResponseFormat | None = None
 
 
 class CompletionBody(_GenBody):
     prompt: Any = None        # a string, token ids, or a batch of one of those: see parse_completion
-    max_tokens: int | None = Field(16, ge=1)    # OpenAI's default; null: until EOS or a full context
+    max_tokens: int | None = Field(None, ge=1)  # omitted or null: until EOS or a full context
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
@@ -172,14 +190,15 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     n_logprobs: int | None = None           # None: no logprobs; else alternatives per token
+    n: int = 1                              # choices (sibling sequences of one prompt)
+    constraint: dict = field(default_factory=dict)   # structured output as given: grammar_spec's
+                                            # response_format / json_schema / grammar
+    tools: list[dict] | None = None         # chat: functions the model may call
+    tool_choice: Any = None
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
     """The request fields chat and completions share."""
-    if b.n is not None and b.n != 1:
-        raise bad(f"'n' must be 1 (one choice per request), got {b.n}", "n", "unsupported_value")
-    if b.logit_bias:
-        raise bad("'logit_bias' is not supported", "logit_bias", "unsupported_parameter")
     sampling = {
         "temperature": 1.0 if b.temperature is None else b.temperature,
         "top_p": 1.0 if b.top_p is None else b.top_p,
@@ -192,27 +211,33 @@ def _request(kind: str, b: _GenBody) -> GenRequest:
         "seed": None if b.seed is None else b.seed & 0xFFFF_FFFF_FFFF_FFFF,
         "stop": [s for s in b.stop or [] if s],
         "ignore_eos": bool(b.ignore_eos),
+        "logit_bias": b.logit_bias or None,   # checked against the vocabulary by the server
     }
-    return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream),
-                      include_usage=bool(b.stream_options and b.stream_options.include_usage))
+    constraint = {k: v for k, v in (("json_schema", b.json_schema), ("grammar", b.grammar)) if v is not None}
+    if b.response_format is not None and b.response_format.type != "text":
+        constraint["response_format"] = b.response_format.model_dump(exclude_none=True)
+    return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream), n=b.n or 1,
+                      include_usage=bool(b.stream_options and b.stream_options.include_usage),
+                      constraint=constraint)
 
 
 def parse_chat(body: Any) -> GenRequest:
     b = parse(ChatBody, body)
     req = _request("chat", b)
-    req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
+    req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content,
+                     **({"tool_calls": [c.model_dump() for c in m.tool_calls]} if m.tool_calls else {}),
+                     **{k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None}}
                     for m in b.messages]
     req.max_tokens = b.max_completion_tokens or b.max_tokens
     if b.top_logprobs is not None and not b.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     if b.logprobs:
         req.n_logprobs = b.top_logprobs or 0
-    for name in ("tools", "functions"):
-        if getattr(b, name):
-            raise bad(f"'{name}' is not supported by this server", name, "unsupported_parameter")
-    if b.response_format is not None and b.response_format.type != "text":
-        raise bad("only response_format {'type': 'text'} is supported", "response_format",
-                  "unsupported_value")
+    if b.functions:
+        raise bad("'functions' is not supported: use 'tools'", "functions", "unsupported_parameter")
+    if b.tool_choice is not None and not b.tools and b.tool_choice != "none":
+        raise bad("'tool_choice' needs 'tools'", "tool_choice", "invalid_value")
+    req.tools, req.tool_choice = b.tools or None, b.tool_choice
     return req
 
 

@@ -8,12 +8,14 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from aiohttp import web
 
 from ..errors import EdgeInferError
 from .app import DEFAULT_MAX_BODY, ServerState, create_app
+from .registry import Registry, ServedModel
 
 log = logging.getLogger("edgeinfer.server")
 
@@ -40,7 +42,7 @@ async def _start(state: ServerState, sock: socket.socket) -> web.AppRunner:
 async def _drain(state: ServerState, runner: web.AppRunner, timeout_s: float, close_engine: bool) -> None:
     """Stops admitting; lets in-flight requests finish up to `timeout_s`; then cancels the rest
     (closing the connections cancels their handlers, which cancel their sequences)."""
-    state.status = "draining"
+    state.draining = True
     deadline = time.monotonic() + timeout_s
     while state.in_flight > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -48,17 +50,30 @@ async def _drain(state: ServerState, runner: web.AppRunner, timeout_s: float, cl
         log.warning("drain timeout: cancelling %d request(s)", state.in_flight)
     await runner.cleanup()
     state.tok_pool.shutdown(wait=False)
-    if close_engine and state.engine is not None:
-        await asyncio.get_running_loop().run_in_executor(None, state.engine.close)
+    if close_engine:
+        for eng in state.engines().values():
+            await asyncio.get_running_loop().run_in_executor(None, eng.close)
 
 
 class ServerThread:
-    """The server on its own thread and event loop: `with ServerThread(engine) as srv: srv.url`."""
+    """The server on its own thread and event loop: `with ServerThread(engine) as srv: srv.url`.
+    Several models: `ServerThread(models={"big": eng1, "small": eng2}, fallback="small")`
+    (the first is the default model)."""
 
-    def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+    def __init__(self, engine=None, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  max_body: int = DEFAULT_MAX_BODY, model_name: str | None = None,
-                 drain_timeout_s: float = 10.0):
-        self.state = ServerState(engine, model_name=model_name, api_key=api_key, max_body=max_body)
+                 drain_timeout_s: float = 10.0, models: dict | None = None, fallback: str | None = None,
+                 fallback_ttft_s: float | None = None):
+        registry = None
+        if models is not None:
+            if engine is not None:
+                raise ValueError("give either engine or models, not both")
+            registry = Registry([ServedModel(name, eng) for name, eng in models.items()], fallback=fallback,
+                                fallback_ttft_s=fallback_ttft_s)
+        elif fallback is not None:
+            raise ValueError("a fallback needs several models (models={...})")
+        self.state = ServerState(engine, model_name=model_name, api_key=api_key, max_body=max_body,
+                                 registry=registry)
         self._sock = _bind(host, port)
         self.host, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{host}:{self.port}"
@@ -108,27 +123,45 @@ class ServerThread:
         self.stop()
 
 
-def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots: int = 4,
+def model_id(source: str) -> str:
+    """The id a model is served under when not named: the known-model name, or the file's stem."""
+    if "/" in source or source.endswith(".gguf"):
+        return Path(source).stem
+    return source
+
+
+def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n_slots: int = 4,
           n_ctx: int = 2048, n_threads: int | None = None, api_key: str | None = None,
           max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY, drain_timeout_s: float = 30.0,
           overflow: str = "stop", max_batch: int = 256, kv_type: str = "f16", wait_for_model: bool = False,
-          on_ready: Callable[[str], None] | None = None) -> None:
-    """Blocks serving until SIGTERM / SIGINT. Listens at once; the model loads in the
-    background (/ready answers 503 until it is ready). A model that fails to load stops the
-    server with an EdgeInferError saying why, so a supervisor sees a non-zero exit; with
-    `wait_for_model` the server keeps running instead, /ready answering 503 with the error."""
+          on_ready: Callable[[str], None] | None = None, models: list[tuple[str, str]] | None = None,
+          fallback: str | None = None, fallback_ttft_s: float | None = None) -> None:
+    """Blocks serving until SIGTERM / SIGINT. Listens at once; the models load in the
+    background, one after the other (/ready answers 503 until all are ready). A model that
+    fails to load stops the server with an EdgeInferError saying why, so a supervisor sees a
+    non-zero exit; with `wait_for_model` the server keeps running instead, /ready answering
+    503 with the error. `models`: (name, path or known name) pairs, the first the default;
+    without it, the one `model` (None: the default model) under its own name."""
     from ..engine.engine import Engine
     from ..hub import DEFAULT_MODEL
 
-    name = model or DEFAULT_MODEL
-    state = ServerState(None, model_name=name, api_key=api_key, max_body=max_body)
+    if models is None:
+        source = model or DEFAULT_MODEL
+        models = [(model_id(source), source)]
+        aliases = {models[0][0]: Registry.aliases_of(source)}
+    else:
+        aliases = {}
+    registry = Registry([ServedModel(name, aliases=aliases.get(name)) for name, _ in models], fallback=fallback,
+                        fallback_ttft_s=fallback_ttft_s)
+    state = ServerState(api_key=api_key, max_body=max_body, registry=registry)
     sock = _bind(host, port)
+    listing = ", ".join(name if name == src else f"{name}={src}" for name, src in models)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         runner = await _start(state, sock)
         url = f"http://{host}:{sock.getsockname()[1]}"
-        log.warning("edgeinfer serve: listening on %s (loading %s)", url, name)
+        log.warning("edgeinfer serve: listening on %s (loading %s)", url, listing)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -136,32 +169,35 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
             except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread
                 pass
 
-        def _load():
-            return Engine.load(name, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow, kv_type=kv_type,
-                        max_batch=max_batch, max_queue=max_queue)
+        def _load(source: str):
+            return Engine.load(source, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow,
+                               kv_type=kv_type, max_batch=max_batch, max_queue=max_queue)
 
         async def loader() -> None:
-            try:
-                eng = await loop.run_in_executor(None, _load)
-            except Exception as e:
-                log.error("loading %s failed: %s", name, e)
-                state.set_failed(f"{type(e).__name__}: {e}")
-                if not wait_for_model:
-                    load_error.append(e)
-                    stop.set()
-                return
-            if state.status == "draining":
-                eng.close()
-                return
-            state.set_engine(eng, model_name=_model_id(name, eng))
-            info = eng.info()
-            log.warning("ready: %s, %d slots x %d cells, KV arena %.1f MiB, %d threads (%s)",
-                        state.model_name, info["n_slots"], info["n_ctx"], info["kv_bytes"] / 2**20,
-                        info["n_threads"], info["isa"])
-            if on_ready:
+            for name, source in models:
+                served = registry.models[name]
+                try:
+                    eng = await loop.run_in_executor(None, _load, source)
+                except Exception as e:
+                    log.error("loading %s failed: %s", source, e)
+                    served.set_failed(f"{type(e).__name__}: {e}")
+                    if not wait_for_model:
+                        load_error.append((source, e))
+                        stop.set()
+                        return
+                    continue
+                if state.draining:
+                    eng.close()
+                    return
+                served.set_engine(eng)
+                info = eng.info()
+                log.warning("ready: %s, %d slots x %d cells, KV arena %.1f MiB, %d threads (%s)",
+                            name, info["n_slots"], info["n_ctx"], info["kv_bytes"] / 2**20,
+                            info["n_threads"], info["isa"])
+            if on_ready and state.status == "ready":
                 on_ready(url)
 
-        load_error: list[Exception] = []
+        load_error: list[tuple[str, Exception]] = []
         load_task = asyncio.create_task(loader())
         await stop.wait()
         log.warning("shutting down: finishing in-flight requests (up to %.0f s)", drain_timeout_s)
@@ -169,14 +205,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, n_slots:
         await _drain(state, runner, drain_timeout_s, close_engine=True)
         log.warning("stopped")
         if load_error:
-            e = load_error[0]
-            raise EdgeInferError(f"the model {name} failed to load: {type(e).__name__}: {e}") from e
+            source, e = load_error[0]
+            raise EdgeInferError(f"the model {source} failed to load: {type(e).__name__}: {e}") from e
 
     asyncio.run(main())
-
-
-def _model_id(name: str, eng) -> str:
-    """The id /v1/models reports: the known-model name, or the file's stem for a path."""
-    if "/" in name or name.endswith(".gguf"):
-        return eng.path.stem
-    return name

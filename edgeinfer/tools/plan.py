@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..arch import HeadDims
+from ..errors import EdgeInferError
 
 __all__ = [
     "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes",
     "scratch_bytes", "overhead_bytes", "plan_one", "plan_grid", "largest_fit", "parse_size", "human",
+    "ServePlan", "plan_serve", "MemoryBudgetError",
 ]
 
 # bytes per KV element; "implemented" is whether ei_runtime_create accepts it today
@@ -184,6 +186,53 @@ def largest_fit(m: ModelShape, memory: int, slots: Iterable[int] = DEFAULT_SLOTS
                 hi = mid - 1
         out[s] = 256 * lo if lo else None
     return out
+
+
+class MemoryBudgetError(EdgeInferError):
+    """The models asked for do not fit the memory budget (`serve` refuses before loading)."""
+
+
+@dataclass
+class ServePlan:
+    """The plan of several models served by one process: one row per model (each with its
+    own KV arena and working buffers), the process overhead counted once."""
+    rows: list[tuple[str, PlanRow]]
+    total: int
+    memory: Optional[int]
+
+    @property
+    def fits(self) -> Optional[bool]:
+        return None if self.memory is None else self.total <= self.memory
+
+    def describe(self) -> str:
+        parts = [f"{name}: weights {human(r.weights)} + KV {human(r.kv_bytes)} + buffers {human(r.scratch)}"
+                 f" + overhead {human(r.overhead - PROCESS_OVERHEAD)}" for name, r in self.rows]
+        return "; ".join(parts) + f"; process {human(PROCESS_OVERHEAD)}"
+
+
+def plan_serve(models: list[tuple[str, ModelShape]], ctx: int, slots: int, kv: str = "f16",
+               memory: Optional[int] = None, max_batch: int = DEFAULT_MAX_BATCH,
+               n_threads: Optional[int] = None) -> ServePlan:
+    """What `serve` needs for every model at once, each with `slots` slots of `ctx` cells.
+    Every model counts its weights in full, even two names for one file: each engine packs
+    its own copy."""
+    rows = [(name, plan_one(m, ctx, slots, kv, memory, max_batch, n_threads)) for name, m in models]
+    total = sum(r.total for _, r in rows) - PROCESS_OVERHEAD * (len(rows) - 1)   # one process
+    return ServePlan(rows, total, memory)
+
+
+def check_serve(models: list[tuple[str, ModelShape]], ctx: int, slots: int, kv: str, memory: int,
+                max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
+                budget_source: str = "") -> ServePlan:
+    """plan_serve, raising MemoryBudgetError naming every figure when the models do not fit."""
+    p = plan_serve(models, ctx, slots, kv, memory, max_batch, n_threads)
+    if not p.fits:
+        src = f" ({budget_source})" if budget_source else ""
+        raise MemoryBudgetError(
+            f"the {len(models)} model(s) need {human(p.total)} with {slots} slot(s) x {ctx} cells ({kv} KV), "
+            f"more than the memory budget of {human(memory)}{src}: {p.describe()}. "
+            f"Serve fewer or smaller models, or lower --ctx / --slots, or use --kv q8_0")
+    return p
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")

@@ -151,6 +151,10 @@ int ei_runtime_profile(ei_runtime *rt, double *out, int n, int reset);
 ei_status ei_runtime_clear_slot(ei_runtime *rt, int slot);
 /* Forgets a slot's cells holding positions >= pos (for prefix reuse). */
 ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos);
+/* Makes slot dst hold what slot src holds at positions [0, n) and nothing else (a shared
+ * prompt, copied rather than computed again). src must not have wrapped past position n:
+ * those positions sit in cells [0, n). src == dst keeps [0, n), as forget_from does. */
+ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n);
 
 /* One step for a batch of tokens, possibly from several slots.
  * Token i (< n_tokens) of slot slots[i] sits at position pos[i] and its K/V

@@ -242,6 +242,30 @@ ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) {
     return EI_OK;
 }
 
+ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n) {
+    if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "null runtime");
+    int ns = rt->p.n_slots, nc = rt->p.n_ctx;
+    if (src < 0 || src >= ns || dst < 0 || dst >= ns)
+        return ei_fail(EI_ERR_RANGE, "slots %d, %d out of [0, %d)", src, dst, ns);
+    if (n < 0 || n > nc) return ei_fail(EI_ERR_RANGE, "%d positions out of [0, %d]", n, nc);
+    const int32_t *sp = rt->cell_pos + (size_t)src * nc;
+    for (int32_t c = 0; c < n; c++)   /* cell c must hold position c: the prefix never wrapped */
+        if (c >= rt->n_used[src] || sp[c] != c)
+            return ei_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", src, c, c);
+    if (src == dst) return ei_runtime_forget_from(rt, dst, n);
+    const ei_model_config *cfg = &rt->m->cfg;
+    size_t bytes = (size_t)n * rt->kv_row_bytes;
+    for (int l = 0; l < cfg->n_layer; l++)
+        for (int h = 0; h < cfg->n_head_kv; h++) {
+            memcpy(rt->k + ei_kv_offset(rt, dst, l, h), rt->k + ei_kv_offset(rt, src, l, h), bytes);
+            memcpy(rt->v + ei_kv_offset(rt, dst, l, h), rt->v + ei_kv_offset(rt, src, l, h), bytes);
+        }
+    int32_t *dp = rt->cell_pos + (size_t)dst * nc;
+    for (int32_t c = 0; c < rt->n_used[dst] || c < n; c++) dp[c] = c < n ? c : -1;
+    rt->n_used[dst] = n;
+    return EI_OK;
+}
+
 /* ---- parallel matmul ---- */
 
 enum { ROWS_PER_CHUNK = 32 };   /* a multiple of the packed row group (8) */
