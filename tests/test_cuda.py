@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
+from conftest import require
 from edgeinfer.backends import Batch, cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
 from edgeinfer.backends import KVPlan
@@ -328,7 +329,7 @@ def test_rmsnorm(n):
     assert nmse(ref, out) <= NMSE_MAX
 
 
-def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
+def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs, mscale=1.0):
     x = x.astype(np.float64).copy()
     half = rope_dim // 2
     f = theta ** (-2.0 * np.arange(half) / rope_dim)
@@ -336,7 +337,7 @@ def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
         f = f / freqs
     for t, p in enumerate(pos):
         a = p * scale * f
-        c, s = np.cos(a), np.sin(a)
+        c, s = np.cos(a) * mscale, np.sin(a) * mscale
         i0 = np.arange(half) if neox else 2 * np.arange(half)
         i1 = i0 + half if neox else i0 + 1
         x0, x1 = x[t, :, i0].copy(), x[t, :, i1].copy()
@@ -347,18 +348,19 @@ def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
 
 @needs_gpu
 @pytest.mark.parametrize("neox", [0, 1])
-@pytest.mark.parametrize("hd,rope_dim,use_freqs", [(64, 64, False), (80, 32, True), (128, 128, False)])
-def test_rope(neox, hd, rope_dim, use_freqs):
+@pytest.mark.parametrize("hd,rope_dim,use_freqs,mscale", [(64, 64, False, 1.0), (80, 32, True, 1.0),
+                                                          (128, 128, False, 1.0), (128, 96, True, 1.19)])
+def test_rope(neox, hd, rope_dim, use_freqs, mscale):
     ffi, lib = _test_ops()
     rng = np.random.default_rng(hd + neox)
     n_tok, heads = 5, 3
     x = rng.standard_normal((n_tok, heads, hd)).astype(np.float32)
     pos = np.array([0, 1, 17, 4095, 131071], dtype=np.int32)
     freqs = rng.uniform(1, 8, rope_dim // 2).astype(np.float32) if use_freqs else None
-    ref = _rope_ref(x, pos, rope_dim, neox, 10000.0, 0.5, freqs)
+    ref = _rope_ref(x, pos, rope_dim, neox, 10000.0, 0.5, freqs, mscale)   # (128, 96): Phi-4-mini
     got = x.copy()
     _ok(lib.ei_cuda_op_rope(_f(ffi, got), n_tok, heads, hd, rope_dim, neox, 10000.0, 0.5,
-                            _f(ffi, freqs) if use_freqs else ffi.NULL, ffi.from_buffer("int32_t[]", pos)))
+                            _f(ffi, freqs) if use_freqs else ffi.NULL, mscale, ffi.from_buffer("int32_t[]", pos)))
     assert nmse(ref, got) <= NMSE_MAX
 
 
@@ -655,6 +657,33 @@ def test_fused_and_fallback_layers_match_float64_reference(recipe, tmp_path):
         decode = np.array([rt.forward(Batch([tok], [1], [i], [i], [0]))[0].copy() for i, tok in enumerate(ids)])
     assert nmse(ref, prefill) <= NMSE_MAX   # the f16 KV cache is the main error: about 1e-7
     assert nmse(ref, decode) <= NMSE_MAX
+
+
+@needs_gpu
+def test_tiny_llama32_phi3_phi4_end_to_end_match_float64_reference(tmp_path):
+    """Llama 3.2 (llama3 rope_freqs), Phi-3.5 (fused q/k/v and gate/up, LongRoPE) and Phi-4-mini
+    (partial rotary) tiny checkpoints, converted to Q8_0, prefill and decode against the float64
+    forward; the phi models at a context within their original one (short factors) and past it."""
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_checkpoints
+    from reference_forward import ReferenceModel
+    from edgeinfer.convert import convert_checkpoint
+
+    ids = [int(i) for i in np.random.default_rng(2).integers(3, 300, 21)]
+    for kind in ("llama32", "phi3", "phi4"):
+        path = tmp_path / f"{kind}.q8_0.gguf"
+        convert_checkpoint(str(tiny_checkpoints.build(kind, tmp_path / kind)), str(path), "q8_0")
+        for n_ctx in (32, 64):
+            ref = ReferenceModel(path, n_ctx=n_ctx).logits(ids)
+            with edgeinfer.load(str(path), n_ctx=n_ctx, device="cuda", n_slots=2, max_batch=32) as gpu:
+                prefill = gpu.logits(ids)
+                rt = gpu.runner.runtime
+                rt.clear_slot(1)
+                decode = np.array([rt.forward(Batch([t], [1], [i], [i], [0]))[0].copy() for i, t in enumerate(ids)])
+            assert nmse(ref, prefill) <= NMSE_MAX, (kind, n_ctx)
+            assert nmse(ref, decode) <= NMSE_MAX, (kind, n_ctx)
 
 
 @needs_gpu

@@ -18,7 +18,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol
 from ..errors import UnsupportedArchitectureError
 
 __all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
-           "FLAGS", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
+           "FLAGS", "LONGROPE_ROLES", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
 
 # The ops the native forward pass implements (native/src/forward.c, native/cuda/forward.cu).
 # A family that needs another one needs a kernel first (docs/architecture.md).
@@ -51,6 +51,9 @@ GGUF_KEYS: Mapping[str, str] = MappingProxyType({
     "attn_scale": "attention.scale",
     "final_softcap": "final_logit_softcapping",
     "attn_softcap": "attn_logit_softcapping",
+    # Phi-3 LongRoPE (fam-b): the context the short factors serve, and the cos/sin scale
+    "rope_ctx_orig": "rope.scaling.original_context_length",
+    "rope_attn_factor": "rope.scaling.attn_factor",
 })
 
 #: Hyperparameter -> key of a Hugging Face config.json.
@@ -76,6 +79,10 @@ QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
 #: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
 FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs",
          "has_qk_norm", "has_post_norms")   # per-head Q/K norms, post-norms: Qwen3, Gemma 3
+FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs", "has_longrope")
+#: LongRoPE's two sets of per-frequency divisors; the native model gets one of them as its
+#: rope_freqs, chosen by the context size (llama.cpp: long when n_ctx > the original context).
+LONGROPE_ROLES = ("rope_factors_short", "rope_factors_long")
 
 
 class HeadDims:
@@ -109,6 +116,7 @@ class Dims(Protocol):
     has_rope_freqs: bool
     has_qk_norm: bool
     has_post_norms: bool
+    has_longrope: bool
 
 
 @dataclass(frozen=True)
@@ -120,10 +128,21 @@ class Tensor:
     shape: Callable[[Dims], tuple[int, ...]]   # GGML order (ne0 first); HF's is the reverse
     hf: str | None = None                      # None: not in checkpoints (computed by the converter)
     when: str | None = None                    # a flag of FLAGS that must hold; None: always present
+    # A fused tensor: the C roles its rows are cut into, in order, with each part's row count
+    # (Phi-3's attn_qkv -> attn_q, attn_k, attn_v). Empty: the tensor is its own C role.
+    split: tuple[tuple[str, Callable[[Dims], int]], ...] = ()
 
     @property
     def per_layer(self) -> bool:
         return "{i}" in self.gguf
+
+    @property
+    def c_roles(self) -> tuple[str, ...]:
+        """The C roles (EI_T_<ROLE>) this tensor feeds: its parts', LongRoPE factors' rope_freqs,
+        else its own."""
+        if self.split:
+            return tuple(r for r, _ in self.split)
+        return ("rope_freqs",) if self.role in LONGROPE_ROLES else (self.role,)
 
 
 class Weight(NamedTuple):
@@ -275,6 +294,26 @@ def _gemma3_tensors() -> tuple[Tensor, ...]:
 GEMMA3 = _gemma3_tensors()
 
 #: general.architecture -> family. SmolLM and Mistral checkpoints are llama files.
+#: Phi-3 / Phi-3.5 / Phi-4-mini: the decoder with fused q/k/v and gate/up tensors (split into
+#: the decoder's C roles at load), neox RoPE over rope_dim <= head_dim, LongRoPE factors.
+def _decoder(*roles: str) -> tuple[Tensor, ...]:
+    return tuple(next(t for t in DECODER if t.role == r) for r in roles)
+
+
+PHI3 = (
+    *_decoder("token_embd", "output_norm", "output"),
+    Tensor("rope_factors_long", "rope_factors_long.weight", lambda h: (h.rope_dim // 2,), when="has_longrope"),
+    Tensor("rope_factors_short", "rope_factors_short.weight", lambda h: (h.rope_dim // 2,), when="has_longrope"),
+    *_decoder("attn_norm"),
+    Tensor("attn_qkv", "blk.{i}.attn_qkv.weight", lambda h: (h.n_embd, h.q_dim + 2 * h.kv_dim),
+           _L + "self_attn.qkv_proj.weight",
+           split=(("attn_q", lambda h: h.q_dim), ("attn_k", lambda h: h.kv_dim), ("attn_v", lambda h: h.kv_dim))),
+    *_decoder("attn_output", "ffn_norm"),
+    Tensor("ffn_up", "blk.{i}.ffn_up.weight", lambda h: (h.n_embd, 2 * h.n_ff), _L + "mlp.gate_up_proj.weight",
+           split=(("ffn_gate", lambda h: h.n_ff), ("ffn_up", lambda h: h.n_ff))),
+    *_decoder("ffn_down"),
+)
+
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", DECODER,
                   hf_classes={"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}),
@@ -287,6 +326,9 @@ ARCHS: dict[str, Arch] = {
                    rope="neox", qkv_bias=False, act="gelu_tanh", qk_norm=True, post_norms=True,
                    embd_scale_sqrt=True, norm_shift=1.0, swa_pattern=6,
                    hf_keys={**HF_KEYS, "act": "hidden_activation"}),
+    "phi3": Arch("phi3", PHI3, hf_classes={"Phi3ForCausalLM": "phi3"}, rope="neox", qkv_bias=False,
+                 hf_keys={**HF_KEYS, "partial_rotary": "partial_rotary_factor",
+                          "n_ctx_orig": "original_max_position_embeddings"}),
 }
 
 

@@ -51,11 +51,19 @@ class HParams(HeadDims):
     @property
     def has_post_norms(self) -> bool:
         return self.arch.post_norms
+    # fam-b: partial rotary dimensions (Phi-4-mini: 0.75 of each head); LongRoPE's original
+    # context (the short factors') from config.json
+    partial_rotary: float = 1.0
+    n_ctx_orig: int = 0
 
     # the names the table's shapes and flags use (edgeinfer.arch.table.Dims)
     @property
     def rope_dim(self) -> int:
-        return self.head_dim
+        return int(self.head_dim * self.partial_rotary) // 2 * 2
+
+    @property
+    def has_longrope(self) -> bool:
+        return self.rope_scaling["rope_type"] in ("longrope", "su")
 
     @property
     def has_output(self) -> bool:
@@ -103,9 +111,19 @@ class HParams(HeadDims):
             scaling = dict(rp)
         stype = scaling.get("rope_type") or scaling.get("type") or "default"
         scaling["rope_type"] = stype
-        if stype not in ("default", "linear", "llama3"):
+        longrope_ok = any(t.role == "rope_factors_long" for t in arch.tensors)
+        if stype not in ("default", "linear", "llama3") + (("longrope", "su") if longrope_ok else ()):
             raise ConversionError(f"config.json: RoPE scaling {stype!r} is not supported "
-                                  f"(supported: none, linear, llama3)")
+                                  f"(supported: none, linear, llama3{', longrope' if longrope_ok else ''})")
+        partial = rp.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+        try:
+            partial = 1.0 if partial is None else float(partial)
+        except (TypeError, ValueError):
+            raise ConversionError(f"config.json: partial_rotary_factor {partial!r} is not a number") from None
+        if not 0 < partial <= 1:
+            raise ConversionError(f"config.json: partial_rotary_factor {partial} is not in (0, 1]")
+        n_ctx_orig = int(scaling.get("original_max_position_embeddings")
+                         or config.get("original_max_position_embeddings") or 0)
         if config.get(keys["mlp_bias"]):
             raise ConversionError(f"config.json: {keys['mlp_bias']} = true is not supported")
         act = config.get(keys["act"], arch.act)
@@ -124,7 +142,7 @@ class HParams(HeadDims):
             n_ctx=int(config.get(keys["n_ctx_train"]) or 4096),
             rms_eps=float(config.get(keys["rms_eps"], 1e-6)), rope_theta=float(theta),
             rope_scaling=scaling, tied_output=bool(config.get(keys["tied_output"], False)),
-            has_qkv_bias=qkv_bias, **extra,
+            has_qkv_bias=qkv_bias, partial_rotary=partial, n_ctx_orig=n_ctx_orig, **extra,
         )
 
     def metadata(self) -> list[tuple[str, object, str | None]]:
@@ -155,7 +173,41 @@ class HParams(HeadDims):
         if self.rope_scaling["rope_type"] == "linear":
             kv += [(key("rope_scaling"), "linear", "STRING"),
                    (key("rope_scaling_factor"), float(self.rope_scaling["factor"]), "FLOAT32")]
+        if self.has_longrope:       # as llama.cpp's converter writes them for Phi-3
+            kv += [(key("rope_ctx_orig"), self.longrope_ctx_orig(), "UINT32"),
+                   (key("rope_attn_factor"), self.longrope_attn_factor(), "FLOAT32")]
         return kv
+
+    def longrope_ctx_orig(self) -> int:
+        if self.n_ctx_orig <= 0:
+            raise ConversionError("config.json: LongRoPE needs original_max_position_embeddings")
+        return self.n_ctx_orig
+
+    def longrope_attn_factor(self) -> float:
+        """The scale of the rotated dimensions: config's attention_factor, else
+        sqrt(1 + ln(s) / ln(original context)) for s = context / original context > 1."""
+        af = self.rope_scaling.get("attention_factor")
+        if af is not None:
+            return float(af)
+        orig = self.longrope_ctx_orig()
+        scale = self.n_ctx / orig
+        return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+
+    def computed_tensors(self) -> list[tuple[str, np.ndarray]]:
+        """Tensors the converter makes from config.json: llama3's rope_freqs, LongRoPE's
+        short and long factors (GGUF name, float32 data)."""
+        out = []
+        rf = self.rope_freqs()
+        if rf is not None:
+            out.append((self.arch.tensor("rope_freqs").gguf, rf))
+        if self.has_longrope:
+            for role, key in (("rope_factors_long", "long_factor"), ("rope_factors_short", "short_factor")):
+                f = np.asarray(self.rope_scaling.get(key) or [], dtype=np.float32)
+                if f.shape != (self.rope_dim // 2,) or not np.all(np.isfinite(f)) or np.any(f <= 0):
+                    raise ConversionError(f"config.json: LongRoPE {key} must be {self.rope_dim // 2} "
+                                          f"positive numbers (rope dimensions / 2), got {f.shape[0]}")
+                out.append((self.arch.tensor(role).gguf, f))
+        return out
 
     def rope_freqs(self) -> np.ndarray | None:
         """Llama 3.1-style per-frequency divisors (the `rope_freqs.weight` tensor), or None."""

@@ -57,6 +57,11 @@ class ModelConfig(HeadDims):
     swa_window: int = 0            # 0: every layer attends to the whole context
     swa_pattern: int = 0           # with swa_window: layer l is global iff (l + 1) % swa_pattern == 0
     rope_theta_local: float = 0.0  # RoPE base of the local layers (0: rope_theta)
+    # LongRoPE (phi3; fam-b): short/long factor tensors, the context the short ones serve, and
+    # the scale of the rotated dimensions (llama.cpp's rope.scaling.attn_factor; 1 = none)
+    has_longrope: bool = False
+    rope_ctx_orig: int = 0
+    rope_attn_factor: float = 1.0
     tensor_types: dict[str, int] = field(default_factory=dict, repr=False)
     family: Arch | None = field(default=None, repr=False, compare=False)   # the table entry of `arch`
 
@@ -174,6 +179,11 @@ class ModelConfig(HeadDims):
             raise GGUFError(f"{f.path}: rope scaling factor {factor} is out of range")
         rope_freq_scale = 1.0 / factor if factor else 1.0
 
+        rope_ctx_orig = get_int("rope_ctx_orig", n_ctx_train, hi=MAX_CTX)
+        rope_attn_factor = get_float("rope_attn_factor", 1.0)
+        if not 1e-3 <= rope_attn_factor <= 1e3:
+            raise GGUFError(f"{f.path}: {key('rope_attn_factor')} = {rope_attn_factor} is out of range")
+
         tensors = f.tensors
         embd = a.tensor("token_embd").gguf
         if embd not in tensors:
@@ -210,7 +220,9 @@ class ModelConfig(HeadDims):
             rms_eps=rms_eps, has_qkv_bias=has_bias,
             tied_output=a.tensor("output").gguf not in tensors,
             rope_freq_scale=rope_freq_scale,
-            has_rope_freqs=a.tensor("rope_freqs").gguf in tensors,
+            has_rope_freqs=_has(a, "rope_freqs", tensors),
+            has_longrope=_has(a, "rope_factors_long", tensors) or _has(a, "rope_factors_short", tensors),
+            rope_ctx_orig=rope_ctx_orig, rope_attn_factor=rope_attn_factor,
             family=a, **extra,
         )
         cfg._check_tensors(f)
@@ -245,6 +257,11 @@ class ModelConfig(HeadDims):
                         f"{self.n_layer})")
             raise GGUFError(f"{f.path}: unexpected tensor(s) {shown}{more} not used by the "
                             f"{self.arch} architecture as edgeinfer implements it{hint}")
+
+
+def _has(a: Arch, role: str, tensors) -> bool:
+    """Whether the file holds the optional global tensor `role` (False: the family has none)."""
+    return any(t.role == role for t in a.tensors) and a.tensor(role).gguf in tensors
 
 
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")

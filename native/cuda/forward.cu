@@ -606,7 +606,7 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     const float *freqs = (const float *)rt->rope_freqs.data;
     int32_t *cells_l = batch_arr(rt, rt->d_batch, 6), *ncells_l = batch_arr(rt, rt->d_batch, 7);
 
-    LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, rt->rope_cos, rt->rope_sin,
+    LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, c->rope_attn_factor, rt->rope_cos, rt->rope_sin,
                         rt->d_cell_pos, slots, cells, rt->p.n_ctx));
     if (rt->local_cells)   /* the local ring's cell positions (rope_dim 0: no tables) */
         LCK(eic_rope_tables(s, pos, T, 0, 1.0f, 1.0f, NULL, NULL, NULL, rt->d_cell_pos_l, slots, cells_l,

@@ -622,7 +622,7 @@ cudaError_t eic_geglu(cudaStream_t s, float *gate, const float *up, int64_t n) {
 
 /* ---------------------------------------------------------------- RoPE and the KV store */
 __global__ void rope_tables_kernel(const int32_t *__restrict__ pos, int64_t n_tok, int rope_dim, float theta,
-                                   float freq_scale, const float *__restrict__ freqs, float *cos_t, float *sin_t,
+                                   float freq_scale, const float *__restrict__ freqs, float mscale, float *cos_t, float *sin_t,
                                    int32_t *cell_pos, const int32_t *__restrict__ slots,
                                    const int32_t *__restrict__ cells, int32_t n_ctx) {
     const int half = rope_dim / 2;
@@ -634,8 +634,8 @@ __global__ void rope_tables_kernel(const int32_t *__restrict__ pos, int64_t n_to
             double freq = pow((double)theta, -2.0 * i / (double)rope_dim);
             if (freqs) freq /= (double)freqs[i];
             const double a = (double)pos[t] * (double)freq_scale * freq;
-            cos_t[k] = (float)cos(a);
-            sin_t[k] = (float)sin(a);
+            cos_t[k] = (float)(cos(a) * (double)mscale);
+            sin_t[k] = (float)(sin(a) * (double)mscale);
         }
         if (cell_pos && (half == 0 || k % half == 0)) {
             const int64_t t = half > 0 ? k / half : k;
@@ -645,12 +645,13 @@ __global__ void rope_tables_kernel(const int32_t *__restrict__ pos, int64_t n_to
 }
 
 cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, int rope_dim, float theta,
-                            float freq_scale, const float *freqs, float *cos_t, float *sin_t, int32_t *cell_pos,
-                            const int32_t *slots, const int32_t *cells, int32_t n_ctx) {
+                            float freq_scale, const float *freqs, float mscale, float *cos_t, float *sin_t,
+                            int32_t *cell_pos, const int32_t *slots, const int32_t *cells, int32_t n_ctx) {
     if (n_tok <= 0) return cudaSuccess;
     const int64_t total = n_tok * (rope_dim / 2 > 0 ? rope_dim / 2 : 1);
     const unsigned blocks = (unsigned)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
-    rope_tables_kernel<<<blocks, 256, 0, s>>>(pos, n_tok, rope_dim, theta, freq_scale, freqs, cos_t, sin_t, cell_pos,
+    rope_tables_kernel<<<blocks, 256, 0, s>>>(pos, n_tok, rope_dim, theta, freq_scale, freqs, mscale > 0 ? mscale : 1.0f,
+                                              cos_t, sin_t, cell_pos,
                                               slots, cells, n_ctx);
     return cudaGetLastError();
 }

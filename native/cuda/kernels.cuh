@@ -60,11 +60,11 @@ cudaError_t eic_scale(cudaStream_t s, float *x, int64_t n, float a);
 cudaError_t eic_softcap(cudaStream_t s, float *x, int64_t n, float cap);
 /* gate[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU). */
 cudaError_t eic_geglu(cudaStream_t s, float *gate, const float *up, int64_t n);
-/* cos/sin[t*half + i] of pos[t] * freq_scale * theta^(-2i/rope_dim) / freqs[i] (double math).
- * When cell_pos is not NULL, also cell_pos[slots[t]*n_ctx + cells[t]] = pos[t]. */
+/* cos/sin[t*half + i] of pos[t] * freq_scale * theta^(-2i/rope_dim) / freqs[i] (double math),
+ * times mscale (LongRoPE's attention factor; <= 0: 1). When cell_pos is not NULL, also cell_pos[slots[t]*n_ctx + cells[t]] = pos[t]. */
 cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, int rope_dim, float theta,
-                            float freq_scale, const float *freqs, float *cos_t, float *sin_t, int32_t *cell_pos,
-                            const int32_t *slots, const int32_t *cells, int32_t n_ctx);
+                            float freq_scale, const float *freqs, float mscale, float *cos_t, float *sin_t,
+                            int32_t *cell_pos, const int32_t *slots, const int32_t *cells, int32_t n_ctx);
 /* RoPE on q[t][n_head][hd] in place; when kc is not NULL also on kc[t][n_head_kv][hd], then
  * K and V of every token go to their ring cell (f16) of `layer`. */
 typedef struct {

@@ -116,6 +116,10 @@ typedef struct {
     int32_t swa_window;      /* > 0: local layers attend to the last swa_window positions only */
     int32_t swa_pattern;     /* with swa_window: layer l is global iff (l + 1) % swa_pattern == 0 (0: all local) */
     float rope_theta_local;  /* RoPE base of the local layers (0: rope_theta) */
+    /* RoPE (fam-b): cos and sin are multiplied by it, so the rotated dimensions of q and k
+     * are scaled (LongRoPE's attention factor; llama.cpp's rope.scaling.attn_factor).
+     * 0 or 1: none. */
+    float rope_attn_factor;
 } ei_model_config;
 
 typedef struct ei_model ei_model;

@@ -33,15 +33,18 @@ static void rmsnorm_rows(const ei_runtime *rt, float *out, const float *x, const
     for (int64_t t = 0; t < n_tok; t++) rmsnorm(out + t * d, x + t * d, w->data, d, rt->m->cfg.rms_eps);
 }
 
-/* cos/sin of pos * freq_i (freq_i fixed at creation), in double: positions can be large. */
+/* cos/sin of pos * freq_i (freq_i fixed at creation), in double: positions can be large;
+ * both times the attention factor (LongRoPE), as ggml's rope scales them. */
 static void rope_fill(const ei_runtime *rt, const double *freq, float *cos_t, float *sin_t, const int32_t *pos,
                       int64_t n_tok) {
     const int half = rt->m->cfg.rope_dim / 2;
+    const float af = rt->m->cfg.rope_attn_factor;
+    const double m = af > 0 ? (double)af : 1.0;
     for (int64_t t = 0; t < n_tok; t++) {
         for (int i = 0; i < half; i++) {
             const double a = (double)pos[t] * freq[i];
-            cos_t[t * half + i] = (float)cos(a);
-            sin_t[t * half + i] = (float)sin(a);
+            cos_t[t * half + i] = (float)(cos(a) * m);
+            sin_t[t * half + i] = (float)(sin(a) * m);
         }
     }
 }

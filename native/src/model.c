@@ -39,6 +39,8 @@ ei_status ei_model_create(const ei_model_config *cfg, ei_model **out) {
         !isfinite(cfg->rope_theta_local))
         return ei_fail(EI_ERR_INVALID_ARG, "embd_scale, attn_scale, final_softcap, rope_theta_local, swa_window "
                                            "and swa_pattern must be finite and >= 0");
+    if (!(cfg->rope_attn_factor >= 0) || cfg->rope_attn_factor > 1e3f)
+        return ei_fail(EI_ERR_INVALID_ARG, "rope_attn_factor=%g must be in [0, 1000]", (double)cfg->rope_attn_factor);
     ei_model *m = calloc(1, sizeof *m);
     if (!m) return ei_fail(EI_ERR_OUT_OF_MEMORY, "model_create: out of memory");
     m->layers = calloc((size_t)cfg->n_layer, sizeof(ei_layer));

@@ -218,7 +218,8 @@ done:
 }
 
 extern "C" ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
-                                     int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos) {
+                                     int32_t neox, float theta, float freq_scale, const float *freqs, float mscale,
+                                     const int32_t *pos) {
     if (!x || !pos || n_tok < 1 || n_heads < 1 || head_dim < 2 || rope_dim < 0 || rope_dim > head_dim || rope_dim % 2)
         return eic_fail(EI_ERR_INVALID_ARG, "op_rope: bad arguments");
     ei_status st = ready();
@@ -231,7 +232,7 @@ extern "C" ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, i
     TRY(gb_alloc(&gc, (size_t)n_tok * half * 4, NULL));
     TRY(gb_alloc(&gs, (size_t)n_tok * half * 4, NULL));
     TRY(eic_check(eic_rope_tables(0, (const int32_t *)gp.ptr, n_tok, rope_dim, theta, freq_scale,
-                                  freqs ? (const float *)gf.ptr : NULL, (float *)gc.ptr, (float *)gs.ptr, NULL, NULL,
+                                  freqs ? (const float *)gf.ptr : NULL, mscale, (float *)gc.ptr, (float *)gs.ptr, NULL, NULL,
                                   NULL, 0), "rope tables"));
     TRY(eic_check(eic_rope_store(0, (float *)gx.ptr, NULL, NULL, n_tok, n_heads, 0, head_dim, rope_dim, neox,
                                  (const float *)gc.ptr, (const float *)gs.ptr, NULL, 0, NULL, NULL, NULL), "rope"));
