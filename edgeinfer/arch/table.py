@@ -77,9 +77,8 @@ HF_KEYS: Mapping[str, str] = MappingProxyType({
 #: The roles the `has_qkv_bias` flag of the native model config governs.
 QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
 #: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
-FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs",
+FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs", "has_longrope",
          "has_qk_norm", "has_post_norms")   # per-head Q/K norms, post-norms: Qwen3, Gemma 3
-FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs", "has_longrope")
 #: LongRoPE's two sets of per-frequency divisors; the native model gets one of them as its
 #: rope_freqs, chosen by the context size (llama.cpp: long when n_ctx > the original context).
 LONGROPE_ROLES = ("rope_factors_short", "rope_factors_long")
