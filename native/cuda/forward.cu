@@ -609,11 +609,11 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, c->rope_attn_factor, rt->rope_cos, rt->rope_sin,
                         rt->d_cell_pos, slots, cells, rt->p.n_ctx));
     if (rt->local_cells)   /* the local ring's cell positions (rope_dim 0: no tables) */
-        LCK(eic_rope_tables(s, pos, T, 0, 1.0f, 1.0f, NULL, NULL, NULL, rt->d_cell_pos_l, slots, cells_l,
+        LCK(eic_rope_tables(s, pos, T, 0, 1.0f, 1.0f, NULL, 1.0f, NULL, NULL, rt->d_cell_pos_l, slots, cells_l,
                             rt->local_cells));
-    if (rt->rope_cos_l)   /* sliding-window layers: their own base, no scaling (as the CPU) */
+    if (rt->rope_cos_l)   /* sliding-window layers: their own base, no frequency scaling (as the CPU) */
         LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta, 1.0f,
-                            NULL, rt->rope_cos_l, rt->rope_sin_l,
+                            NULL, c->rope_attn_factor, rt->rope_cos_l, rt->rope_sin_l,
                             NULL, slots, cells, rt->p.n_ctx));
     LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
     if (c->embd_scale > 0 && c->embd_scale != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, c->embd_scale));
