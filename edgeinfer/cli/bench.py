@@ -64,6 +64,10 @@ def bench(
                                             "request.")] = 64,
     api_key: Annotated[Optional[str], typer.Option("--api-key", help="With --server: bearer "
                                                    "token.")] = None,
+    speculative: Annotated[Optional[str], typer.Option(
+        "--speculative", help="Speculative decoding against plain decoding (lookup or draft:PATH) on "
+                              "a copy-heavy and a free-writing workload, interleaved; uses --threads "
+                              "(first), --reps, --tg (tokens per run).")] = None,
 ) -> None:
     """Measure prefill/decode tokens/s, TTFT/TPOT, peak RSS and KV bytes (llama-bench style),
     or with --server the throughput and latency percentiles of a running server under load."""
@@ -73,6 +77,9 @@ def bench(
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
         run_server_bench(server, concurrency=levels, requests=requests, rate=rate, json=as_json,
                          plot=plot, max_tokens=max_tokens, api_key=api_key)
+        return
+    if speculative:
+        _spec_bench(model, speculative, threads, reps, tg, as_json, quiet)
         return
     from ..tools.bench import BenchConfig, format_table, parse_threads, run_bench
 
@@ -86,6 +93,25 @@ def bench(
                     if len(sys.argv) > 1 and sys.argv[1] == "bench" else None)
     out = res.to_json() if as_json else format_table(res)
     sys.stdout.write(out + "\n")
+    sys.stdout.flush()
+
+
+def _spec_bench(model: str, speculative: str, threads: str, reps: int, tg: int, as_json: bool,
+                quiet: bool) -> None:
+    import json
+
+    from ..tools.bench import parse_threads
+    from ..tools.specbench import format_spec_table, parse_mode, run_spec_bench, to_json
+
+    try:
+        parse_mode(speculative)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    log = None if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    rows = run_spec_bench(model, speculative, n_threads=parse_threads(threads)[0], reps=reps,
+                          max_tokens=tg, log=log)
+    sys.stdout.write((json.dumps(to_json(rows), indent=1) if as_json else format_spec_table(rows)) + "\n")
     sys.stdout.flush()
 
 

@@ -76,6 +76,11 @@ def serve_cmd(
     wait_for_model: Annotated[bool, typer.Option("--wait-for-model", help="Keep serving when the model "
                                                  "fails to load (/ready answers 503 with the reason) "
                                                  "instead of exiting with status 1.")] = False,
+    speculative: Annotated[Optional[str], typer.Option("--speculative", help="Speculative decoding for "
+                                                       "every request: lookup, or draft (needs --draft).")]
+    = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft model (a smaller GGUF with the "
+                                                 "same vocabulary) for --speculative draft.")] = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     from ..server import serve
@@ -90,6 +95,9 @@ def serve_cmd(
         raise typer.Exit(2)
     if kv not in ("f16", "q8_0"):
         print("error: --kv must be f16 or q8_0", file=sys.stderr)
+        raise typer.Exit(2)
+    if speculative not in (None, "lookup", "draft") or (speculative == "draft" and not draft):
+        print("error: --speculative must be lookup, or draft with --draft PATH", file=sys.stderr)
         raise typer.Exit(2)
     try:
         served = parse_models(model, models or [])
@@ -113,7 +121,8 @@ def serve_cmd(
         serve(model, models=served, fallback=fallback,
               fallback_ttft_s=None if fallback_ttft_ms is None else fallback_ttft_ms / 1000, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
               max_queue=max_queue, max_body=max_body, drain_timeout_s=drain_timeout, overflow=overflow,
-              max_batch=max(max_batch, slots), kv_type=kv, wait_for_model=wait_for_model)
+              max_batch=max(max_batch, slots), kv_type=kv, wait_for_model=wait_for_model,
+              speculative=speculative, draft=draft)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -10,7 +10,7 @@ import numpy as np
 from ..backends import KVPlan, select_backend
 from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, local_ring_cells
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .constraint import check_logit_bias, grammar_spec
@@ -20,6 +20,7 @@ from .runner import Runner
 from .sampling import SamplingParams
 from .tool_calls import ToolPlan, plan_tools
 from .scheduler import Scheduler
+from .speculative import DraftModel, check_mode
 
 log = logging.getLogger("edgeinfer")
 
@@ -34,7 +35,8 @@ class Engine:
     """
 
     def __init__(self, path: Path, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer,
-                 template: ChatTemplate, runner: Runner, ring: KVRing, max_queue: int = 256):
+                 template: ChatTemplate, runner: Runner, ring: KVRing, max_queue: int = 256,
+                 draft: DraftModel | None = None, speculative: str | None = None, spec_max_slots: int = 2):
         self.path = path
         self.gguf = gguf
         self.config = cfg
@@ -42,7 +44,12 @@ class Engine:
         self.template = template
         self.runner = runner
         self.n_ctx = ring.capacity
-        self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue)
+        self.draft = draft
+        # prior for the policy until a draft token is measured: its share of a step's weight reads
+        ratio = draft.runner.caps.packed_bytes / max(1, runner.caps.packed_bytes) if draft else 1.0
+        self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue, draft=draft,
+                                   speculative=speculative, spec_max_slots=spec_max_slots,
+                                   draft_cost_ratio=ratio if ratio > 0 else 1.0)
 
     @property
     def ring(self) -> KVRing:
@@ -53,9 +60,16 @@ class Engine:
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",
              n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
-             isa: str = "best", max_queue: int = 256, kv_type: str = "f16") -> "Engine":
+             isa: str = "best", max_queue: int = 256, kv_type: str = "f16", draft: str | Path | None = None,
+             speculative: str | None = None, spec_max_slots: int = 2) -> "Engine":
+        """`draft`: a smaller GGUF sharing the vocabulary, for speculative="draft" (its own KV
+        ring of n_slots x n_ctx cells). `speculative`: the default of generate/stream/chat
+        (None, "lookup" or "draft"); `spec_max_slots`: no speculation while more sequences decode."""
         from ..hub import resolve_model
 
+        check_mode(speculative)
+        if speculative == "draft" and draft is None:
+            raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         backend = select_backend(device, n_threads=n_threads, isa=isa)   # 'cuda' without a GPU raises
         if not isinstance(n_ctx, int) or n_ctx < 8:
             raise ValueError(f"n_ctx must be an int >= 8, got {n_ctx!r}")
@@ -67,11 +81,17 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         n_sink = min(n_sink, n_ctx // 4)
-        ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow)
+        ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow, swa_window=cfg.swa_window,
+                      local_cells=local_ring_cells(cfg.swa_window, n_ctx, max_batch))
         runtime = backend.create_runtime(gguf, cfg, KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
         log.info("loaded %s on %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name,
                  backend.describe(), cfg.arch, cfg.n_layer, runtime.caps.kv_bytes / 2**20, n_slots, n_ctx)
-        return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue)
+        drafter = None
+        if draft is not None:
+            drafter = _load_draft(backend, Path(resolve_model(str(draft))), gguf,
+                                  KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
+        return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
+                   draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots)
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -145,21 +165,28 @@ class Engine:
         """Iterates over text pieces as they are generated (never half a UTF-8 character)."""
         return self._generation(self._prompt_ids(prompt), params)
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None, *,
+             chat_template_kwargs: dict | None = None, enable_thinking: bool | None = None,
              **params: Any) -> Completion:
         """A chat reply. With `tools` (OpenAI's function list) and `tool_choice` ("auto", "none",
         "required", {"type": "function", "function": {"name": ...}}), a reply that calls
-        functions has them in `Completion.tool_calls` and finish_reason "tool_calls"."""
-        return self.stream_chat(messages, tools=tools, tool_choice=tool_choice, **params).result()
+        functions has them in `Completion.tool_calls` and finish_reason "tool_calls".
+        chat_template_kwargs are extra variables of the chat template; enable_thinking (Qwen3's
+        switch) is one of them."""
+        return self.stream_chat(messages, tools=tools, tool_choice=tool_choice,
+                                chat_template_kwargs=chat_template_kwargs, enable_thinking=enable_thinking,
+                                **params).result()
 
-    def stream_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+    def stream_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None, *,
+                    chat_template_kwargs: dict | None = None, enable_thinking: bool | None = None,
                     **params: Any) -> Generation:
         """As `chat`, streamed: iterates over the reply's text (with tools, a call's raw text);
         once it ends, `Generation.tool_calls` holds the calls it made (None: none)."""
+        kw = _template_kwargs(chat_template_kwargs, enable_thinking)
         if tools is None:
-            return self.stream(self.chat_ids(messages), **params)
+            return self.stream(self.chat_ids(messages, **kw), **params)
         plan = self.tool_plan(messages, tools, tool_choice)
-        ids = self._prompt_ids(self.chat_ids(plan.messages, **plan.render_extra))
+        ids = self._prompt_ids(self.chat_ids(plan.messages, **{**kw, **plan.render_extra}))
         if plan.spec is not None:   # the grammar ends a forced call; a stop string must not cut it
             params = {**params, "grammar": plan.spec, "stop": []}
         return self._generation(ids, params, parse_calls=plan.parse)
@@ -170,6 +197,7 @@ class Engine:
         return plan_tools(self.template.source, messages, tools, tool_choice)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The chat's prompt text; `extra` are more template variables (e.g. enable_thinking)."""
         return self.template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
 
     def chat_ids(self, messages: list[dict], **extra: Any) -> list[int]:
@@ -186,6 +214,7 @@ class Engine:
 
     def _generation(self, ids: list[int], params: dict, parse_calls=None) -> Generation:
         params = dict(params)
+        submit_kw = {"speculative": check_mode(params.pop("speculative"))} if "speculative" in params else {}
         n_logprobs = params.pop("logprobs", None)
         if n_logprobs is not None and (isinstance(n_logprobs, bool) or not isinstance(n_logprobs, int)
                                        or n_logprobs < 0):
@@ -198,7 +227,7 @@ class Engine:
         if params.get("logit_bias") is not None:
             params["logit_bias"] = check_logit_bias(params["logit_bias"], self.config.n_vocab)
         return Generation(self.scheduler, ids, SamplingParams.from_dict(params), n_logprobs=n_logprobs,
-                          parse_calls=parse_calls)
+                          parse_calls=parse_calls, **submit_kw)
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict:
@@ -219,12 +248,18 @@ class Engine:
             "packed_weight_bytes": caps.packed_bytes, "device_weight_bytes": caps.device_bytes,
             "n_threads": caps.n_threads, "isa": caps.isa, "device": caps.device,
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
+            # sliding-window layers: the window, and the cells per slot of their own KV ring (0: full ring)
+            **({"sliding_window": cfg.swa_window, "local_layers": sum(map(cfg.is_local_layer, range(cfg.n_layer))),
+                "local_kv_cells": self.ring.local_cells}
+               if cfg.swa_window else {}),
         }
 
     def close(self) -> None:
         """Cancels running generations and frees native memory now rather than at garbage collection."""
         self.scheduler.close()
         self.runner.close()
+        if self.draft is not None:
+            self.draft.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -239,3 +274,29 @@ def _content_chars(messages: Any) -> int:
     if not isinstance(messages, list):
         return 0
     return sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+
+def _template_kwargs(kwargs: dict | None, enable_thinking: bool | None) -> dict:
+    """The extra chat-template variables of a chat call: chat_template_kwargs plus the
+    enable_thinking switch (which wins when both name it)."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"chat_template_kwargs must be a dict, got {type(kwargs).__name__}")
+    out = dict(kwargs or {})
+    if enable_thinking is not None:
+        out["enable_thinking"] = bool(enable_thinking)
+    return out
+
+
+def _load_draft(backend, path: Path, target: GGUFFile, plan: KVPlan) -> DraftModel:
+    """The draft model of speculative decoding: its own runtime and KV ring (overflow 'stop':
+    it only drafts while the sequence fits). Its vocabulary must be the target's, token for token."""
+    gguf = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(gguf)
+    if list(gguf.metadata.get("tokenizer.ggml.tokens") or []) != list(target.metadata.get("tokenizer.ggml.tokens") or []):
+        raise ValueError(f"the draft model {path.name} does not share the model's vocabulary")
+    runtime = backend.create_runtime(gguf, cfg, plan)
+    log.info("draft model %s: %s, %d layers", path.name, cfg.arch, cfg.n_layer)
+    return DraftModel(Runner(runtime), KVRing(plan.n_slots, plan.n_ctx, n_sink=plan.n_sink, overflow="stop",
+                                              swa_window=cfg.swa_window,
+                                              local_cells=local_ring_cells(cfg.swa_window, plan.n_ctx, plan.max_batch)))
+

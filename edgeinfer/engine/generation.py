@@ -37,6 +37,13 @@ class GenerationStats:
     decode_s: float = 0.0
     queue_s: float = 0.0            # arrival -> slot granted
     e2e_s: float = 0.0              # arrival -> finished
+    spec_proposed: int = 0          # speculative decoding: draft tokens verified
+    spec_accepted: int = 0          # ... and confirmed by the model's own samples
+    spec_k: float = 0.0             # mean drafts per verify step (the k the policy chose)
+
+    @property
+    def spec_acceptance(self) -> float:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -254,7 +261,8 @@ class Generation:
     """
 
     def __init__(self, scheduler: "Scheduler", prompt_ids: list[int], params: SamplingParams,
-                 n_logprobs: int | None = None, parse_calls: Callable[[str], list | None] | None = None):
+                 n_logprobs: int | None = None, parse_calls: Callable[[str], list | None] | None = None,
+                 **submit_kw):
         self.prompt_ids = prompt_ids
         self.params = params
         # a chat with tools: the reply's text is read back into tool_calls once it ends
@@ -269,7 +277,7 @@ class Generation:
         self._pending: deque = deque()
         self._done = False
         self._req: "Request | None" = None
-        self._req = scheduler.submit(prompt_ids, params, self._events.put, n_logprobs=n_logprobs)
+        self._req = scheduler.submit(prompt_ids, params, self._events.put, n_logprobs=n_logprobs, **submit_kw)
 
     def __iter__(self) -> Iterator[str]:
         return self

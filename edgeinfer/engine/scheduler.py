@@ -13,6 +13,12 @@ the positions and cells of every token it puts in a batch.
 
 The kernels compute every token row the same way whatever else is in the batch, so a
 sequence's output does not depend on its neighbours or on how its prompt was chunked.
+
+Speculative decoding (speculative.py): a decoding sequence may feed its next token followed
+by k proposed tokens and get all k + 1 rows of logits back; it samples them in order as
+plain decoding would, keeps the proposals its samples confirm and rolls the ring back past
+the first mismatch (_verify). Only while the proposals fit in the ring without overwriting a
+cell (a slot that has slid decodes plainly), so a rollback never has to restore a cell.
 """
 from __future__ import annotations
 
@@ -30,10 +36,11 @@ from ..backends.base import Batch
 from ..errors import EdgeInferError
 from .constraint import MaskJob
 from .delivery import Delivery
-from .generation import ErrorEvent, SequenceState, TextStream
+from .generation import DoneEvent, ErrorEvent, SequenceState, TextStream
 from .kv import KVRing
 from .runner import Runner
 from .sampling import SamplingParams
+from .speculative import DraftModel, PromptLookup, SlotSpec, SpecPolicy, check_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..text.tokenizer import Tokenizer
@@ -41,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("edgeinfer")
 
 Sink = Callable[[list], None]
+_DEFAULT = object()     # submit(speculative=...) not given: the scheduler's default
 
 
 class QueueFullError(EdgeInferError):
@@ -68,6 +76,7 @@ class Request:
         self.slot: int | None = None
         self.n_fed = 0                  # prompt tokens already in the slot (reused or fed)
         self.next_token: int | None = None
+        self.spec: SlotSpec | None = None   # set when the request speculates
         self.cancelled = False
         self.done = False
         self._scheduler = scheduler
@@ -119,7 +128,9 @@ class Scheduler:
     without work (and restarts on the next submit), so unused engines can be collected."""
 
     def __init__(self, runner: Runner, ring: KVRing, tokenizer: "Tokenizer", max_queue: int = 256,
-                 max_batch: int | None = None, idle_exit_s: float = 2.0):
+                 max_batch: int | None = None, idle_exit_s: float = 2.0, draft: DraftModel | None = None,
+                 speculative: str | None = None, spec_max_slots: int = 2, spec_max_k: int = 8,
+                 draft_cost_ratio: float = 1.0):
         self.runner = runner
         self.ring = ring
         self.tokenizer = tokenizer
@@ -143,16 +154,31 @@ class Scheduler:
         self.steps = 0
         self.last_batch_tokens = 0
         self._logits = np.empty((self.n_slots, self.n_vocab), dtype=np.float32)
+        self.draft = draft
+        self.lookup = PromptLookup()
+        self.speculative = check_mode(speculative)     # the default of submit()
+        if speculative == "draft" and draft is None:
+            raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
+        self.policy = SpecPolicy(max_k=spec_max_k, max_slots=spec_max_slots, draft_ratio=draft_cost_ratio)
+        self.spec_proposed = 0      # totals over every request, for /metrics
+        self.spec_accepted = 0
+        self.spec_steps = 0
 
     # ------------------------------------------------------------------ public
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
-               n_logprobs: int | None = None, t_arrival: float | None = None) -> Request:
+               n_logprobs: int | None = None, t_arrival: float | None = None,
+               speculative: str | None | object = _DEFAULT) -> Request:
         """Queues a sequence; events reach `sink(list_of_events)` from the delivery thread.
+        `speculative`: None, "lookup" or "draft" (default: the scheduler's `speculative`).
 
         Raises QueueFullError when `max_queue` requests already wait for a slot, and
         SchedulerClosedError while draining or after close."""
+        mode = check_mode(self.speculative if speculative is _DEFAULT else speculative)  # type: ignore[arg-type]
+        if mode == "draft" and self.draft is None:
+            raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         seq = SequenceState(self.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
         req = Request(self, seq, sink)
+        req.spec = self.policy.new_slot(mode) if mode else None
         with self._cv:
             if self._closed or self._draining:
                 raise SchedulerClosedError("the engine is shutting down and admits no new requests")
@@ -211,6 +237,10 @@ class Scheduler:
             "kv_cells_used": sum(ring.cells_used(r.slot) for r in active if r.slot is not None),
             "kv_cells_total": ring.capacity * ring.n_slots,
             "steps": self.steps,
+            "spec_proposed": self.spec_proposed,
+            "spec_accepted": self.spec_accepted,
+            "spec_steps": self.spec_steps,
+            "spec_mean_k": self.spec_proposed / self.spec_steps if self.spec_steps else 0.0,
         }
 
     def in_flight(self) -> int:
@@ -383,27 +413,79 @@ class Scheduler:
             return None
         return max(ks)
 
+    def _proposals(self, reqs: list[Request]) -> dict[int, list[int]]:
+        """Draft tokens per request id for this step ({} when none speculates): k from the
+        policy, bounded by the batch, the room before the slot's first overwrite and max_tokens."""
+        decoding = [r for r in reqs if not r.prefilling]
+        # a grammar's mask follows the sampled tokens one at a time: constrained rows decode plainly
+        spec = [r for r in decoding if r.spec is not None and not r.cancelled and r.seq.constraint is None]
+        if not spec:
+            return {}
+        if len(decoding) > self.policy.max_slots:
+            for r in spec:
+                r.spec.k = 0
+            return {}
+        ring = self.ring
+        n_batch = len(decoding)
+        budget = self.max_batch - n_batch
+        out: dict[int, list[int]] = {}
+        for r in spec:
+            seq = r.seq
+            k_limit = min(budget, ring.capacity - ring.slots[r.slot].n_past - 1)
+            if seq.limit is not None:
+                k_limit = min(k_limit, seq.limit - len(seq.tokens) - 1)
+            drafted = r.spec.mode == "draft"
+            lag = self.draft.lag(r.slot, seq.history) if drafted else 0
+            k = self.policy.choose_k(r.spec, n_batch, len(decoding) - 1, k_limit, drafted, lag)
+            r.spec.k = k
+            if k <= 0:
+                continue
+            if drafted:
+                t0 = time.perf_counter()
+                try:
+                    drafts = self.draft.propose(r.slot, seq.history, k)
+                except Exception:   # the draft model only proposes: the request goes on without it
+                    log.exception("draft model failed; request %d decodes plainly", r.id)
+                    with contextlib.suppress(Exception):
+                        self.draft.reset_slot(r.slot)
+                    r.spec.off_steps = 1 << 30
+                    continue
+                self.policy.costs.observe_draft(len(drafts), time.perf_counter() - t0)
+            else:
+                drafts = self.lookup.propose(seq.history, k)
+            if drafts:
+                out[r.id] = drafts
+                n_batch += len(drafts)
+                budget -= len(drafts)
+        return out
+
     def _step(self, reqs: list[Request]) -> None:
         ring = self.ring
+        proposals = self._proposals(reqs)
         toks: list[int] = []
         slots: list[int] = []
         pos_parts: list[np.ndarray] = []
         cell_parts: list[np.ndarray] = []
         out_rows: list[int] = []
         owners: list[Request] = []
+        drafts_of: list[list[int]] = []     # per owner: the proposals its rows verify
+        prefilled: list[Request] = []       # draft-mode requests whose prompt is now in
         budget = self.max_batch
         with self.runner.lock:
             # Decode tokens first: every running sequence advances each step.
             for r in reqs:
                 if not r.prefilling:
-                    p, c = ring.reserve(r.slot, [r.next_token])
-                    out_rows.append(len(toks))
-                    toks.append(r.next_token)
-                    slots.append(r.slot)
+                    drafts = proposals.get(r.id, [])
+                    feed = [r.next_token] + drafts
+                    p, c = ring.reserve(r.slot, feed)
+                    out_rows.extend(range(len(toks), len(toks) + len(feed)))
+                    toks.extend(feed)
+                    slots.extend([r.slot] * len(feed))
                     pos_parts.append(p)
                     cell_parts.append(c)
                     owners.append(r)
-                    budget -= 1
+                    drafts_of.append(drafts)
+                    budget -= len(feed)
             # Then prefill chunks with what is left of the budget.
             for r in reqs:
                 if budget <= 0:
@@ -425,29 +507,39 @@ class Scheduler:
                 if not r.prefilling:
                     out_rows.append(len(toks) - 1)
                     owners.append(r)
+                    drafts_of.append([])
+                    if r.spec is not None and r.spec.mode == "draft":
+                        prefilled.append(r)
             if not toks:
                 return
             n_out = len(out_rows)
+            if n_out > len(self._logits):
+                self._logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
             batch = Batch(toks, slots, np.concatenate(pos_parts), np.concatenate(cell_parts), out_rows)
             k = self._device_top_k(owners)
             masks = MaskJob.start(r.seq.constraint for r in owners)   # overlaps the forward
+            t0 = time.perf_counter()
             try:
                 out = self.runner.run(batch, self._logits[:n_out], top_k=k)
             finally:
                 masks.wait()
+            self.policy.costs.observe_step(len(toks), time.perf_counter() - t0)
             self.steps += 1
             self.last_batch_tokens = len(toks)
+        for r in prefilled:     # the draft model's prefill goes with the model's (TTFT, not decode)
+            self._draft_prefill(r)
         finished: list[Request] = []
         out_events: list[tuple[Request, list]] = []
-        for i, r in enumerate(owners):
+        row = 0
+        for r, drafts in zip(owners, drafts_of):
+            row0, row = row, row + 1 + len(drafts)
             if r.cancelled:
                 continue        # reaped (and its slot freed) at the top of the next step
-            room = ring.room(r.slot)
-            has_room = room is None or room > 0
-            if k is None:
-                events, nxt = r.seq.on_logits(out.logits[i], has_room)
+            if drafts:
+                events, nxt = self._verify(r, out, row0, drafts, k)
             else:
-                events, nxt = r.seq.on_candidates(out.top_ids[i], out.top_vals[i], has_room)
+                room = ring.room(r.slot)
+                events, nxt = self._sample(r, out, row0, k, room is None or room > 0)
             r.next_token = nxt
             if nxt is None:
                 r.done = True
@@ -461,3 +553,62 @@ class Scheduler:
                     if r in self._active:
                         self._active.remove(r)
                         self._release(r)
+
+    def _draft_prefill(self, r: Request) -> None:
+        """Feeds the prompt to the draft model's slot if drafting may pay for this request;
+        otherwise the request decodes plainly to its end (catching up later would cost a
+        whole prefill)."""
+        try:
+            if self.policy.draft_pays(r.spec) and self.draft.catch_up(r.slot, r.seq.prompt_ids):
+                return
+        except Exception:   # the draft model only proposes: the request goes on without it
+            log.exception("draft model failed; request %d decodes plainly", r.id)
+            with contextlib.suppress(Exception):
+                self.draft.reset_slot(r.slot)
+        r.spec = None
+
+    def _sample(self, r: Request, out, row: int, k: int | None, has_room: bool) -> tuple[list, int | None]:
+        """One token of `r` from logits row `row` (or its device top-k candidates)."""
+        if k is None:
+            return r.seq.on_logits(out.logits[row], has_room)
+        return r.seq.on_candidates(out.top_ids[row], out.top_vals[row], has_room)
+
+    def _verify(self, r: Request, out, row0: int, drafts: list[int], k: int | None) -> tuple[list, int | None]:
+        """Samples rows row0.. (the slot's token, then its drafts) in order while the samples
+        confirm the drafts; rolls the ring back past the last confirmed draft."""
+        ring, seq, spec = self.ring, r.seq, r.spec
+        st = ring.slots[r.slot]
+        p0 = st.n_past - len(drafts) - 1            # position of the token fed before the drafts
+        events: list = []
+        n_acc = 0
+        nxt: int | None = None
+        for i in range(len(drafts) + 1):
+            room = ring.room(r.slot)
+            has_room = room is None or ring.capacity - (p0 + i + 1) > 0
+            n_before = len(seq.tokens)
+            evs, nxt = self._sample(r, out, row0 + i, k, has_room)
+            events.extend(evs)
+            confirmed = i < len(drafts) and len(seq.tokens) > n_before and seq.tokens[-1] == drafts[i]
+            n_acc += confirmed
+            if nxt is None or not confirmed:
+                break
+        keep = p0 + 1 + n_acc                       # cells [0, keep) hold the sequence as sampled
+        if keep < st.n_past:
+            with self.runner.lock:
+                ring.truncate(r.slot, keep)
+                self.runner.forget_from(r.slot, keep)
+        self.policy.record(spec, len(drafts), n_acc)
+        self.spec_proposed += len(drafts)
+        self.spec_accepted += n_acc
+        self.spec_steps += 1
+        self._spec_stats(seq.stats, spec)
+        for ev in events:       # a DoneEvent carries a copy of the stats taken before the count
+            if isinstance(ev, DoneEvent):
+                self._spec_stats(ev.stats, spec)
+        return events, nxt
+
+    @staticmethod
+    def _spec_stats(stats, spec: SlotSpec) -> None:
+        stats.spec_proposed = spec.proposed
+        stats.spec_accepted = spec.accepted
+        stats.spec_k = spec.proposed / spec.steps if spec.steps else 0.0

@@ -96,7 +96,11 @@ class ServerState:
                     ("max_queue", "edgeinfer_queue_capacity", "Bound of the waiting queue."),
                     ("kv_cells_used", "edgeinfer_kv_cells_used", "KV ring cells held by running sequences."),
                     ("kv_cells_total", "edgeinfer_kv_cells_total", "KV ring cells in all slots."),
-                    ("steps", "edgeinfer_engine_steps", "Batched forward steps run so far.")):
+                    ("steps", "edgeinfer_engine_steps", "Batched forward steps run so far."),
+                    ("spec_proposed", "edgeinfer_spec_proposed_tokens", "Speculative draft tokens verified."),
+                    ("spec_accepted", "edgeinfer_spec_accepted_tokens", "Speculative draft tokens accepted."),
+                    ("spec_steps", "edgeinfer_spec_verify_steps", "Verify steps that carried draft tokens."),
+                    ("spec_mean_k", "edgeinfer_spec_mean_k", "Mean draft tokens per verify step (the k chosen).")):
                 g[name] = ({m: snap[key] for m, snap in snaps.items()}, help_)
         return g
 
@@ -307,9 +311,9 @@ def _prompt(eng, req: GenRequest):
                 plan = eng.tool_plan(req.messages, req.tools, req.tool_choice)
             except ToolError as e:
                 raise bad(str(e), e.param, "invalid_value") from None
-            ids = eng.chat_ids(plan.messages, **plan.render_extra)
+            ids = eng.chat_ids(plan.messages, **{**req.template_kwargs, **plan.render_extra})
         elif req.kind == "chat":
-            ids = eng.chat_ids(req.messages)
+            ids = eng.chat_ids(req.messages, **req.template_kwargs)
         else:
             ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
     except TemplateError as e:

@@ -172,6 +172,7 @@ static void fill_scalar(ei_kernels *k) {
     FLOAT_TYPES(DOT_SCALAR) QUANT_TYPES(DOT_SCALAR)
     k->quantize_act = ei_quantize_act_scalar;
     k->swiglu = ei_swiglu_scalar;
+    k->geglu = ei_geglu_scalar;
     k->name = "scalar";
 }
 
@@ -193,6 +194,7 @@ static void fill_avx2(ei_kernels *k) {
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, 256, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
+    k->geglu = ei_geglu_avx2;
     k->name = "avx2";
 }
 
@@ -209,6 +211,7 @@ static void fill_avx512(ei_kernels *k) {
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 256, 0};
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
+    k->geglu = ei_geglu_avx512;
     k->name = "avx512";
 }
 #endif
@@ -239,6 +242,7 @@ static void fill_neon(ei_kernels *k, int dotprod) {
 #undef PACKED_NEON
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
+    k->geglu = ei_geglu_neon;
     k->name = dotprod ? "neon+dotprod" : "neon";
 }
 #endif

@@ -1,0 +1,418 @@
+"""Speculative decoding (engine/speculative.py, Scheduler._verify): greedy output equals plain
+decoding token for token (real model, both proposers, one and several slots, across a ring
+slide), sampled output has the model's own distribution (chi-square against the softmax of
+the model's logits), and the ring stays coherent under random propose/accept/reject sequences
+(a fuzz against a Python model of what each slot must hold)."""
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import require
+
+import edgeinfer
+import fake_backend as fb
+from edgeinfer.backends.base import KVPlan
+from edgeinfer.engine.generation import Generation
+from edgeinfer.engine.kv import KVRing
+from edgeinfer.engine.runner import Runner
+from edgeinfer.engine.sampling import SamplingParams
+from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.speculative import PromptLookup, SlotSpec, SpecPolicy
+from texts import PROMPTS, TEXTS
+
+MODELS = Path.home() / ".cache" / "edgeinfer" / "models"
+
+
+# --------------------------------------------------------------------------- units
+
+def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
+    look = PromptLookup(max_ngram=3)
+    cases = [
+        # (history, k, proposal)
+        ([1, 2, 3, 4, 5, 1, 2, 3], 2, [4, 5]),              # trigram match
+        ([1, 2, 3, 9, 1, 2, 7, 1, 2, 3], 3, [9, 1, 2]),      # the trigram beats the later bigram
+        ([5, 6, 1, 7, 6, 1, 8, 6, 1], 4, [8, 6, 1]),         # the latest bigram; stops at the end
+        ([4, 4, 4, 4], 3, [4]),                               # overlapping occurrence
+        ([1, 2, 3], 3, []),                                   # nothing repeats
+        ([7], 3, []),
+        ([1, 2, 1, 2], 0, []),
+    ]
+    for history, k, want in cases:
+        assert look.propose(history, k) == want, history
+
+
+def test_policy_speculates_only_where_it_pays():
+    pol = SpecPolicy(max_k=6, probe_every=4)
+    for n, t in {1: 0.030, 2: 0.034, 3: 0.038, 5: 0.046, 7: 0.054}.items():
+        pol.costs.observe_step(n, t)
+    good = SlotSpec("lookup")
+    for _ in range(20):
+        good.record(4, 4)
+    assert pol.choose_k(good, n_batch=1, n_others=0, k_limit=6, drafted=False) >= 4
+    assert pol.choose_k(good, n_batch=1, n_others=0, k_limit=2, drafted=False) == 2
+    assert pol.choose_k(good, n_batch=1, n_others=0, k_limit=0, drafted=False) == 0
+    bad = SlotSpec("lookup")
+    for _ in range(20):
+        bad.record(4, 0)
+    assert pol.choose_k(bad, n_batch=1, n_others=0, k_limit=6, drafted=False) == 0
+    # switched off: plain steps, then one small probe
+    assert [pol.choose_k(bad, 1, 0, 6, False) for _ in range(4)] == [0, 0, 0, 2]
+    # a draft model whose tokens cost as much as a step never pays, even when always right
+    pol.costs.observe_draft(4, 4 * 0.030)
+    assert pol.choose_k(good, n_batch=1, n_others=0, k_limit=6, drafted=True) == 0
+
+
+# --------------------------------------------------------------------------- fuzz on the fake backend
+
+class FuzzProposer:
+    """Random proposals: a random-length run of the true greedy continuation (as the fake
+    backend defines it) followed by random wrong tokens; sometimes nothing."""
+
+    def __init__(self, rng: random.Random, truth):
+        self.rng = rng
+        self.truth = truth
+        self.calls = 0
+
+    def propose(self, history, k):
+        self.calls += 1
+        r = self.rng
+        if r.random() < 0.15:
+            return []
+        n = r.randint(1, k)
+        good = self.truth(history, n)[:r.randint(0, n)]
+        return good + [r.randrange(3, fb.N_VOCAB) for _ in range(n - len(good))]
+
+
+class CheckedRuntime:
+    """Wraps the fake runtime: before each forward, every slot in the batch must hold exactly
+    its sequence's tokens at the positions below the batch's first row for it (within the
+    window once it slid), and no cell of a later position (a rollback that forgot nothing)."""
+
+    def __init__(self, rt, ring: KVRing):
+        self.rt, self.ring = rt, ring
+        self.caps = rt.caps
+        self.sched: Scheduler | None = None
+        self.checked = 0
+
+    def __getattr__(self, name):
+        return getattr(self.rt, name)
+
+    def forward(self, batch, logits=None):
+        ring = self.ring
+        by_slot = {r.slot: r for r in self.sched._active if r.slot is not None}
+        for s in set(int(x) for x in batch.slots):
+            rows = np.flatnonzero(batch.slots == s)
+            p0 = int(batch.pos[rows[0]])
+            hist = by_slot[s].seq.history
+            assert list(batch.tokens[rows]) == hist[p0:p0 + len(rows)][:1] + list(batch.tokens[rows][1:])
+            assert int(batch.tokens[rows[0]]) == hist[p0]
+            lo = 0 if p0 <= ring.capacity else p0 - ring.window
+            want = {p: hist[p] for p in range(p0) if p < ring.n_sink or p >= lo}
+            held = {pos: tok for pos, tok in self.rt.cells[s].values()}
+            assert {p: t for p, t in held.items() if p < p0} == want, (s, p0)
+            assert not [p for p in held if p >= p0], (s, p0, sorted(held))
+            self.checked += 1
+        return self.rt.forward(batch, logits)
+
+
+def _fake_scheduler(n_slots, n_ctx, n_sink, overflow, max_batch, speculative, max_topk=0):
+    rt = fb.FakeBackend(max_topk).create_runtime(None, None, KVPlan(n_slots, n_ctx, n_sink, max_batch))
+    ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow)
+    checked = CheckedRuntime(rt, ring)
+    sched = Scheduler(Runner(checked), ring, fb.tokenizer(), speculative=speculative,
+                      spec_max_slots=n_slots, max_batch=max_batch)
+    checked.sched = sched
+    return sched, checked
+
+
+def test_fuzz_propose_accept_reject_keeps_the_ring_coherent():
+    """Random prompts (sharing prefixes with earlier prompts and outputs, so cells written by
+    verified drafts are reused), random proposals, 1-3 slots running at once, stop and slide
+    rings, logits rows or device top-k candidates: the output equals plain decoding's and each
+    slot holds exactly its sequence."""
+    rng = random.Random(1234)
+    n_checked = 0
+    for case in range(6):
+        overflow = "slide" if case % 2 else "stop"
+        n_slots = 1 + case % 3
+        n_ctx = 48
+        topk = 16 if case >= 3 else 0       # the last cases sample from device top-k candidates
+        spec, checked = _fake_scheduler(n_slots, n_ctx, 4, overflow, 12, "lookup", max_topk=topk)
+        plain, _ = _fake_scheduler(1, n_ctx, 4, overflow, 12, None)
+        spec.policy.fixed_k = 6
+        spec.lookup = FuzzProposer(rng, lambda h, n: fb.reference_greedy(h, n))
+        pool: list[list[int]] = [[rng.randrange(3, fb.N_VOCAB) for _ in range(rng.randint(1, 12))]]
+        try:
+            for _round in range(4):
+                reqs = []
+                for _ in range(n_slots + 1):
+                    base = rng.choice(pool)
+                    prompt = base[:rng.randint(1, len(base))] + [rng.randrange(3, fb.N_VOCAB)
+                                                                 for _ in range(rng.randint(0, 4))]
+                    temp = rng.choice([0.0, 0.9])
+                    n_new = rng.randint(1, 40) if overflow == "slide" else rng.randint(1, n_ctx - len(prompt))
+                    params = SamplingParams(max_tokens=n_new, temperature=temp, seed=rng.randrange(1000),
+                                            top_k=8, ignore_eos=True)
+                    reqs.append((prompt, params))
+                gens = [Generation(spec, p, sp) for p, sp in reqs]
+                outs = [g.result().tokens for g in gens]
+                for (prompt, params), got in zip(reqs, outs):
+                    want = Generation(plain, prompt, params).result().tokens
+                    assert got == want, (case, prompt, params)
+                    pool.append(prompt + got)
+            assert spec.spec_proposed > spec.spec_accepted > 0
+            assert bool(checked.rt.topk_calls) == bool(topk)
+            n_checked += checked.checked
+        finally:
+            spec.close()
+            plain.close()
+    assert n_checked > 100
+
+
+# --------------------------------------------------------------------------- the real model, greedy
+
+GREEDY = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def _prompts_50() -> list[str]:
+    """50 prompts; most invite copying (so proposals get both confirmed and rejected)."""
+    sentences = [s.strip() for t in TEXTS.values() for s in t.replace("\n", " ").split(". ") if len(s) > 40]
+    out = list(PROMPTS)
+    i = 0
+    while len(out) < 50:
+        s = sentences[(i // 2) % len(sentences)]
+        out.append(f"Text: {s}.\nRepeat the text word for word.\nText: " if i % 2 == 0
+                   else f"{s}. {s[:len(s) // 2]}")
+        i += 1
+    return out[:50]
+
+
+def _generate_all(eng, prompts, concurrent: bool, **kw) -> list[list[int]]:
+    if not concurrent:
+        return [eng.generate(p, **kw).tokens for p in prompts]
+    out: list = [None] * len(prompts)
+    errors: list = []
+    n = eng.ring.n_slots
+
+    def work(i0):
+        try:
+            for i in range(i0, len(prompts), n):
+                out[i] = eng.generate(prompts[i], **kw).tokens
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=900)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.slow
+def test_greedy_speculative_equals_plain_on_50_prompts():
+    """Q8_0 with the Q4_0 file drafting; plain, lookup and draft on one slot, then lookup and
+    draft with four slots decoding at once (speculation allowed for all four)."""
+    target, draft = MODELS / "SmolLM2-135M-Instruct.Q8_0.gguf", MODELS / "SmolLM2-135M-Instruct.Q4_0.gguf"
+    if not (target.exists() and draft.exists()):
+        pytest.fail(f"needs {target.name} and {draft.name} in {MODELS}")
+    prompts = _prompts_50()
+    assert len(set(prompts)) == 50
+    eng = edgeinfer.load(target, n_ctx=256, n_threads=2, n_slots=4, draft=draft, spec_max_slots=4)
+    try:
+        eng.scheduler.policy.fixed_k = 4      # verify every step (the adaptive switch may not)
+        plain = _generate_all(eng, prompts, False, **GREEDY)
+        for mode in ("lookup", "draft"):
+            for concurrent in (False, True):
+                before = (eng.scheduler.spec_proposed, eng.scheduler.spec_accepted)
+                got = _generate_all(eng, prompts, concurrent, speculative=mode, **GREEDY)
+                diff = [i for i in range(50) if got[i] != plain[i]]
+                assert not diff, (mode, concurrent, diff[:5])
+                proposed = eng.scheduler.spec_proposed - before[0]
+                accepted = eng.scheduler.spec_accepted - before[1]
+                assert proposed > accepted > 0, (mode, concurrent, proposed, accepted)
+    finally:
+        eng.close()
+
+
+@pytest.mark.slow
+def test_greedy_speculative_equals_plain_across_a_ring_slide(smollm2_path):
+    """A 64-cell sliding ring and 150 generated tokens: speculation runs until the drafts no
+    longer fit before the slide, then the slot decodes plainly; the output is plain's."""
+    eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_sink=4, overflow="slide")
+    try:
+        eng.scheduler.policy.fixed_k = 4
+        prompt = "Repeat after me: one two three four five six seven eight nine ten. One two three"
+        kw = dict(max_tokens=150, temperature=0.0, ignore_eos=True)
+        plain = eng.generate(prompt, **kw)
+        spec = eng.generate(prompt, speculative="lookup", **kw)
+        assert eng.ring.slots[0].wrapped
+        assert spec.tokens == plain.tokens
+        assert spec.stats.spec_proposed > spec.stats.spec_accepted > 0
+        assert spec.stats.spec_k > 0
+    finally:
+        eng.close()
+
+
+# --------------------------------------------------------------------------- temperature > 0
+
+def _tiny_path(tmp_path) -> Path:
+    from gguf_corpus import tiny_llama
+
+    p = tmp_path / "tiny.gguf"
+    p.write_bytes(tiny_llama().build())
+    return p
+
+
+@pytest.mark.slow
+def test_sampled_speculative_tokens_follow_the_model_distribution(tmp_path):
+    """Plain temperature sampling (no top-k/top-p/min-p) on the tiny model (40 tokens, logits
+    about 1e-3 apart, so T = 5e-4 spreads them like a real model's): 1500 seeds, the draft being the model
+    itself (greedy: accepted with probability p(argmax), so both branches run). The first
+    and second sampled tokens' frequencies against the exact marginals from the model's own
+    logits (p(t1) and sum over t1 of p(t1) p(t2 | t1)): chi-square p > 0.001 each. A rule
+    that accepted the draft without sampling would put the argmax's mass far too high."""
+    stats = require("scipy.stats", "the chi-square test")
+    path = _tiny_path(tmp_path)
+    prompt = [1, 10, 11, 12, 10, 11]
+    T = 5e-4
+    with edgeinfer.load(path, n_ctx=32, n_threads=1, draft=path, speculative="draft") as eng:
+        eng.scheduler.policy.fixed_k = 3
+        n_vocab = eng.config.n_vocab
+
+        sampling = dict(temperature=T, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True)
+
+        def softmax(x):
+            x = x / T
+            e = np.exp(x - x.max())
+            return e / e.sum()
+
+        p1 = softmax(eng.logits(prompt)[-1].astype(np.float64))
+        p2 = np.zeros(n_vocab)
+        for t1 in range(n_vocab):
+            p2 += p1[t1] * softmax(eng.logits(prompt + [t1])[-1].astype(np.float64))
+        n = 1500
+        c1, c2 = np.zeros(n_vocab), np.zeros(n_vocab)
+        for seed in range(n):
+            toks = eng.generate(prompt, max_tokens=3, seed=seed, **sampling).tokens
+            c1[toks[0]] += 1
+            c2[toks[1]] += 1
+        assert eng.scheduler.spec_proposed > eng.scheduler.spec_accepted > 0
+        for counts, p in ((c1, p1), (c2, p2)):
+            big = p * n >= 5       # pool the rare tokens into one cell
+            obs = np.append(counts[big], counts[~big].sum())
+            exp = np.append(p[big], p[~big].sum()) * n
+            keep = exp > 0
+            res = stats.chisquare(obs[keep], exp[keep])
+            assert res.pvalue > 1e-3, (res, obs, exp)
+        # with the same seed, speculative and plain sampling draw the same tokens
+        for seed in range(20):
+            kw = dict(max_tokens=8, seed=seed, **sampling)
+            assert eng.generate(prompt, speculative="draft", **kw).tokens == \
+                eng.generate(prompt, speculative=None, **kw).tokens
+
+
+@pytest.mark.slow
+def test_constrained_sequences_decode_plainly(smollm2_path):
+    """A grammar's mask follows the sampled tokens one at a time, so a constrained request
+    does not speculate (its output is plain decoding's); an unconstrained one beside it does."""
+    with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2) as eng:
+        eng.scheduler.policy.fixed_k = 4
+        prompt = "Repeat: red green blue red green blue red"
+        kw = dict(max_tokens=12, temperature=0.0, regex="( ?(red|green|blue))+")
+        plain = eng.generate(prompt, **kw)
+        spec = eng.generate(prompt, speculative="lookup", **kw)
+        assert spec.tokens == plain.tokens and spec.stats.spec_proposed == 0
+        free = eng.generate(prompt, speculative="lookup", max_tokens=12, temperature=0.0)
+        assert free.stats.spec_proposed > 0
+
+
+# --------------------------------------------------------------------------- API errors
+
+def test_bad_speculative_arguments_are_typed_errors(tmp_path, smollm2_path):
+    path = _tiny_path(tmp_path)
+    with edgeinfer.load(path, n_ctx=32, n_threads=1) as eng:
+        with pytest.raises(ValueError, match="speculative"):
+            eng.generate([1, 2], speculative="magic")
+        with pytest.raises(ValueError, match="draft model"):
+            eng.generate([1, 2], speculative="draft")
+        out = eng.generate([1, 10, 11, 10, 11], max_tokens=4, speculative="lookup")
+        assert len(out.tokens) <= 4 and out.stats.spec_proposed >= out.stats.spec_accepted >= 0
+    with pytest.raises(ValueError, match="speculative"):
+        edgeinfer.load(path, n_ctx=32, n_threads=1, speculative="draft")
+    with pytest.raises(ValueError, match="vocabulary"):
+        edgeinfer.load(path, n_ctx=32, n_threads=1, draft=smollm2_path)
+
+
+# --------------------------------------------------------------------------- server, CLI
+
+@pytest.mark.slow
+def test_server_speculates_and_reports_it_in_metrics(smollm2_path):
+    """An engine loaded with speculative='lookup' (what `serve --speculative lookup` does):
+    a completion over HTTP equals plain greedy decoding and /metrics counts the drafts."""
+    import json
+    import urllib.request
+
+    from edgeinfer.server import ServerThread
+
+    prompt = "Copy this line twice: alpha beta gamma delta epsilon zeta eta theta.\nalpha beta gamma"
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2) as eng:
+        plain = eng.generate(prompt, max_tokens=24, temperature=0.0, ignore_eos=True).text
+    with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2, speculative="lookup") as eng:
+        eng.scheduler.policy.fixed_k = 4
+        srv = ServerThread(eng, model_name="smollm2").start()
+        try:
+            req = urllib.request.Request(srv.url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                out = json.loads(r.read())
+            assert out["choices"][0]["text"] == plain
+            with urllib.request.urlopen(srv.url + "/metrics", timeout=60) as r:
+                text = r.read().decode()
+        finally:
+            srv.stop(timeout_s=5)
+    values = {line.split()[0].split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("edgeinfer_spec_")}
+    assert values["edgeinfer_spec_proposed_tokens"] >= values["edgeinfer_spec_accepted_tokens"] > 0, values
+    assert values["edgeinfer_spec_verify_steps"] > 0 and values["edgeinfer_spec_mean_k"] > 0
+
+
+@pytest.mark.slow
+def test_cli_rejects_bad_speculative_options():
+    import subprocess
+    import sys
+
+    for args in (["serve", "x.gguf", "--speculative", "draft"], ["serve", "x.gguf", "--speculative", "magic"],
+                 ["bench", "x.gguf", "--speculative", "draft"], ["bench", "x.gguf", "--speculative", "auto"]):
+        r = subprocess.run([sys.executable, "-m", "edgeinfer", *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "speculative" in r.stderr, (args, r.returncode, r.stderr)
+
+
+@pytest.mark.slow
+def test_a_failing_draft_model_only_turns_speculation_off(tmp_path):
+    """The draft model only proposes: when its forward fails, the request decodes plainly
+    (same tokens) instead of failing."""
+    path = _tiny_path(tmp_path)
+    with edgeinfer.load(path, n_ctx=32, n_threads=1, draft=path) as eng:
+        eng.scheduler.policy.fixed_k = 3
+        kw = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+        plain = eng.generate([1, 10, 11, 12], **kw).tokens
+        calls = []
+
+        def broken(batch, logits=None):
+            calls.append(len(batch))
+            raise RuntimeError("draft forward failed")
+
+        eng.draft.runner.runtime.forward = broken
+        for mode_prefill in (True, False):      # failing in the prompt's catch-up, then in a proposal
+            if not mode_prefill:
+                eng.scheduler._draft_prefill = lambda r: None
+            out = eng.generate([1, 10, 11, 12], speculative="draft", **kw)
+            assert out.tokens == plain and out.finish_reason == "length"
+        assert len(calls) >= 2
