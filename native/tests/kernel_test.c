@@ -525,6 +525,35 @@ static void test_forward(const char *ref_path) {
     }
 }
 
+/* The gated activations (swiglu, geglu): each path's kernel against the scalar loop,
+ * on lengths that leave a SIMD tail. */
+static void test_activations(const path *p) {
+    const int64_t sizes[] = {7, 64, 1000};
+    const struct {
+        const char *name;
+        ei_swiglu_fn got, ref;
+    } acts[] = {{"swiglu", p->k.swiglu, scalar_ref()->swiglu}, {"geglu", p->k.geglu, scalar_ref()->geglu}};
+    for (int a = 0; a < 2; a++) {
+        check(acts[a].got != NULL, "%s [%s]: kernel missing", acts[a].name, p->name, 0);
+        if (!acts[a].got) continue;
+        for (int si = 0; si < 3; si++) {
+            const int64_t n = sizes[si];
+            float *g = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float)), *up = malloc(n * sizeof(float));
+            for (int64_t i = 0; i < n; i++) {
+                g[i] = ref[i] = 8 * rnd_unit();
+                up[i] = 2 * rnd_unit();
+            }
+            acts[a].ref(ref, up, n);
+            acts[a].got(g, up, n);
+            const double e = nmse(g, ref, n);
+            check(e <= 1e-10, "%s [%s]: NMSE %.3g vs scalar", acts[a].name, p->name, e);
+            free(g);
+            free(ref);
+            free(up);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     const char *ref = NULL;
     int expect_dp = -1;
@@ -562,6 +591,7 @@ int main(int argc, char **argv) {
     for (int pi = 0; pi < np; pi++) {
         rng_state = 0x9e3779b97f4a7c15ULL;
         test_quantize_act(&paths[pi]);
+        test_activations(&paths[pi]);
         for (int ti = 0; ti < N_TYPES; ti++) test_type(&TYPES[ti], &paths[pi]);
         int before = n_fail;
         test_packed_k(&paths[pi]);
