@@ -8,8 +8,11 @@ these logits.
 
 Supported architectures: ``llama`` (RoPE "normal" mode: adjacent pairs
 (2i, 2i+1), because the GGUF converter permutes the Q/K rows for it) and
-``qwen2`` (q/k/v biases, RoPE "neox" mode: pairs (i, i + d/2)).  The output
-head is tied to ``token_embd.weight`` when ``output.weight`` is absent.
+``qwen2`` (q/k/v biases, RoPE "neox" mode: pairs (i, i + d/2)) and ``phi3`` (fused
+attn_qkv and gate/up ffn_up, neox RoPE over rope.dimension_count <= head_dim, LongRoPE:
+the short or long factors by the context ``n_ctx`` as llama.cpp picks them, cos and sin
+times rope.scaling.attn_factor).  The output head is tied to ``token_embd.weight`` when
+``output.weight`` is absent.
 
     ref = ReferenceModel(path)
     lg = ref.logits(ids)          # np.float64 [len(ids), n_vocab]
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
+SUPPORTED_ARCHS = ("llama", "qwen2", "phi3")
 
 
 def _field(reader, key, default=None):
@@ -44,7 +47,7 @@ def _field(reader, key, default=None):
 class ReferenceModel:
     """Float64 forward pass of a llama/qwen2 GGUF model (teacher-forced)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, n_ctx: int = 4096):
         import gguf
         from gguf.quants import dequantize
 
@@ -67,7 +70,10 @@ class ReferenceModel:
         factor = float(_field(reader, f"{a}.rope.scaling.factor", 1.0) or 1.0)
         # linear RoPE scaling divides positions by the factor (llama.cpp freq_scale = 1/factor)
         self.rope_freq_scale = 1.0 / factor if scaling_type == "linear" and factor > 0 else 1.0
-        self.rope_neox = arch == "qwen2"
+        self.rope_neox = arch in ("qwen2", "phi3")
+        self.attn_factor = float(_field(reader, f"{a}.rope.scaling.attn_factor", 1.0))
+        n_ctx_orig = int(_field(reader, f"{a}.rope.scaling.original_context_length",
+                                _field(reader, f"{a}.context_length", 0)))
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head must be a multiple of n_head_kv")
 
@@ -77,6 +83,18 @@ class ReferenceModel:
             # numpy shape is reversed GGUF ne: (rows=out, cols=in) for matrices
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             w[t.name] = np.ascontiguousarray(np.asarray(arr, dtype=np.float64).reshape(shape))
+        if arch == "phi3":   # fused tensors: rows [q | k | v] and [gate | up]
+            qd, kvd = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+            for il in range(self.n_layer):
+                p = f"blk.{il}."
+                qkv = w.pop(p + "attn_qkv.weight")
+                w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"] = (
+                    qkv[:qd], qkv[qd:qd + kvd], qkv[qd + kvd:])
+                gu = w[p + "ffn_up.weight"]
+                w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = gu[:gu.shape[0] // 2], gu[gu.shape[0] // 2:]
+            longrope = "rope_factors_long.weight" if n_ctx > n_ctx_orig else "rope_factors_short.weight"
+            if longrope in w:
+                w["rope_freqs.weight"] = w[longrope]
         self.w = w
         self.tok_embd = w["token_embd.weight"]
         self.output = w.get("output.weight", self.tok_embd)
@@ -98,8 +116,8 @@ class ReferenceModel:
     def _rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """x: [T, H, head_dim]; rotates the first rope_dim dims of each head."""
         ang = (pos.astype(np.float64) * self.rope_freq_scale)[:, None] * self.inv_freq[None, :]
-        cos = np.cos(ang)[:, None, :]  # [T, 1, half]
-        sin = np.sin(ang)[:, None, :]
+        cos = np.cos(ang)[:, None, :] * self.attn_factor  # [T, 1, half]
+        sin = np.sin(ang)[:, None, :] * self.attn_factor
         out = x.copy()
         d = self.rope_dim
         if self.rope_neox:

@@ -134,7 +134,8 @@ def test_every_role_has_its_c_enum():
     ids = {}
     for arch in ARCHS.values():
         for t in arch.tensors:
-            ids[t.role] = getattr(lib, "EI_T_" + t.role.upper())
+            for r in t.c_roles:      # fused tensors feed their parts' roles
+                ids[r] = getattr(lib, "EI_T_" + r.upper())
     assert len(set(ids.values())) == len(ids)
 
 
@@ -186,3 +187,17 @@ def test_c_model_follows_the_qkv_bias_flag():
                                       "rms_eps": 1e-5})
     out = ffi.new("ei_model **")
     assert lib.ei_model_create(c, out) == lib.EI_ERR_INVALID_ARG and "has_qkv_bias=2" in _err()
+
+
+def test_rope_attn_factor_is_checked():
+    """0 (a zeroed struct) and positive factors are accepted; negative or NaN ones are errors."""
+    base = {"n_layer": 1, "n_embd": 8, "n_head": 2, "n_head_kv": 1, "head_dim": 4, "n_ff": 16,
+            "n_vocab": 10, "rope_dim": 4, "rope_theta": 1e4, "rope_freq_scale": 1.0, "rms_eps": 1e-5}
+    out = ffi.new("ei_model **")
+    for af, ok in ((0.0, True), (1.22, True), (-1.0, False), (float("nan"), False), (1e9, False)):
+        st = lib.ei_model_create(ffi.new("ei_model_config *", {**base, "rope_attn_factor": af}), out)
+        if ok:
+            assert st == lib.EI_OK, af
+            lib.ei_model_free(out[0])
+        else:
+            assert st == lib.EI_ERR_INVALID_ARG and "rope_attn_factor" in _err(), af

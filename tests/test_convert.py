@@ -1,5 +1,6 @@
 """`edgeinfer convert`: tiny random-weight Hugging Face checkpoints (llama untied / tied,
-mistral with a SentencePiece tokenizer, qwen2 with biases, a PEFT LoRA adapter) converted to
+mistral with a SentencePiece tokenizer, qwen2 with biases, Llama 3.2 with llama3 RoPE scaling,
+Phi-3.5 / Phi-4-mini with fused tensors, partial rotary and LongRoPE, PEFT LoRA adapters) converted to
 every output type and checked against transformers (+peft), llama.cpp, and the float64 numpy
 forward of the same file; tokenization against the source tokenizer; bad inputs and
 interrupted writes."""
@@ -29,7 +30,8 @@ from edgeinfer.convert import convert_checkpoint  # noqa: E402
 from edgeinfer.errors import ConversionError, UnsupportedArchitectureError  # noqa: E402
 from edgeinfer.gguf import GGUFFile  # noqa: E402
 
-KINDS = ["llama", "llama_tied", "mistral", "qwen2"]
+KINDS = ["llama", "llama_tied", "mistral", "qwen2", "llama32", "phi3", "phi4"]
+SPM_KINDS = ("mistral", "phi3")     # SentencePiece tokenizer.model (mistral adds BOS, phi3 not)
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k"]
 TEXT = ("The quick brown fox, 12345 apples; café 🙂 def f(x):\n    return x * 2\n\n"
         "Once upon a time, in a small village, there lived an old clockmaker who loved tea. "
@@ -43,6 +45,8 @@ def tiny(tmp_path_factory):
     paths["lora"] = tiny_checkpoints.build_lora(paths["llama"], root / "lora")
     paths["lora_qwen2_rs"] = tiny_checkpoints.build_lora(paths["qwen2"], root / "lora_q",
                                                         use_rslora=True)
+    paths["lora_phi3"] = tiny_checkpoints.build_lora(   # the fused modules themselves adapted
+        paths["phi3"], root / "lora_phi3", targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
     paths["out"] = root / "gguf"
     paths["out"].mkdir()
     return paths
@@ -63,10 +67,10 @@ def converted(tiny, kind: str, ftype: str, lora: str | None = None):
 
 def source_ids(tiny, kind: str, text: str, special: bool = True) -> list[int]:
     d = tiny[kind]
-    if kind == "mistral":
+    if kind in SPM_KINDS:
         import sentencepiece as spm
         sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
-        return [sp.bos_id()] + sp.encode(text)
+        return [sp.bos_id()] * (kind == "mistral") + sp.encode(text)
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))
     return tok.encode(text).ids
@@ -102,7 +106,7 @@ def test_f32_logits_equal_transformers(tiny, kind):
     assert float(np.abs(ours - ref).max()) <= 1e-3
 
 
-@pytest.mark.parametrize("kind,adapter", [("llama", "lora"), ("qwen2", "lora_qwen2_rs")])
+@pytest.mark.parametrize("kind,adapter", [("llama", "lora"), ("qwen2", "lora_qwen2_rs"), ("phi3", "lora_phi3")])
 def test_lora_merged_equals_peft(tiny, kind, adapter):
     ids = source_ids(tiny, kind, TEXT)
     ours = engine_logits(converted(tiny, kind, "f32", adapter), ids)
@@ -113,14 +117,15 @@ def test_lora_merged_equals_peft(tiny, kind, adapter):
 
 
 def test_bf16_checkpoint(tiny, tmp_path):
-    d = tiny_checkpoints.build("qwen2", tmp_path / "bf16", dtype="bfloat16")
-    st = json.loads((d / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
-        (d / "model.safetensors").read_bytes()[:8], "little")])
-    assert {v["dtype"] for k, v in st.items() if k != "__metadata__"} == {"BF16"}
-    out = tmp_path / "bf16.f32.gguf"
-    convert_checkpoint(str(d), str(out), "f32")
-    ids = source_ids(tiny, "qwen2", TEXT)
-    assert float(np.abs(engine_logits(out, ids) - hf_logits(d, ids)).max()) <= 1e-3
+    for kind in ("qwen2", "llama32", "phi4"):
+        d = tiny_checkpoints.build(kind, tmp_path / f"bf16_{kind}", dtype="bfloat16")
+        st = json.loads((d / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+            (d / "model.safetensors").read_bytes()[:8], "little")])
+        assert {v["dtype"] for k, v in st.items() if k != "__metadata__"} == {"BF16"}
+        out = tmp_path / f"bf16_{kind}.f32.gguf"
+        convert_checkpoint(str(d), str(out), "f32")
+        ids = source_ids(tiny, kind, TEXT)
+        assert float(np.abs(engine_logits(out, ids) - hf_logits(d, ids)).max()) <= 1e-3, kind
 
 
 # ------------------------------------------------------------------ llama.cpp on every type
@@ -190,7 +195,7 @@ def _corpus(kind: str) -> list[str]:
         "it's 'quoted' \"double\" (paren) [bracket] {brace}", "x=1;y=2;print(x+y)",
         "Hello World HELLO world hello", "  \t mixed \n\t whitespace  ",
     ]
-    if kind != "mistral":
+    if kind not in SPM_KINDS:
         texts += ["<|im_start|>user\nhi<|im_end|>\n", "text<|endoftext|>more"]
     return texts
 
@@ -203,7 +208,7 @@ def test_llama_cpp_tokenizes_like_source(tiny, kind):
     path = converted(tiny, kind, "q8_0")
     for text in _corpus(kind):
         want = source_ids(tiny, kind, text)
-        got = llama_tokenize(path, text, add_bos=True, special=kind != "mistral")
+        got = llama_tokenize(path, text, add_bos=True, special=kind not in SPM_KINDS)
         assert got == want, f"{text!r}: llama.cpp {got} != source {want}"
 
 
@@ -254,8 +259,13 @@ def test_metadata(tiny):
 
 # ------------------------------------------------------------------ shards, streaming
 def test_sharded_checkpoint_gives_identical_file(tiny, tmp_path):
+    for kind in ("llama", "phi3"):
+        _sharded_gives_identical_file(tiny[kind], tmp_path / kind)
+
+
+def _sharded_gives_identical_file(src, tmp_path):
     from safetensors.numpy import load_file, save_file
-    src = tiny["llama"]
+    tmp_path.mkdir()
     d = tmp_path / "sharded"
     shutil.copytree(src, d)
     (d / "model.safetensors").unlink()

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
+from conftest import require
 from edgeinfer.backends import Batch, cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
 from edgeinfer.backends import KVPlan
@@ -328,7 +329,7 @@ def test_rmsnorm(n):
     assert nmse(ref, out) <= NMSE_MAX
 
 
-def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
+def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs, mscale=1.0):
     x = x.astype(np.float64).copy()
     half = rope_dim // 2
     f = theta ** (-2.0 * np.arange(half) / rope_dim)
@@ -336,7 +337,7 @@ def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
         f = f / freqs
     for t, p in enumerate(pos):
         a = p * scale * f
-        c, s = np.cos(a), np.sin(a)
+        c, s = np.cos(a) * mscale, np.sin(a) * mscale
         i0 = np.arange(half) if neox else 2 * np.arange(half)
         i1 = i0 + half if neox else i0 + 1
         x0, x1 = x[t, :, i0].copy(), x[t, :, i1].copy()
@@ -347,18 +348,19 @@ def _rope_ref(x, pos, rope_dim, neox, theta, scale, freqs):
 
 @needs_gpu
 @pytest.mark.parametrize("neox", [0, 1])
-@pytest.mark.parametrize("hd,rope_dim,use_freqs", [(64, 64, False), (80, 32, True), (128, 128, False)])
-def test_rope(neox, hd, rope_dim, use_freqs):
+@pytest.mark.parametrize("hd,rope_dim,use_freqs,mscale", [(64, 64, False, 1.0), (80, 32, True, 1.0),
+                                                          (128, 128, False, 1.0), (128, 96, True, 1.19)])
+def test_rope(neox, hd, rope_dim, use_freqs, mscale):
     ffi, lib = _test_ops()
     rng = np.random.default_rng(hd + neox)
     n_tok, heads = 5, 3
     x = rng.standard_normal((n_tok, heads, hd)).astype(np.float32)
     pos = np.array([0, 1, 17, 4095, 131071], dtype=np.int32)
     freqs = rng.uniform(1, 8, rope_dim // 2).astype(np.float32) if use_freqs else None
-    ref = _rope_ref(x, pos, rope_dim, neox, 10000.0, 0.5, freqs)
+    ref = _rope_ref(x, pos, rope_dim, neox, 10000.0, 0.5, freqs, mscale)   # (128, 96): Phi-4-mini
     got = x.copy()
     _ok(lib.ei_cuda_op_rope(_f(ffi, got), n_tok, heads, hd, rope_dim, neox, 10000.0, 0.5,
-                            _f(ffi, freqs) if use_freqs else ffi.NULL, ffi.from_buffer("int32_t[]", pos)))
+                            _f(ffi, freqs) if use_freqs else ffi.NULL, mscale, ffi.from_buffer("int32_t[]", pos)))
     assert nmse(ref, got) <= NMSE_MAX
 
 
@@ -658,6 +660,33 @@ def test_fused_and_fallback_layers_match_float64_reference(recipe, tmp_path):
 
 
 @needs_gpu
+def test_tiny_llama32_phi3_phi4_end_to_end_match_float64_reference(tmp_path):
+    """Llama 3.2 (llama3 rope_freqs), Phi-3.5 (fused q/k/v and gate/up, LongRoPE) and Phi-4-mini
+    (partial rotary) tiny checkpoints, converted to Q8_0, prefill and decode against the float64
+    forward; the phi models at a context within their original one (short factors) and past it."""
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_checkpoints
+    from reference_forward import ReferenceModel
+    from edgeinfer.convert import convert_checkpoint
+
+    ids = [int(i) for i in np.random.default_rng(2).integers(3, 300, 21)]
+    for kind in ("llama32", "phi3", "phi4"):
+        path = tmp_path / f"{kind}.q8_0.gguf"
+        convert_checkpoint(str(tiny_checkpoints.build(kind, tmp_path / kind)), str(path), "q8_0")
+        for n_ctx in (32, 64):
+            ref = ReferenceModel(path, n_ctx=n_ctx).logits(ids)
+            with edgeinfer.load(str(path), n_ctx=n_ctx, device="cuda", n_slots=2, max_batch=32) as gpu:
+                prefill = gpu.logits(ids)
+                rt = gpu.runner.runtime
+                rt.clear_slot(1)
+                decode = np.array([rt.forward(Batch([t], [1], [i], [i], [0]))[0].copy() for i, t in enumerate(ids)])
+            assert nmse(ref, prefill) <= NMSE_MAX, (kind, n_ctx)
+            assert nmse(ref, decode) <= NMSE_MAX, (kind, n_ctx)
+
+
+@needs_gpu
 def test_model_too_big_is_a_clear_error(smollm2_path):
     with pytest.raises(NativeOutOfMemoryError, match=r"does not fit.*MiB"):
         edgeinfer.load(smollm2_path, n_ctx=1 << 20, n_slots=4096, device="cuda")
@@ -704,3 +733,128 @@ def test_end_to_end_vs_float64_reference_as_good_as_llama_cpp(engines, smollm2_p
         theirs.append(compare_logits(exact, llama_logits(smollm2_path, ids))["kl_mean"])
     print(f"\nCUDA KL {np.mean(ours):.2e} vs llama.cpp CPU KL {np.mean(theirs):.2e}")
     assert np.mean(ours) <= 1.25 * np.mean(theirs)
+
+
+# ----------------------------------------------------------------- Qwen3 / Gemma 3 ops
+@needs_gpu
+def test_geglu():
+    ffi, lib = _test_ops()
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal(1001).astype(np.float32) * 4
+    g[:3] = [-100.0, 0.0, 100.0]
+    u = rng.standard_normal(1001).astype(np.float32)
+    got = g.copy()
+    _ok(lib.ei_cuda_op_geglu(_f(ffi, got), _f(ffi, u), len(g)))
+    g64 = g.astype(np.float64)
+    assert nmse(0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u, got) <= NMSE_MAX
+    cpu = g.copy()   # and the CPU reference kernel
+    assert cpu_lib.ei_kernel_geglu(cpu_lib.EI_ISA_SCALAR, cpu_ffi.from_buffer("float[]", cpu),
+                                   cpu_ffi.from_buffer("float[]", u), len(g)) == 0
+    assert nmse(cpu, got) <= 1e-10
+
+
+@needs_gpu
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_head_norm(hd):
+    """Per-head RMSNorm of q / k (Qwen3, Gemma 3), in the launch that rotates and stores them."""
+    ffi, lib = _test_ops()
+    rng = np.random.default_rng(hd)
+    n_tok, heads = 3, 5
+    x = (rng.standard_normal((n_tok, heads, hd)) * 3).astype(np.float32)
+    w = (1 + 0.2 * rng.standard_normal(hd)).astype(np.float32)
+    got = x.copy()
+    _ok(lib.ei_cuda_op_head_norm(_f(ffi, got), n_tok, heads, hd, _f(ffi, w), 1e-6))
+    ref = _rmsnorm_ref(x.reshape(-1, hd), w, 1e-6).reshape(x.shape)
+    assert nmse(ref, got) <= NMSE_MAX
+
+
+@needs_gpu
+def test_rmsnorm_add_and_softcap():
+    """Gemma's post-norm into the residual, and the final logit softcap."""
+    ffi, lib = _test_ops()
+    rng = np.random.default_rng(11)
+    y = rng.standard_normal((4, 300)).astype(np.float32) * 5
+    w = (1 + 0.2 * rng.standard_normal(300)).astype(np.float32)
+    x = rng.standard_normal((4, 300)).astype(np.float32)
+    got = x.copy()
+    _ok(lib.ei_cuda_op_rmsnorm_add(_f(ffi, y), _f(ffi, w), 4, 300, 1e-6, _f(ffi, got)))
+    assert nmse(x + _rmsnorm_ref(y, w, 1e-6), got) <= NMSE_MAX
+    z = (rng.standard_normal(999) * 50).astype(np.float32)
+    got = z.copy()
+    _ok(lib.ei_cuda_op_softcap(_f(ffi, got), len(z), 30.0))
+    assert nmse(30.0 * np.tanh(z.astype(np.float64) / 30.0), got) <= NMSE_MAX
+
+
+@needs_gpu
+@pytest.mark.parametrize("window,scale", [(16, 0.0), (300, 0.0), (7, 0.1)])
+def test_attention_sliding_window(window, scale):
+    """A local layer's attention: only cells with pos - window < cell_pos <= pos are visible;
+    against float64 and against the CPU kernel over the masked cells (as the CPU forward masks)."""
+    ffi, lib = _test_ops()
+    g, hd, n_cells = 4, 64, 600
+    rng = np.random.default_rng(window)
+    q = rng.standard_normal((g, hd)).astype(np.float32)
+    k = rng.standard_normal((n_cells, hd)).astype(np.float16)
+    v = rng.standard_normal((n_cells, hd)).astype(np.float16)
+    cell_pos = rng.permutation(n_cells).astype(np.int32)
+    cell_pos[rng.random(n_cells) < 0.1] = -1
+    pos = 450
+    vis = (cell_pos >= 0) & (cell_pos <= pos) & (cell_pos > pos - window)
+    sc = scale or 1 / np.sqrt(hd)
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) * sc
+    s[:, ~vis] = -np.inf
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    ref = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    out = np.zeros((g, hd), dtype=np.float32)
+    _ok(lib.ei_cuda_op_attention_window(_f(ffi, q), g, ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+                                        ffi.from_buffer("uint16_t[]", v.view(np.uint16)),
+                                        ffi.from_buffer("int32_t[]", cell_pos), n_cells, pos, hd, scale, window,
+                                        _f(ffi, out)))
+    assert nmse(ref, out) <= NMSE_MAX
+    if scale == 0.0:
+        masked = np.where(vis, cell_pos, -1).astype(np.int32)
+        cpu = np.zeros((g, hd), dtype=np.float32)
+        assert cpu_lib.ei_kernel_attention(-1, cpu_ffi.from_buffer("float[]", q), g,
+                                           cpu_ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+                                           cpu_ffi.from_buffer("uint16_t[]", v.view(np.uint16)), cpu_lib.EI_TYPE_F16,
+                                           cpu_ffi.from_buffer("int32_t[]", masked), n_cells, pos, hd,
+                                           cpu_ffi.from_buffer("float[]", cpu)) == 0
+        assert nmse(cpu, out) <= NMSE_MAX
+
+
+@needs_gpu
+def test_tiny_qwen3_and_gemma3_end_to_end_match_cpu(tmp_path):
+    """Each family (tests/tiny_checkpoints.py, converted to F16: both devices then take float
+    activations) on the CUDA runtime: prefill and token-by-token decode past gemma3's window of 16
+    against our CPU path."""
+    torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_checkpoints
+    from edgeinfer.convert import convert_checkpoint
+
+    for fam in ("qwen3", "gemma3"):
+        d = tiny_checkpoints.build(fam, tmp_path / fam)
+        path = tmp_path / f"{fam}.gguf"
+        convert_checkpoint(str(d), str(path), "f16")
+        with edgeinfer.load(str(path), n_ctx=64, device="cpu", n_threads=2) as cpu:
+            ids = cpu.tokenize("Once upon a time, in a small village, there lived an old clockmaker")[:24]
+            assert len(ids) > 16
+            ref = cpu.logits(ids)
+        # max_batch 4: gemma3's local layers get their own ring of 16 + 4 - 1 = 19 cells (the 24
+        # tokens wrap it); 64: the full ring
+        for max_batch in (4, 64):
+            with edgeinfer.load(str(path), n_ctx=64, device="cuda", n_slots=2, max_batch=max_batch) as gpu:
+                if fam == "gemma3":
+                    assert gpu.info()["local_kv_cells"] == (19 if max_batch == 4 else 0)
+                from edgeinfer.tools import plan as P
+                assert gpu.info()["kv_bytes"] == P.kv_bytes(P.model_shape(path), 64, 2, "f16", max_batch)
+                prefill = gpu.logits(ids)
+                rt = gpu.runner.runtime
+                rt.clear_slot(1)
+                decode = np.array([rt.forward(Batch([tok], [1], [i], [i], [0]))[0].copy()
+                                   for i, tok in enumerate(ids)])
+            for got in (prefill, decode):
+                kl, top1 = _kl_top1(ref, got)
+                assert top1 >= 0.95 and kl <= 1e-4, (fam, max_batch, kl, top1)
+                assert nmse(ref, got) <= NMSE_MAX, (fam, max_batch, nmse(ref, got))

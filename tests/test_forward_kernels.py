@@ -172,3 +172,29 @@ def test_swiglu_simd_matches_scalar_and_exact(n):
 
 def test_swiglu_rejects_bad_arguments():
     assert lib.ei_kernel_swiglu(lib.EI_ISA_SCALAR, ffi.NULL, ffi.NULL, 4) == lib.EI_ERR_INVALID_ARG
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 1536, 1539])
+def test_geglu_simd_matches_scalar_and_exact(n):
+    """Gemma's GeGLU: gelu_tanh(gate) * up, every ISA against the scalar reference and float64."""
+    rng = np.random.default_rng(n)
+    gate = (rng.standard_normal(n) * 4).astype(np.float32)
+    gate[:4] = [-100.0, 0.0, 100.0, -5.0][: min(4, n)]      # saturated ends and zero
+    up = rng.standard_normal(n).astype(np.float32)
+    g64 = gate.astype(np.float64)
+    exact = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * up
+    outs = {}
+    for isa in ISAS:
+        g = gate.copy()
+        assert lib.ei_kernel_geglu(isa, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", up), n) == 0
+        assert np.isfinite(g).all()
+        outs[isa] = g
+    np.testing.assert_allclose(outs[lib.EI_ISA_SCALAR], exact, rtol=1e-5, atol=1e-6)
+    for isa, g in outs.items():
+        nmse = np.sum((g - outs[lib.EI_ISA_SCALAR]) ** 2) / max(np.sum(exact ** 2), 1e-30)
+        assert nmse <= 1e-12, (isa, nmse)
+        np.testing.assert_allclose(g, exact, rtol=1e-5, atol=1e-6)
+
+
+def test_geglu_rejects_bad_arguments():
+    assert lib.ei_kernel_geglu(lib.EI_ISA_SCALAR, ffi.NULL, ffi.NULL, 4) == lib.EI_ERR_INVALID_ARG

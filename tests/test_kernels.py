@@ -146,6 +146,7 @@ void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, in
 void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 int64_t ei_row_bytes(int type, int64_t n);
+size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols);
 float ei_fp16_to_fp32(uint16_t h);
 uint16_t ei_fp32_to_fp16(float f);
 float ei_bf16_to_fp32(uint16_t h);
@@ -414,22 +415,39 @@ def test_kernel_matmul(matmul_terminates, name):
                 assert np.array_equal(y, ref), (name, isa, n_tok, thr)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_k_quants_take_the_packed_path(internal):
+    """Every SIMD level packs Q4_K, Q5_K and Q6_K matrices of 8k rows (so the kernels that
+    test_kernel_matmul_packed_rows checks are the ones the runtime uses); the scalar
+    reference packs nothing, and shapes the layout cannot hold stay unpacked."""
+    _, ilib = internal
+    for name in sorted(K_TYPES):
+        tid = TYPES[name][0]
+        for isa in ISAS:
+            k = ilib.ei_kernels_get(isa)
+            got = ilib.ei_packed_bytes(k, tid, 40, 768)
+            assert (got > 0) == (isa != SCALAR), (name, isa, got)
+            assert ilib.ei_packed_bytes(k, tid, 44, 768) == 0, (name, isa)   # rows not a multiple of 8
+            assert ilib.ei_packed_bytes(k, tid, 40, 800) == 0, (name, isa)   # not whole super-blocks
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_kernel_matmul_packed_rows(name):
     """Row counts that are multiples of 8 go through the row-interleaved kernels:
-    close to the per-row dot (a different float order), and a token's result is
-    identical whatever else is in the batch."""
+    close to the per-row dot (a different float order) at 1-4 threads, and a
+    token's result is identical whatever else is in the batch."""
     rng = np.random.default_rng(5)
-    n, n_rows = 576, 48
+    n, n_rows = (768, 40) if name in K_TYPES else (576, 48)   # K: 3 super-blocks, 5 row groups
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     tid = TYPES[name][0]
     x = rng.standard_normal((7, n)).astype(np.float32)
     for isa in ISAS:
-        y = np.zeros((7, n_rows), np.float32)
-        assert lib.ei_kernel_matmul(tid, isa, ffi.from_buffer(raw), n_rows, n, fptr(x), 7, fptr(y), 2) == 0, _err()
         ref = np.array([[kdot(name, isa, np.ascontiguousarray(raw[r]), x[t]) for r in range(n_rows)]
                         for t in range(7)], np.float64)
-        assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) <= 1e-10, (name, isa)
+        for thr in (1, 2, 3, 4):
+            y = np.zeros((7, n_rows), np.float32)
+            st = lib.ei_kernel_matmul(tid, isa, ffi.from_buffer(raw), n_rows, n, fptr(x), 7, fptr(y), thr)
+            assert st == 0, _err()
+            assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) <= 1e-10, (name, isa, thr)
         for t in range(7):
             y1 = np.zeros((1, n_rows), np.float32)
             xt = np.ascontiguousarray(x[t:t + 1])

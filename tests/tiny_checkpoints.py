@@ -6,6 +6,13 @@ checkpoint carries a real tokenizer of a few hundred tokens:
   llama_tied: byte-level BPE, smollm style (Digits + ByteLevel), tied embeddings, chat template
   mistral : SentencePiece BPE tokenizer.model (byte fallback)
   qwen2   : byte-level BPE, Qwen2 Split regex, q/k/v biases
+  qwen3   : byte-level BPE, Qwen2 Split regex, per-head Q/K norms, head_dim 32 with width 64 /
+            4 heads, the Qwen3 chat template with its thinking switch
+  gemma3  : SentencePiece (no dummy prefix, byte fallback), 7 layers (local and global),
+            sliding window 16, GeGLU, post-norms, Gemma's chat template
+  llama32 : Llama 3.2 layout: llama3 rope_scaling (rope_freqs), tied head, Llama 3 chat template
+  phi3    : Phi-3.5 layout: fused qkv / gate_up, LongRoPE short/long factors, SentencePiece
+  phi4    : Phi-4-mini layout: fused tensors, partial rotary (0.75), LongRoPE, tied head, BPE
 Needs torch, transformers, tokenizers, sentencepiece (and peft for the adapter).
 """
 from __future__ import annotations
@@ -32,9 +39,61 @@ LLAMA3_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# The Llama 3.2 Instruct template without its tool-calling branches (a system header carrying
+# the dates, then one header per message, each closed by <|eot_id|>).
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}\n"
+    "{%- if not date_string is defined %}{%- set date_string = strftime_now(\"%d %b %Y\") %}{%- endif %}\n"
+    "{%- if messages[0]['role'] == 'system' %}\n"
+    "    {%- set system_message = messages[0]['content']|trim %}\n"
+    "    {%- set messages = messages[1:] %}\n"
+    "{%- else %}\n"
+    "    {%- set system_message = \"\" %}\n"
+    "{%- endif %}\n"
+    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n"
+    "{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n"
+    "{{- system_message }}\n"
+    "{{- \"<|eot_id|>\" }}\n"
+    "{%- for message in messages %}\n"
+    "    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+    "{%- endif %}\n")
+
+# The Phi-3.5-mini / Phi-4-mini chat template (<|role|> ... <|end|>).
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+# The Qwen3 template's shape (thinking switch included), shortened: no tools.
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}")
+GEMMA_TURNS = ["<start_of_turn>", "<end_of_turn>"]
+# Gemma 3's template: a system message goes before the first user turn; the assistant is "model".
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + "
+    "message['content'] | trim + '<end_of_turn>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}")
 
 
 def _corpus():
@@ -71,23 +130,26 @@ def _bpe_tokenizer(style: str, vocab_size: int, specials: list[str]):
     return tok
 
 
-def _spm_model(path: Path, vocab_size: int = 420) -> None:
+def _spm_model(path: Path, vocab_size: int = 420, gemma: bool = False) -> None:
     import sentencepiece as spm
 
     txt = path / "corpus.txt"
     txt.write_text("\n".join(_corpus()), encoding="utf-8")
+    ids = (dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, user_defined_symbols=GEMMA_TURNS,
+                pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>") if gemma
+           else dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1))
     spm.SentencePieceTrainer.train(
         input=str(txt), model_prefix=str(path / "tokenizer"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=0.98,
-        normalization_rule_name="identity", add_dummy_prefix=True, split_digits=True,
-        remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        normalization_rule_name="identity", add_dummy_prefix=not gemma, split_digits=True,
+        remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, minloglevel=2, **ids)
     txt.unlink()
     (path / "tokenizer.vocab").unlink()
 
 
 def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float32") -> Path:
-    """Builds checkpoint `kind` (llama, llama_tied, mistral, qwen2, llama_256) in `out`."""
+    """Builds checkpoint `kind` (llama, llama_tied, mistral, qwen2, llama_256, llama32, phi3,
+    phi4) in `out`."""
     import torch
     import transformers as tf
 
@@ -139,12 +201,79 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         model = tf.Qwen2ForCausalLM(cfg)
         tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                 "chat_template": CHATML, "add_bos_token": False}
+    elif kind == "qwen3":
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+        tok = _bpe_tokenizer("qwen2", 380, specials)
+        n_vocab = tok.get_vocab_size()
+        cfg = tf.Qwen3Config(vocab_size=n_vocab, bos_token_id=None, eos_token_id=2,
+                             tie_word_embeddings=False, rope_theta=1000000.0, head_dim=32, **common)
+        model = tf.Qwen3ForCausalLM(cfg)
+        tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                "chat_template": QWEN3_TEMPLATE, "add_bos_token": False}
+    elif kind == "gemma3":
+        _spm_model(out, vocab_size=440, gemma=True)
+        tok = None
+        import sentencepiece as spm
+        n_vocab = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model")).vocab_size()
+        cfg = tf.Gemma3TextConfig(vocab_size=n_vocab, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                                  head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
+                                  **{**common, "num_hidden_layers": 7, "rms_norm_eps": 1e-6})
+        model = tf.Gemma3ForCausalLM(cfg)
+        tcfg = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>",
+                "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA3_TEMPLATE}
+    elif kind == "llama32":
+        specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+                    "<|end_header_id|>"]
+        tok = _bpe_tokenizer("llama3", 400, specials)
+        n_vocab = tok.get_vocab_size()
+        # llama3 scaling over head_dim 16, base 500000: wavelengths on both sides of and
+        # inside [old_ctx / high, old_ctx / low], so all three branches of the factors occur
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        cfg = tf.LlamaConfig(vocab_size=n_vocab, bos_token_id=0, eos_token_id=2,
+                             tie_word_embeddings=True, rope_parameters=rope, **common)
+        model = tf.LlamaForCausalLM(cfg)
+        tcfg = {"bos_token": specials[0], "eos_token": specials[2], "chat_template": LLAMA3_TEMPLATE}
+    elif kind in ("phi3", "phi4"):
+        # LongRoPE: long factors once a sequence passes original_max_position_embeddings (32)
+        partial = 1.0 if kind == "phi3" else 0.75
+        half = int(16 * partial) // 2
+        g = torch.Generator().manual_seed(seed + 7)
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
+                "short_factor": (1.0 + 0.5 * torch.rand(half, generator=g)).tolist(),
+                "long_factor": (2.0 + 6.0 * torch.rand(half, generator=g)).tolist()}
+        if kind == "phi3":      # Phi-3.5-mini: SentencePiece (Llama 2) vocabulary, untied head
+            _spm_model(out)
+            tok = None
+            import sentencepiece as spm
+            n_sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model")).vocab_size()
+            added = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>", "<|system|>"]
+            (out / "added_tokens.json").write_text(json.dumps({t: n_sp + k for k, t in enumerate(added)}))
+            n_vocab = n_sp + len(added) + 3          # padded, as Phi-3.5's 32064
+            ids = dict(bos_token_id=1, eos_token_id=n_sp + 2)
+            tcfg = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "<|end|>", "unk_token": "<unk>",
+                    "add_bos_token": False, "add_eos_token": False, "chat_template": PHI3_TEMPLATE}
+        else:                   # Phi-4-mini: byte-level BPE, tied head
+            specials = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+            tok = _bpe_tokenizer("llama3", 400, specials)
+            tok.post_processor = None
+            n_vocab = tok.get_vocab_size()
+            ids = dict(bos_token_id=0, eos_token_id=0)
+            tcfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                    "add_bos_token": False,
+                    "chat_template": PHI3_TEMPLATE}
+        cfg = tf.Phi3Config(vocab_size=n_vocab, pad_token_id=None, tie_word_embeddings=(kind == "phi4"),
+                            original_max_position_embeddings=32, rope_parameters=rope,
+                            sliding_window=None, **ids, **common)
+        model = tf.Phi3ForCausalLM(cfg)
     else:
         raise ValueError(kind)
+    # Gemma's norms scale by (1 + w): the same effective weights as the others' w
+    one = 0.0 if kind == "gemma3" else 1.0
     with torch.no_grad():   # non-trivial norms and biases (HF initializes them to 1 / 0)
         for n, p in model.named_parameters():
             if p.ndim == 1:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in n else 0.1 * torch.randn_like(p))
+                p.copy_(one + 0.2 * torch.randn_like(p) if "norm" in n else 0.1 * torch.randn_like(p))
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
     if tok is not None:
@@ -154,7 +283,7 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
 
 
 def build_lora(base: str | os.PathLike, out: str | os.PathLike, seed: int = 1,
-               use_rslora: bool = False) -> Path:
+               use_rslora: bool = False, targets: list[str] | None = None) -> Path:
     """A PEFT LoRA adapter on `base` with random non-zero B (so merging changes the model)."""
     import torch
     import transformers as tf
@@ -163,7 +292,7 @@ def build_lora(base: str | os.PathLike, out: str | os.PathLike, seed: int = 1,
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     cfg = LoraConfig(r=4, lora_alpha=8, use_rslora=use_rslora, lora_dropout=0.0,
-                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
+                     target_modules=targets or ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
                      task_type="CAUSAL_LM")
     pm = get_peft_model(model, cfg)
     with torch.no_grad():

@@ -18,12 +18,12 @@ from typing import Callable, Mapping, NamedTuple, Protocol
 from ..errors import UnsupportedArchitectureError
 
 __all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
-           "FLAGS", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
+           "FLAGS", "LONGROPE_ROLES", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
 
 # The ops the native forward pass implements (native/src/forward.c, native/cuda/forward.cu).
 # A family that needs another one needs a kernel first (docs/architecture.md).
 NORMS = ("rms",)                  # RMSNorm times a weight
-ACTIVATIONS = ("silu",)           # the gated FFN: down(silu(gate(x)) * up(x))
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated FFN: down(act(gate(x)) * up(x)); gelu_tanh: GeGLU (Gemma)
 ROPE_STYLES = ("normal", "neox")  # rotated pairs (2i, 2i+1) / (i, i + rope_dim/2)
 
 #: Hyperparameter -> GGUF metadata key after the "{arch}." prefix (llama.cpp's LLM_KV names).
@@ -44,6 +44,16 @@ GGUF_KEYS: Mapping[str, str] = MappingProxyType({
     "rope_scaling_factor": "rope.scaling.factor",
     "rope_scale_linear": "rope.scale_linear",
     "n_expert": "expert_count",
+    # sliding-window attention and softcapping (Gemma 3)
+    "swa_window": "attention.sliding_window",
+    "swa_pattern": "attention.sliding_window_pattern",
+    "rope_theta_local": "rope.freq_base_swa",
+    "attn_scale": "attention.scale",
+    "final_softcap": "final_logit_softcapping",
+    "attn_softcap": "attn_logit_softcapping",
+    # Phi-3 LongRoPE (fam-b): the context the short factors serve, and the cos/sin scale
+    "rope_ctx_orig": "rope.scaling.original_context_length",
+    "rope_attn_factor": "rope.scaling.attn_factor",
 })
 
 #: Hyperparameter -> key of a Hugging Face config.json.
@@ -67,7 +77,11 @@ HF_KEYS: Mapping[str, str] = MappingProxyType({
 #: The roles the `has_qkv_bias` flag of the native model config governs.
 QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
 #: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
-FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs")
+FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs", "has_longrope",
+         "has_qk_norm", "has_post_norms")   # per-head Q/K norms, post-norms: Qwen3, Gemma 3
+#: LongRoPE's two sets of per-frequency divisors; the native model gets one of them as its
+#: rope_freqs, chosen by the context size (llama.cpp: long when n_ctx > the original context).
+LONGROPE_ROLES = ("rope_factors_short", "rope_factors_long")
 
 
 class HeadDims:
@@ -92,12 +106,16 @@ class Dims(Protocol):
     n_embd: int
     n_ff: int
     n_vocab: int
+    head_dim: int
     q_dim: int
     kv_dim: int
     rope_dim: int
     has_qkv_bias: bool
     has_output: bool
     has_rope_freqs: bool
+    has_qk_norm: bool
+    has_post_norms: bool
+    has_longrope: bool
 
 
 @dataclass(frozen=True)
@@ -109,10 +127,21 @@ class Tensor:
     shape: Callable[[Dims], tuple[int, ...]]   # GGML order (ne0 first); HF's is the reverse
     hf: str | None = None                      # None: not in checkpoints (computed by the converter)
     when: str | None = None                    # a flag of FLAGS that must hold; None: always present
+    # A fused tensor: the C roles its rows are cut into, in order, with each part's row count
+    # (Phi-3's attn_qkv -> attn_q, attn_k, attn_v). Empty: the tensor is its own C role.
+    split: tuple[tuple[str, Callable[[Dims], int]], ...] = ()
 
     @property
     def per_layer(self) -> bool:
         return "{i}" in self.gguf
+
+    @property
+    def c_roles(self) -> tuple[str, ...]:
+        """The C roles (EI_T_<ROLE>) this tensor feeds: its parts', LongRoPE factors' rope_freqs,
+        else its own."""
+        if self.split:
+            return tuple(r for r, _ in self.split)
+        return ("rope_freqs",) if self.role in LONGROPE_ROLES else (self.role,)
 
 
 class Weight(NamedTuple):
@@ -143,6 +172,14 @@ class Arch:
     keys: Mapping[str, str] = field(default_factory=lambda: GGUF_KEYS)
     hf_keys: Mapping[str, str] = field(default_factory=lambda: HF_KEYS)
     hf_ignore: str = r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$"   # HF buffers with no GGUF tensor
+    # ---- Qwen3 / Gemma 3 ops
+    qk_norm: bool = False          # attn_q_norm / attn_k_norm: RMSNorm of each q/k head before RoPE
+    post_norms: bool = False       # attn_post_norm / ffn_post_norm on each block's output
+    embd_scale_sqrt: bool = False  # token embeddings times sqrt(n_embd) (Gemma)
+    norm_shift: float = 0.0        # HF norm weights w are applied as (w + norm_shift): Gemma's (1 + w),
+                                   # stored shifted in GGUF as llama.cpp's converter does
+    swa_pattern: int = 0           # sliding-window layers: global iff (layer + 1) % swa_pattern == 0
+    rope_theta_local: float = 10000.0   # RoPE base of the local layers unless the file says
 
     def __post_init__(self):
         for what, value, known in (("norm", self.norm, NORMS), ("act", self.act, ACTIVATIONS),
@@ -228,12 +265,69 @@ DECODER = (
     Tensor("ffn_down", "blk.{i}.ffn_down.weight", lambda h: (h.n_ff, h.n_embd), _L + "mlp.down_proj.weight"),
 )
 
+#: Per-head RMSNorm of q and k (Qwen3, Gemma 3): head_dim weights each.
+QK_NORMS = (
+    Tensor("attn_q_norm", "blk.{i}.attn_q_norm.weight", lambda h: (h.head_dim,), _L + "self_attn.q_norm.weight",
+           when="has_qk_norm"),
+    Tensor("attn_k_norm", "blk.{i}.attn_k_norm.weight", lambda h: (h.head_dim,), _L + "self_attn.k_norm.weight",
+           when="has_qk_norm"),
+)
+
+
+def _gemma3_tensors() -> tuple[Tensor, ...]:
+    """The decoder's tensors with Gemma's four norms per layer: input -> attn_norm,
+    post_attention -> attn_post_norm, pre_feedforward -> ffn_norm, post_feedforward ->
+    ffn_post_norm (llama.cpp's names)."""
+    out = [t for t in DECODER if t.role not in ("ffn_norm", "rope_freqs")]
+    out += [
+        Tensor("ffn_norm", "blk.{i}.ffn_norm.weight", lambda h: (h.n_embd,), _L + "pre_feedforward_layernorm.weight"),
+        Tensor("attn_post_norm", "blk.{i}.post_attention_norm.weight", lambda h: (h.n_embd,),
+               _L + "post_attention_layernorm.weight", when="has_post_norms"),
+        Tensor("ffn_post_norm", "blk.{i}.post_ffw_norm.weight", lambda h: (h.n_embd,),
+               _L + "post_feedforward_layernorm.weight", when="has_post_norms"),
+        Tensor("rope_freqs", "rope_freqs.weight", lambda h: (h.rope_dim // 2,), when="has_rope_freqs"),
+    ]
+    return tuple(out) + QK_NORMS
+
+
+GEMMA3 = _gemma3_tensors()
+
 #: general.architecture -> family. SmolLM and Mistral checkpoints are llama files.
+#: Phi-3 / Phi-3.5 / Phi-4-mini: the decoder with fused q/k/v and gate/up tensors (split into
+#: the decoder's C roles at load), neox RoPE over rope_dim <= head_dim, LongRoPE factors.
+def _decoder(*roles: str) -> tuple[Tensor, ...]:
+    return tuple(next(t for t in DECODER if t.role == r) for r in roles)
+
+
+PHI3 = (
+    *_decoder("token_embd", "output_norm", "output"),
+    Tensor("rope_factors_long", "rope_factors_long.weight", lambda h: (h.rope_dim // 2,), when="has_longrope"),
+    Tensor("rope_factors_short", "rope_factors_short.weight", lambda h: (h.rope_dim // 2,), when="has_longrope"),
+    *_decoder("attn_norm"),
+    Tensor("attn_qkv", "blk.{i}.attn_qkv.weight", lambda h: (h.n_embd, h.q_dim + 2 * h.kv_dim),
+           _L + "self_attn.qkv_proj.weight",
+           split=(("attn_q", lambda h: h.q_dim), ("attn_k", lambda h: h.kv_dim), ("attn_v", lambda h: h.kv_dim))),
+    *_decoder("attn_output", "ffn_norm"),
+    Tensor("ffn_up", "blk.{i}.ffn_up.weight", lambda h: (h.n_embd, 2 * h.n_ff), _L + "mlp.gate_up_proj.weight",
+           split=(("ffn_gate", lambda h: h.n_ff), ("ffn_up", lambda h: h.n_ff))),
+    *_decoder("ffn_down"),
+)
+
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", DECODER,
                   hf_classes={"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}),
     "qwen2": Arch("qwen2", DECODER, hf_classes={"Qwen2ForCausalLM": "qwen2"},
                   rope="neox", qkv_bias=True),
+    # ---- Qwen3 / Gemma 3
+    "qwen3": Arch("qwen3", DECODER + QK_NORMS, hf_classes={"Qwen3ForCausalLM": "qwen3"},
+                  rope="neox", qkv_bias=False, qk_norm=True),
+    "gemma3": Arch("gemma3", GEMMA3, hf_classes={"Gemma3ForCausalLM": "gemma3_text"},
+                   rope="neox", qkv_bias=False, act="gelu_tanh", qk_norm=True, post_norms=True,
+                   embd_scale_sqrt=True, norm_shift=1.0, swa_pattern=6,
+                   hf_keys={**HF_KEYS, "act": "hidden_activation"}),
+    "phi3": Arch("phi3", PHI3, hf_classes={"Phi3ForCausalLM": "phi3"}, rope="neox", qkv_bias=False,
+                 hf_keys={**HF_KEYS, "partial_rotary": "partial_rotary_factor",
+                          "n_ctx_orig": "original_max_position_embeddings"}),
 }
 
 

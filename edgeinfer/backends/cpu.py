@@ -43,7 +43,7 @@ class CpuBackend:
 
     def create_runtime(self, gguf, cfg, plan: KVPlan) -> "NativeRuntime":
         require_kv_type(self, plan)
-        return NativeRuntime(NativeModel(gguf, cfg), plan, n_threads=self.n_threads, isa=self.isa,
+        return NativeRuntime(NativeModel(gguf, cfg, plan.n_ctx), plan, n_threads=self.n_threads, isa=self.isa,
                              drop_packed_source=True)   # the kernels read their packed copy
 
 

@@ -195,7 +195,7 @@ class CudaRuntime:
         fill_config(c, cfg)
         items = []
         keep = []
-        for layer, role, info in model_tensors(gguf, cfg):
+        for layer, role, info in model_tensors(gguf, cfg, plan.n_ctx):
             buf = ffi.from_buffer(info.data)
             keep.append(buf)
             items.append((layer, int(role), int(info.type), int(info.shape[0]),

@@ -89,6 +89,11 @@ def plan_cmd(
     per_tok = P.kv_bytes(m, 1, 1, kv)
     w(f"KV        {kv}: {H(per_tok)} per token per slot "
       f"(2 x {m.n_layer} x {m.n_head_kv} x {m.head_dim} x {P.KV_TYPES[kv]:g} B)\n")
+    if m.swa_window:   # Gemma 3: local layers keep only their window (docs/models.md)
+        n_local = sum(c < 1 << 30 for c in P.kv_layer_cells(m.n_layer, m.swa_window, m.swa_pattern, 1 << 30,
+                                                             max_batch))
+        w(f"          {n_local} of {m.n_layer} layers are sliding-window (window {m.swa_window}): they keep "
+          f"{m.swa_window + max_batch - 1} cells per slot once ctx is larger\n")
     w(f"buffers   max_batch {max_batch}; overhead ~{H(P.overhead_bytes(m, 1))} (Python, tokenizer; estimate)\n\n")
     # table: one line per (ctx, slots)
     w(f"{'ctx':>7} {'slots':>5} {'KV':>11} {'buffers':>11} {'total':>11}  fits\n")

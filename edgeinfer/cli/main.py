@@ -251,9 +251,14 @@ def chat(
     kv: KvOpt = "f16",
     stats: Annotated[bool, typer.Option("--stats/--no-stats",
                                         help="Print a stats line after each reply.")] = False,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think",
+                                                  help="Set the chat template's enable_thinking (Qwen3's "
+                                                       "thinking switch); default: the template's.")] = None,
 ) -> None:
     """Chat interactively: one line per message; /reset clears the history, /exit or EOF quits."""
     kw = _sampling_kwargs(max_tokens, temp, seed, top_k, top_p, min_p, repeat_penalty, None, False)
+    if think is not None:
+        kw["enable_thinking"] = think
     eng = _load_engine(model, ctx, threads, device, kv)
     interactive = sys.stdin.isatty()
     base = [{"role": "system", "content": system}] if system else []

@@ -38,11 +38,32 @@ class HParams(HeadDims):
     rope_scaling: dict = field(default_factory=dict)
     tied_output: bool = False
     has_qkv_bias: bool = False
+    # ---- Qwen3 / Gemma 3: sliding window, local RoPE base, attention scale, softcap
+    swa_window: int = 0
+    rope_theta_local: float = 0.0
+    attn_scale: float = 0.0        # 0: 1/sqrt(head_dim)
+    final_softcap: float = 0.0
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.arch.qk_norm
+
+    @property
+    def has_post_norms(self) -> bool:
+        return self.arch.post_norms
+    # fam-b: partial rotary dimensions (Phi-4-mini: 0.75 of each head); LongRoPE's original
+    # context (the short factors') from config.json
+    partial_rotary: float = 1.0
+    n_ctx_orig: int = 0
 
     # the names the table's shapes and flags use (edgeinfer.arch.table.Dims)
     @property
     def rope_dim(self) -> int:
-        return self.head_dim
+        return int(self.head_dim * self.partial_rotary) // 2 * 2
+
+    @property
+    def has_longrope(self) -> bool:
+        return self.rope_scaling["rope_type"] in ("longrope", "su")
 
     @property
     def has_output(self) -> bool:
@@ -80,6 +101,9 @@ class HParams(HeadDims):
         rs = config.get("rope_scaling") or {}
         if not isinstance(rp, dict) or not isinstance(rs, dict):
             raise ConversionError("config.json: rope_parameters / rope_scaling must be objects")
+        rp_local = None
+        if isinstance(rp.get("full_attention"), dict):   # per layer type (Gemma 3): global layers here
+            rp_local, rp = rp.get("sliding_attention"), rp["full_attention"]
         theta = rp.get("rope_theta", config.get(keys["rope_theta"], 10000.0))
         scaling = dict(rs)
         rtype = rp.get("rope_type") or rp.get("type")
@@ -87,18 +111,30 @@ class HParams(HeadDims):
             scaling = dict(rp)
         stype = scaling.get("rope_type") or scaling.get("type") or "default"
         scaling["rope_type"] = stype
-        if stype not in ("default", "linear", "llama3"):
+        longrope_ok = any(t.role == "rope_factors_long" for t in arch.tensors)
+        if stype not in ("default", "linear", "llama3") + (("longrope", "su") if longrope_ok else ()):
             raise ConversionError(f"config.json: RoPE scaling {stype!r} is not supported "
-                                  f"(supported: none, linear, llama3)")
+                                  f"(supported: none, linear, llama3{', longrope' if longrope_ok else ''})")
+        partial = rp.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+        try:
+            partial = 1.0 if partial is None else float(partial)
+        except (TypeError, ValueError):
+            raise ConversionError(f"config.json: partial_rotary_factor {partial!r} is not a number") from None
+        if not 0 < partial <= 1:
+            raise ConversionError(f"config.json: partial_rotary_factor {partial} is not in (0, 1]")
+        n_ctx_orig = int(scaling.get("original_max_position_embeddings")
+                         or config.get("original_max_position_embeddings") or 0)
         if config.get(keys["mlp_bias"]):
             raise ConversionError(f"config.json: {keys['mlp_bias']} = true is not supported")
         act = config.get(keys["act"], arch.act)
+        act = _HF_ACTS.get(act, act)
         if act != arch.act:
             raise ConversionError(f"config.json: {keys['act']} {act!r} is not supported "
                                   f"({arch.act} only)")
         qkv_bias = arch.qkv_bias
         if qkv_bias is None:
             qkv_bias = bool(config.get(keys["has_qkv_bias"], False))
+        extra = _swa_hparams(config, arch, n_layer=need("n_layer"), head_dim=head_dim, rp_local=rp_local)
         return cls(
             arch=arch, hf_class=hf_class, n_layer=need("n_layer"), n_embd=n_embd,
             n_ff=need("n_ff"), n_head=n_head, n_head_kv=n_head_kv,
@@ -106,7 +142,7 @@ class HParams(HeadDims):
             n_ctx=int(config.get(keys["n_ctx_train"]) or 4096),
             rms_eps=float(config.get(keys["rms_eps"], 1e-6)), rope_theta=float(theta),
             rope_scaling=scaling, tied_output=bool(config.get(keys["tied_output"], False)),
-            has_qkv_bias=qkv_bias,
+            has_qkv_bias=qkv_bias, partial_rotary=partial, n_ctx_orig=n_ctx_orig, **extra,
         )
 
     def metadata(self) -> list[tuple[str, object, str | None]]:
@@ -127,10 +163,51 @@ class HParams(HeadDims):
         if self.q_dim != self.n_embd:
             kv += [(key("head_dim"), self.head_dim, "UINT32"),
                    (key("value_dim"), self.head_dim, "UINT32")]
+        if self.swa_window:
+            kv += [(key("swa_window"), self.swa_window, "UINT32"),
+                   (key("rope_theta_local"), self.rope_theta_local, "FLOAT32")]
+        if self.attn_scale:
+            kv.append((key("attn_scale"), self.attn_scale, "FLOAT32"))
+        if self.final_softcap:
+            kv.append((key("final_softcap"), self.final_softcap, "FLOAT32"))
         if self.rope_scaling["rope_type"] == "linear":
             kv += [(key("rope_scaling"), "linear", "STRING"),
                    (key("rope_scaling_factor"), float(self.rope_scaling["factor"]), "FLOAT32")]
+        if self.has_longrope:       # as llama.cpp's converter writes them for Phi-3
+            kv += [(key("rope_ctx_orig"), self.longrope_ctx_orig(), "UINT32"),
+                   (key("rope_attn_factor"), self.longrope_attn_factor(), "FLOAT32")]
         return kv
+
+    def longrope_ctx_orig(self) -> int:
+        if self.n_ctx_orig <= 0:
+            raise ConversionError("config.json: LongRoPE needs original_max_position_embeddings")
+        return self.n_ctx_orig
+
+    def longrope_attn_factor(self) -> float:
+        """The scale of the rotated dimensions: config's attention_factor, else
+        sqrt(1 + ln(s) / ln(original context)) for s = context / original context > 1."""
+        af = self.rope_scaling.get("attention_factor")
+        if af is not None:
+            return float(af)
+        orig = self.longrope_ctx_orig()
+        scale = self.n_ctx / orig
+        return math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+
+    def computed_tensors(self) -> list[tuple[str, np.ndarray]]:
+        """Tensors the converter makes from config.json: llama3's rope_freqs, LongRoPE's
+        short and long factors (GGUF name, float32 data)."""
+        out = []
+        rf = self.rope_freqs()
+        if rf is not None:
+            out.append((self.arch.tensor("rope_freqs").gguf, rf))
+        if self.has_longrope:
+            for role, key in (("rope_factors_long", "long_factor"), ("rope_factors_short", "short_factor")):
+                f = np.asarray(self.rope_scaling.get(key) or [], dtype=np.float32)
+                if f.shape != (self.rope_dim // 2,) or not np.all(np.isfinite(f)) or np.any(f <= 0):
+                    raise ConversionError(f"config.json: LongRoPE {key} must be {self.rope_dim // 2} "
+                                          f"positive numbers (rope dimensions / 2), got {f.shape[0]}")
+                out.append((self.arch.tensor(role).gguf, f))
+        return out
 
     def rope_freqs(self) -> np.ndarray | None:
         """Llama 3.1-style per-frequency divisors (the `rope_freqs.weight` tensor), or None."""
@@ -158,6 +235,46 @@ class HParams(HeadDims):
                 smooth = (old_ctx / wl - low) / (high - low)
                 out.append(1.0 / ((1 - smooth) / factor + smooth))
         return np.array(out, dtype=np.float32)
+
+
+#: Hugging Face activation names -> the table's.
+_HF_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+def _swa_hparams(config: dict, arch: Arch, n_layer: int, head_dim: int, rp_local: dict | None) -> dict:
+    """Sliding window, local RoPE base, attention scale and softcaps of a Gemma 3 style
+    config.json; refuses what the native forward does not implement."""
+    out: dict = {}
+    if config.get("attn_logit_softcapping"):
+        raise ConversionError("config.json: attn_logit_softcapping is not supported")
+    if config.get("use_sliding_window") and not arch.swa_pattern:
+        raise ConversionError(f"config.json: use_sliding_window = true is not supported for "
+                              f"{arch.name}")
+    if not arch.swa_pattern:
+        return out
+    cap = config.get("final_logit_softcapping")
+    if cap:
+        out["final_softcap"] = float(cap)
+    qpas = config.get("query_pre_attn_scalar")
+    if qpas and float(qpas) != float(head_dim):   # llama.cpp assumes head_dim unless told
+        out["attn_scale"] = float(qpas) ** -0.5
+    window = config.get("sliding_window")
+    if window:
+        types = config.get("layer_types")
+        pattern = arch.swa_pattern
+        if types is None and config.get("sliding_window_pattern") not in (None, pattern):
+            raise ConversionError(f"config.json: sliding_window_pattern "
+                                  f"{config.get('sliding_window_pattern')} is not supported "
+                                  f"({pattern} only)")
+        want = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                for i in range(n_layer)]
+        if types is not None and list(types) != want:
+            raise ConversionError(f"config.json: layer_types {types} is not the {pattern - 1} local : "
+                                  f"1 global layout edgeinfer (and llama.cpp) implement")
+        local = (rp_local or {}).get("rope_theta", config.get("rope_local_base_freq",
+                                                                arch.rope_theta_local))
+        out.update(swa_window=int(window), rope_theta_local=float(local))
+    return out
 
 
 def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -201,6 +318,11 @@ class TensorMap:
                 if w.hf is not None}
 
     def transform(self, hf: str) -> Callable[[np.ndarray], np.ndarray] | None:
+        shift = self.hp.arch.norm_shift
+        if shift:   # Gemma's norms scale by (1 + w): stored shifted, as llama.cpp's converter does
+            found = self.hp.arch.match_hf(hf)
+            if found and found[0].role.endswith("norm"):
+                return lambda w: (w.astype(np.float32) + np.float32(shift))
         if not self.hp.arch.permute_qk:
             return None
         found = self.hp.arch.match_hf(hf)

@@ -81,9 +81,8 @@ def plan(ckpt: Checkpoint, hp: HParams, tmap: TensorMap) -> list[_Item]:
             raise ConversionError(f"{ckpt.dir}: unexpected tensor {name!r}")
     items = [_Item(tmap.gguf_name(n), n, tuple(reversed(expected[n])))
              for n in _sorted_names(hp, expected, tmap)]
-    rf = hp.rope_freqs()
-    if rf is not None:
-        items.insert(1, _Item("rope_freqs.weight", None, (rf.shape[0],), data=rf))
+    for k, (name, data) in enumerate(hp.computed_tensors()):
+        items.insert(1 + k, _Item(name, None, (data.shape[0],), data=data))
     return items
 
 

@@ -35,7 +35,6 @@ from typing import Callable
 
 import numpy as np
 
-from ..arch.table import QKV_BIAS_ROLES
 from ..errors import ConversionError
 from ..gguf.types import GGMLType as T
 from .arch import HParams, TensorMap
@@ -99,17 +98,39 @@ def _rot_t(y):        # its transpose
 
 
 def _rope_tables(hp: HParams, n: int):
-    d = hp.head_dim
+    """cos, sin [n, rope_dim] in HF's rotate-half order: llama3 or LongRoPE factors (LongRoPE:
+    long past the original context, as transformers switches), times the attention factor."""
+    d = hp.rope_dim
     inv = 1.0 / (hp.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     rf = hp.rope_freqs()
     if rf is not None:
         inv = inv / rf
+    m = 1.0
+    if hp.has_longrope:
+        key = "long_factor" if n > hp.longrope_ctx_orig() else "short_factor"
+        inv = inv / np.asarray(hp.rope_scaling[key], dtype=np.float64)
+        m = hp.longrope_attn_factor()
     pos = np.arange(n, dtype=np.float64)
     if hp.rope_scaling.get("rope_type") == "linear":
         pos = pos / float(hp.rope_scaling.get("factor", 1.0))
     ang = np.outer(pos, inv)
     ang = np.concatenate([ang, ang], axis=-1)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    return (np.cos(ang) * m).astype(np.float32), (np.sin(ang) * m).astype(np.float32)
+
+
+def _rope(x, cos, sin):
+    """RoPE on the first rope_dim (= cos.shape[-1]) dimensions of each head."""
+    rd = cos.shape[-1]
+    r = x[..., :rd]
+    y = r * cos + _rot(r) * sin
+    return y if rd == x.shape[-1] else np.concatenate([y, x[..., rd:]], axis=-1)
+
+
+def _rope_back(dy, cos, sin):
+    rd = cos.shape[-1]
+    r = dy[..., :rd]
+    g = r * cos + _rot_t(r * sin)
+    return g if rd == dy.shape[-1] else np.concatenate([g, dy[..., rd:]], axis=-1)
 
 
 def _acc(stats: dict, name: str, g: np.ndarray, x: np.ndarray) -> None:
@@ -121,15 +142,23 @@ def _acc(stats: dict, name: str, g: np.ndarray, x: np.ndarray) -> None:
 
 
 class _Layer:
-    """One decoder layer's weights (HF layout, float32) by table role; `hf` names them."""
-
-    ROLES = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-             "ffn_gate", "ffn_up", "ffn_down")
+    """One decoder layer's weights (HF layout, float32) by role; `hf` names their tensors. A
+    fused tensor (Phi-3's qkv_proj, gate_up_proj) gives each of its parts' roles a run of its
+    rows; `parts` lists them, in row order, by HF name."""
 
     def __init__(self, hp: HParams, i: int, load: Callable[[str], np.ndarray]):
-        roles = self.ROLES + (QKV_BIAS_ROLES if hp.has_qkv_bias else ())
-        self.hf = {r: hp.arch.tensor(r).hf.format(i=i) for r in roles}
-        self.w = {r: np.asarray(load(h), dtype=np.float32) for r, h in self.hf.items()}
+        self.hf, self.w, self.parts = {}, {}, {}
+        for t in hp.arch.tensors:
+            if not t.per_layer or t.hf is None or (t.when is not None and not getattr(hp, t.when)):
+                continue
+            name = t.hf.format(i=i)
+            w = np.asarray(load(name), dtype=np.float32)
+            r0 = 0
+            for role, rows in t.split or ((t.role, lambda h, n=w.shape[0]: n),):
+                n = rows(hp)
+                self.hf[role], self.w[role] = name, w[r0:r0 + n]
+                self.parts.setdefault(name, []).append(role)
+                r0 += n
         self.hp = hp
 
     def _lin(self, x, role):
@@ -145,8 +174,8 @@ class _Layer:
         q = self._lin(a, "attn_q").reshape(n, nh, hd).transpose(1, 0, 2)
         k = self._lin(a, "attn_k").reshape(n, nkv, hd).transpose(1, 0, 2)
         v = self._lin(a, "attn_v").reshape(n, nkv, hd).transpose(1, 0, 2)
-        qr = q * cos + _rot(q) * sin
-        kr = k * cos + _rot(k) * sin
+        qr = _rope(q, cos, sin)
+        kr = _rope(k, cos, sin)
         grp = nh // nkv
         kx, vx = np.repeat(kr, grp, axis=0), np.repeat(v, grp, axis=0)
         scale = 1.0 / math.sqrt(hd)
@@ -170,23 +199,23 @@ class _Layer:
 
     def backward(self, x: np.ndarray, dout: np.ndarray, cos, sin, stats: dict) -> np.ndarray:
         """Gradient at the layer input given `dout` at its output; accumulates each weight's
-        sum_t g_t^2 x_t^2 into stats (keys: HF names)."""
+        sum_t g_t^2 x_t^2 into stats (keys: roles)."""
         hp, w = self.hp, self.w
         n = x.shape[0]
         nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
         _, c = self.forward(x, cos, sin, keep=True)
         # MLP
-        _acc(stats, self.hf["ffn_down"], dout, c["m"])
+        _acc(stats, "ffn_down", dout, c["m"])
         dm = dout @ w["ffn_down"]
         sg, gt = c["sg"], c["gt"]
         dup = dm * gt * sg
         dgt = dm * c["up"] * sg * (1.0 + gt * (1.0 - sg))
-        _acc(stats, self.hf["ffn_up"], dup, c["b"])
-        _acc(stats, self.hf["ffn_gate"], dgt, c["b"])
+        _acc(stats, "ffn_up", dup, c["b"])
+        _acc(stats, "ffn_gate", dgt, c["b"])
         db = dup @ w["ffn_up"] + dgt @ w["ffn_gate"]
         dxm = dout + _rms_back(db, w["ffn_norm"], c["bn"], c["br"])
         # attention
-        _acc(stats, self.hf["attn_output"], dxm, c["o"])
+        _acc(stats, "attn_output", dxm, c["o"])
         do = (dxm @ w["attn_output"]).reshape(n, nh, hd).transpose(1, 0, 2)
         pr, vx, kx, qr = c["pr"], c["vx"], c["kx"], c["qr"]
         scale = 1.0 / math.sqrt(hd)
@@ -198,15 +227,15 @@ class _Layer:
         grp = nh // nkv
         dkr = dkx.reshape(nkv, grp, n, hd).sum(1)
         dv = dvx.reshape(nkv, grp, n, hd).sum(1)
-        dq = dqr * cos + _rot_t(dqr * sin)
-        dk = dkr * cos + _rot_t(dkr * sin)
+        dq = _rope_back(dqr, cos, sin)
+        dk = _rope_back(dkr, cos, sin)
         dq = dq.transpose(1, 0, 2).reshape(n, nh * hd)
         dk = dk.transpose(1, 0, 2).reshape(n, nkv * hd)
         dv = dv.transpose(1, 0, 2).reshape(n, nkv * hd)
         a = c["a"]
-        _acc(stats, self.hf["attn_q"], dq, a)
-        _acc(stats, self.hf["attn_k"], dk, a)
-        _acc(stats, self.hf["attn_v"], dv, a)
+        _acc(stats, "attn_q", dq, a)
+        _acc(stats, "attn_k", dk, a)
+        _acc(stats, "attn_v", dv, a)
         da = dq @ w["attn_q"] + dk @ w["attn_k"] + dv @ w["attn_v"]
         return dxm + _rms_back(da, w["attn_norm"], c["an"], c["ar"])
 
@@ -304,11 +333,13 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
         stats: dict[str, np.ndarray] = {}
         grads = [layer.backward(x, g, *tables[len(x)], stats) for x, g in zip(xs[i], grads)]
         xs.pop()
-        role_of = {h: r for r, h in layer.hf.items()}
-        for hf, s in stats.items():
+        for hf, roles in layer.parts.items():
+            if roles[0] not in stats:        # norms
+                continue
+            s = np.concatenate([stats[r] for r in roles]) if len(roles) > 1 else stats[roles[0]]
             if record is not None:
                 record.setdefault("S", {})[hf] = s.copy()
-            w = layer.w[role_of[hf]]
+            w = np.concatenate([layer.w[r] for r in roles]) if len(roles) > 1 else layer.w[roles[0]]
             f = tmap.transform(hf)
             if f is not None:          # GGUF row order: permute the weight and its sensitivity
                 w, s = f(w), f(s)

@@ -10,7 +10,7 @@ import numpy as np
 from ..backends import KVPlan, select_backend
 from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, local_ring_cells
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .constraint import check_logit_bias, grammar_spec
@@ -81,7 +81,8 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         n_sink = min(n_sink, n_ctx // 4)
-        ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow)
+        ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow, swa_window=cfg.swa_window,
+                      local_cells=local_ring_cells(cfg.swa_window, n_ctx, max_batch))
         runtime = backend.create_runtime(gguf, cfg, KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
         log.info("loaded %s on %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name,
                  backend.describe(), cfg.arch, cfg.n_layer, runtime.caps.kv_bytes / 2**20, n_slots, n_ctx)
@@ -164,21 +165,28 @@ class Engine:
         """Iterates over text pieces as they are generated (never half a UTF-8 character)."""
         return self._generation(self._prompt_ids(prompt), params)
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None, *,
+             chat_template_kwargs: dict | None = None, enable_thinking: bool | None = None,
              **params: Any) -> Completion:
         """A chat reply. With `tools` (OpenAI's function list) and `tool_choice` ("auto", "none",
         "required", {"type": "function", "function": {"name": ...}}), a reply that calls
-        functions has them in `Completion.tool_calls` and finish_reason "tool_calls"."""
-        return self.stream_chat(messages, tools=tools, tool_choice=tool_choice, **params).result()
+        functions has them in `Completion.tool_calls` and finish_reason "tool_calls".
+        chat_template_kwargs are extra variables of the chat template; enable_thinking (Qwen3's
+        switch) is one of them."""
+        return self.stream_chat(messages, tools=tools, tool_choice=tool_choice,
+                                chat_template_kwargs=chat_template_kwargs, enable_thinking=enable_thinking,
+                                **params).result()
 
-    def stream_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None,
+    def stream_chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None, *,
+                    chat_template_kwargs: dict | None = None, enable_thinking: bool | None = None,
                     **params: Any) -> Generation:
         """As `chat`, streamed: iterates over the reply's text (with tools, a call's raw text);
         once it ends, `Generation.tool_calls` holds the calls it made (None: none)."""
+        kw = _template_kwargs(chat_template_kwargs, enable_thinking)
         if tools is None:
-            return self.stream(self.chat_ids(messages), **params)
+            return self.stream(self.chat_ids(messages, **kw), **params)
         plan = self.tool_plan(messages, tools, tool_choice)
-        ids = self._prompt_ids(self.chat_ids(plan.messages, **plan.render_extra))
+        ids = self._prompt_ids(self.chat_ids(plan.messages, **{**kw, **plan.render_extra}))
         if plan.spec is not None:   # the grammar ends a forced call; a stop string must not cut it
             params = {**params, "grammar": plan.spec, "stop": []}
         return self._generation(ids, params, parse_calls=plan.parse)
@@ -189,6 +197,7 @@ class Engine:
         return plan_tools(self.template.source, messages, tools, tool_choice)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The chat's prompt text; `extra` are more template variables (e.g. enable_thinking)."""
         return self.template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
 
     def chat_ids(self, messages: list[dict], **extra: Any) -> list[int]:
@@ -239,6 +248,10 @@ class Engine:
             "packed_weight_bytes": caps.packed_bytes, "device_weight_bytes": caps.device_bytes,
             "n_threads": caps.n_threads, "isa": caps.isa, "device": caps.device,
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
+            # sliding-window layers: the window, and the cells per slot of their own KV ring (0: full ring)
+            **({"sliding_window": cfg.swa_window, "local_layers": sum(map(cfg.is_local_layer, range(cfg.n_layer))),
+                "local_kv_cells": self.ring.local_cells}
+               if cfg.swa_window else {}),
         }
 
     def close(self) -> None:
@@ -263,6 +276,17 @@ def _content_chars(messages: Any) -> int:
     return sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
 
 
+def _template_kwargs(kwargs: dict | None, enable_thinking: bool | None) -> dict:
+    """The extra chat-template variables of a chat call: chat_template_kwargs plus the
+    enable_thinking switch (which wins when both name it)."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"chat_template_kwargs must be a dict, got {type(kwargs).__name__}")
+    out = dict(kwargs or {})
+    if enable_thinking is not None:
+        out["enable_thinking"] = bool(enable_thinking)
+    return out
+
+
 def _load_draft(backend, path: Path, target: GGUFFile, plan: KVPlan) -> DraftModel:
     """The draft model of speculative decoding: its own runtime and KV ring (overflow 'stop':
     it only drafts while the sequence fits). Its vocabulary must be the target's, token for token."""
@@ -272,5 +296,7 @@ def _load_draft(backend, path: Path, target: GGUFFile, plan: KVPlan) -> DraftMod
         raise ValueError(f"the draft model {path.name} does not share the model's vocabulary")
     runtime = backend.create_runtime(gguf, cfg, plan)
     log.info("draft model %s: %s, %d layers", path.name, cfg.arch, cfg.n_layer)
-    return DraftModel(Runner(runtime), KVRing(plan.n_slots, plan.n_ctx, n_sink=plan.n_sink, overflow="stop"))
+    return DraftModel(Runner(runtime), KVRing(plan.n_slots, plan.n_ctx, n_sink=plan.n_sink, overflow="stop",
+                                              swa_window=cfg.swa_window,
+                                              local_cells=local_ring_cells(cfg.swa_window, plan.n_ctx, plan.max_batch)))
 

@@ -27,7 +27,8 @@ class SlotState:
 
 
 class KVRing:
-    def __init__(self, n_slots: int, capacity: int, n_sink: int = 4, overflow: str = "stop"):
+    def __init__(self, n_slots: int, capacity: int, n_sink: int = 4, overflow: str = "stop",
+                 swa_window: int = 0, local_cells: int = 0):
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         if capacity < 2 or not 0 <= n_sink < capacity - 1:
@@ -37,6 +38,10 @@ class KVRing:
         self.n_sink = n_sink
         self.overflow = overflow
         self.slots = [SlotState() for _ in range(n_slots)]
+        # Sliding-window layers with their own ring of local_cells (position p in cell
+        # p % local_cells): rewinding far overwrites the window the next token needs.
+        self.swa_window = swa_window
+        self.local_cells = local_cells
 
     @property
     def window(self) -> int:
@@ -91,7 +96,16 @@ class KVRing:
         i = 0
         while i < n and held[i] == tokens[i]:
             i += 1
-        return i
+        return i if self._window_intact(st.n_past, i) else 0
+
+    def _window_intact(self, n_past: int, keep: int) -> bool:
+        """After positions [keep, n_past) are forgotten, does the local ring still hold the
+        window (keep - swa_window, keep) the next token attends to? Position x is gone when
+        a later position x + local_cells < n_past was stored over it."""
+        r, w = self.local_cells, self.swa_window
+        if not r or keep == 0 or n_past <= r:
+            return True
+        return max(0, keep - w + 1) + r >= n_past
 
     def truncate(self, slot: int, n_keep: int) -> None:
         st = self.slots[slot]

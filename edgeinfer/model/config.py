@@ -12,7 +12,7 @@ from ..errors import GGUFError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
 
-__all__ = ["ModelConfig", "VECTOR_TYPES"]
+__all__ = ["ModelConfig", "VECTOR_TYPES", "local_ring_cells", "kv_layer_cells"]
 
 #: Types accepted for 1-D tensors (norm weights, biases, rope factors); llama.cpp's converter
 #: always writes these as F32.
@@ -47,6 +47,21 @@ class ModelConfig(HeadDims):
     tied_output: bool = False
     rope_freq_scale: float = 1.0
     has_rope_freqs: bool = False
+    # ---- Qwen3 / Gemma 3: per-head Q/K norms, post-norms, GeGLU, embedding scale, sliding window
+    has_qk_norm: bool = False
+    has_post_norms: bool = False
+    act: str = "silu"
+    embd_scale: float = 0.0        # 0: none
+    attn_scale: float = 0.0        # 0: 1/sqrt(head_dim)
+    final_softcap: float = 0.0     # 0: none
+    swa_window: int = 0            # 0: every layer attends to the whole context
+    swa_pattern: int = 0           # with swa_window: layer l is global iff (l + 1) % swa_pattern == 0
+    rope_theta_local: float = 0.0  # RoPE base of the local layers (0: rope_theta)
+    # LongRoPE (phi3; fam-b): short/long factor tensors, the context the short ones serve, and
+    # the scale of the rotated dimensions (llama.cpp's rope.scaling.attn_factor; 1 = none)
+    has_longrope: bool = False
+    rope_ctx_orig: int = 0
+    rope_attn_factor: float = 1.0
     tensor_types: dict[str, int] = field(default_factory=dict, repr=False)
     family: Arch | None = field(default=None, repr=False, compare=False)   # the table entry of `arch`
 
@@ -58,6 +73,14 @@ class ModelConfig(HeadDims):
     @property
     def has_output(self) -> bool:
         return not self.tied_output
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Is `layer` a sliding-window layer (attends to the last swa_window positions only)?"""
+        return _is_local(layer, self.swa_window, self.swa_pattern)
+
+    def kv_layer_cells(self, n_ctx: int, max_batch: int) -> list[int]:
+        """KV cells per slot of each layer, as the CPU runtime allocates them."""
+        return kv_layer_cells(self.n_layer, self.swa_window, self.swa_pattern, n_ctx, max_batch)
 
     def weights(self) -> list[Weight]:
         """Every tensor this model uses (name, table entry, layer, GGML shape), in the table's
@@ -156,6 +179,11 @@ class ModelConfig(HeadDims):
             raise GGUFError(f"{f.path}: rope scaling factor {factor} is out of range")
         rope_freq_scale = 1.0 / factor if factor else 1.0
 
+        rope_ctx_orig = get_int("rope_ctx_orig", n_ctx_train, hi=MAX_CTX)
+        rope_attn_factor = get_float("rope_attn_factor", 1.0)
+        if not 1e-3 <= rope_attn_factor <= 1e3:
+            raise GGUFError(f"{f.path}: {key('rope_attn_factor')} = {rope_attn_factor} is out of range")
+
         tensors = f.tensors
         embd = a.tensor("token_embd").gguf
         if embd not in tensors:
@@ -184,6 +212,7 @@ class ModelConfig(HeadDims):
                 raise GGUFError(f"{f.path}: only some q/k/v biases are present ({', '.join(have)})")
             has_bias = all(present)
 
+        extra = _family_hparams(a, f, get_int, get_float, key, n_embd, head_dim)
         cfg = cls(
             arch=a.name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
             head_dim=head_dim, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
@@ -191,8 +220,10 @@ class ModelConfig(HeadDims):
             rms_eps=rms_eps, has_qkv_bias=has_bias,
             tied_output=a.tensor("output").gguf not in tensors,
             rope_freq_scale=rope_freq_scale,
-            has_rope_freqs=a.tensor("rope_freqs").gguf in tensors,
-            family=a,
+            has_rope_freqs=_has(a, "rope_freqs", tensors),
+            has_longrope=_has(a, "rope_factors_long", tensors) or _has(a, "rope_factors_short", tensors),
+            rope_ctx_orig=rope_ctx_orig, rope_attn_factor=rope_attn_factor,
+            family=a, **extra,
         )
         cfg._check_tensors(f)
         return cfg
@@ -228,4 +259,59 @@ class ModelConfig(HeadDims):
                             f"{self.arch} architecture as edgeinfer implements it{hint}")
 
 
+def _has(a: Arch, role: str, tensors) -> bool:
+    """Whether the file holds the optional global tensor `role` (False: the family has none)."""
+    return any(t.role == role for t in a.tensors) and a.tensor(role).gguf in tensors
+
+
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+def _is_local(layer: int, swa_window: int, swa_pattern: int) -> bool:
+    return swa_window > 0 and (swa_pattern == 0 or (layer + 1) % swa_pattern != 0)
+
+
+def local_ring_cells(swa_window: int, n_ctx: int, max_batch: int) -> int:
+    """Cells per slot of the sliding-window layers' own ring (native/src/runtime.h): the window
+    plus a batch less one, so a batch's earliest query still finds its window once the batch's
+    last token is stored; 0 (they use the full ring) when that is not smaller than n_ctx."""
+    r = swa_window + max_batch - 1
+    return r if swa_window > 0 and r < n_ctx else 0
+
+
+def kv_layer_cells(n_layer: int, swa_window: int, swa_pattern: int, n_ctx: int, max_batch: int) -> list[int]:
+    """KV cells per slot of each layer: n_ctx, or the local ring for a sliding-window layer."""
+    r = local_ring_cells(swa_window, n_ctx, max_batch)
+    return [r if r and _is_local(i, swa_window, swa_pattern) else n_ctx for i in range(n_layer)]
+
+
+def _family_hparams(a: Arch, f: GGUFFile, get_int, get_float, key, n_embd: int, head_dim: int) -> dict:
+    """The Qwen3 / Gemma 3 features: what the family implies plus its optional GGUF keys
+    (sliding window, local RoPE base, attention scale, final softcap), as llama.cpp reads them."""
+    out: dict = dict(has_qk_norm=a.qk_norm, has_post_norms=a.post_norms, act=a.act,
+                     embd_scale=math.sqrt(n_embd) if a.embd_scale_sqrt else 0.0)
+    if key("attn_softcap") in f and get_float("attn_softcap", 0.0) != 0.0:
+        raise GGUFError(f"{f.path}: {key('attn_softcap')} (attention logit softcapping) is not supported")
+    out["final_softcap"] = get_float("final_softcap", 0.0)
+    out["attn_scale"] = get_float("attn_scale", 0.0)
+    if out["final_softcap"] < 0 or out["attn_scale"] < 0:
+        raise GGUFError(f"{f.path}: {key('final_softcap')} and {key('attn_scale')} must be >= 0")
+    window = get_int("swa_window", 0, lo=0, hi=MAX_CTX) if a.swa_pattern else 0
+    if window:
+        full = key("swa_pattern")
+        pattern = a.swa_pattern
+        if full in f:
+            v = f.get(full)
+            if isinstance(v, list):   # one flag per layer: accepted when it is the periodic layout
+                n = next((p for p in range(1, len(v) + 2)
+                          if all(bool(x) == ((i + 1) % p != 0) for i, x in enumerate(v))), None)
+                if n is None:
+                    raise GGUFError(f"{f.path}: {full} = {v} is not a periodic local/global layout")
+                pattern = 0 if n > len(v) else n
+            else:
+                pattern = get_int("swa_pattern", lo=0, hi=MAX_LAYERS)
+        out.update(swa_window=window, swa_pattern=pattern,
+                   rope_theta_local=get_float("rope_theta_local", a.rope_theta_local))
+        if out["rope_theta_local"] <= 0:
+            raise GGUFError(f"{f.path}: {key('rope_theta_local')} must be > 0")
+    return out

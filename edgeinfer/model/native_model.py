@@ -1,9 +1,13 @@
 """Weights as native handles: the GGUF mmap's tensors handed to C without copying."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
-from ..gguf.reader import GGUFFile, TensorInfo
+import numpy as np
+
+from ..arch.table import LONGROPE_ROLES
+from ..gguf.reader import GGUFFile
+from ..gguf.types import GGML_TYPES
 from .._native import check, ffi, lib
 from .config import ModelConfig
 
@@ -19,20 +23,54 @@ def fill_config(c, cfg: ModelConfig) -> None:
     c.head_dim, c.n_ff, c.n_vocab = cfg.head_dim, cfg.n_ff, cfg.n_vocab
     c.rope_dim, c.rope_neox, c.has_qkv_bias = cfg.rope_dim, int(cfg.rope_neox), int(cfg.has_qkv_bias)
     c.rope_theta, c.rope_freq_scale, c.rms_eps = cfg.rope_theta, cfg.rope_freq_scale, cfg.rms_eps
+    # Qwen3 / Gemma 3
+    c.has_qk_norm, c.has_post_norms = int(cfg.has_qk_norm), int(cfg.has_post_norms)
+    c.act_gelu = int(cfg.act == "gelu_tanh")
+    c.embd_scale, c.attn_scale, c.final_softcap = cfg.embd_scale, cfg.attn_scale, cfg.final_softcap
+    c.swa_window, c.swa_pattern, c.rope_theta_local = cfg.swa_window, cfg.swa_pattern, cfg.rope_theta_local
+    c.rope_attn_factor = cfg.rope_attn_factor
 
 
-def model_tensors(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[int, int, TensorInfo]]:
-    """(layer or -1, C role id, tensor) for every tensor the model uses, in file order."""
-    roles = {w.name: (w.layer, c_role(w.tensor.role)) for w in cfg.weights()}
+class Part(NamedTuple):
+    """What one C role gets: a tensor of the file, or a run of its rows (a fused tensor's part)."""
+    name: str
+    type: int
+    shape: tuple[int, ...]      # GGML order (ne0 first)
+    data: np.ndarray            # zero-copy uint8 view of the bytes
+
+
+def model_tensors(gguf: GGUFFile, cfg: ModelConfig, n_ctx: int) -> Iterator[tuple[int, int, Part]]:
+    """(layer or -1, C role id, part) for every tensor the model uses, in file order. Fused
+    tensors are cut into their C roles by rows (rows are whole blocks, so any type cuts);
+    of LongRoPE's factor sets, the one for a context of `n_ctx` becomes rope_freqs."""
+    longrope = LONGROPE_ROLES[1] if n_ctx > cfg.rope_ctx_orig else LONGROPE_ROLES[0]
+    weights = {w.name: w for w in cfg.weights()}
     for name, info in gguf.tensors.items():
-        if name in roles:
-            yield (*roles[name], info)
+        w = weights.get(name)
+        if w is None:
+            continue
+        t = w.tensor
+        if t.role in LONGROPE_ROLES:
+            if t.role == longrope:
+                yield w.layer, c_role("rope_freqs"), Part(name, info.type, info.shape, info.data)
+            continue
+        if not t.split:
+            yield w.layer, c_role(t.role), Part(name, info.type, info.shape, info.data)
+            continue
+        tt = GGML_TYPES[info.type]
+        row_bytes = info.shape[0] // tt.block_size * tt.type_size
+        data, row = info.data, 0
+        for role, rows in t.split:
+            n = rows(cfg)
+            yield w.layer, c_role(role), Part(f"{name}[{role}]", info.type, (info.shape[0], n),
+                                              data[row * row_bytes:(row + n) * row_bytes])
+            row += n
 
 
 class NativeModel:
     """Owns an ei_model whose tensors point into the (kept-open) GGUF mmap."""
 
-    def __init__(self, gguf: GGUFFile, cfg: ModelConfig):
+    def __init__(self, gguf: GGUFFile, cfg: ModelConfig, n_ctx: int):
         self.gguf = gguf          # keeps the mmap alive as long as the native model
         self.cfg = cfg
         c = ffi.new("ei_model_config *")
@@ -40,7 +78,7 @@ class NativeModel:
         out = ffi.new("ei_model **")
         check(lib.ei_model_create(c, out), "model_create")
         self.handle = ffi.gc(out[0], lib.ei_model_free)
-        for layer, role, info in model_tensors(gguf, cfg):
+        for layer, role, info in model_tensors(gguf, cfg, n_ctx):
             ne0 = info.shape[0]
             ne1 = info.shape[1] if len(info.shape) > 1 else 1
             ptr = ffi.from_buffer(info.data)

@@ -311,9 +311,9 @@ def _prompt(eng, req: GenRequest):
                 plan = eng.tool_plan(req.messages, req.tools, req.tool_choice)
             except ToolError as e:
                 raise bad(str(e), e.param, "invalid_value") from None
-            ids = eng.chat_ids(plan.messages, **plan.render_extra)
+            ids = eng.chat_ids(plan.messages, **{**req.template_kwargs, **plan.render_extra})
         elif req.kind == "chat":
-            ids = eng.chat_ids(req.messages)
+            ids = eng.chat_ids(req.messages, **req.template_kwargs)
         else:
             ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
     except TemplateError as e:

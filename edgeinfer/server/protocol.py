@@ -126,6 +126,9 @@ class ChatBody(_GenBody):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     functions: Any = None
+    # extra variables for the chat template (vLLM / llama-server style), e.g. Qwen3's thinking switch
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
 
 
 class CompletionBody(_GenBody):
@@ -195,6 +198,7 @@ class GenRequest:
                                             # response_format / json_schema / grammar
     tools: list[dict] | None = None         # chat: functions the model may call
     tool_choice: Any = None
+    template_kwargs: dict = field(default_factory=dict)   # chat: extra chat-template variables
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -233,6 +237,9 @@ def parse_chat(body: Any) -> GenRequest:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     if b.logprobs:
         req.n_logprobs = b.top_logprobs or 0
+    req.template_kwargs = dict(b.chat_template_kwargs or {})
+    if b.enable_thinking is not None:
+        req.template_kwargs["enable_thinking"] = b.enable_thinking
     if b.functions:
         raise bad("'functions' is not supported: use 'tools'", "functions", "unsupported_parameter")
     if b.tool_choice is not None and not b.tools and b.tool_choice != "none":

@@ -27,9 +27,10 @@ from typing import Iterable, Optional
 
 from ..arch import HeadDims
 from ..errors import EdgeInferError
+from ..model.config import kv_layer_cells, local_ring_cells
 
 __all__ = [
-    "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes",
+    "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes", "kv_layer_cells",
     "scratch_bytes", "overhead_bytes", "plan_one", "plan_grid", "largest_fit", "parse_size", "human",
     "ServePlan", "plan_serve", "MemoryBudgetError",
 ]
@@ -61,6 +62,8 @@ class ModelShape(HeadDims):
     weights_bytes: int
     file_bytes: int = 0
     path: str = ""
+    swa_window: int = 0      # sliding-window layers (Gemma 3): their window and the local:global pattern
+    swa_pattern: int = 0
 
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
@@ -80,15 +83,19 @@ def model_shape(path: str | os.PathLike) -> ModelShape:
     return ModelShape(name=name, arch=cfg.arch, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
                       n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_ff=cfg.n_ff, n_vocab=cfg.n_vocab,
                       n_ctx_train=cfg.n_ctx_train, rope_dim=cfg.rope_dim, weights_bytes=weights,
-                      file_bytes=p.stat().st_size, path=str(p))
+                      file_bytes=p.stat().st_size, path=str(p), swa_window=cfg.swa_window,
+                      swa_pattern=cfg.swa_pattern)
 
 
-def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16") -> int:
-    """The KV arena: 2 x n_layers x n_kv_heads x head_dim x capacity x bytes/element x n_slots."""
+def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: int = DEFAULT_MAX_BATCH) -> int:
+    """The KV arena: 2 x n_kv_heads x head_dim x bytes/element x n_slots x the cells of all
+    layers, where a layer holds `capacity` cells, but a sliding-window layer (Gemma 3) only
+    its own ring of window + max_batch - 1 cells when that is smaller."""
     if kv not in KV_TYPES:
         raise ValueError(f"kv must be one of {sorted(KV_TYPES)}, got {kv!r}")
     per_elem = KV_TYPES[kv]
-    return int(round(2 * m.n_layer * m.n_head_kv * m.head_dim * ctx * per_elem * slots))
+    cells = sum(kv_layer_cells(m.n_layer, m.swa_window, m.swa_pattern, ctx, max_batch))
+    return int(round(2 * m.n_head_kv * m.head_dim * cells * per_elem * slots))
 
 
 def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_MAX_BATCH,
@@ -112,6 +119,13 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
     attn_tokens = max(1, min((1 << 20) // part_per_tok, B))
     total += attn_tokens * part_per_tok * f32
     total += B * half * f32 * 2                               # rope cos, sin
+    if m.swa_window:                                          # sliding-window layers
+        total += m.n_layer * 8 + threads * ctx * 4            # layer offsets, masked cell positions
+        r = local_ring_cells(m.swa_window, ctx, max_batch)
+        total += slots * r * 4 + slots * 4 if r else 0        # the local ring's cell positions
+        total += B * half * f32 * 2 + half * 8                # the local layers' RoPE tables
+    else:
+        total += m.n_layer * 8
     return total
 
 
@@ -143,7 +157,7 @@ class PlanRow:
 
 def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optional[int] = None,
              max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None) -> PlanRow:
-    kvb = kv_bytes(m, ctx, slots, kv)
+    kvb = kv_bytes(m, ctx, slots, kv, max_batch)
     scr = scratch_bytes(m, ctx, slots, max_batch, n_threads)
     ovh = overhead_bytes(m, slots)
     total = m.weights_bytes + kvb + scr + ovh

@@ -97,6 +97,9 @@ extern "C" int ei_cuda_get_device_info(int device, ei_cuda_device_info *out) {
 
 /* ---------------------------------------------------------------- the runtime */
 enum { MAX_GRAPH_TOKENS = 16, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
+/* Device batch arrays: tokens, slots, pos, cells, n_cells, out_rows, and for the sliding-window
+ * layers' ring their cells and n_cells. */
+#define EIC_BATCH_ARRAYS 8
 
 typedef struct {
     const void *data;   /* device pointer; NULL when absent */
@@ -106,6 +109,7 @@ typedef struct {
 
 typedef struct {
     dweight attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+    dweight q_norm, k_norm, attn_post_norm, ffn_post_norm;   /* Qwen3 / Gemma 3; NULL when absent */
 } dlayer;
 
 struct ei_cuda_runtime {
@@ -120,10 +124,19 @@ struct ei_cuda_runtime {
     eic_kv kv;                 /* device arena */
     int32_t *d_cell_pos;       /* [slot][cell] */
     int32_t *h_cell_pos, *h_n_used;
+    /* Sliding-window layers keep only their window (as the CPU runtime): a second arena of
+     * local_cells = swa_window + max_batch - 1 cells per slot, position p in cell p %
+     * local_cells; 0 when they use the full ring. kv holds the other layers. */
+    eic_kv kv_l;
+    int32_t local_cells, max_chunks_l;
+    int32_t *kv_index;         /* [n_layer]: the layer's index in kv or kv_l */
+    int32_t *d_cell_pos_l, *h_cell_pos_l, *h_n_used_l;
 
     /* device batch: tokens, slots, pos, cells, n_cells, out_rows; each max_batch int32 */
     int32_t *d_batch, *h_batch;   /* h_batch is pinned */
     float *x, *q, *kc, *vc, *att, *gate, *up, *rope_cos, *rope_sin, *onorm, *logits, *part;
+    float *rope_cos_l, *rope_sin_l;   /* local layers' RoPE tables when their base differs; else NULL */
+    float *post;                      /* [max_batch][n_embd]: a block's output before its post-norm */
     int32_t *d_top_ids;        /* argmax / top-k results: max_batch x EIC_TOPK_MAX each */
     float *d_top_vals;
     int32_t attn_tokens, max_chunks, last_n_out;
@@ -160,6 +173,10 @@ static dweight *layer_slot(dlayer *L, int role) {
     case EI_T_FFN_GATE: return &L->w_gate;
     case EI_T_FFN_UP: return &L->w_up;
     case EI_T_FFN_DOWN: return &L->w_down;
+    case EI_T_ATTN_Q_NORM: return &L->q_norm;
+    case EI_T_ATTN_K_NORM: return &L->k_norm;
+    case EI_T_ATTN_POST_NORM: return &L->attn_post_norm;
+    case EI_T_FFN_POST_NORM: return &L->ffn_post_norm;
     default: return NULL;
     }
 }
@@ -221,7 +238,12 @@ static ei_status check_model(const ei_cuda_runtime *rt) {
         CK(bq, qd, 1, c->has_qkv_bias) CK(bk, kvd, 1, c->has_qkv_bias) CK(bv, kvd, 1, c->has_qkv_bias)
         CK(wo, qd, d, 1) CK(ffn_norm, d, 1, 1) CK(w_gate, d, c->n_ff, 1) CK(w_up, d, c->n_ff, 1)
         CK(w_down, c->n_ff, d, 1)
+        CK(q_norm, c->head_dim, 1, c->has_qk_norm) CK(k_norm, c->head_dim, 1, c->has_qk_norm)
+        CK(attn_post_norm, d, 1, c->has_post_norms) CK(ffn_post_norm, d, 1, c->has_post_norms)
 #undef CK
+        if ((!c->has_qk_norm && (L->q_norm.data || L->k_norm.data)) ||
+            (!c->has_post_norms && (L->attn_post_norm.data || L->ffn_post_norm.data)))
+            return eic_fail(EI_ERR_INVALID_ARG, "blk.%d: norm weights for a model configured without them", l);
         if (!c->has_qkv_bias && (L->bq.data || L->bk.data || L->bv.data))
             return eic_fail(EI_ERR_INVALID_ARG, "blk.%d: q/k/v biases for a model configured without them", l);
     }
@@ -235,13 +257,17 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
             if (rt->graphs[i][j]) cudaGraphExecDestroy(rt->graphs[i][j]);
     void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->q, rt->kc, rt->vc,
                    rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
-                   rt->d_top_ids, rt->d_top_vals};
+                   rt->d_top_ids, rt->d_top_vals, rt->rope_cos_l, rt->rope_sin_l, rt->post, rt->kv_l.k, rt->kv_l.v,
+                   rt->d_cell_pos_l};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (rt->h_batch) cudaFreeHost(rt->h_batch);
     if (rt->stream) cudaStreamDestroy(rt->stream);
     free(rt->h_cell_pos);
     free(rt->h_n_used);
+    free(rt->h_cell_pos_l);
+    free(rt->h_n_used_l);
+    free(rt->kv_index);
     free(rt->layers);
     free(rt);
 }
@@ -258,7 +284,10 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->n_head % c->n_head_kv ||
         c->head_dim < 2 || c->n_ff < 1 || c->n_vocab < 1 || c->rope_dim < 0 || c->rope_dim > c->head_dim ||
         c->rope_dim % 2 || (c->rope_neox != 0 && c->rope_neox != 1) ||
-        (c->has_qkv_bias != 0 && c->has_qkv_bias != 1))
+        (c->has_qkv_bias != 0 && c->has_qkv_bias != 1) || (c->has_qk_norm != 0 && c->has_qk_norm != 1) ||
+        (c->has_post_norms != 0 && c->has_post_norms != 1) || (c->act_gelu != 0 && c->act_gelu != 1) ||
+        !(c->embd_scale >= 0) || !(c->attn_scale >= 0) || !(c->final_softcap >= 0) || !(c->rope_theta_local >= 0) ||
+        c->swa_window < 0 || c->swa_pattern < 0)
         return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration");
     if (c->head_dim > EIC_MAX_HEAD_DIM || c->n_head / c->n_head_kv > EIC_MAX_GROUP)
         return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d and GQA groups <= %d (got %d, %d)",
@@ -284,19 +313,34 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     }
     const size_t B = (size_t)p->max_batch, d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim;
     const size_t kvd = (size_t)c->n_head_kv * c->head_dim, ff = (size_t)c->n_ff, half = c->rope_dim / 2 ? c->rope_dim / 2 : 1;
-    const size_t kv_elems = (size_t)p->n_slots * c->n_layer * kvd * (size_t)p->n_ctx;
-    const size_t kv_bytes = 2 * al256(kv_elems * 2);
+    /* sliding-window layers: their own ring when window + max_batch - 1 < n_ctx */
+    const int32_t local_cells = c->swa_window > 0 && (int64_t)c->swa_window + p->max_batch - 1 < p->n_ctx
+                                    ? c->swa_window + p->max_batch - 1 : 0;
+    int n_local = 0;
+    for (int l = 0; local_cells && l < c->n_layer; l++)
+        n_local += c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0;
+    const size_t kv_elems = (size_t)p->n_slots * (c->n_layer - n_local) * kvd * (size_t)p->n_ctx;
+    const size_t kv_elems_l = (size_t)p->n_slots * n_local * kvd * (size_t)(local_cells ? local_cells : 1);
+    const size_t kv_bytes = 2 * al256(kv_elems * 2) + (n_local ? 2 * al256(kv_elems_l * 2) : 0);
     const int max_chunks = (p->n_ctx + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
     const size_t part_per_tok = (size_t)c->n_head * max_chunks * EIC_PART_FLOATS(c->head_dim) * sizeof(float);
     size_t attn_tokens = ((size_t)64 << 20) / part_per_tok;   /* partials of at most ~64 MiB at once */
     if (attn_tokens < 1) attn_tokens = 1;
     if (attn_tokens > B) attn_tokens = B;
     if (attn_tokens > 65535) attn_tokens = 65535;
-    const size_t scr[] = {6 * B * 4,  B * d * 4,  B * qd * 4,   B * kvd * 4,  B * kvd * 4, B * qd * 4,
+    int has_freqs = 0;   /* rope_freqs: the global layers' factors, not the local ones' */
+    for (int32_t i = 0; i < n_tensors; i++) has_freqs |= tensors[i].layer < 0 && tensors[i].role == EI_T_ROPE_FREQS;
+    const int local_rope = c->swa_window > 0 && ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) ||
+                                                 c->rope_freq_scale != 1.0f || has_freqs);
+    const size_t scr[] = {EIC_BATCH_ARRAYS * B * 4,  B * d * 4,  B * qd * 4,   B * kvd * 4,  B * kvd * 4, B * qd * 4,
                           B * ff * 4, B * ff * 4, B * half * 4, B * half * 4, B * d * 4,
                           B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * EIC_TOPK_MAX * 4,
                           B * EIC_TOPK_MAX * 4,
-                          (size_t)p->n_slots * p->n_ctx * 4};
+                          (size_t)p->n_slots * p->n_ctx * 4,
+                          /* local RoPE tables and the post-norm buffer, when the model has them */
+                          local_rope ? B * half * 4 : 0, local_rope ? B * half * 4 : 0,
+                          c->has_post_norms ? B * d * 4 : 0,
+                          n_local ? (size_t)p->n_slots * local_cells * 4 : 0};
     size_t scratch = 0;
     for (size_t i = 0; i < sizeof scr / sizeof scr[0]; i++) scratch += al256(scr[i]);
     ei_cuda_sizes sz = {wbytes, kv_bytes, scratch, wbytes + kv_bytes + scratch};
@@ -333,11 +377,25 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     rt->layers = (dlayer *)calloc((size_t)c->n_layer, sizeof(dlayer));
     rt->h_cell_pos = (int32_t *)malloc((size_t)p->n_slots * p->n_ctx * sizeof(int32_t));
     rt->h_n_used = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
-    if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used) {
+    rt->kv_index = (int32_t *)calloc((size_t)c->n_layer, sizeof(int32_t));
+    if (n_local) {
+        rt->local_cells = local_cells;
+        rt->max_chunks_l = (local_cells + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
+        rt->h_cell_pos_l = (int32_t *)malloc((size_t)p->n_slots * local_cells * sizeof(int32_t));
+        rt->h_n_used_l = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
+    }
+    if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used || !rt->kv_index ||
+        (n_local && (!rt->h_cell_pos_l || !rt->h_n_used_l))) {
         ei_cuda_runtime_free(rt);
         return eic_fail(EI_ERR_OUT_OF_MEMORY, "cuda_runtime_create: out of host memory");
     }
     for (size_t i = 0; i < (size_t)p->n_slots * p->n_ctx; i++) rt->h_cell_pos[i] = -1;
+    for (size_t i = 0; n_local && i < (size_t)p->n_slots * local_cells; i++) rt->h_cell_pos_l[i] = -1;
+    {
+        int ng = 0, nl = 0;
+        for (int l = 0; l < c->n_layer; l++)
+            rt->kv_index[l] = n_local && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0) ? nl++ : ng++;
+    }
 
 #define DALLOC(ptr, bytes)                                                                       \
     if ((st = eic_check(cudaMalloc((void **)&(ptr), al256(bytes)), "cudaMalloc " #ptr)) != EI_OK) \
@@ -347,8 +405,13 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     DALLOC(rt->w_arena, wbytes ? wbytes : 256);
     DALLOC(rt->kv.k, kv_elems * 2);
     DALLOC(rt->kv.v, kv_elems * 2);
+    if (n_local) {
+        DALLOC(rt->kv_l.k, kv_elems_l * 2);
+        DALLOC(rt->kv_l.v, kv_elems_l * 2);
+        DALLOC(rt->d_cell_pos_l, (size_t)p->n_slots * local_cells * 4);
+    }
     DALLOC(rt->d_cell_pos, (size_t)p->n_slots * p->n_ctx * 4);
-    DALLOC(rt->d_batch, 6 * B * 4);
+    DALLOC(rt->d_batch, EIC_BATCH_ARRAYS * B * 4);
     DALLOC(rt->x, B * d * 4);
     DALLOC(rt->q, B * qd * 4);
     DALLOC(rt->kc, B * kvd * 4);
@@ -363,16 +426,32 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     DALLOC(rt->part, attn_tokens * part_per_tok);
     DALLOC(rt->d_top_ids, B * EIC_TOPK_MAX * 4);
     DALLOC(rt->d_top_vals, B * EIC_TOPK_MAX * 4);
+    if (local_rope) {
+        DALLOC(rt->rope_cos_l, B * half * 4);
+        DALLOC(rt->rope_sin_l, B * half * 4);
+    }
+    if (c->has_post_norms) DALLOC(rt->post, B * d * 4);
 #undef DALLOC
-    if ((st = eic_check(cudaMallocHost((void **)&rt->h_batch, 6 * B * 4), "cudaMallocHost")) != EI_OK) goto fail;
+    if ((st = eic_check(cudaMallocHost((void **)&rt->h_batch, EIC_BATCH_ARRAYS * B * 4), "cudaMallocHost")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->kv.k, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->kv.v, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->d_cell_pos, 0xff, (size_t)p->n_slots * p->n_ctx * 4), "cudaMemset")) != EI_OK)
         goto fail;
-    rt->kv.n_layer = c->n_layer;
+    rt->kv.n_layer = c->n_layer - n_local;
     rt->kv.n_head_kv = c->n_head_kv;
     rt->kv.n_ctx = p->n_ctx;
     rt->kv.hd = c->head_dim;
+    if (n_local) {
+        rt->kv_l.n_layer = n_local;
+        rt->kv_l.n_head_kv = c->n_head_kv;
+        rt->kv_l.n_ctx = local_cells;
+        rt->kv_l.hd = c->head_dim;
+        if ((st = eic_check(cudaMemset(rt->kv_l.k, 0, kv_elems_l * 2), "cudaMemset")) != EI_OK) goto fail;
+        if ((st = eic_check(cudaMemset(rt->kv_l.v, 0, kv_elems_l * 2), "cudaMemset")) != EI_OK) goto fail;
+        if ((st = eic_check(cudaMemset(rt->d_cell_pos_l, 0xff, (size_t)p->n_slots * local_cells * 4), "cudaMemset")) !=
+            EI_OK)
+            goto fail;
+    }
 
     /* ---- upload the weights, one tensor at a time ---- */
     {
@@ -453,6 +532,12 @@ static ei_status sync_slot(ei_cuda_runtime *rt, int32_t slot) {
     ei_status st = eic_check(cudaMemcpyAsync(rt->d_cell_pos + off, rt->h_cell_pos + off, (size_t)rt->p.n_ctx * 4,
                                              cudaMemcpyHostToDevice, rt->stream), "cell_pos upload");
     if (st != EI_OK) return st;
+    if (rt->local_cells) {
+        const size_t lo = (size_t)slot * rt->local_cells;
+        st = eic_check(cudaMemcpyAsync(rt->d_cell_pos_l + lo, rt->h_cell_pos_l + lo, (size_t)rt->local_cells * 4,
+                                       cudaMemcpyHostToDevice, rt->stream), "local cell_pos upload");
+        if (st != EI_OK) return st;
+    }
     return eic_check(cudaStreamSynchronize(rt->stream), "cell_pos upload");
 }
 
@@ -467,6 +552,15 @@ extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int3
         if (cp[c] >= 0) used = c + 1;
     }
     rt->h_n_used[slot] = used;
+    if (rt->local_cells) {
+        int32_t *lp = rt->h_cell_pos_l + (size_t)slot * rt->local_cells;
+        used = 0;
+        for (int32_t c = 0; c < rt->h_n_used_l[slot]; c++) {
+            if (lp[c] >= pos) lp[c] = -1;
+            if (lp[c] >= 0) used = c + 1;
+        }
+        rt->h_n_used_l[slot] = used;
+    }
     const ei_status st = use_device(rt);
     return st != EI_OK ? st : sync_slot(rt, slot);
 }
@@ -501,7 +595,7 @@ static cudaError_t matmul_by_type(cudaStream_t s, const eic_mm_part *parts, cons
  * Per layer: QKV (with attn_norm), rope_store, attention (chunks + merge), O,
  * gate/up/SwiGLU (with ffn_norm), down: 7 launches when Q, K, V share a type
  * and gate, up share one. */
-static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, int n_chunks) {
+static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, int n_chunks, int n_chunks_l) {
     const ei_model_config *c = &rt->cfg;
     cudaStream_t s = rt->stream;
     const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
@@ -510,12 +604,28 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     int32_t *pos = batch_arr(rt, rt->d_batch, 2), *cells = batch_arr(rt, rt->d_batch, 3);
     int32_t *ncells = batch_arr(rt, rt->d_batch, 4), *orows = batch_arr(rt, rt->d_batch, 5);
     const float *freqs = (const float *)rt->rope_freqs.data;
+    int32_t *cells_l = batch_arr(rt, rt->d_batch, 6), *ncells_l = batch_arr(rt, rt->d_batch, 7);
 
-    LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, rt->rope_cos, rt->rope_sin,
+    LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, c->rope_attn_factor, rt->rope_cos, rt->rope_sin,
                         rt->d_cell_pos, slots, cells, rt->p.n_ctx));
+    if (rt->local_cells)   /* the local ring's cell positions (rope_dim 0: no tables) */
+        LCK(eic_rope_tables(s, pos, T, 0, 1.0f, 1.0f, NULL, 1.0f, NULL, NULL, rt->d_cell_pos_l, slots, cells_l,
+                            rt->local_cells));
+    if (rt->rope_cos_l)   /* sliding-window layers: their own base, no frequency scaling (as the CPU) */
+        LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta, 1.0f,
+                            NULL, c->rope_attn_factor, rt->rope_cos_l, rt->rope_sin_l,
+                            NULL, slots, cells, rt->p.n_ctx));
     LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
+    if (c->embd_scale > 0 && c->embd_scale != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, c->embd_scale));
     for (int l = 0; l < c->n_layer; l++) {
         const dlayer *L = &rt->layers[l];
+        const int local = c->swa_window > 0 && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
+        const eic_qk_norm qkn = {(const float *)L->q_norm.data, (const float *)L->k_norm.data, c->rms_eps};
+        const float *rc = local && rt->rope_cos_l ? rt->rope_cos_l : rt->rope_cos;
+        const float *rsn = local && rt->rope_sin_l ? rt->rope_sin_l : rt->rope_sin;
+        const int ring = local && rt->local_cells;   /* the layer's KV lives in the local ring */
+        const eic_kv *kv = ring ? &rt->kv_l : &rt->kv;
+        const int li = rt->kv_index[l];
         /* attn_norm + Q, K, V: one launch unless the recipe mixes their types */
         const eic_mm_part qkv[3] = {{L->wq.data, (const float *)L->bq.data, rt->q, qd, qd},
                                     {L->wk.data, (const float *)L->bk.data, rt->kc, kvd, kvd},
@@ -523,31 +633,44 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
         const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
         LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
         LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
-                           c->rope_neox, rt->rope_cos, rt->rope_sin, &rt->kv, l, slots, cells));
+                           c->rope_neox, rc, rsn, kv, li, slots, ring ? cells_l : cells, c->has_qk_norm ? &qkn : NULL));
         for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
             const int32_t nt = T - t0 < rt->attn_tokens ? T - t0 : rt->attn_tokens;
-            LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, &rt->kv, l, slots + t0, pos + t0, ncells + t0,
-                              rt->d_cell_pos, n_chunks, rt->part, rt->att + t0 * qd));
+            LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, kv, li, slots + t0, pos + t0,
+                              (ring ? ncells_l : ncells) + t0, ring ? rt->d_cell_pos_l : rt->d_cell_pos,
+                              ring ? n_chunks_l : n_chunks, rt->part, rt->att + t0 * qd, c->attn_scale,
+                              local ? c->swa_window : 0));
         }
-        LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
+        if (c->has_post_norms) {   /* Gemma 3: O, then its post-norm, into the residual */
+            LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 0, rt->post, d));
+            LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->attn_post_norm.data, T, d, c->rms_eps, rt->x));
+        } else {
+            LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
+        }
         /* ffn_norm + gate, up and SwiGLU: one launch when gate and up share a type */
         const float *fn = (const float *)L->ffn_norm.data;
-        if (L->w_gate.type == L->w_up.type) {
+        if (L->w_gate.type == L->w_up.type && !c->act_gelu) {
             LCK(eic_matmul_glu(s, L->w_gate.type, L->w_gate.data, NULL, L->w_up.data, NULL, ff, d, rt->x, d, T, fn,
                                c->rms_eps, rt->gate, ff));
         } else {
             const eic_mm_part gu[2] = {{L->w_gate.data, NULL, rt->gate, ff, ff}, {L->w_up.data, NULL, rt->up, ff, ff}};
             const int gu_types[2] = {L->w_gate.type, L->w_up.type};
             LCK(matmul_by_type(s, gu, gu_types, 2, d, rt->x, T, fn, c->rms_eps));
-            LCK(eic_swiglu(s, rt->gate, rt->up, (int64_t)T * ff));
+            LCK((c->act_gelu ? eic_geglu : eic_swiglu)(s, rt->gate, rt->up, (int64_t)T * ff));
         }
-        LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
+        if (c->has_post_norms) {
+            LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 0, rt->post, d));
+            LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->ffn_post_norm.data, T, d, c->rms_eps, rt->x));
+        } else {
+            LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
+        }
     }
     (void)half;
     if (n_out > 0) {
         const dweight *head = rt->output.data ? &rt->output : &rt->tok_embd;
         LCK(eic_rmsnorm(s, rt->x, (const float *)rt->output_norm.data, orows, n_out, d, c->rms_eps, rt->onorm));
         LCK(eic_matmul(s, head->type, head->data, c->n_vocab, d, rt->onorm, d, n_out, NULL, 0, rt->logits, c->n_vocab));
+        if (c->final_softcap > 0) LCK(eic_softcap(s, rt->logits, (int64_t)n_out * c->n_vocab, c->final_softcap));
     }
     return cudaSuccess;
 }
@@ -564,7 +687,7 @@ static int run_graph(ei_cuda_runtime *rt, int32_t T, int32_t n_out) {
             rt->graphs_broken = 1;
             return -1;
         }
-        const cudaError_t le = launch_step(rt, T, n_out, rt->max_chunks);
+        const cudaError_t le = launch_step(rt, T, n_out, rt->max_chunks, rt->max_chunks_l);
         const cudaError_t ee = cudaStreamEndCapture(rt->stream, &g);
         if (le != cudaSuccess || ee != cudaSuccess || !g || cudaGraphInstantiate(ex, g, 0) != cudaSuccess) {
             cudaGetLastError();
@@ -610,7 +733,13 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
     for (int32_t i = 0; i < n_tokens; i++) {
         rt->h_cell_pos[(size_t)slots[i] * rt->p.n_ctx + cells[i]] = pos[i];
         if (rt->h_n_used[slots[i]] <= cells[i]) rt->h_n_used[slots[i]] = cells[i] + 1;
+        if (rt->local_cells) {
+            const int32_t lc = pos[i] % rt->local_cells;
+            rt->h_cell_pos_l[(size_t)slots[i] * rt->local_cells + lc] = pos[i];
+            if (rt->h_n_used_l[slots[i]] <= lc) rt->h_n_used_l[slots[i]] = lc + 1;
+        }
     }
+    int32_t used_l = 0;
     int32_t used = 0;
     int32_t *hb = rt->h_batch;
     const size_t B = (size_t)rt->p.max_batch;
@@ -621,14 +750,21 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
         hb[3 * B + i] = cells[i];
         hb[4 * B + i] = rt->h_n_used[slots[i]];
         if (hb[4 * B + i] > used) used = hb[4 * B + i];
+        if (rt->local_cells) {
+            hb[6 * B + i] = pos[i] % rt->local_cells;
+            hb[7 * B + i] = rt->h_n_used_l[slots[i]];
+            if (hb[7 * B + i] > used_l) used_l = hb[7 * B + i];
+        }
     }
     for (int32_t j = 0; j < n_out; j++) hb[5 * B + j] = out_rows[j];
-    st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, 6 * B * 4, cudaMemcpyHostToDevice, rt->stream),
+    st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, EIC_BATCH_ARRAYS * B * 4, cudaMemcpyHostToDevice, rt->stream),
                              "batch upload");
     if (st != EI_OK) return st;
     if (run_graph(rt, n_tokens, n_out) != 0) {
         const int n_chunks = (used + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
-        if ((st = eic_check(launch_step(rt, n_tokens, n_out, n_chunks > 0 ? n_chunks : 1), "forward launch")) != EI_OK)
+        const int n_chunks_l = (used_l + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
+        if ((st = eic_check(launch_step(rt, n_tokens, n_out, n_chunks > 0 ? n_chunks : 1, n_chunks_l > 0 ? n_chunks_l : 1),
+                            "forward launch")) != EI_OK)
             return st;
     }
     if (n_out > 0 && logits &&   /* NULL: the logits stay on the device for argmax / topk */

@@ -537,7 +537,7 @@ enum { NORM_THREADS = 256 };
 
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                                                const int32_t *__restrict__ rows, int64_t n, float eps,
-                                                               float *__restrict__ out) {
+                                                               float *__restrict__ out, int accumulate) {
     __shared__ double red[NORM_THREADS / 32];
     __shared__ float scale_s;
     const int64_t t = blockIdx.x;
@@ -555,20 +555,74 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__re
     __syncthreads();
     const float sc = scale_s;
     float *o = out + t * n;
-    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = xr[i] * sc * w[i];
+    if (accumulate) {   /* a post-norm: the normed block output joins the residual */
+        for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] += xr[i] * sc * w[i];
+    } else {
+        for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = xr[i] * sc * w[i];
+    }
 }
 
 cudaError_t eic_rmsnorm(cudaStream_t s, const float *x, const float *w, const int32_t *rows, int64_t n_tok, int64_t n,
                         float eps, float *out) {
     if (n_tok <= 0) return cudaSuccess;
     if (n_tok > 0x7fffffffLL) return cudaErrorInvalidValue;
-    rmsnorm_kernel<<<(unsigned)n_tok, NORM_THREADS, 0, s>>>(x, w, rows, n, eps, out);
+    rmsnorm_kernel<<<(unsigned)n_tok, NORM_THREADS, 0, s>>>(x, w, rows, n, eps, out, 0);
+    return cudaGetLastError();
+}
+
+cudaError_t eic_rmsnorm_add(cudaStream_t s, const float *y, const float *w, int64_t n_tok, int64_t n, float eps,
+                            float *x) {
+    if (n_tok <= 0) return cudaSuccess;
+    if (n_tok > 0x7fffffffLL) return cudaErrorInvalidValue;
+    rmsnorm_kernel<<<(unsigned)n_tok, NORM_THREADS, 0, s>>>(y, w, NULL, n, eps, x, 1);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- element-wise: scale, softcap, GeGLU */
+__global__ void scale_kernel(float *x, int64_t n, float a) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= a;
+}
+
+__global__ void softcap_kernel(float *x, int64_t n, float cap) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+/* As the CPU's ei_geglu_scalar: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) * up. */
+__global__ void geglu_kernel(float *gate, const float *__restrict__ up, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = gate[i];
+        gate[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
+static unsigned ew_blocks(int64_t n) {
+    const int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 65535 ? b : 65535);
+}
+
+cudaError_t eic_scale(cudaStream_t s, float *x, int64_t n, float a) {
+    if (n <= 0) return cudaSuccess;
+    scale_kernel<<<ew_blocks(n), 256, 0, s>>>(x, n, a);
+    return cudaGetLastError();
+}
+
+cudaError_t eic_softcap(cudaStream_t s, float *x, int64_t n, float cap) {
+    if (n <= 0) return cudaSuccess;
+    softcap_kernel<<<ew_blocks(n), 256, 0, s>>>(x, n, cap);
+    return cudaGetLastError();
+}
+
+cudaError_t eic_geglu(cudaStream_t s, float *gate, const float *up, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    geglu_kernel<<<ew_blocks(n), 256, 0, s>>>(gate, up, n);
     return cudaGetLastError();
 }
 
 /* ---------------------------------------------------------------- RoPE and the KV store */
 __global__ void rope_tables_kernel(const int32_t *__restrict__ pos, int64_t n_tok, int rope_dim, float theta,
-                                   float freq_scale, const float *__restrict__ freqs, float *cos_t, float *sin_t,
+                                   float freq_scale, const float *__restrict__ freqs, float mscale, float *cos_t, float *sin_t,
                                    int32_t *cell_pos, const int32_t *__restrict__ slots,
                                    const int32_t *__restrict__ cells, int32_t n_ctx) {
     const int half = rope_dim / 2;
@@ -580,8 +634,8 @@ __global__ void rope_tables_kernel(const int32_t *__restrict__ pos, int64_t n_to
             double freq = pow((double)theta, -2.0 * i / (double)rope_dim);
             if (freqs) freq /= (double)freqs[i];
             const double a = (double)pos[t] * (double)freq_scale * freq;
-            cos_t[k] = (float)cos(a);
-            sin_t[k] = (float)sin(a);
+            cos_t[k] = (float)(cos(a) * (double)mscale);
+            sin_t[k] = (float)(sin(a) * (double)mscale);
         }
         if (cell_pos && (half == 0 || k % half == 0)) {
             const int64_t t = half > 0 ? k / half : k;
@@ -591,12 +645,13 @@ __global__ void rope_tables_kernel(const int32_t *__restrict__ pos, int64_t n_to
 }
 
 cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, int rope_dim, float theta,
-                            float freq_scale, const float *freqs, float *cos_t, float *sin_t, int32_t *cell_pos,
-                            const int32_t *slots, const int32_t *cells, int32_t n_ctx) {
+                            float freq_scale, const float *freqs, float mscale, float *cos_t, float *sin_t,
+                            int32_t *cell_pos, const int32_t *slots, const int32_t *cells, int32_t n_ctx) {
     if (n_tok <= 0) return cudaSuccess;
     const int64_t total = n_tok * (rope_dim / 2 > 0 ? rope_dim / 2 : 1);
     const unsigned blocks = (unsigned)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
-    rope_tables_kernel<<<blocks, 256, 0, s>>>(pos, n_tok, rope_dim, theta, freq_scale, freqs, cos_t, sin_t, cell_pos,
+    rope_tables_kernel<<<blocks, 256, 0, s>>>(pos, n_tok, rope_dim, theta, freq_scale, freqs, mscale > 0 ? mscale : 1.0f,
+                                              cos_t, sin_t, cell_pos,
                                               slots, cells, n_ctx);
     return cudaGetLastError();
 }
@@ -605,7 +660,8 @@ cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, i
 __global__ void rope_store_kernel(float *q, float *kc, const float *__restrict__ vc, int n_head, int n_head_kv, int hd,
                                   int rope_dim, int neox, const float *__restrict__ cos_t,
                                   const float *__restrict__ sin_t, eic_kv kv, int layer,
-                                  const int32_t *__restrict__ slots, const int32_t *__restrict__ cells) {
+                                  const int32_t *__restrict__ slots, const int32_t *__restrict__ cells,
+                                  eic_qk_norm qkn) {
     const int64_t t = blockIdx.y;
     const int h = blockIdx.x;
     const int half = rope_dim / 2;
@@ -613,6 +669,23 @@ __global__ void rope_store_kernel(float *q, float *kc, const float *__restrict__
     const int kvh = h - n_head;
     float *v = is_q ? q + (t * n_head + h) * hd : kc + (t * n_head_kv + kvh) * hd;
     const float *cs = cos_t + t * half, *sn = sin_t + t * half;
+    const float *nw = is_q ? qkn.q : qkn.k;
+    if (nw) {   /* per-head RMSNorm (Qwen3, Gemma 3) before the rotation; double sums as the CPU */
+        __shared__ double red[64];
+        double ss = 0.0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)v[i] * (double)v[i];
+        red[threadIdx.x] = ss;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double tot = 0.0;
+            for (int i = 0; i < (int)blockDim.x; i++) tot += red[i];
+            red[0] = tot;
+        }
+        __syncthreads();
+        const float sc = (float)(1.0 / sqrt(red[0] / (double)hd + (double)qkn.eps));
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = v[i] * sc * nw[i];
+        __syncthreads();
+    }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float x0 = v[i0], x1 = v[i1];
@@ -631,7 +704,9 @@ __global__ void rope_store_kernel(float *q, float *kc, const float *__restrict__
 
 cudaError_t eic_rope_store(cudaStream_t s, float *q, float *kc, const float *vc, int64_t n_tok, int n_head,
                            int n_head_kv, int hd, int rope_dim, int neox, const float *cos_t, const float *sin_t,
-                           const eic_kv *kv, int layer, const int32_t *slots, const int32_t *cells) {
+                           const eic_kv *kv, int layer, const int32_t *slots, const int32_t *cells,
+                           const eic_qk_norm *qk_norm) {
+    const eic_qk_norm qkn = qk_norm ? *qk_norm : eic_qk_norm{};
     if (n_tok <= 0) return cudaSuccess;
     const int heads = n_head + (kc ? n_head_kv : 0);
     eic_kv k = kv ? *kv : eic_kv{};
@@ -640,7 +715,7 @@ cudaError_t eic_rope_store(cudaStream_t s, float *q, float *kc, const float *vc,
         rope_store_kernel<<<dim3((unsigned)heads, (unsigned)nt), 64, 0, s>>>(
             q + t * n_head * hd, kc ? kc + t * n_head_kv * hd : NULL, vc ? vc + t * n_head_kv * hd : NULL, n_head,
             n_head_kv, hd, rope_dim, neox, cos_t + t * (rope_dim / 2), sin_t + t * (rope_dim / 2), k, layer,
-            slots ? slots + t : NULL, cells ? cells + t : NULL);
+            slots ? slots + t : NULL, cells ? cells + t : NULL, qkn);
     }
     return cudaGetLastError();
 }
@@ -669,7 +744,7 @@ enum { ATT_THREADS = 128, ATT_WARPS = ATT_THREADS / 32 };
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     const float *__restrict__ q, int n_head, eic_kv kv, int layer, const int32_t *__restrict__ slots,
     const int32_t *__restrict__ pos, const int32_t *__restrict__ n_cells, const int32_t *__restrict__ cell_pos,
-    int n_chunks, float *__restrict__ part) {
+    int n_chunks, float *__restrict__ part, float scale, int32_t window) {
     extern __shared__ float sm[];
     const int chunk = blockIdx.x, kvh = blockIdx.y;
     const int64_t t = blockIdx.z;
@@ -687,7 +762,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     }
     const int n = c1 - c0;
     float *qs = sm, *sc = sm + g * hd;
-    const float scale = rsqrtf((float)hd);
     const float *qt = q + (t * n_head + (int64_t)kvh * g) * hd;
     for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = qt[i] * scale;
     __syncthreads();
@@ -697,7 +771,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     /* Scores: a warp per cell, the key row in registers, one reduction per head. */
     for (int c = warp; c < n; c += ATT_WARPS) {
         const int32_t cpos = cp[c0 + c];
-        const bool vis = cpos >= 0 && cpos <= p;
+        const bool vis = cpos >= 0 && cpos <= p && (window <= 0 || cpos > p - window);
         if (!vis) {
             for (int j = lane; j < g; j += 32) sc[j * EIC_ATTN_CHUNK + c] = -INFINITY;
             continue;
@@ -779,7 +853,7 @@ __global__ void attn_merge_kernel(const float *__restrict__ part, int n_head, in
 
 cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_head, const eic_kv *kv, int layer,
                           const int32_t *slots, const int32_t *pos, const int32_t *n_cells, const int32_t *cell_pos,
-                          int n_chunks, float *part, float *out) {
+                          int n_chunks, float *part, float *out, float scale, int32_t window) {
     if (n_tok <= 0) return cudaSuccess;
     const int g = n_head / kv->n_head_kv;
     if (kv->hd > EIC_MAX_HEAD_DIM || g > EIC_MAX_GROUP || n_chunks < 1 || n_tok > 65535) return cudaErrorInvalidValue;
@@ -790,7 +864,8 @@ cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_h
         if (e != cudaSuccess) return e;
     }
     attn_chunk_kernel<<<dim3((unsigned)n_chunks, (unsigned)kv->n_head_kv, (unsigned)n_tok), ATT_THREADS, smem, s>>>(
-        q, n_head, *kv, layer, slots, pos, n_cells, cell_pos, n_chunks, part);
+        q, n_head, *kv, layer, slots, pos, n_cells, cell_pos, n_chunks, part,
+        scale > 0.0f ? scale : rsqrtf((float)kv->hd), window);
     attn_merge_kernel<<<dim3((unsigned)n_head, (unsigned)n_tok), kv->hd < 128 ? 64 : 128, 0, s>>>(
         part, n_head, kv->n_head_kv, kv->hd, n_chunks, out);
     return cudaGetLastError();

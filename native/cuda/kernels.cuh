@@ -52,20 +52,34 @@ cudaError_t eic_embed(cudaStream_t s, int type, const void *table, int64_t ne0, 
 /* out[t*n ..] = rmsnorm(x[row(t)*n ..]) * w, row(t) = rows ? rows[t] : t. */
 cudaError_t eic_rmsnorm(cudaStream_t s, const float *x, const float *w, const int32_t *rows, int64_t n_tok, int64_t n,
                         float eps, float *out);
-/* cos/sin[t*half + i] of pos[t] * freq_scale * theta^(-2i/rope_dim) / freqs[i] (double math).
- * When cell_pos is not NULL, also cell_pos[slots[t]*n_ctx + cells[t]] = pos[t]. */
+/* x[t*n ..] += rmsnorm(y[t*n ..]) * w: a post-norm (Gemma 3) joining the residual. */
+cudaError_t eic_rmsnorm_add(cudaStream_t s, const float *y, const float *w, int64_t n_tok, int64_t n, float eps,
+                            float *x);
+/* x[i] *= a (Gemma's embedding scale); x[i] = cap * tanh(x[i] / cap) (final logit softcap). */
+cudaError_t eic_scale(cudaStream_t s, float *x, int64_t n, float a);
+cudaError_t eic_softcap(cudaStream_t s, float *x, int64_t n, float cap);
+/* gate[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU). */
+cudaError_t eic_geglu(cudaStream_t s, float *gate, const float *up, int64_t n);
+/* cos/sin[t*half + i] of pos[t] * freq_scale * theta^(-2i/rope_dim) / freqs[i] (double math),
+ * times mscale (LongRoPE's attention factor; <= 0: 1). When cell_pos is not NULL, also cell_pos[slots[t]*n_ctx + cells[t]] = pos[t]. */
 cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, int rope_dim, float theta,
-                            float freq_scale, const float *freqs, float *cos_t, float *sin_t, int32_t *cell_pos,
-                            const int32_t *slots, const int32_t *cells, int32_t n_ctx);
+                            float freq_scale, const float *freqs, float mscale, float *cos_t, float *sin_t,
+                            int32_t *cell_pos, const int32_t *slots, const int32_t *cells, int32_t n_ctx);
 /* RoPE on q[t][n_head][hd] in place; when kc is not NULL also on kc[t][n_head_kv][hd], then
  * K and V of every token go to their ring cell (f16) of `layer`. */
 typedef struct {
     uint16_t *k, *v;        /* the arena: [slot][layer][kv_head][cell][hd] */
     int32_t n_layer, n_head_kv, n_ctx, hd;
 } eic_kv;
+/* Per-head RMSNorm weights (head_dim each) applied to q / k heads before RoPE; NULL: none. */
+typedef struct {
+    const float *q, *k;
+    float eps;
+} eic_qk_norm;
 cudaError_t eic_rope_store(cudaStream_t s, float *q, float *kc, const float *vc, int64_t n_tok, int n_head,
                            int n_head_kv, int hd, int rope_dim, int neox, const float *cos_t, const float *sin_t,
-                           const eic_kv *kv, int layer, const int32_t *slots, const int32_t *cells);
+                           const eic_kv *kv, int layer, const int32_t *slots, const int32_t *cells,
+                           const eic_qk_norm *qk_norm);
 /* gate[i] = silu(gate[i]) * up[i]. */
 cudaError_t eic_swiglu(cudaStream_t s, float *gate, const float *up, int64_t n);
 /* out[t][h*hd ..] for tokens t < n_tok: attention of q[t] over its slot's cells
@@ -73,7 +87,9 @@ cudaError_t eic_swiglu(cudaStream_t s, float *gate, const float *up, int64_t n);
  * EIC_ATTN_CHUNK cells merged in order. part holds n_tok*n_head*n_chunks*(hd+2) floats. */
 cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_head, const eic_kv *kv, int layer,
                           const int32_t *slots, const int32_t *pos, const int32_t *n_cells, const int32_t *cell_pos,
-                          int n_chunks, float *part, float *out);
+                          int n_chunks, float *part, float *out, float scale, int32_t window);
+/* scale: scores = q.k * scale (0: 1/sqrt(hd)); window > 0: only cells with pos - window < cell_pos
+ * are visible (a sliding-window layer). */
 /* out[j] = argmax of row j of x (n_rows x n). */
 cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int32_t *out);
 /* ids[j*k + i], vals[j*k + i], i < k: the k largest of row j of x (n_rows x n), value descending,

@@ -86,6 +86,9 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
 /* gate[i] = silu(gate[i]) * up[i] for i < n: the SwiGLU of the feed-forward block. */
 ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n);
 
+/* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n: the GeGLU of Gemma's feed-forward block. */
+ei_status ei_kernel_geglu(int isa, float *gate, const float *up, int64_t n);
+
 /* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
 /* Which families exist is Python's business (edgeinfer/arch/table.py); C sees only the
  * hyperparameters and the features the forward pass switches on. */
@@ -103,6 +106,20 @@ typedef struct {
     float rope_theta;
     float rope_freq_scale; /* linear RoPE scaling: positions are multiplied by it (1 = none) */
     float rms_eps;
+    /* ---- per-head Q/K norms, post-norms, GELU, sliding window, softcap (Qwen3, Gemma 3) ---- */
+    int32_t has_qk_norm;     /* 1: attn_q_norm / attn_k_norm (head_dim weights) RMSNorm each q and k head before RoPE */
+    int32_t has_post_norms;  /* 1: attn_post_norm / ffn_post_norm RMSNorm each block's output before the residual add */
+    int32_t act_gelu;        /* 0: SwiGLU (silu(gate) * up); 1: GeGLU with the tanh GELU (gelu(gate) * up) */
+    float embd_scale;        /* token embeddings are multiplied by it (0 or 1: none; Gemma: sqrt(n_embd)) */
+    float attn_scale;        /* scores = q.k * attn_scale (0: 1/sqrt(head_dim)) */
+    float final_softcap;     /* logits = c * tanh(logits / c) (0: none) */
+    int32_t swa_window;      /* > 0: local layers attend to the last swa_window positions only */
+    int32_t swa_pattern;     /* with swa_window: layer l is global iff (l + 1) % swa_pattern == 0 (0: all local) */
+    float rope_theta_local;  /* RoPE base of the local layers (0: rope_theta) */
+    /* RoPE (fam-b): cos and sin are multiplied by it, so the rotated dimensions of q and k
+     * are scaled (LongRoPE's attention factor; llama.cpp's rope.scaling.attn_factor).
+     * 0 or 1: none. */
+    float rope_attn_factor;
 } ei_model_config;
 
 typedef struct ei_model ei_model;

@@ -25,13 +25,19 @@ typedef enum {
     EI_T_FFN_NORM = 18,
     EI_T_FFN_GATE = 19,
     EI_T_FFN_UP = 20,
-    EI_T_FFN_DOWN = 21
+    EI_T_FFN_DOWN = 21,
+    /* per-head Q/K norms and post-norms (Qwen3, Gemma 3) */
+    EI_T_ATTN_Q_NORM = 40,    /* head_dim weights, iff has_qk_norm */
+    EI_T_ATTN_K_NORM = 41,
+    EI_T_ATTN_POST_NORM = 42, /* n_embd weights, iff has_post_norms */
+    EI_T_FFN_POST_NORM = 43
 } ei_tensor_role;
 
 /* 1-D roles (norm weights, biases, RoPE factors): one row, kept in f32. */
 #define EI_ROLE_IS_VECTOR(r)                                                              \
     ((r) == EI_T_OUTPUT_NORM || (r) == EI_T_ROPE_FREQS || (r) == EI_T_ATTN_NORM ||       \
      (r) == EI_T_FFN_NORM || (r) == EI_T_ATTN_Q_BIAS || (r) == EI_T_ATTN_K_BIAS ||      \
-     (r) == EI_T_ATTN_V_BIAS)
+     (r) == EI_T_ATTN_V_BIAS || (r) == EI_T_ATTN_Q_NORM || (r) == EI_T_ATTN_K_NORM ||  \
+     (r) == EI_T_ATTN_POST_NORM || (r) == EI_T_FFN_POST_NORM)
 
 #endif

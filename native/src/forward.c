@@ -33,16 +33,47 @@ static void rmsnorm_rows(const ei_runtime *rt, float *out, const float *x, const
     for (int64_t t = 0; t < n_tok; t++) rmsnorm(out + t * d, x + t * d, w->data, d, rt->m->cfg.rms_eps);
 }
 
-/* cos/sin of pos * freq_i (freq_i fixed at creation), in double: positions can be large. */
-static void rope_tables(ei_runtime *rt, const int32_t *pos, int64_t n_tok) {
+/* cos/sin of pos * freq_i (freq_i fixed at creation), in double: positions can be large;
+ * both times the attention factor (LongRoPE), as ggml's rope scales them. */
+static void rope_fill(const ei_runtime *rt, const double *freq, float *cos_t, float *sin_t, const int32_t *pos,
+                      int64_t n_tok) {
     const int half = rt->m->cfg.rope_dim / 2;
+    const float af = rt->m->cfg.rope_attn_factor;
+    const double m = af > 0 ? (double)af : 1.0;
     for (int64_t t = 0; t < n_tok; t++) {
         for (int i = 0; i < half; i++) {
-            const double a = (double)pos[t] * rt->rope_freq[i];
-            rt->rope_cos[t * half + i] = (float)cos(a);
-            rt->rope_sin[t * half + i] = (float)sin(a);
+            const double a = (double)pos[t] * freq[i];
+            cos_t[t * half + i] = (float)(cos(a) * m);
+            sin_t[t * half + i] = (float)(sin(a) * m);
         }
     }
+}
+
+static void rope_tables(ei_runtime *rt, const int32_t *pos, int64_t n_tok) {
+    rope_fill(rt, rt->rope_freq, rt->rope_cos, rt->rope_sin, pos, n_tok);
+    if (rt->rope_freq_local) rope_fill(rt, rt->rope_freq_local, rt->rope_cos_l, rt->rope_sin_l, pos, n_tok);
+}
+
+/* ---- Qwen3 / Gemma 3 ops: per-head Q/K norms, post-norms, embedding scale, softcap ---- */
+
+/* RMSNorm of every q and k head (head_dim wide) with the layer's q_norm / k_norm, in place. */
+static void qk_norm(const ei_runtime *rt, const ei_layer *L, int64_t n_tok) {
+    const ei_model_config *c = &rt->m->cfg;
+    if (!c->has_qk_norm) return;
+    const int hd = c->head_dim;
+    for (int64_t i = 0; i < n_tok * c->n_head; i++) rmsnorm(rt->q + i * hd, rt->q + i * hd, L->q_norm.data, hd, c->rms_eps);
+    for (int64_t i = 0; i < n_tok * c->n_head_kv; i++)
+        rmsnorm(rt->kc + i * hd, rt->kc + i * hd, L->k_norm.data, hd, c->rms_eps);
+}
+
+/* A block's output rows y (n_embd wide) through its post-norm, when the model has them. */
+static void post_norm(const ei_runtime *rt, float *y, const ei_weight *w, int64_t n_tok) {
+    if (rt->m->cfg.has_post_norms) rmsnorm_rows(rt, y, y, w, n_tok);
+}
+
+static void softcap(float *x, int64_t n, float cap) {
+    if (!(cap > 0)) return;
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 static void rope_head(const ei_model_config *c, float *v, const float *cs, const float *sn) {
@@ -68,13 +99,17 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
                      const int32_t *cells) {
     const ei_model_config *c = &rt->m->cfg;
     int hd = c->head_dim, half = c->rope_dim / 2;
+    const int local = rt->rope_freq_local && ei_layer_is_local(c, layer);   /* local layers: their own base */
+    const float *cos_t = local ? rt->rope_cos_l : rt->rope_cos, *sin_t = local ? rt->rope_sin_l : rt->rope_sin;
+    const int32_t R = ei_layer_in_local_ring(rt, layer) ? rt->local_cells : 0;
     for (int64_t t = 0; t < n_tok; t++) {
-        const float *cs = rt->rope_cos + t * half, *sn = rt->rope_sin + t * half;
+        const float *cs = cos_t + t * half, *sn = sin_t + t * half;
         for (int h = 0; h < c->n_head; h++) rope_head(c, rt->q + (t * c->n_head + h) * hd, cs, sn);
         for (int h = 0; h < c->n_head_kv; h++) {
             float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
             rope_head(c, kh, cs, sn);
-            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cells[t] * rt->kv_row_bytes;
+            const int32_t cell = R ? pos[t] % R : cells[t];   /* the local ring: position mod its size */
+            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cell * rt->kv_row_bytes;
             ei_kv_store_row(rt->p.kv_type, kh, hd, rt->k + off);
             ei_kv_store_row(rt->p.kv_type, vh, hd, rt->v + off);
         }
@@ -82,6 +117,11 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
         if (layer == 0) {
             rt->cell_pos[cell] = pos[t];
             if (rt->n_used[slots[t]] <= cells[t]) rt->n_used[slots[t]] = cells[t] + 1;
+            if (rt->local_cells) {
+                const int32_t lc = pos[t] % rt->local_cells;
+                rt->local_cell_pos[(size_t)slots[t] * rt->local_cells + lc] = pos[t];
+                if (rt->local_used[slots[t]] <= lc) rt->local_used[slots[t]] = lc + 1;
+            }
         }
     }
 }
@@ -105,7 +145,9 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
     ei_runtime *rt = t->rt;
     const ei_model_config *c = &rt->m->cfg;
     const int hd = c->head_dim, group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
+    const int32_t window = ei_layer_is_local(c, t->layer) ? c->swa_window : 0;
+    int32_t *masked = rt->swa_cell_pos ? rt->swa_cell_pos + (size_t)ith * rt->p.n_ctx : NULL;
     float *scores = rt->scores + (size_t)ith * group * EI_ATTN_CHUNK;
     const int64_t per_tok = (int64_t)c->n_head_kv * t->n_chunks;
     const int64_t total = (t->t1 - t->t0) * per_tok;
@@ -117,14 +159,22 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
         const int slot = t->slots[tok];
         /* partials laid out [token][kv head][chunk][head of the group] */
         float *part = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
-        const int32_t c0 = chunk * EI_ATTN_CHUNK, c1 = EI_MIN(c0 + EI_ATTN_CHUNK, rt->n_used[slot]);
+        const int ring = ei_layer_in_local_ring(rt, t->layer);
+        const int32_t c0 = chunk * EI_ATTN_CHUNK,
+                      c1 = EI_MIN(c0 + EI_ATTN_CHUNK, ring ? rt->local_used[slot] : rt->n_used[slot]);
         if (c0 >= c1) {
             for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
         } else {
             const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
+            const int32_t *cp = ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
+                                     : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
+            if (window > 0) {   /* a local layer: cells older than the window read as empty */
+                const int32_t lo = t->pos[tok] - window;
+                for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo ? cp[cc] : -1;
+                cp = masked;
+            }
             ei_attend_chunk(&rt->attn, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                            rt->v + off, rt->cell_pos + (size_t)slot * rt->p.n_ctx, c0, c1, t->pos[tok], hd,
-                            scale, scores, part);
+                            rt->v + off, cp, c0, c1, t->pos[tok], hd, scale, scores, part);
         }
         atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
         if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) != t->n_chunks - 1) continue;
@@ -137,7 +187,8 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
 
 static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *slots, const int32_t *pos) {
     int32_t used = 0;
-    for (int64_t i = 0; i < n_tok; i++) used = EI_MAX(used, rt->n_used[slots[i]]);
+    const int ring = ei_layer_in_local_ring(rt, layer);
+    for (int64_t i = 0; i < n_tok; i++) used = EI_MAX(used, ring ? rt->local_used[slots[i]] : rt->n_used[slots[i]]);
     attn_task t = {.rt = rt, .layer = layer, .slots = slots, .pos = pos,
                    .n_chunks = (used + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK};
     for (int64_t t0 = 0; t0 < n_tok; t0 += rt->attn_tokens) {
@@ -160,6 +211,9 @@ static ei_status embed(ei_runtime *rt, const int32_t *tokens, int64_t n_tok) {
     if (!deq) return ei_fail(EI_ERR_UNSUPPORTED, "no dequantizer for token_embd type %d", e->type);
     for (int64_t t = 0; t < n_tok; t++)
         deq((const uint8_t *)e->data + row * tokens[t], rt->x + t * e->ne0, e->ne0);
+    const float sc = rt->m->cfg.embd_scale;
+    if (sc > 0 && sc != 1.0f)
+        for (int64_t i = 0; i < n_tok * e->ne0; i++) rt->x[i] *= sc;
     return EI_OK;
 }
 
@@ -212,6 +266,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         add_bias(rt->q, &L->bq, T, qd);
         add_bias(rt->kc, &L->bk, T, kvd);
         add_bias(rt->vc, &L->bv, T, kvd);
+        qk_norm(rt, L, T);
         lap(rt, EI_PROF_QKV, &t);
         store_kv(rt, l, T, slots, pos, cells);
         lap(rt, EI_PROF_ROPE_KV, &t);
@@ -221,6 +276,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
 
         ei_mm_job o = {&L->wo, rt->xn, pk[EI_PK_O]};
         ei_parallel_matmul(rt, &o, 1, rt->att, T);
+        post_norm(rt, rt->xn, &L->attn_post_norm, T);
         add_into(rt->x, rt->xn, T * d);
         lap(rt, EI_PROF_ATTN_OUT, &t);
 
@@ -229,10 +285,11 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         ei_mm_job gu[2] = {{&L->w_gate, rt->gate, pk[EI_PK_GATE]}, {&L->w_up, rt->up, pk[EI_PK_UP]}};
         ei_parallel_matmul(rt, gu, 2, rt->xn, T);
         lap(rt, EI_PROF_FFN_UP, &t);
-        rt->kt->swiglu(rt->gate, rt->up, T * c->n_ff);
+        (c->act_gelu ? rt->kt->geglu : rt->kt->swiglu)(rt->gate, rt->up, T * c->n_ff);
         lap(rt, EI_PROF_FFN_ACT, &t);
         ei_mm_job down = {&L->w_down, rt->xn, pk[EI_PK_DOWN]};
         ei_parallel_matmul(rt, &down, 1, rt->gate, T);
+        post_norm(rt, rt->xn, &L->ffn_post_norm, T);
         add_into(rt->x, rt->xn, T * d);
         lap(rt, EI_PROF_FFN_DOWN, &t);
     }
@@ -241,6 +298,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->output_norm.data, d, c->rms_eps);
     ei_mm_job head = {ei_model_output(m), logits, rt->packed[(size_t)c->n_layer * EI_PACKED_PER_LAYER]};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
+    softcap(logits, (int64_t)n_out * c->n_vocab, c->final_softcap);
     lap(rt, EI_PROF_HEAD, &t);
     return EI_OK;
 }

@@ -172,6 +172,7 @@ static void fill_scalar(ei_kernels *k) {
     FLOAT_TYPES(DOT_SCALAR) QUANT_TYPES(DOT_SCALAR)
     k->quantize_act = ei_quantize_act_scalar;
     k->swiglu = ei_swiglu_scalar;
+    k->geglu = ei_geglu_scalar;
     k->name = "scalar";
 }
 
@@ -189,9 +190,11 @@ static void fill_avx2(ei_kernels *k) {
     /* Q8_0 is not packed: maddubs would saturate its 8-bit products */
     PACKED(EI_TYPE_Q4_0, q4_0, avx2) PACKED(EI_TYPE_Q4_1, q4_1, avx2)
     PACKED(EI_TYPE_Q5_0, q5_0, avx2) PACKED(EI_TYPE_Q5_1, q5_1, avx2)
+    PACKED(EI_TYPE_Q4_K, q4_k, avx2) PACKED(EI_TYPE_Q5_K, q5_k, avx2) PACKED(EI_TYPE_Q6_K, q6_k, avx2)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, 256, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
+    k->geglu = ei_geglu_avx2;
     k->name = "avx2";
 }
 
@@ -204,9 +207,11 @@ static void fill_avx512(ei_kernels *k) {
     PACKED(EI_TYPE_Q4_0, q4_0, vnni) PACKED(EI_TYPE_Q4_1, q4_1, vnni)
     PACKED(EI_TYPE_Q5_0, q5_0, vnni) PACKED(EI_TYPE_Q5_1, q5_1, vnni)
     PACKED(EI_TYPE_Q8_0, q8_0, vnni)
+    PACKED(EI_TYPE_Q4_K, q4_k, vnni) PACKED(EI_TYPE_Q5_K, q5_k, vnni) PACKED(EI_TYPE_Q6_K, q6_k, vnni)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 256, 0};
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
+    k->geglu = ei_geglu_avx512;
     k->name = "avx512";
 }
 #endif
@@ -226,8 +231,18 @@ static void fill_neon(ei_kernels *k, int dotprod) {
         QUANT_TYPES(DOT_NEON)
     }
     k->quantize_act = ei_quantize_act_neon;
+    /* the K-quants are packed (packed_k_neon.c); the 32-block types keep their GGUF layout here */
+#define PACKED_NEON(T, name, sfx) k->packed[T].x1 = ei_packed_##name##_x1_##sfx, k->packed[T].x4 = ei_packed_##name##_x4_##sfx;
+    if (dotprod) {
+        PACKED_NEON(EI_TYPE_Q4_K, q4_k, neondot) PACKED_NEON(EI_TYPE_Q5_K, q5_k, neondot)
+        PACKED_NEON(EI_TYPE_Q6_K, q6_k, neondot)
+    } else {
+        PACKED_NEON(EI_TYPE_Q4_K, q4_k, neon) PACKED_NEON(EI_TYPE_Q5_K, q5_k, neon) PACKED_NEON(EI_TYPE_Q6_K, q6_k, neon)
+    }
+#undef PACKED_NEON
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
+    k->geglu = ei_geglu_neon;
     k->name = dotprod ? "neon+dotprod" : "neon";
 }
 #endif

@@ -51,6 +51,16 @@ void ei_swiglu_scalar(float *gate, const float *up, int64_t n);
 void ei_swiglu_avx2(float *gate, const float *up, int64_t n);
 #endif
 
+/* gate = gelu_tanh(gate) * up (geglu.c; the scalar loop is the reference) */
+void ei_geglu_scalar(float *gate, const float *up, int64_t n);
+#if defined(__x86_64__)
+void ei_geglu_avx2(float *gate, const float *up, int64_t n);
+void ei_geglu_avx512(float *gate, const float *up, int64_t n);
+#endif
+#if defined(__aarch64__)
+void ei_geglu_neon(float *gate, const float *up, int64_t n);
+#endif
+
 #define EI_TYPE_IDS 31   /* GGML type ids index the per-type entries: 0 .. EI_TYPE_BF16 (30) */
 #define EI_ATTN_CANDIDATES 2
 
@@ -73,6 +83,7 @@ typedef struct ei_kernels {
      * list); ei_attn_pick falls back to the scalar reference. */
     ei_attn_kernel attend[2][EI_ATTN_CANDIDATES];
     ei_swiglu_fn swiglu;
+    ei_swiglu_fn geglu;   /* same signature: gate = gelu_tanh(gate) * up */
 } ei_kernels;
 
 /* The table for an ISA level (EI_ISA_BEST: the best this CPU has), initialised

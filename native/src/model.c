@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "common.h"
@@ -28,6 +29,18 @@ ei_status ei_model_create(const ei_model_config *cfg, ei_model **out) {
         return ei_fail(EI_ERR_INVALID_ARG, "rope_dim=%d must be even and <= head_dim", cfg->rope_dim);
     if (!(cfg->rms_eps > 0) || !(cfg->rope_theta > 0) || !(cfg->rope_freq_scale > 0))
         return ei_fail(EI_ERR_INVALID_ARG, "rms_eps, rope_theta and rope_freq_scale must be positive");
+    if ((cfg->has_qk_norm != 0 && cfg->has_qk_norm != 1) || (cfg->has_post_norms != 0 && cfg->has_post_norms != 1) ||
+        (cfg->act_gelu != 0 && cfg->act_gelu != 1))
+        return ei_fail(EI_ERR_INVALID_ARG, "has_qk_norm=%d, has_post_norms=%d and act_gelu=%d must be 0 or 1",
+                       cfg->has_qk_norm, cfg->has_post_norms, cfg->act_gelu);
+    if (!(cfg->embd_scale >= 0) || !(cfg->attn_scale >= 0) || !(cfg->final_softcap >= 0) ||
+        !(cfg->rope_theta_local >= 0) || cfg->swa_window < 0 || cfg->swa_pattern < 0 ||
+        !isfinite(cfg->embd_scale) || !isfinite(cfg->attn_scale) || !isfinite(cfg->final_softcap) ||
+        !isfinite(cfg->rope_theta_local))
+        return ei_fail(EI_ERR_INVALID_ARG, "embd_scale, attn_scale, final_softcap, rope_theta_local, swa_window "
+                                           "and swa_pattern must be finite and >= 0");
+    if (!(cfg->rope_attn_factor >= 0) || cfg->rope_attn_factor > 1e3f)
+        return ei_fail(EI_ERR_INVALID_ARG, "rope_attn_factor=%g must be in [0, 1000]", (double)cfg->rope_attn_factor);
     ei_model *m = calloc(1, sizeof *m);
     if (!m) return ei_fail(EI_ERR_OUT_OF_MEMORY, "model_create: out of memory");
     m->layers = calloc((size_t)cfg->n_layer, sizeof(ei_layer));
@@ -62,6 +75,10 @@ static ei_weight *slot_for(ei_model *m, int layer, int role) {
     case EI_T_FFN_GATE: return &L->w_gate;
     case EI_T_FFN_UP: return &L->w_up;
     case EI_T_FFN_DOWN: return &L->w_down;
+    case EI_T_ATTN_Q_NORM: return &L->q_norm;
+    case EI_T_ATTN_K_NORM: return &L->k_norm;
+    case EI_T_ATTN_POST_NORM: return &L->attn_post_norm;
+    case EI_T_FFN_POST_NORM: return &L->ffn_post_norm;
     default: return NULL;
     }
 }
@@ -75,6 +92,9 @@ ei_status ei_model_set_tensor(ei_model *m, int layer, int role, const void *data
     if (!m->cfg.has_qkv_bias && (role == EI_T_ATTN_Q_BIAS || role == EI_T_ATTN_K_BIAS || role == EI_T_ATTN_V_BIAS))
         return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: q/k/v bias (role %d) for a model configured without them",
                        role);
+    if ((!m->cfg.has_qk_norm && (role == EI_T_ATTN_Q_NORM || role == EI_T_ATTN_K_NORM)) ||
+        (!m->cfg.has_post_norms && (role == EI_T_ATTN_POST_NORM || role == EI_T_FFN_POST_NORM)))
+        return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: norm role %d for a model configured without it", role);
     if (ne0 < 1 || ne1 < 1 || ne0 > (int64_t)1 << 32 || ne1 > (int64_t)1 << 32)
         return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: bad shape [%lld, %lld]", (long long)ne0, (long long)ne1);
     if (ei_row_bytes(type, ne0) <= 0)
@@ -126,6 +146,10 @@ ei_status ei_model_finalize(ei_model *m) {
         CHECK(&L->w_gate, "ffn_gate", l, d, c->n_ff, 1, 0);
         CHECK(&L->w_up, "ffn_up", l, d, c->n_ff, 1, 0);
         CHECK(&L->w_down, "ffn_down", l, c->n_ff, d, 1, 0);
+        CHECK(&L->q_norm, "attn_q_norm", l, c->head_dim, 1, c->has_qk_norm, 1);
+        CHECK(&L->k_norm, "attn_k_norm", l, c->head_dim, 1, c->has_qk_norm, 1);
+        CHECK(&L->attn_post_norm, "post_attention_norm", l, d, 1, c->has_post_norms, 1);
+        CHECK(&L->ffn_post_norm, "post_ffw_norm", l, d, 1, c->has_post_norms, 1);
     }
 #undef CHECK
     m->finalized = 1;

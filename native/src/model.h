@@ -11,6 +11,7 @@ typedef struct {
 
 typedef struct {
     ei_weight attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+    ei_weight q_norm, k_norm, attn_post_norm, ffn_post_norm;   /* Qwen3 / Gemma 3; data NULL when absent */
 } ei_layer;
 
 struct ei_model {
@@ -19,6 +20,12 @@ struct ei_model {
     ei_layer *layers;
     int finalized;
 };
+
+/* Is layer l a sliding-window (local) layer? Global iff (l + 1) % swa_pattern == 0, as llama.cpp
+ * and transformers lay out Gemma 3 (5 local : 1 global for a pattern of 6). */
+static inline int ei_layer_is_local(const ei_model_config *c, int l) {
+    return c->swa_window > 0 && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
+}
 
 /* The output head: `output` when present, else the tied token embedding. */
 const ei_weight *ei_model_output(const ei_model *m);

@@ -38,13 +38,24 @@ static src_layout layout(int type) {
  * computed in the kernel: no extra bytes to stream). */
 static int header_bytes(int type) { return layout(type).m >= 0 ? 32 : 16; }
 
+/* Elements of one packed unit (a block, or a K-quant super-block) and its bytes for 8 rows. */
+static int unit_elems(int type) { return ei_packed_k_unit_bytes(type) ? QKK : QK; }
+static size_t unit_bytes(int type) {
+    const size_t kb = ei_packed_k_unit_bytes(type);
+    return kb ? kb : (size_t)(header_bytes(type) + quant_bytes(type));
+}
+
 size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols) {
     if (type < 0 || type >= EI_TYPE_IDS || !k->packed[type].x1) return 0;
-    if (n_rows % EI_PACK_ROWS || n_cols % QK || n_rows < EI_PACK_ROWS) return 0;
-    return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / QK) * (size_t)(header_bytes(type) + quant_bytes(type));
+    if (n_rows % EI_PACK_ROWS || n_cols % unit_elems(type) || n_rows < EI_PACK_ROWS || n_cols <= 0) return 0;
+    return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / unit_elems(type)) * unit_bytes(type);
 }
 
 void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
+    if (ei_packed_k_unit_bytes(type)) {
+        ei_pack_k(type, w, n_rows, n_cols, dst);
+        return;
+    }
     const int64_t nb = n_cols / QK;
     const src_layout L = layout(type);
     const int qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
@@ -172,8 +183,8 @@ PACKED_FN(q8_0_x4_vnni, T_VNNI, dp_vnni, 4, 0, 0, 0, 128.0f)
 
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy) {
-    const int64_t nb = n_cols / QK;
-    const size_t group_bytes = (size_t)nb * (size_t)(header_bytes(type) + quant_bytes(type));
+    const int64_t nb = n_cols / unit_elems(type);
+    const size_t group_bytes = (size_t)nb * unit_bytes(type);
     const ei_packed_fn x1 = k->packed[type].x1, x4 = k->packed[type].x4;
     const uint8_t *A = act;
     int64_t t = 0;

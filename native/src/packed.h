@@ -1,4 +1,4 @@
-/* Row-interleaved ("packed") weights for x86 integer dot products.
+/* Row-interleaved ("packed") weights for integer dot products (x86; NEON for the K-quants).
  *
  * A GGUF row stores its blocks one after another, so a dot product ends in a
  * horizontal sum per row and pays per-block scalar work. Packed weights put 8
@@ -17,6 +17,18 @@
  * 5-bit (Q5_0, Q5_1): the 4-bit part as above, then each row's 32-bit qh word.
  * Q8_0: 256 bytes, group k < 8 holds q[4k..4k+3] + 128 of each row (unsigned).
  *   Needs VNNI (maddubs would saturate).
+ * K-quants (packed_k.c) pack per 256-element super-block, scales and mins
+ * unpacked from their 6-bit form once, at load (u8 / i8, [sub-block][row]):
+ *   Q4_K: f16 d[8] | f16 dmin[8] | u8 sc[8][8] | u8 m[8][8] | 1024 quant bytes
+ *     nibble pair p < 4 (256 bytes), group k < 8 holds GGUF qs[32p + 4k ..+3]
+ *     of each row: low nibbles are elements 4k.. of sub-block 2p, high of 2p+1.
+ *     x = (d * sc) * q - dmin * m
+ *   Q5_K: Q4_K's bytes, then 8 x 32 bytes of fifth bits: sub-block j, group k
+ *     is a 32-bit mask whose bit 4r + i is bit 4 of element 4k + i of row r.
+ *   Q6_K: f16 d[8] | i8 sc[16][8] | ql 4 x 256 | qh 2 x 256. ql pair P = 2h + c
+ *     as Q4_K's pairs from GGUF ql[32P ..]: low nibbles block 4h + c, high
+ *     block 4h + c + 2; qh quad h, group k holds GGUF qh[32h + 4k ..+3] of each
+ *     row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32)
  * Rows must come in multiples of 8; the original GGUF bytes are kept for the
  * embedding lookup and the scalar reference.
  */
@@ -28,6 +40,13 @@
 #include "kernels.h"
 
 #define EI_PACK_ROWS 8
+
+/* Bytes of one packed K-quant super-block of 8 rows (and its header). */
+#define EI_PK_HDR_Q4K 160
+#define EI_PK_Q4K_BYTES (EI_PK_HDR_Q4K + 1024)
+#define EI_PK_Q5K_BYTES (EI_PK_Q4K_BYTES + 256)
+#define EI_PK_HDR_Q6K 144
+#define EI_PK_Q6K_BYTES (EI_PK_HDR_Q6K + 1024 + 512)
 
 /* Bytes of the packed form of a [n_rows, n_cols] matrix of `type`, or 0 when it
  * stays in its GGUF layout: table k has no packed kernel for the type, or the
@@ -42,6 +61,14 @@ void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst)
  * whatever n_tok and r0/r1 are. */
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* packed_k.c: super-block bytes of a K type (0: not one), its packing, and the
+ * scalar references of its packed kernels (one token; the oracle of the SIMD ones). */
+size_t ei_packed_k_unit_bytes(int type);
+void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
+void ei_packed_q4_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q5_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q6_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 
 #if defined(__x86_64__)
 /* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call, AVX2
@@ -58,5 +85,23 @@ EI_PACKED_DECL(q4_1, vnni)
 EI_PACKED_DECL(q5_0, vnni)
 EI_PACKED_DECL(q5_1, vnni)
 EI_PACKED_DECL(q8_0, vnni)
+EI_PACKED_DECL(q4_k, avx2)
+EI_PACKED_DECL(q5_k, avx2)
+EI_PACKED_DECL(q6_k, avx2)
+EI_PACKED_DECL(q4_k, vnni)
+EI_PACKED_DECL(q5_k, vnni)
+EI_PACKED_DECL(q6_k, vnni)
+#endif
+#if defined(__aarch64__)
+/* packed_k_neon.c: plain ASIMD and dotprod builds */
+#define EI_PACKED_DECL_NEON(name, sfx)                                                                      \
+    void ei_packed_##name##_x1_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);      \
+    void ei_packed_##name##_x4_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_DECL_NEON(q4_k, neon)
+EI_PACKED_DECL_NEON(q5_k, neon)
+EI_PACKED_DECL_NEON(q6_k, neon)
+EI_PACKED_DECL_NEON(q4_k, neondot)
+EI_PACKED_DECL_NEON(q5_k, neondot)
+EI_PACKED_DECL_NEON(q6_k, neondot)
 #endif
 #endif

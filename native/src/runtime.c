@@ -139,8 +139,25 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->attn = ei_attn_pick(kt, prm.kv_type, c->head_dim);
 
     rt->kv_row_bytes = (size_t)ei_row_bytes(prm.kv_type, c->head_dim);
-    size_t kv_rows = (size_t)prm.n_slots * c->n_layer * c->n_head_kv * (size_t)prm.n_ctx;
     size_t kv_total = 0, scratch = 0;
+    int swa_fail = 0;
+    /* Sliding-window layers: their own ring of window + max_batch - 1 cells when that is smaller. */
+    if (c->swa_window > 0 && (int64_t)c->swa_window + prm.max_batch - 1 < prm.n_ctx)
+        rt->local_cells = c->swa_window + prm.max_batch - 1;
+    rt->layer_off = alloc_zeroed((size_t)c->n_layer * sizeof(size_t), &scratch);
+    size_t kv_rows = 0;
+    for (int l = 0; rt->layer_off && l < c->n_layer; l++) {
+        rt->layer_off[l] = kv_rows * rt->kv_row_bytes;
+        const size_t cells = ei_layer_in_local_ring(rt, l) ? (size_t)rt->local_cells : (size_t)prm.n_ctx;
+        kv_rows += (size_t)prm.n_slots * c->n_head_kv * cells;
+    }
+    if (rt->local_cells) {
+        rt->local_cell_pos = alloc_zeroed((size_t)prm.n_slots * rt->local_cells * sizeof(int32_t), &scratch);
+        rt->local_used = alloc_zeroed((size_t)prm.n_slots * sizeof(int32_t), &scratch);
+        swa_fail |= !rt->local_cell_pos || !rt->local_used;
+        for (size_t i = 0; rt->local_cell_pos && i < (size_t)prm.n_slots * rt->local_cells; i++)
+            rt->local_cell_pos[i] = -1;
+    }
     rt->k = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
     rt->v = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
     rt->cell_pos = alloc_zeroed((size_t)prm.n_slots * prm.n_ctx * sizeof(int32_t), &scratch);
@@ -172,12 +189,26 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_freq = alloc_zeroed(half * sizeof(double), &scratch);
     rt->out_rows = alloc_zeroed(B * d * sizeof(float), &scratch);
+    /* Sliding-window layers: a second RoPE table when their base differs, and per-thread
+     * cell positions masked to the window. */
+    if (c->swa_window > 0) {
+        rt->swa_cell_pos = alloc_zeroed((size_t)prm.n_threads * prm.n_ctx * sizeof(int32_t), &scratch);
+        swa_fail |= !rt->swa_cell_pos;
+        /* local layers: their own base and no scaling, so their own tables unless both match */
+        if ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) || c->rope_freq_scale != 1.0f ||
+            m->rope_freqs.data) {
+            rt->rope_cos_l = alloc_zeroed(B * half * sizeof(float), &scratch);
+            rt->rope_sin_l = alloc_zeroed(B * half * sizeof(float), &scratch);
+            rt->rope_freq_local = alloc_zeroed(half * sizeof(double), &scratch);
+            swa_fail |= !rt->rope_cos_l || !rt->rope_sin_l || !rt->rope_freq_local;
+        }
+    }
     rt->kv_bytes = kv_total;
     rt->scratch_bytes = scratch;
 
     if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
         !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->attn_done || !rt->rope_cos ||
-        !rt->rope_sin || !rt->rope_freq || !rt->out_rows) {
+        !rt->rope_sin || !rt->rope_freq || !rt->out_rows || !rt->layer_off || swa_fail) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate %zu bytes of KV + %zu of scratch",
                        kv_total, scratch);
@@ -187,6 +218,9 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     for (int i = 0; i < c->rope_dim / 2; i++) {
         double f = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) * c->rope_freq_scale;
         rt->rope_freq[i] = factors ? f / factors[i] : f;
+        /* local layers: their own base, no scaling (llama.cpp's rope_freq_{base,scale}_train_swa) */
+        const double base_l = c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta;
+        if (rt->rope_freq_local) rt->rope_freq_local[i] = pow(base_l, -2.0 * i / (double)c->rope_dim);
     }
     if (pack_weights(rt) != EI_OK) {
         ei_runtime_free(rt);
@@ -207,7 +241,9 @@ void ei_runtime_free(ei_runtime *rt) {
     free(rt->packed);
     free(rt->pack_arena);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
-                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows};
+                    rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows,
+                    rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local,
+                    rt->layer_off, rt->local_cell_pos, rt->local_used};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(rt);
 }
@@ -239,6 +275,15 @@ ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) {
         if (cp[c] >= 0) used = c + 1;
     }
     rt->n_used[slot] = used;
+    if (rt->local_cells) {   /* the sliding-window layers' ring */
+        int32_t *lp = rt->local_cell_pos + (size_t)slot * rt->local_cells;
+        used = 0;
+        for (int32_t c = 0; c < rt->local_used[slot]; c++) {
+            if (lp[c] >= pos) lp[c] = -1;
+            if (lp[c] >= 0) used = c + 1;
+        }
+        rt->local_used[slot] = used;
+    }
     return EI_OK;
 }
 

@@ -15,10 +15,19 @@ struct ei_runtime {
     ei_attn_kernel attn;    /* the attention kernel for this KV type and head size */
     ei_pool *pool;
 
-    /* The KV arena, allocated once: [slot][layer][kv_head][cell] rows of head_dim
-     * values, f16 or Q8_0 blocks (kv_row_bytes per cell). */
+    /* The KV arena, allocated once: [layer][slot][kv_head][cell] rows of head_dim
+     * values, f16 or Q8_0 blocks (kv_row_bytes per cell); a layer holds n_ctx cells per
+     * slot, a sliding-window layer local_cells when it has its own ring. */
     uint8_t *k, *v;
     size_t kv_row_bytes;
+    size_t *layer_off;   /* [n_layer]: byte offset of each layer's block in k and v */
+    /* Sliding-window layers keep only their window: a ring of local_cells = swa_window +
+     * max_batch - 1 cells per slot (a batch's earliest query still finds its window after
+     * the batch's last token is stored), position p in cell p % local_cells. 0: the local
+     * layers use the full ring (no window, or the window is not smaller than n_ctx). */
+    int32_t local_cells;
+    int32_t *local_cell_pos;  /* [slot][local_cells]: position held, -1 when empty */
+    int32_t *local_used;      /* [slot]: local cells [0, local_used) may hold something */
     int32_t *cell_pos;   /* [slot][cell]: position held, -1 when empty */
     int32_t *n_used;     /* [slot]: cells [0, n_used) may hold something */
     size_t kv_bytes;
@@ -33,6 +42,11 @@ struct ei_runtime {
     float *rope_cos, *rope_sin;  /* [max_batch][rope_dim / 2] */
     double *rope_freq;           /* [rope_dim / 2]: scale * theta^(-2i/rope_dim) / factor_i, fixed at creation */
     float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
+    /* Sliding-window layers (NULL without them): [n_threads][n_ctx] cell positions masked to a
+     * query's window; the local layers' RoPE tables when their base differs from rope_theta. */
+    int32_t *swa_cell_pos;
+    float *rope_cos_l, *rope_sin_l;
+    double *rope_freq_local;
     size_t scratch_bytes;
     double prof[EI_PROF_COUNT];   /* seconds per stage */
 
@@ -46,9 +60,15 @@ struct ei_runtime {
 enum { EI_PK_Q, EI_PK_K, EI_PK_V, EI_PK_O, EI_PK_GATE, EI_PK_UP, EI_PK_DOWN, EI_PACKED_PER_LAYER };
 
 /* Byte offset of cell 0 of (slot, layer, kv_head) in the K or V arena. */
+/* Does layer use the local ring (rather than the full one)? */
+static inline int ei_layer_in_local_ring(const struct ei_runtime *rt, int layer) {
+    return rt->local_cells > 0 && ei_layer_is_local(&rt->m->cfg, layer);
+}
+
 static inline size_t ei_kv_offset(const struct ei_runtime *rt, int slot, int layer, int kvh) {
     const ei_model_config *c = &rt->m->cfg;
-    return ((((size_t)slot * c->n_layer + layer) * c->n_head_kv + kvh) * rt->p.n_ctx) * rt->kv_row_bytes;
+    const size_t cells = ei_layer_in_local_ring(rt, layer) ? (size_t)rt->local_cells : (size_t)rt->p.n_ctx;
+    return rt->layer_off[layer] + (((size_t)slot * c->n_head_kv + kvh) * cells) * rt->kv_row_bytes;
 }
 
 /* y[t, r] = W[r] . x[t] for up to three weights sharing one input, across the pool. */

@@ -9,6 +9,7 @@
  * with the plain-ASIMD dots and (when hwcaps report it) with the dotprod dots,
  * plus the table the run time picks; on x86-64 whichever of AVX2 / AVX-512 the
  * CPU has. Checks: dequantization and
+ * packed K-quant kernels (test_packed_k),
  * activation quantization bit-exact, dot products NMSE <= 1e-6, matmul and
  * attention (F16 and Q8_0 KV) through the public API, forward logits vs the reference file (NMSE <= 1e-4, same
  * argmax) and native forward vs scalar forward on this machine.
@@ -24,6 +25,7 @@
 #include "attention.h"
 #include "edgeinfer.h"
 #include "kernels.h"
+#include "packed.h"
 
 static int n_pass, n_fail;
 
@@ -232,6 +234,66 @@ static void test_type(const tinfo *t, const path *p) {
         free(f0);
         free(f1);
         free(qa);
+    }
+}
+
+/* Packed K-quants: the scalar packed reference against the unpacked scalar dot
+ * (NMSE <= 1e-12: the same arithmetic, rounding apart only where a compiler
+ * contracts differently), then this path's packed kernels, 1 and 4 tokens a
+ * call, against the reference (NMSE <= 1e-10, the packed-kernel bound of
+ * tests/test_kernels.py) and x4 identical to x1 per token (batch invariance). */
+static void test_packed_k(const path *p) {
+    static const struct {
+        int type;
+        const char *name;
+        ei_packed_fn ref;
+    } KT[] = {{EI_TYPE_Q4_K, "q4_k", ei_packed_q4_k_ref},
+              {EI_TYPE_Q5_K, "q5_k", ei_packed_q5_k_ref},
+              {EI_TYPE_Q6_K, "q6_k", ei_packed_q6_k_ref}};
+    const int64_t sizes[] = {256, 768, 2304};
+    enum { ROWS = 24, NT = 4 };
+    for (int ti = 0; ti < 3; ti++) {
+        const tinfo *t = NULL;
+        for (int i = 0; i < N_TYPES; i++)
+            if (TYPES[i].type == KT[ti].type) t = &TYPES[i];
+        const ei_kernels *k = &p->k;
+        if (!k->packed[t->type].x1) {
+            printf("  %-14s packed %s: none at this level\n", p->name, t->name);
+            continue;
+        }
+        for (int si = 0; si < 3; si++) {
+            const int64_t n = sizes[si], nb = n / 256, rb = nb * t->bytes, nqa = n / 32;
+            const size_t pb = ei_packed_bytes(k, t->type, ROWS, n);
+            uint8_t *w = malloc((size_t)(rb * ROWS)), *pk = malloc(pb);
+            float *x = malloc(NT * n * sizeof(float));
+            ei_q8a *qa = malloc(NT * nqa * sizeof(ei_q8a));
+            float y0[NT * ROWS], yr[NT * ROWS], y1[NT * ROWS], y4[NT * ROWS];
+            rnd_weights(t, w, n * ROWS);
+            rnd_act(x, NT * n);
+            for (int tok = 0; tok < NT; tok++) scalar_ref()->quantize_act(x + tok * n, n, qa + tok * nqa);
+            ei_pack(t->type, w, ROWS, n, pk);
+            const int64_t gb = (int64_t)pb / (ROWS / 8), st = nqa * (int64_t)sizeof(ei_q8a);
+            for (int tok = 0; tok < NT; tok++)
+                for (int r = 0; r < ROWS; r++) y0[tok * ROWS + r] = scalar_ref()->dot[t->type](n, w + r * rb, qa + tok * nqa);
+            for (int g = 0; g < ROWS / 8; g++) {
+                for (int tok = 0; tok < NT; tok++) {
+                    KT[ti].ref(pk + g * gb, nb, qa + tok * nqa, st, yr + tok * ROWS + 8 * g, ROWS);
+                    k->packed[t->type].x1(pk + g * gb, nb, qa + tok * nqa, st, y1 + tok * ROWS + 8 * g, ROWS);
+                }
+                k->packed[t->type].x4(pk + g * gb, nb, qa, st, y4 + 8 * g, ROWS);
+            }
+            char what[64];
+            snprintf(what, sizeof what, "packed %s n=%lld", t->name, (long long)n);
+            double e = nmse(yr, y0, NT * ROWS);
+            check(e <= 1e-12, "%s [%s]: scalar packed reference vs unpacked dot NMSE %.3g", what, p->name, e);
+            e = nmse(y1, yr, NT * ROWS);
+            check(e <= 1e-10, "%s [%s]: x1 vs scalar packed reference NMSE %.3g", what, p->name, e);
+            check(!memcmp(y1, y4, sizeof y1), "%s [%s]: x4 differs from x1 (%g)", what, p->name, 0);
+            free(w);
+            free(pk);
+            free(x);
+            free(qa);
+        }
     }
 }
 
@@ -463,6 +525,35 @@ static void test_forward(const char *ref_path) {
     }
 }
 
+/* The gated activations (swiglu, geglu): each path's kernel against the scalar loop,
+ * on lengths that leave a SIMD tail. */
+static void test_activations(const path *p) {
+    const int64_t sizes[] = {7, 64, 1000};
+    const struct {
+        const char *name;
+        ei_swiglu_fn got, ref;
+    } acts[] = {{"swiglu", p->k.swiglu, scalar_ref()->swiglu}, {"geglu", p->k.geglu, scalar_ref()->geglu}};
+    for (int a = 0; a < 2; a++) {
+        check(acts[a].got != NULL, "%s [%s]: kernel missing", acts[a].name, p->name, 0);
+        if (!acts[a].got) continue;
+        for (int si = 0; si < 3; si++) {
+            const int64_t n = sizes[si];
+            float *g = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float)), *up = malloc(n * sizeof(float));
+            for (int64_t i = 0; i < n; i++) {
+                g[i] = ref[i] = 8 * rnd_unit();
+                up[i] = 2 * rnd_unit();
+            }
+            acts[a].ref(ref, up, n);
+            acts[a].got(g, up, n);
+            const double e = nmse(g, ref, n);
+            check(e <= 1e-10, "%s [%s]: NMSE %.3g vs scalar", acts[a].name, p->name, e);
+            free(g);
+            free(ref);
+            free(up);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     const char *ref = NULL;
     int expect_dp = -1;
@@ -500,8 +591,10 @@ int main(int argc, char **argv) {
     for (int pi = 0; pi < np; pi++) {
         rng_state = 0x9e3779b97f4a7c15ULL;
         test_quantize_act(&paths[pi]);
+        test_activations(&paths[pi]);
         for (int ti = 0; ti < N_TYPES; ti++) test_type(&TYPES[ti], &paths[pi]);
         int before = n_fail;
+        test_packed_k(&paths[pi]);
         test_public_api(paths[pi].isa, paths[pi].name);
         test_attention(paths[pi].isa, paths[pi].name);
         printf("  %-14s kernels: %s\n", paths[pi].name, n_fail == before ? "ok" : "FAILED");

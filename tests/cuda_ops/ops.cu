@@ -218,7 +218,8 @@ done:
 }
 
 extern "C" ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
-                                     int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos) {
+                                     int32_t neox, float theta, float freq_scale, const float *freqs, float mscale,
+                                     const int32_t *pos) {
     if (!x || !pos || n_tok < 1 || n_heads < 1 || head_dim < 2 || rope_dim < 0 || rope_dim > head_dim || rope_dim % 2)
         return eic_fail(EI_ERR_INVALID_ARG, "op_rope: bad arguments");
     ei_status st = ready();
@@ -231,10 +232,10 @@ extern "C" ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, i
     TRY(gb_alloc(&gc, (size_t)n_tok * half * 4, NULL));
     TRY(gb_alloc(&gs, (size_t)n_tok * half * 4, NULL));
     TRY(eic_check(eic_rope_tables(0, (const int32_t *)gp.ptr, n_tok, rope_dim, theta, freq_scale,
-                                  freqs ? (const float *)gf.ptr : NULL, (float *)gc.ptr, (float *)gs.ptr, NULL, NULL,
+                                  freqs ? (const float *)gf.ptr : NULL, mscale, (float *)gc.ptr, (float *)gs.ptr, NULL, NULL,
                                   NULL, 0), "rope tables"));
     TRY(eic_check(eic_rope_store(0, (float *)gx.ptr, NULL, NULL, n_tok, n_heads, 0, head_dim, rope_dim, neox,
-                                 (const float *)gc.ptr, (const float *)gs.ptr, NULL, 0, NULL, NULL), "rope"));
+                                 (const float *)gc.ptr, (const float *)gs.ptr, NULL, 0, NULL, NULL, NULL), "rope"));
     TRY(eic_check(cudaDeviceSynchronize(), "rope"));
     TRY(gb_finish(&gx, x, "rope"));
     TRY(gb_finish(&gc, NULL, "rope cos"));
@@ -287,6 +288,12 @@ done:
 
 extern "C" ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                                           const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out) {
+    return ei_cuda_op_attention_window(q, g, k, v, cell_pos, n_cells, pos, hd, 0.0f, 0, out);
+}
+
+extern "C" ei_status ei_cuda_op_attention_window(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
+                                                 const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd,
+                                                 float scale, int32_t window, float *out) {
     if (!q || !k || !v || !cell_pos || !out || g < 1 || g > EIC_MAX_GROUP || n_cells < 1 || hd < 1 || hd > EIC_MAX_HEAD_DIM)
         return eic_fail(EI_ERR_INVALID_ARG, "op_attention: bad arguments (g <= %d, hd <= %d)", EIC_MAX_GROUP, EIC_MAX_HEAD_DIM);
     ei_status st = ready();
@@ -311,7 +318,7 @@ extern "C" ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint1
     {
         const int32_t *m = (const int32_t *)gm.ptr;
         TRY(eic_check(eic_attention(0, (const float *)gq.ptr, 1, g, &kv, 0, m, m + 1, m + 2, (const int32_t *)gc.ptr,
-                                    n_chunks, (float *)gp.ptr, (float *)go.ptr), "attention"));
+                                    n_chunks, (float *)gp.ptr, (float *)go.ptr, scale, window), "attention"));
     }
     TRY(eic_check(cudaDeviceSynchronize(), "attention"));
     TRY(gb_finish(&go, out, "attention"));
@@ -324,5 +331,79 @@ done:
     gb_free(&gm);
     gb_free(&gp);
     gb_free(&go);
+    return st;
+}
+
+/* ---- Qwen3 / Gemma 3 ops ---- */
+extern "C" ei_status ei_cuda_op_geglu(float *gate, const float *up, int64_t n) {
+    if (!gate || !up || n < 1) return eic_fail(EI_ERR_INVALID_ARG, "op_geglu: bad arguments");
+    ei_status st = ready();
+    if (st != EI_OK) return st;
+    gbuf gg = {}, gu = {};
+    TRY(gb_alloc(&gg, (size_t)n * 4, gate));
+    TRY(gb_alloc(&gu, (size_t)n * 4, up));
+    TRY(eic_check(eic_geglu(0, (float *)gg.ptr, (const float *)gu.ptr, n), "geglu"));
+    TRY(eic_check(cudaDeviceSynchronize(), "geglu"));
+    TRY(gb_finish(&gg, gate, "geglu"));
+done:
+    gb_free(&gg);
+    gb_free(&gu);
+    return st;
+}
+
+extern "C" ei_status ei_cuda_op_head_norm(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, const float *w,
+                                          float eps) {
+    if (!x || !w || n_tok < 1 || n_heads < 1 || head_dim < 2) return eic_fail(EI_ERR_INVALID_ARG, "op_head_norm: bad arguments");
+    ei_status st = ready();
+    if (st != EI_OK) return st;
+    gbuf gx = {}, gw = {}, gt = {};
+    TRY(gb_alloc(&gx, (size_t)(n_tok * n_heads * head_dim) * 4, x));
+    TRY(gb_alloc(&gw, (size_t)head_dim * 4, w));
+    TRY(gb_alloc(&gt, 4, NULL));
+    {
+        const eic_qk_norm qkn = {(const float *)gw.ptr, NULL, eps};
+        TRY(eic_check(eic_rope_store(0, (float *)gx.ptr, NULL, NULL, n_tok, n_heads, 0, head_dim, 0, 1,
+                                     (const float *)gt.ptr, (const float *)gt.ptr, NULL, 0, NULL, NULL, &qkn),
+                      "head_norm"));
+    }
+    TRY(eic_check(cudaDeviceSynchronize(), "head_norm"));
+    TRY(gb_finish(&gx, x, "head_norm"));
+done:
+    gb_free(&gx);
+    gb_free(&gw);
+    gb_free(&gt);
+    return st;
+}
+
+extern "C" ei_status ei_cuda_op_rmsnorm_add(const float *y, const float *w, int64_t n_tok, int64_t n, float eps, float *x) {
+    if (!x || !y || !w || n_tok < 1 || n < 1) return eic_fail(EI_ERR_INVALID_ARG, "op_rmsnorm_add: bad arguments");
+    ei_status st = ready();
+    if (st != EI_OK) return st;
+    gbuf gy = {}, gw = {}, gx = {};
+    TRY(gb_alloc(&gy, (size_t)(n_tok * n) * 4, y));
+    TRY(gb_alloc(&gw, (size_t)n * 4, w));
+    TRY(gb_alloc(&gx, (size_t)(n_tok * n) * 4, x));
+    TRY(eic_check(eic_rmsnorm_add(0, (const float *)gy.ptr, (const float *)gw.ptr, n_tok, n, eps, (float *)gx.ptr),
+                  "rmsnorm_add"));
+    TRY(eic_check(cudaDeviceSynchronize(), "rmsnorm_add"));
+    TRY(gb_finish(&gx, x, "rmsnorm_add"));
+done:
+    gb_free(&gy);
+    gb_free(&gw);
+    gb_free(&gx);
+    return st;
+}
+
+extern "C" ei_status ei_cuda_op_softcap(float *x, int64_t n, float cap) {
+    if (!x || n < 1 || !(cap > 0)) return eic_fail(EI_ERR_INVALID_ARG, "op_softcap: bad arguments");
+    ei_status st = ready();
+    if (st != EI_OK) return st;
+    gbuf gx = {};
+    TRY(gb_alloc(&gx, (size_t)n * 4, x));
+    TRY(eic_check(eic_softcap(0, (float *)gx.ptr, n, cap), "softcap"));
+    TRY(eic_check(cudaDeviceSynchronize(), "softcap"));
+    TRY(gb_finish(&gx, x, "softcap"));
+done:
+    gb_free(&gx);
     return st;
 }

@@ -32,9 +32,11 @@ ei_status ei_cuda_op_matmul_glu(int32_t type, const void *w_gate, const void *w_
 ei_status ei_cuda_op_embed(int32_t type, const void *table, int64_t ne0, int64_t ne1, const int32_t *tokens,
                            int64_t n_tok, float *out);
 ei_status ei_cuda_op_rmsnorm(const float *x, const float *w, int64_t n_tok, int64_t n, float eps, float *out);
-/* In place on x[t][head][head_dim] for n_heads heads, positions pos[t]; freqs may be NULL. */
+/* In place on x[t][head][head_dim] for n_heads heads, positions pos[t]; freqs may be NULL;
+ * the rotated dimensions scaled by mscale (LongRoPE's attention factor). */
 ei_status ei_cuda_op_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
-                          int32_t neox, float theta, float freq_scale, const float *freqs, const int32_t *pos);
+                          int32_t neox, float theta, float freq_scale, const float *freqs, float mscale,
+                          const int32_t *pos);
 /* gate[i] = silu(gate[i]) * up[i]. */
 ei_status ei_cuda_op_swiglu(float *gate, const float *up, int64_t n);
 /* ids / vals [n_rows][k]: the top-k of each row of x [n_rows][n], as ei_cuda_topk. */
@@ -43,6 +45,19 @@ ei_status ei_cuda_op_topk(const float *x, int64_t n_rows, int64_t n, int32_t k, 
 ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                                const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);
 
+/* ---- Qwen3 / Gemma 3 ops ---- */
+/* As ei_cuda_op_attention with the query scale (0: 1/sqrt(hd)) and a sliding window (0: none). */
+ei_status ei_cuda_op_attention_window(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
+                                      const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float scale,
+                                      int32_t window, float *out);
+/* gate[i] = gelu_tanh(gate[i]) * up[i]. */
+ei_status ei_cuda_op_geglu(float *gate, const float *up, int64_t n);
+/* RMSNorm of each head of x[t][head][head_dim] with weights w[head_dim], in place (the rope_store launch, no rotation). */
+ei_status ei_cuda_op_head_norm(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, const float *w, float eps);
+/* x[t*n ..] += rmsnorm(y[t*n ..]) * w (a post-norm into the residual). */
+ei_status ei_cuda_op_rmsnorm_add(const float *y, const float *w, int64_t n_tok, int64_t n, float eps, float *x);
+/* x[i] = cap * tanh(x[i] / cap). */
+ei_status ei_cuda_op_softcap(float *x, int64_t n, float cap);
 #ifdef __cplusplus
 }
 #endif

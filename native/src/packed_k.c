@@ -1,0 +1,174 @@
+/* Row-interleaved ("packed") K-quant weights: Q4_K, Q5_K, Q6_K (layouts in
+ * packed.h). Packing unpacks each super-block's 6-bit scales and mins once, at
+ * load; the kernels then run the same 8-rows-per-vector integer dots as the
+ * 32-block types, one activation block (32 elements) at a time. The scalar
+ * functions here are the packed kernels' oracle: they read the packed bytes and
+ * do exactly the arithmetic of the unpacked scalar dots (quants_scalar.c). */
+#include <stddef.h>
+#include <string.h>
+
+#include "packed.h"
+#include "quants_impl.h"
+
+size_t ei_packed_k_unit_bytes(int type) {
+    switch (type) {
+    case EI_TYPE_Q4_K: return EI_PK_Q4K_BYTES;
+    case EI_TYPE_Q5_K: return EI_PK_Q5K_BYTES;
+    case EI_TYPE_Q6_K: return EI_PK_Q6K_BYTES;
+    default: return 0;
+    }
+}
+
+/* 4-byte groups: group k of pair p holds bytes src[32p + 4k ..] of each row. */
+static void put_nibble_pairs(uint8_t *q, int r, const uint8_t *src) {
+    for (int p = 0; p < 4; p++)
+        for (int k = 0; k < 8; k++) memcpy(q + 256 * p + 32 * k + 4 * r, src + 32 * p + 4 * k, 4);
+}
+
+static void pack_q45k(int type, const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
+    const size_t bs = type == EI_TYPE_Q4_K ? sizeof(block_q4_K) : sizeof(block_q5_K);
+    uint16_t *d = (uint16_t *)out, *dmin = d + 8;
+    uint8_t *sc = out + 32, *mn = out + 96, *q = out + EI_PK_HDR_Q4K, *qh = out + EI_PK_Q4K_BYTES;
+    for (int r = 0; r < EI_PACK_ROWS; r++) {
+        const uint8_t *blk = src + ((g * EI_PACK_ROWS + r) * nsb + b) * bs;
+        d[r] = ei_ld16(blk);
+        dmin[r] = ei_ld16(blk + 2);
+        for (int j = 0; j < 8; j++) ei_k_scale_min(j, blk + 4, &sc[8 * j + r], &mn[8 * j + r]);
+        if (type == EI_TYPE_Q4_K) {
+            put_nibble_pairs(q, r, blk + offsetof(block_q4_K, qs));
+        } else {
+            put_nibble_pairs(q, r, blk + offsetof(block_q5_K, qs));
+            const uint8_t *h = blk + offsetof(block_q5_K, qh);
+            /* mask of sub-block j, group k: bit 4r+i = bit j of qh[4k+i] */
+            for (int j = 0; j < 8; j++)
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t *m = qh + 32 * j + 4 * k + (4 * r + i) / 8;
+                        const int bit = (4 * r + i) % 8;
+                        *m = (uint8_t)((*m & ~(1u << bit)) | (((h[4 * k + i] >> j) & 1u) << bit));
+                    }
+        }
+    }
+}
+
+static void pack_q6k(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
+    uint16_t *d = (uint16_t *)out;
+    int8_t *sc = (int8_t *)(out + 16);
+    uint8_t *ql = out + EI_PK_HDR_Q6K, *qh = ql + 1024;
+    for (int r = 0; r < EI_PACK_ROWS; r++) {
+        const block_q6_K *blk = (const block_q6_K *)(src + ((g * EI_PACK_ROWS + r) * nsb + b) * sizeof(block_q6_K));
+        d[r] = ei_ld16((const uint8_t *)&blk->d);
+        for (int s = 0; s < 16; s++) sc[8 * s + r] = blk->scales[s];
+        /* GGUF ql[32P ..] (P = 2h + c) holds blocks 4h+c (low) and 4h+c+2 (high);
+         * qh[32h ..] the 2-bit tops of blocks 4h..4h+3: both copy as 4-byte groups */
+        put_nibble_pairs(ql, r, blk->ql);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 8; k++) memcpy(qh + 256 * h + 32 * k + 4 * r, blk->qh + 32 * h + 4 * k, 4);
+    }
+}
+
+void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
+    const int64_t nsb = n_cols / QKK;
+    const size_t ub = ei_packed_k_unit_bytes(type);
+    uint8_t *out = dst;
+    memset(dst, 0, (size_t)(n_rows / EI_PACK_ROWS) * (size_t)nsb * ub);
+    for (int64_t g = 0; g < n_rows / EI_PACK_ROWS; g++)
+        for (int64_t b = 0; b < nsb; b++, out += ub) {
+            if (type == EI_TYPE_Q6_K) pack_q6k(w, nsb, g, b, out);
+            else pack_q45k(type, w, nsb, g, b, out);
+        }
+}
+
+/* ---------------- scalar references (one token) ---------------- */
+
+/* 4-bit value of element l of sub-block j, row r, from the nibble pairs at q. */
+static inline int nib(const uint8_t *q, int j, int r, int l) {
+    return (q[256 * (j >> 1) + 32 * (l >> 2) + 4 * r + (l & 3)] >> (4 * (j & 1))) & 15;
+}
+
+static void ref_q45k(int five, const void *packed, int64_t nb, const void *act, float *y) {
+    const uint8_t *p = packed;
+    const ei_q8a *a = act;
+    const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
+    float acc[EI_PACK_ROWS] = {0};
+    for (int64_t b = 0; b < nb; b++, p += ub) {
+        const uint8_t *sc = p + 32, *mn = p + 96, *q = p + EI_PK_HDR_Q4K, *qh = p + EI_PK_Q4K_BYTES;
+        for (int j = 0; j < 8; j++, a++)
+            for (int r = 0; r < EI_PACK_ROWS; r++) {
+                const float d = ei_h2f(ei_ld16(p + 2 * r)), dmin = ei_h2f(ei_ld16(p + 16 + 2 * r));
+                int isum = 0;
+                for (int l = 0; l < 32; l++) {
+                    int v = nib(q, j, r, l);
+                    if (five) {
+                        const int bit = 4 * r + (l & 3);
+                        v |= ((qh[32 * j + 4 * (l >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
+                    }
+                    isum += v * a->q[l];
+                }
+                acc[r] += ((d * (float)sc[8 * j + r]) * a->d) * (float)isum - (dmin * (float)mn[8 * j + r]) * a->s;
+            }
+    }
+    memcpy(y, acc, sizeof acc);
+}
+
+void ei_packed_q4_k_ref(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y, int64_t ldy) {
+    (void)act_stride, (void)ldy;
+    ref_q45k(0, packed, nb, act, y);
+}
+
+void ei_packed_q5_k_ref(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y, int64_t ldy) {
+    (void)act_stride, (void)ldy;
+    ref_q45k(1, packed, nb, act, y);
+}
+
+void ei_packed_q6_k_ref(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y, int64_t ldy) {
+    (void)act_stride, (void)ldy;
+    const uint8_t *p = packed;
+    const ei_q8a *a = act;
+    float acc[EI_PACK_ROWS] = {0};
+    for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
+        const int8_t *sc = (const int8_t *)(p + 16);
+        const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
+        for (int j = 0; j < 8; j++, a++) {
+            /* block j = 4h + c + 2s': nibble pair 2h + c, half s'; top bits quad h, shift 2(j & 3) */
+            const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1;
+            for (int r = 0; r < EI_PACK_ROWS; r++) {
+                int lo = 0, up = 0;
+                for (int l = 0; l < 32; l++) {
+                    const int o = 32 * (l >> 2) + 4 * r + (l & 3);
+                    const int v = ((ql[256 * (2 * h + c) + o] >> (4 * hi)) & 15) |
+                                  (((qh[256 * h + o] >> (2 * (j & 3))) & 3) << 4);
+                    if (l < 16) lo += (v - 32) * a->q[l];
+                    else up += (v - 32) * a->q[l];
+                }
+                acc[r] += (ei_h2f(ei_ld16(p + 2 * r)) * a->d) * (float)(sc[8 * (2 * j) + r] * lo + sc[8 * (2 * j + 1) + r] * up);
+            }
+        }
+    }
+    memcpy(y, acc, sizeof acc);
+}
+
+/* ---------------- x86: AVX2 (maddubs + madd) and AVX-512 VNNI (vpdpbusd) ---------------- */
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define KT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KT_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+#define KT KT_AVX2
+#define KSFX avx2
+#define KVNNI 0
+#include "packed_k_simd.h"
+#undef KT
+#undef KSFX
+#undef KVNNI
+
+#define KT KT_VNNI
+#define KSFX vnni
+#define KVNNI 1
+#include "packed_k_simd.h"
+#undef KT
+#undef KSFX
+#undef KVNNI
+#endif

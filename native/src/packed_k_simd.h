@@ -1,0 +1,174 @@
+/* Packed K-quant kernels for one x86 level; packed_k.c includes this twice with
+ * KT (target attribute), KSFX (name suffix) and KVNNI (1: vpdpbusd, 0: maddubs +
+ * madd) defined. The integer part is exact either way (4-, 5- and 6-bit weights
+ * times int8 never saturate maddubs), so both levels give identical results,
+ * and each token's float operations are the same for 1 and 4 tokens a call. */
+#define KCAT2(a, b) a##_##b
+#define KCAT(a, b) KCAT2(a, b)
+#define KF(name) KCAT(name, KSFX)
+#define KINL static inline KT __attribute__((always_inline))
+
+KINL __m256i KF(kdp)(__m256i acc, __m256i u, __m256i s) {
+#if KVNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+KINL __m256i KF(kbcast4)(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* 16 in every byte whose bit is set in the 32-bit mask at m (Q5_K's fifth bit). */
+KINL __m256i KF(khbits)(const uint8_t *m) {
+#if KVNNI
+    uint32_t b;
+    memcpy(&b, m, 4);
+    return _mm256_maskz_mov_epi8((__mmask32)b, _mm256_set1_epi8(16));
+#else
+    int32_t b;
+    memcpy(&b, m, 4);
+    const __m256i ctl = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(b), ctl), sel);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(16));
+#endif
+}
+
+KINL __m256 KF(kcvt8)(const uint8_t *p, int is_signed) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __m256 mv, const void *act,
+                        int64_t act_stride, int64_t b, __m256 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256 dsc = _mm256_mul_ps(dv, KF(kcvt8)(p + 32 + 8 * j, 0));
+    const __m256 dmn = _mm256_mul_ps(mv, KF(kcvt8)(p + 96 + 8 * j, 0));
+    const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * (j >> 1);
+    __m256i w[8];
+    for (int k = 0; k < 8; k++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qp + 32 * k));
+        if (j & 1) v = _mm256_srli_epi16(v, 4);
+        w[k] = _mm256_and_si256(v, m4);
+        if (five) w[k] = _mm256_or_si256(w[k], KF(khbits)(p + EI_PK_Q4K_BYTES + 32 * j + 4 * k));
+    }
+    for (int t = 0; t < nt; t++) {
+        const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k += 2) {
+            s0 = KF(kdp)(s0, w[k], KF(kbcast4)(a->q + 4 * k));
+            s1 = KF(kdp)(s1, w[k + 1], KF(kbcast4)(a->q + 4 * k + 4));
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+        acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dsc, _mm256_set1_ps(a->d)), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a->s), acc[t]);
+    }
+}
+
+/* Q4_K / Q5_K, rows 8g..8g+7, nt tokens. Per sub-block j and token:
+ *   acc += isum_j * ((d * sc_j) * a_j.d) - (dmin * m_j) * a_j.s
+ * (the sub-blocks are spelled out so that every shift and offset is a constant) */
+KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
+                    int64_t ldy) {
+    const uint8_t *p = packed;
+    const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
+    __m256 acc[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += ub) {
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+#define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc)
+        KQ45(0); KQ45(1); KQ45(2); KQ45(3); KQ45(4); KQ45(5); KQ45(6); KQ45(7);
+#undef KQ45
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* 32 * (sum of a's first 16 quants) in every lane, and of the last 16. */
+KINL void KF(kasum)(const ei_q8a *a, __m256i *lo, __m256i *hi) {
+    const __m256i y = _mm256_loadu_si256((const __m256i *)a->q);
+#if KVNNI
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), y);
+#else
+    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), _mm256_set1_epi16(1));
+#endif
+    s = _mm256_hadd_epi32(s, s);
+    s = _mm256_slli_epi32(_mm256_hadd_epi32(s, s), 5);
+    *lo = _mm256_permute2x128_si256(s, s, 0x00);
+    *hi = _mm256_permute2x128_si256(s, s, 0x11);
+}
+
+KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t b,
+                       __m256 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
+    const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
+    const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
+    const __m256i sclo = _mm256_cvtepi8_epi32(sc2), schi = _mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8));
+    __m256i w[8];
+    for (int k = 0; k < 8; k++) {
+        __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + c) + 32 * k));
+        __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));
+        if (hi) l = _mm256_srli_epi16(l, 4);
+        u = s2 == 0 ? _mm256_slli_epi16(u, 4) : s2 == 2 ? _mm256_slli_epi16(u, 2) : s2 == 6 ? _mm256_srli_epi16(u, 2) : u;
+        w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30));
+    }
+    for (int t = 0; t < nt; t++) {
+        const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256(), a0, a1;
+        for (int k = 0; k < 4; k++) {
+            s0 = KF(kdp)(s0, w[k], KF(kbcast4)(a->q + 4 * k));
+            s1 = KF(kdp)(s1, w[k + 4], KF(kbcast4)(a->q + 16 + 4 * k));
+        }
+        KF(kasum)(a, &a0, &a1);
+        const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(s0, a0), sclo),
+                                              _mm256_mullo_epi32(_mm256_sub_epi32(s1, a1), schi));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);
+    }
+}
+
+/* Q6_K, rows 8g..8g+7, nt tokens. Per activation block j and token:
+ *   acc += (sc_2j * sum_lo (q - 32) a + sc_2j+1 * sum_hi (q - 32) a) * (d * a_j.d)
+ * with q unsigned (0..63) in the dot and 32 * sum(a) subtracted per half. */
+KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
+                   int64_t ldy) {
+    const uint8_t *p = packed;
+    __m256 acc[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, b, acc)
+        KQ6(0); KQ6(1); KQ6(2); KQ6(3); KQ6(4); KQ6(5); KQ6(6); KQ6(7);
+#undef KQ6
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+KT void KF(ei_packed_q4_k_x1)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq45k)(0, 1, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q4_k_x4)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq45k)(0, 4, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q5_k_x1)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq45k)(1, 1, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q5_k_x4)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq45k)(1, 4, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q6_k_x1)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq6k)(1, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q6_k_x4)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq6k)(4, pk, nb, act, st, y, ldy);
+}
+
+#undef KCAT2
+#undef KCAT
+#undef KF
+#undef KINL

@@ -1,0 +1,54 @@
+"""llama.cpp's own Hugging Face -> GGUF converter (convert_hf_to_gguf.py from the
+llama-cpp-python 0.3.36 sdist), as an oracle: files it writes must load in edgeinfer.
+
+The sdist is fetched once with
+    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d ~/.cache/edgeinfer/sdist
+and only the converter (convert_hf_to_gguf.py, conversion/, gguf-py/) is unpacked, per process.
+
+Tiny test tokenizers are not in llama.cpp's table of known pre-tokenizers (it recognises one
+by hashing the tokens of a fixed text), so `pre` names the one the tiny tokenizer was built
+as ("llama-bpe"), exactly as convert_hf_to_gguf_update.py would have added it.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+SDIST = Path.home() / ".cache" / "edgeinfer" / "sdist" / "llama_cpp_python-0.3.36.tar.gz"
+_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+_UNPACKED: dict[str, Path] = {}
+
+
+def converter_dir(tmp: Path) -> Path:
+    """The unpacked converter (FileNotFoundError naming the pip command when the sdist is absent)."""
+    if "dir" in _UNPACKED:
+        return _UNPACKED["dir"]
+    if not SDIST.is_file():
+        raise FileNotFoundError(f"{SDIST} is missing: pip download --no-binary :all: --no-deps "
+                                f"llama-cpp-python==0.3.36 -d {SDIST.parent}")
+    out = tmp / "llama_cpp_converter"
+    with tarfile.open(SDIST) as tf:
+        root = next(m.name.split("/")[0] for m in tf.getmembers()) + "/vendor/llama.cpp/"
+        members = [m for m in tf.getmembers() if m.name.startswith(root)
+                   and any(m.name[len(root):].startswith(p) for p in _PARTS)]
+        for m in members:
+            m.name = m.name[len(root):]
+        tf.extractall(out, members=members, filter="data")
+    _UNPACKED["dir"] = out
+    return out
+
+
+def convert(src: Path, out: Path, outtype: str, tmp: Path, pre: str | None = None) -> Path:
+    """Runs llama.cpp's converter on checkpoint `src` (outtype f32, f16, bf16, q8_0)."""
+    d = converter_dir(tmp)
+    patch = (f"import conversion.base as b; b.TextModel.get_vocab_base_pre = lambda self, t: {pre!r}; "
+             if pre else "")
+    code = (f"import sys; sys.path[:0] = [{str(d)!r}, {str(d / 'gguf-py')!r}]; {patch}"
+            f"import convert_hf_to_gguf as c; sys.argv = ['convert', {str(src)!r}, '--outfile', "
+            f"{str(out)!r}, '--outtype', {outtype!r}]; c.main()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp's converter failed on {src}:\n{r.stderr[-3000:]}")
+    return out
