@@ -150,51 +150,36 @@ def test_attention_rejects_bad_arguments():
                                    48, ffi.from_buffer("float[]", q)) == lib.EI_ERR_UNSUPPORTED
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 1536, 1539])
-def test_swiglu_simd_matches_scalar_and_exact(n):
-    rng = np.random.default_rng(n)
-    gate = (rng.standard_normal(n) * 6).astype(np.float32)
-    gate[:3] = [-100.0, 0.0, 100.0][: min(3, n)]      # saturated ends and zero
-    up = rng.standard_normal(n).astype(np.float32)
-    g64 = gate.astype(np.float64)
-    exact = g64 / (1 + np.exp(-g64)) * up
-    outs = {}
-    for isa in ISAS:
-        g = gate.copy()
-        assert lib.ei_kernel_swiglu(isa, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", up), n) == 0
-        assert np.isfinite(g).all()
-        outs[isa] = g
-    np.testing.assert_allclose(outs[lib.EI_ISA_SCALAR], exact, rtol=1e-5, atol=1e-6)
-    for isa, g in outs.items():
-        nmse = np.sum((g - outs[lib.EI_ISA_SCALAR]) ** 2) / max(np.sum(exact ** 2), 1e-30)
-        assert nmse <= 1e-12, (isa, nmse)
+def _silu(g):
+    return g / (1 + np.exp(-g))
 
 
-def test_swiglu_rejects_bad_arguments():
-    assert lib.ei_kernel_swiglu(lib.EI_ISA_SCALAR, ffi.NULL, ffi.NULL, 4) == lib.EI_ERR_INVALID_ARG
+def _gelu_tanh(g):
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 1536, 1539])
-def test_geglu_simd_matches_scalar_and_exact(n):
-    """Gemma's GeGLU: gelu_tanh(gate) * up, every ISA against the scalar reference and float64."""
+def test_gated_activations_simd_match_scalar_and_exact(n):
+    """SwiGLU (silu(gate) * up) and Gemma's GeGLU (gelu_tanh(gate) * up): every ISA against
+    the scalar reference and float64, with saturated ends, zero and SIMD tails."""
     rng = np.random.default_rng(n)
-    gate = (rng.standard_normal(n) * 4).astype(np.float32)
-    gate[:4] = [-100.0, 0.0, 100.0, -5.0][: min(4, n)]      # saturated ends and zero
-    up = rng.standard_normal(n).astype(np.float32)
-    g64 = gate.astype(np.float64)
-    exact = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * up
-    outs = {}
-    for isa in ISAS:
-        g = gate.copy()
-        assert lib.ei_kernel_geglu(isa, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", up), n) == 0
-        assert np.isfinite(g).all()
-        outs[isa] = g
-    np.testing.assert_allclose(outs[lib.EI_ISA_SCALAR], exact, rtol=1e-5, atol=1e-6)
-    for isa, g in outs.items():
-        nmse = np.sum((g - outs[lib.EI_ISA_SCALAR]) ** 2) / max(np.sum(exact ** 2), 1e-30)
-        assert nmse <= 1e-12, (isa, nmse)
-        np.testing.assert_allclose(g, exact, rtol=1e-5, atol=1e-6)
+    for kernel, act in ((lib.ei_kernel_swiglu, _silu), (lib.ei_kernel_geglu, _gelu_tanh)):
+        gate = (rng.standard_normal(n) * 5).astype(np.float32)
+        gate[:4] = [-100.0, 0.0, 100.0, -5.0][: min(4, n)]
+        up = rng.standard_normal(n).astype(np.float32)
+        exact = act(gate.astype(np.float64)) * up
+        outs = {}
+        for isa in ISAS:
+            g = gate.copy()
+            assert kernel(isa, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", up), n) == 0
+            assert np.isfinite(g).all()
+            outs[isa] = g
+        np.testing.assert_allclose(outs[lib.EI_ISA_SCALAR], exact, rtol=1e-5, atol=1e-6)
+        for isa, g in outs.items():
+            nmse = np.sum((g - outs[lib.EI_ISA_SCALAR]) ** 2) / max(np.sum(exact ** 2), 1e-30)
+            assert nmse <= 1e-12, (kernel, isa, nmse)
 
 
-def test_geglu_rejects_bad_arguments():
-    assert lib.ei_kernel_geglu(lib.EI_ISA_SCALAR, ffi.NULL, ffi.NULL, 4) == lib.EI_ERR_INVALID_ARG
+def test_gated_activations_reject_bad_arguments():
+    for kernel in (lib.ei_kernel_swiglu, lib.ei_kernel_geglu):
+        assert kernel(lib.EI_ISA_SCALAR, ffi.NULL, ffi.NULL, 4) == lib.EI_ERR_INVALID_ARG
