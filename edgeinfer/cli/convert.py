@@ -18,7 +18,7 @@ def convert(
     checkpoint: Annotated[str, typer.Argument(help="Hugging Face checkpoint directory "
                                               "(config.json, *.safetensors, tokenizer files).")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output .gguf path.")],
-    type_: Annotated[str, typer.Option("--type", "-t", help=f"Output type: {_TYPES}.")] = "q4_k_m",
+    type_: Annotated[str, typer.Option("--type", "-t", help=f"Output type: {_TYPES}. The default, q4_k_m, is the measured best trade of size, accuracy and speed (docs/quantization.md, 'Which type to pick').")] = "q4_k_m",
     lora: Annotated[Optional[str], typer.Option("--lora", help="PEFT LoRA adapter directory "
                                                 "to merge before quantization.")] = None,
     keep: Annotated[Optional[list[str]], typer.Option(
