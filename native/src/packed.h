@@ -71,8 +71,8 @@ void ei_packed_q5_k_ref(const void *, int64_t, const void *, int64_t, float *, i
 void ei_packed_q6_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 
 #if defined(__x86_64__)
-/* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call, AVX2
- * (maddubs + madd) or VNNI (vpdpbusd). */
+/* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call (K
+ * types also 8), AVX2 (maddubs + madd) or VNNI (vpdpbusd). */
 #define EI_PACKED_DECL(name, sfx)                                                                           \
     void ei_packed_##name##_x1_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);      \
     void ei_packed_##name##_x4_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
@@ -85,12 +85,15 @@ EI_PACKED_DECL(q4_1, vnni)
 EI_PACKED_DECL(q5_0, vnni)
 EI_PACKED_DECL(q5_1, vnni)
 EI_PACKED_DECL(q8_0, vnni)
-EI_PACKED_DECL(q4_k, avx2)
-EI_PACKED_DECL(q5_k, avx2)
-EI_PACKED_DECL(q6_k, avx2)
-EI_PACKED_DECL(q4_k, vnni)
-EI_PACKED_DECL(q5_k, vnni)
-EI_PACKED_DECL(q6_k, vnni)
+#define EI_PACKED_DECL_K(name, sfx)                                                                         \
+    EI_PACKED_DECL(name, sfx)                                                                               \
+    void ei_packed_##name##_x8_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_DECL_K(q4_k, avx2)
+EI_PACKED_DECL_K(q5_k, avx2)
+EI_PACKED_DECL_K(q6_k, avx2)
+EI_PACKED_DECL_K(q4_k, vnni)
+EI_PACKED_DECL_K(q5_k, vnni)
+EI_PACKED_DECL_K(q6_k, vnni)
 #endif
 #if defined(__aarch64__)
 /* packed_k_neon.c: plain ASIMD and dotprod builds */
