@@ -434,13 +434,13 @@ def test_k_quants_take_the_packed_path(internal):
 def test_kernel_matmul_packed_rows(name):
     """Row counts that are multiples of 8 go through the row-interleaved kernels:
     close to the per-row dot (a different float order) at 1-4 threads, and a
-    token's result is identical whatever else is in the batch (13 tokens: the
-    8-, 4- and 1-token kernels all run)."""
+    token's result is identical whatever else is in the batch (21 tokens: the
+    wide (8 or 16), 4- and 1-token kernels all run)."""
     rng = np.random.default_rng(5)
     n, n_rows = (768, 40) if name in K_TYPES else (576, 48)   # K: 3 super-blocks, 5 row groups
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     tid = TYPES[name][0]
-    n_tok = 13
+    n_tok = 21
     x = rng.standard_normal((n_tok, n)).astype(np.float32)
     for isa in ISAS:
         ref = np.array([[kdot(name, isa, np.ascontiguousarray(raw[r]), x[t]) for r in range(n_rows)]

@@ -28,7 +28,7 @@ typedef void (*ei_dot4_fn)(int64_t n, const void *row, const void *act, int64_t 
 /* n must be a multiple of EI_QA_BLOCK. */
 typedef void (*ei_quantize_act_fn)(const float *x, int64_t n, ei_q8a *out);
 
-/* Packed weights (packed.h): rows 8g..8g+7 of nb blocks times NT tokens (1, 4 or 8),
+/* Packed weights (packed.h): rows 8g..8g+7 of nb blocks times NT tokens (1, 4, or xw_tok),
  * results stored at y[t * ldy + 0..7]. */
 typedef void (*ei_packed_fn)(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
                              int64_t ldy);
@@ -78,7 +78,8 @@ typedef struct ei_kernels {
     ei_quantize_act_fn quantize_act;
     struct {
         ei_packed_fn x1, x4;        /* NULL: the type stays in its GGUF layout at this level */
-        ei_packed_fn x8;            /* 8 tokens a weight pass (K-quants on x86); NULL: x4 only */
+        ei_packed_fn xw;            /* xw_tok tokens a weight pass (K-quants on x86); NULL: x4 only */
+        int xw_tok;
     } packed[EI_TYPE_IDS];
     /* [F16 KV, Q8_0 KV]: SIMD kernels in order of preference (fn NULL ends the
      * list); ei_attn_pick falls back to the scalar reference. */

@@ -185,13 +185,14 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy) {
     const int64_t nb = n_cols / unit_elems(type);
     const size_t group_bytes = (size_t)nb * unit_bytes(type);
-    const ei_packed_fn x1 = k->packed[type].x1, x4 = k->packed[type].x4, x8 = k->packed[type].x8;
+    const ei_packed_fn x1 = k->packed[type].x1, x4 = k->packed[type].x4, xw = k->packed[type].xw;
+    const int nw = k->packed[type].xw_tok;
     const uint8_t *A = act;
     int64_t t = 0;
-    if (x8)
-        for (; t + 8 <= n_tok; t += 8)
+    if (xw)
+        for (; t + nw <= n_tok; t += nw)
             for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)
-                x8((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
+                xw((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
                    y + t * ldy + r, ldy);
     for (; t + 4 <= n_tok; t += 4)
         for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)

@@ -72,7 +72,7 @@ void ei_packed_q6_k_ref(const void *, int64_t, const void *, int64_t, float *, i
 
 #if defined(__x86_64__)
 /* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call (K
- * types also 8), AVX2 (maddubs + madd) or VNNI (vpdpbusd). */
+ * types also 8 and 16), AVX2 (maddubs + madd) or VNNI (vpdpbusd). */
 #define EI_PACKED_DECL(name, sfx)                                                                           \
     void ei_packed_##name##_x1_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);      \
     void ei_packed_##name##_x4_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
@@ -87,7 +87,8 @@ EI_PACKED_DECL(q5_1, vnni)
 EI_PACKED_DECL(q8_0, vnni)
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
     EI_PACKED_DECL(name, sfx)                                                                               \
-    void ei_packed_##name##_x8_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
+    void ei_packed_##name##_x8_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);     \
+    void ei_packed_##name##_x16_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
 EI_PACKED_DECL_K(q4_k, avx2)
 EI_PACKED_DECL_K(q5_k, avx2)
 EI_PACKED_DECL_K(q6_k, avx2)

@@ -2,7 +2,7 @@
  * KT (target attribute), KSFX (name suffix) and KVNNI (1: vpdpbusd, 0: maddubs +
  * madd) defined. The integer part is exact either way (4-, 5- and 6-bit weights
  * times int8 never saturate maddubs), so both levels give identical results,
- * and each token's float operations are the same for 1 and 4 tokens a call. */
+ * and each token's float operations are the same for 1, 4, 8 and 16 tokens a call. */
 #define KCAT2(a, b) a##_##b
 #define KCAT(a, b) KCAT2(a, b)
 #define KF(name) KCAT(name, KSFX)
@@ -77,7 +77,7 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
                     int64_t ldy) {
     const uint8_t *p = packed;
     const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
-    __m256 acc[8];
+    __m256 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += ub) {
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -134,7 +134,7 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
 KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
                    int64_t ldy) {
     const uint8_t *p = packed;
-    __m256 acc[8];
+    __m256 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -172,6 +172,16 @@ KT void KF(ei_packed_q5_k_x8)(const void *pk, int64_t nb, const void *act, int64
 }
 KT void KF(ei_packed_q6_k_x8)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(kq6k)(8, pk, nb, act, st, y, ldy);
+}
+
+KT void KF(ei_packed_q4_k_x16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq45k)(0, 16, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q5_k_x16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq45k)(1, 16, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q6_k_x16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(kq6k)(16, pk, nb, act, st, y, ldy);
 }
 
 #undef KCAT2

@@ -241,8 +241,8 @@ static void test_type(const tinfo *t, const path *p) {
  * (NMSE <= 1e-12: the same arithmetic, rounding apart only where a compiler
  * contracts differently), then this path's packed kernels, 1 and 4 tokens a
  * call, against the reference (NMSE <= 1e-10, the packed-kernel bound of
- * tests/test_kernels.py) and x4 (and x8 where present) identical to x1 per
- * token (batch invariance). */
+ * tests/test_kernels.py) and x4 (and the wide kernel, 8 or 16 tokens, where
+ * present) identical to x1 per token (batch invariance). */
 static void test_packed_k(const path *p) {
     static const struct {
         int type;
@@ -252,7 +252,7 @@ static void test_packed_k(const path *p) {
               {EI_TYPE_Q5_K, "q5_k", ei_packed_q5_k_ref},
               {EI_TYPE_Q6_K, "q6_k", ei_packed_q6_k_ref}};
     const int64_t sizes[] = {256, 768, 2304};
-    enum { ROWS = 24, NT = 8 };
+    enum { ROWS = 24, NT = 16 };
     for (int ti = 0; ti < 3; ti++) {
         const tinfo *t = NULL;
         for (int i = 0; i < N_TYPES; i++)
@@ -268,7 +268,7 @@ static void test_packed_k(const path *p) {
             uint8_t *w = malloc((size_t)(rb * ROWS)), *pk = malloc(pb);
             float *x = malloc(NT * n * sizeof(float));
             ei_q8a *qa = malloc(NT * nqa * sizeof(ei_q8a));
-            float y0[NT * ROWS], yr[NT * ROWS], y1[NT * ROWS], y4[NT * ROWS], y8[NT * ROWS];
+            float y0[NT * ROWS], yr[NT * ROWS], y1[NT * ROWS], y4[NT * ROWS], yw[NT * ROWS];
             rnd_weights(t, w, n * ROWS);
             rnd_act(x, NT * n);
             for (int tok = 0; tok < NT; tok++) scalar_ref()->quantize_act(x + tok * n, n, qa + tok * nqa);
@@ -283,7 +283,9 @@ static void test_packed_k(const path *p) {
                 }
                 for (int tok = 0; tok < NT; tok += 4)
                     k->packed[t->type].x4(pk + g * gb, nb, qa + tok * nqa, st, y4 + tok * ROWS + 8 * g, ROWS);
-                if (k->packed[t->type].x8) k->packed[t->type].x8(pk + g * gb, nb, qa, st, y8 + 8 * g, ROWS);
+                const int nw = k->packed[t->type].xw_tok;
+                for (int tok = 0; k->packed[t->type].xw && tok < NT; tok += nw)
+                    k->packed[t->type].xw(pk + g * gb, nb, qa + tok * nqa, st, yw + tok * ROWS + 8 * g, ROWS);
             }
             char what[64];
             snprintf(what, sizeof what, "packed %s n=%lld", t->name, (long long)n);
@@ -292,8 +294,8 @@ static void test_packed_k(const path *p) {
             e = nmse(y1, yr, NT * ROWS);
             check(e <= 1e-10, "%s [%s]: x1 vs scalar packed reference NMSE %.3g", what, p->name, e);
             check(!memcmp(y1, y4, sizeof y1), "%s [%s]: x4 differs from x1 (%g)", what, p->name, 0);
-            if (k->packed[t->type].x8)
-                check(!memcmp(y1, y8, sizeof y1), "%s [%s]: x8 differs from x1 (%g)", what, p->name, 0);
+            if (k->packed[t->type].xw)
+                check(!memcmp(y1, yw, sizeof y1), "%s [%s]: x%d differs from x1", what, p->name, k->packed[t->type].xw_tok);
             free(w);
             free(pk);
             free(x);
