@@ -89,48 +89,52 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
+/* 32 * (sum of a's first 16 quants) in every lane, and of the last 16. */
+KINL void KF(kasum)(const ei_q8a *a, __m256i *lo, __m256i *hi) {
+    const __m256i y = _mm256_loadu_si256((const __m256i *)a->q);
+#if KVNNI
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), y);
+#else
+    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), _mm256_set1_epi16(1));
+#endif
+    s = _mm256_hadd_epi32(s, s);
+    s = _mm256_slli_epi32(_mm256_hadd_epi32(s, s), 5);
+    *lo = _mm256_permute2x128_si256(s, s, 0x00);
+    *hi = _mm256_permute2x128_si256(s, s, 0x11);
+}
+
 KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t b,
                        __m256 *acc) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi8(32);
-    const __m256i u128 = _mm256_set1_epi8((char)0x80);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
     const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
     const __m256i sclo = _mm256_cvtepi8_epi32(sc2), schi = _mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8));
-    /* Signed weights q - 32 times unsigned activations a + 128 (a ^ 0x80):
-     * (a + 128)(q - 32) = a(q - 32) + 128(q - 32). The second term depends on the
-     * weights only, so it is summed once per block (c0, c1) and starts each
-     * token's accumulators negated: the integer sums are exactly those of
-     * sum (q - 32) a, with no per-token activation sums. */
-    __m256i w[8], c0 = _mm256_setzero_si256(), c1 = _mm256_setzero_si256();
+    __m256i w[8];
     for (int k = 0; k < 8; k++) {
         __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + c) + 32 * k));
         __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));
         if (hi) l = _mm256_srli_epi16(l, 4);
         u = s2 == 0 ? _mm256_slli_epi16(u, 4) : s2 == 2 ? _mm256_slli_epi16(u, 2) : s2 == 6 ? _mm256_srli_epi16(u, 2) : u;
-        w[k] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30)), m32);
-        if (k < 4) c0 = KF(kdp)(c0, u128, w[k]);
-        else c1 = KF(kdp)(c1, u128, w[k]);
+        w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30));
     }
-    c0 = _mm256_sub_epi32(_mm256_setzero_si256(), c0);
-    c1 = _mm256_sub_epi32(_mm256_setzero_si256(), c1);
     for (int t = 0; t < nt; t++) {
         const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
-        int8_t ua[32] __attribute__((aligned(32)));
-        _mm256_store_si256((__m256i *)ua, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)a->q), u128));
-        __m256i s0 = c0, s1 = c1;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256(), a0, a1;
         for (int k = 0; k < 4; k++) {
-            s0 = KF(kdp)(s0, KF(kbcast4)(ua + 4 * k), w[k]);
-            s1 = KF(kdp)(s1, KF(kbcast4)(ua + 16 + 4 * k), w[k + 4]);
+            s0 = KF(kdp)(s0, w[k], KF(kbcast4)(a->q + 4 * k));
+            s1 = KF(kdp)(s1, w[k + 4], KF(kbcast4)(a->q + 16 + 4 * k));
         }
-        const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(s0, sclo), _mm256_mullo_epi32(s1, schi));
+        KF(kasum)(a, &a0, &a1);
+        const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(s0, a0), sclo),
+                                              _mm256_mullo_epi32(_mm256_sub_epi32(s1, a1), schi));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);
     }
 }
 
 /* Q6_K, rows 8g..8g+7, nt tokens. Per activation block j and token:
  *   acc += (sc_2j * sum_lo (q - 32) a + sc_2j+1 * sum_hi (q - 32) a) * (d * a_j.d)
- * with the dot on signed q - 32 and unsigned a + 128 (see kq6k_blk). */
+ * with q unsigned (0..63) in the dot and 32 * sum(a) subtracted per half. */
 KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
                    int64_t ldy) {
     const uint8_t *p = packed;
