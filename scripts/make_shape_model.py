@@ -19,7 +19,7 @@ tokenizer.json really implements (the Llama 3 split regex -> "llama-bpe", Qwen2'
 "qwen2", plain ByteLevel -> "gpt-2"), the name `edgeinfer convert` derives from the same
 regex. Nothing else in the converter changes.
 
-    python scripts/make_shape_model.py llama32-1b [--out /work/shapes] [--types Q4_0,Q4_K_M,Q6_K]
+    python scripts/make_shape_model.py llama32-1b [--out ~/.cache/edgeinfer/shapes] [--types Q4_0,Q4_K_M,Q6_K]
         [--engines llamacpp,edgeinfer] [--hf-only] [--keep-bf16] [--llama-cpp DIR]
 
 Files: OUT/hf/SHAPE/ (checkpoint), OUT/SHAPE.llamacpp.TYPE.gguf, OUT/SHAPE.edgeinfer.TYPE.gguf
@@ -408,7 +408,7 @@ def make(name: str, out: Path, types: list[str], engines: list[str], hf_only: bo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shapes", nargs="+", choices=sorted(SHAPES))
-    ap.add_argument("--out", default="/work/shapes")
+    ap.add_argument("--out", default=str(Path.home() / ".cache" / "edgeinfer" / "shapes"))
     ap.add_argument("--types", default="Q4_0,Q4_K_M,Q6_K", help="comma-separated GGUF types")
     ap.add_argument("--engines", default="llamacpp,edgeinfer")
     ap.add_argument("--hf-only", action="store_true", help="only the Hugging Face checkpoint")
