@@ -2,7 +2,8 @@
 
 The fake runtime keeps what a real KV arena keeps: per slot, the (position, token) held in
 each cell. The logits of an output row are a deterministic function of the tokens the row
-attends to (every held cell at a position <= its own), so a sequence's greedy output is
+attends to (every held cell at a position <= its own, and with a sliding ring's window, only
+the sinks and the window's positions, as native attention masks them), so a sequence's greedy output is
 `reference_greedy(prompt)` whatever the batching -- unless the scheduler mixes slots up,
 reuses a prefix wrongly or forgets cells it should keep.
 """
@@ -72,9 +73,11 @@ class FakeRuntime:
         for t, s, p, c in zip(batch.tokens, batch.slots, batch.pos, batch.cells):
             self.cells[s][int(c)] = (int(p), int(t))
         out = []
+        window, n_sink = self.plan.slide_window, self.plan.n_sink
         for r in batch.out_rows:
             slot, pos = int(batch.slots[r]), int(batch.pos[r])
-            held = sorted(v for v in self.cells[slot].values() if v[0] <= pos)
+            held = sorted(v for v in self.cells[slot].values()
+                          if v[0] <= pos and (not window or v[0] < n_sink or v[0] > pos - window))
             out.append(_row([t for _, t in held]))
         return np.array(out, dtype=np.float32).reshape(len(out), N_VOCAB)
 

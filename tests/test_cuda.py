@@ -535,6 +535,35 @@ def test_decode_steps_and_slots_agree_with_prefill(engines):
 
 
 @needs_gpu
+def test_end_to_end_sliding_ring_with_slack_matches_cpu(smollm2_path):
+    """overflow="slide": past the wrap, chunks of slack + 1 tokens are written ahead into the
+    slack cells and each token sees only the sinks and its window (the mask on n_sink and
+    slide_window); teacher-forced logits on the GPU match the CPU runtime's, and differ from
+    what the full context gives (the window is applied, not ignored)."""
+    ids = None
+    out = {}
+    for device, ctx, overflow in (("cuda", 16, "slide"), ("cpu", 16, "slide"), ("cpu", 64, "stop")):
+        eng = edgeinfer.load(smollm2_path, n_ctx=ctx, n_sink=2, overflow=overflow, device=device, max_batch=16)
+        try:
+            ring, runner = eng.ring, eng.runner
+            ids = ids or _text_ids(eng)[:48]
+            got, i = [], 0
+            while i < len(ids):
+                n = min(ring.max_chunk(0), runner.caps.max_batch, len(ids) - i)
+                pos, cells = ring.reserve(0, ids[i:i + n])
+                got.append(runner.run(Batch.of_slot(0, ids[i:i + n], pos, cells, np.arange(n))).logits[:n].copy())
+                i += n
+            assert ring.slots[0].wrapped == (overflow == "slide") and ring.slack == (8 if overflow == "slide" else 0)
+            out[device, ctx] = np.concatenate(got)
+        finally:
+            eng.close()
+    kl, top1 = _kl_top1(out["cpu", 16], out["cuda", 16])
+    assert top1 >= 0.9 and kl <= 0.01, (kl, top1)          # 48 rows: a near tie is 2 % of top-1
+    kl_full, _ = _kl_top1(out["cpu", 64][16:], out["cuda", 16][16:])
+    assert kl_full > 4 * kl, (kl_full, kl)
+
+
+@needs_gpu
 def test_end_to_end_bench_on_gpu(smollm2_path):
     """`edgeinfer bench --device cuda` (what gpu_check.sh runs) measures the CUDA runtime."""
     from edgeinfer.tools.bench import BenchConfig, run_bench
@@ -786,10 +815,11 @@ def test_rmsnorm_add_and_softcap():
 
 
 @needs_gpu
-@pytest.mark.parametrize("window,scale", [(16, 0.0), (300, 0.0), (7, 0.1)])
-def test_attention_sliding_window(window, scale):
-    """A local layer's attention: only cells with pos - window < cell_pos <= pos are visible;
-    against float64 and against the CPU kernel over the masked cells (as the CPU forward masks)."""
+@pytest.mark.parametrize("window,scale,keep_below", [(16, 0.0, 0), (300, 0.0, 0), (7, 0.1, 0), (40, 0.0, 4)])
+def test_attention_sliding_window(window, scale, keep_below):
+    """A local layer's attention: only cells with pos - window < cell_pos <= pos are visible
+    (and, on a sliding ring with slack, the sinks below keep_below); against float64 and against
+    the CPU kernel over the masked cells (as the CPU forward masks)."""
     ffi, lib = _test_ops()
     g, hd, n_cells = 4, 64, 600
     rng = np.random.default_rng(window)
@@ -799,7 +829,7 @@ def test_attention_sliding_window(window, scale):
     cell_pos = rng.permutation(n_cells).astype(np.int32)
     cell_pos[rng.random(n_cells) < 0.1] = -1
     pos = 450
-    vis = (cell_pos >= 0) & (cell_pos <= pos) & (cell_pos > pos - window)
+    vis = (cell_pos >= 0) & (cell_pos <= pos) & ((cell_pos > pos - window) | (cell_pos < keep_below))
     sc = scale or 1 / np.sqrt(hd)
     s = (q.astype(np.float64) @ k.astype(np.float64).T) * sc
     s[:, ~vis] = -np.inf
@@ -809,7 +839,7 @@ def test_attention_sliding_window(window, scale):
     _ok(lib.ei_cuda_op_attention_window(_f(ffi, q), g, ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
                                         ffi.from_buffer("uint16_t[]", v.view(np.uint16)),
                                         ffi.from_buffer("int32_t[]", cell_pos), n_cells, pos, hd, scale, window,
-                                        _f(ffi, out)))
+                                        keep_below, _f(ffi, out)))
     assert nmse(ref, out) <= NMSE_MAX
     if scale == 0.0:
         masked = np.where(vis, cell_pos, -1).astype(np.int32)

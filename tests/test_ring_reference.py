@@ -1,10 +1,10 @@
 """The KV ring's slide (overflow="slide") against the float64 exact math.
 
 A sequence three times longer than the ring is teacher-forced through the engine the way the
-scheduler feeds a long prompt (chunks up to the ring, then one token per step once it wraps).
-Past the wrap, each token attends to the n_sink pinned cells and the cells of the last
-(capacity - n_sink) positions, every key rotated at its true position (edgeinfer/engine/kv.py,
-native ei_forward). The reference (tests/reference_forward.py, ring=...) computes exactly that
+scheduler feeds a long prompt (chunks up to the ring's last cell, then slack + 1 tokens per
+step once it wraps, written ahead into the slack cells). Past the wrap, each token attends to
+the n_sink pinned cells and the last (capacity - n_sink) positions, every key rotated at its
+true position, older cells masked (edgeinfer/engine/kv.py, native ei_forward). The reference (tests/reference_forward.py, ring=...) computes exactly that
 attention in float64; it must agree with the engine as closely as the full-context reference
 agrees with it inside the ring (test_engine_accuracy.py: top-1 >= 90%, mean KL <= 0.02).
 """
@@ -49,7 +49,8 @@ def test_slide_matches_float64_reference_with_sinks_and_window(smollm2_path):
         ids = eng.tokenize(TEXTS["story"] + TEXTS["technical"])[:N_TOKENS]
         assert len(ids) == N_TOKENS
         ours = _teacher_forced_through_ring(eng, ids)
-        assert eng.ring.slots[0].wrapped and eng.ring.cells_used(0) == CAPACITY
+        assert eng.ring.slots[0].wrapped and eng.ring.cells_used(0) == CAPACITY + eng.ring.slack
+        assert eng.ring.slack > 0 and eng.ring.max_chunk(0) == eng.ring.slack + 1
     finally:
         eng.close()
     assert np.isfinite(ours).all()

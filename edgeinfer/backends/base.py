@@ -20,12 +20,27 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class KVPlan:
-    """The KV arena a runtime allocates once: n_slots rings of n_ctx cells."""
+    """The KV arena a runtime allocates once: n_slots rings of n_ctx + slack cells.
+
+    A ring that slides (engine/kv.py) keeps `slack` cells beyond its context: a token sees the
+    n_sink sinks and the last n_ctx - n_sink positions, so a batch of up to slack + 1 tokens can
+    be written ahead, and rolled back, without overwriting what the window still needs."""
     n_slots: int
     n_ctx: int
     n_sink: int
     max_batch: int              # most tokens in one forward step
     kv_type: str = "f16"
+    slack: int = 0
+
+    @property
+    def cells(self) -> int:
+        """KV cells per slot."""
+        return self.n_ctx + self.slack
+
+    @property
+    def slide_window(self) -> int:
+        """Positions besides the sinks that a token sees; 0: every held cell (no slack)."""
+        return self.n_ctx - self.n_sink if self.slack else 0
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ class NativeRuntime:
         self.model = model
         p = ffi.new("ei_runtime_params *")
         p.n_threads = n_threads or 0
-        p.n_slots, p.n_ctx, p.n_sink, p.max_batch = plan.n_slots, plan.n_ctx, plan.n_sink, plan.max_batch
+        p.n_slots, p.n_ctx, p.n_sink, p.max_batch = plan.n_slots, plan.cells, plan.n_sink, plan.max_batch
+        p.slide_window = plan.slide_window
         p.kv_type = KV_TYPES[plan.kv_type]
         p.isa = ISA_NAMES[isa]
         p.drop_packed_source = int(drop_packed_source)

@@ -207,7 +207,8 @@ class CudaRuntime:
             t.data = ffi.cast("const void *", buf)
         p = ffi.new("ei_cuda_params *")
         p.device = device.index if device else 0
-        p.n_slots, p.n_ctx, p.max_batch = plan.n_slots, plan.n_ctx, plan.max_batch
+        p.n_slots, p.n_ctx, p.max_batch = plan.n_slots, plan.cells, plan.max_batch
+        p.n_sink, p.slide_window = plan.n_sink, plan.slide_window
         p.use_graphs, p.drop_host_pages = int(use_graphs), int(drop_host_pages)
         sizes = ffi.new("ei_cuda_sizes *")
         out = ffi.new("ei_cuda_runtime **")

@@ -15,7 +15,7 @@ from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .constraint import check_logit_bias, grammar_spec
 from .generation import Completion, Generation
-from .kv import KVRing
+from .kv import OVERFLOW_POLICIES, KVRing, slack_cells
 from .runner import Runner
 from .sampling import SamplingParams
 from .tool_calls import ToolPlan, plan_tools
@@ -81,15 +81,17 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         n_sink = min(n_sink, n_ctx // 4)
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+        plan = KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type, slack=slack_cells(overflow, max_batch))
         ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow, swa_window=cfg.swa_window,
-                      local_cells=local_ring_cells(cfg.swa_window, n_ctx, max_batch))
-        runtime = backend.create_runtime(gguf, cfg, KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
+                      local_cells=local_ring_cells(cfg.swa_window, plan.cells, max_batch), slack=plan.slack)
+        runtime = backend.create_runtime(gguf, cfg, plan)
         log.info("loaded %s on %s: %s, %d layers, KV arena %.1f MiB (%d slots x %d cells)", path.name,
                  backend.describe(), cfg.arch, cfg.n_layer, runtime.caps.kv_bytes / 2**20, n_slots, n_ctx)
         drafter = None
         if draft is not None:
-            drafter = _load_draft(backend, Path(resolve_model(str(draft))), gguf,
-                                  KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type))
+            drafter = _load_draft(backend, Path(resolve_model(str(draft))), gguf, plan)
         return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
                    draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots)
 
@@ -288,15 +290,16 @@ def _template_kwargs(kwargs: dict | None, enable_thinking: bool | None) -> dict:
 
 
 def _load_draft(backend, path: Path, target: GGUFFile, plan: KVPlan) -> DraftModel:
-    """The draft model of speculative decoding: its own runtime and KV ring (overflow 'stop':
-    it only drafts while the sequence fits). Its vocabulary must be the target's, token for token."""
+    """The draft model of speculative decoding: its own runtime and a KV ring like the model's
+    (one that slides when the model's does). Its vocabulary must be the target's, token for token."""
     gguf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gguf)
     if list(gguf.metadata.get("tokenizer.ggml.tokens") or []) != list(target.metadata.get("tokenizer.ggml.tokens") or []):
         raise ValueError(f"the draft model {path.name} does not share the model's vocabulary")
     runtime = backend.create_runtime(gguf, cfg, plan)
     log.info("draft model %s: %s, %d layers", path.name, cfg.arch, cfg.n_layer)
-    return DraftModel(Runner(runtime), KVRing(plan.n_slots, plan.n_ctx, n_sink=plan.n_sink, overflow="stop",
-                                              swa_window=cfg.swa_window,
-                                              local_cells=local_ring_cells(cfg.swa_window, plan.n_ctx, plan.max_batch)))
+    return DraftModel(Runner(runtime), KVRing(plan.n_slots, plan.n_ctx, n_sink=plan.n_sink,
+                                              overflow="slide" if plan.slack else "stop", swa_window=cfg.swa_window,
+                                              local_cells=local_ring_cells(cfg.swa_window, plan.cells, plan.max_batch),
+                                              slack=plan.slack))
 

@@ -17,8 +17,9 @@ sequence's output does not depend on its neighbours or on how its prompt was chu
 Speculative decoding (speculative.py): a decoding sequence may feed its next token followed
 by k proposed tokens and get all k + 1 rows of logits back; it samples them in order as
 plain decoding would, keeps the proposals its samples confirm and rolls the ring back past
-the first mismatch (_verify). Only while the proposals fit in the ring without overwriting a
-cell (a slot that has slid decodes plainly), so a rollback never has to restore a cell.
+the first mismatch (_verify). The token and its drafts are one chunk the ring can take and undo
+(KVRing.max_chunk): on a ring that has slid, the cells a rollback gives back held positions no
+later token sees (kv.py, the slack), so a rollback never has to restore a cell.
 """
 from __future__ import annotations
 
@@ -235,7 +236,7 @@ class Scheduler:
             "queue_length": waiting,
             "max_queue": self.max_queue,
             "kv_cells_used": sum(ring.cells_used(r.slot) for r in active if r.slot is not None),
-            "kv_cells_total": ring.capacity * ring.n_slots,
+            "kv_cells_total": ring.cells * ring.n_slots,
             "steps": self.steps,
             "spec_proposed": self.spec_proposed,
             "spec_accepted": self.spec_accepted,
@@ -353,7 +354,7 @@ class Scheduler:
                     ring.copy_prefix(src, slot, shared)   # a sibling's prompt: copied, not recomputed
                     keep = shared
                 else:
-                    ring.truncate(slot, keep)
+                    keep = ring.truncate(slot, keep)
                     self.runner.forget_from(slot, keep)
             req.slot = slot
             req.n_fed = keep
@@ -431,7 +432,7 @@ class Scheduler:
         out: dict[int, list[int]] = {}
         for r in spec:
             seq = r.seq
-            k_limit = min(budget, ring.capacity - ring.slots[r.slot].n_past - 1)
+            k_limit = min(budget, ring.max_chunk(r.slot) - 1)   # the token and its drafts in one chunk
             if seq.limit is not None:
                 k_limit = min(k_limit, seq.limit - len(seq.tokens) - 1)
             drafted = r.spec.mode == "draft"
@@ -595,7 +596,8 @@ class Scheduler:
         keep = p0 + 1 + n_acc                       # cells [0, keep) hold the sequence as sampled
         if keep < st.n_past:
             with self.runner.lock:
-                ring.truncate(r.slot, keep)
+                kept = ring.truncate(r.slot, keep)
+                assert kept == keep, (kept, keep)   # drafts never exceed the chunk a rollback can undo
                 self.runner.forget_from(r.slot, keep)
         self.policy.record(spec, len(drafts), n_acc)
         self.spec_proposed += len(drafts)

@@ -78,37 +78,43 @@ class DraftModel:
 
     def lag(self, slot: int, history: list[int]) -> int:
         """Tokens of `history` the draft slot would have to be fed before drafting."""
-        return len(history) - min(self.ring.common_prefix(slot, history), len(history) - 1)
+        keep = self.ring.resume_point(slot, history)
+        return len(history) - (0 if keep is None else min(keep, len(history) - 1))
 
     def catch_up(self, slot: int, history: list[int]) -> bool:
-        """Brings the draft slot up to `history`; False when it does not fit."""
-        if len(history) > self.ring.capacity:
+        """Brings the draft slot up to a new request's prompt, reusing whatever prefix the slot
+        holds from earlier requests; False when it does not fit."""
+        if len(history) > self.ring.cells:
             return False
         with self.runner.lock:
-            self._sync(slot, history, out=False)
+            self._sync(slot, history, self.ring.common_prefix(slot, history), out=False)
         return True
 
-    def _sync(self, slot: int, history: list[int], out: bool) -> None:
-        """Makes the slot hold `history`; with `out`, refeeds at least its last token so that
-        self._row is the next token's logits."""
+    def _sync(self, slot: int, history: list[int], keep: int, out: bool) -> None:
+        """Makes the slot hold `history`, keeping its first `keep` tokens; with `out`, refeeds at
+        least its last token so that self._row is the next token's logits."""
         ring = self.ring
-        keep = ring.common_prefix(slot, history)
         if out:
             keep = min(keep, len(history) - 1)
-        ring.truncate(slot, keep)
+        keep = ring.truncate(slot, keep)
         self.runner.forget_from(slot, keep)
         todo = history[keep:]
-        step = self.runner.caps.max_batch
         while todo:
+            step = min(self.runner.caps.max_batch, ring.max_chunk(slot))
             chunk, todo = todo[:step], todo[step:]
             self._feed(slot, chunk, out=out and not todo)
 
     def propose(self, slot: int, history: list[int], k: int) -> list[int]:
+        """k greedy draft tokens after the request's `history` (the slot's owner: what it fed
+        before is taken as held, so a slot whose ring has slid drafts on)."""
         ring = self.ring
-        if k <= 0 or len(history) + k > ring.capacity:
+        if k <= 0 or (ring.overflow == "stop" and len(history) + k > ring.capacity):
+            return []
+        keep = ring.resume_point(slot, history)
+        if keep is None:        # slid too far from what it holds: catching up would cost a prefill
             return []
         with self.runner.lock:
-            self._sync(slot, history, out=True)
+            self._sync(slot, history, keep, out=True)
             out = [int(np.argmax(self._row[0]))]
             while len(out) < k:
                 self._feed(slot, [out[-1]], out=True)

@@ -51,6 +51,8 @@ typedef struct {
     int32_t use_graphs;        /* 1: capture decode steps (n_tokens <= 16) as CUDA Graphs */
     int32_t drop_host_pages;   /* 1: tensors are a read-only file mapping; drop their pages after
                                   upload so the host keeps no second copy (Jetson) */
+    int32_t n_sink, slide_window;  /* as ei_runtime_params: with slide_window > 0 a token at pos
+                                      sees positions [0, n_sink) and (pos - slide_window, pos] */
 } ei_cuda_params;
 
 /* Bytes the runtime will allocate on the device, as sized before allocation. */

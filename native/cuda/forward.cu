@@ -296,6 +296,9 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         p->max_batch > MAX_BATCH)
         return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: n_slots=%d n_ctx=%d max_batch=%d out of range",
                         p->n_slots, p->n_ctx, p->max_batch);
+    if (p->n_sink < 0 || p->n_sink >= p->n_ctx || p->slide_window < 0 || p->slide_window > p->n_ctx - p->n_sink)
+        return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: n_sink=%d slide_window=%d out of range for n_ctx=%d",
+                        p->n_sink, p->slide_window, p->n_ctx);
 
     /* ---- size everything before allocating anything on the device ---- */
     size_t wbytes = 0;
@@ -639,7 +642,7 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
             LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, kv, li, slots + t0, pos + t0,
                               (ring ? ncells_l : ncells) + t0, ring ? rt->d_cell_pos_l : rt->d_cell_pos,
                               ring ? n_chunks_l : n_chunks, rt->part, rt->att + t0 * qd, c->attn_scale,
-                              local ? c->swa_window : 0));
+                              local ? c->swa_window : rt->p.slide_window, local ? 0 : rt->p.n_sink));
         }
         if (c->has_post_norms) {   /* Gemma 3: O, then its post-norm, into the residual */
             LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 0, rt->post, d));

@@ -744,7 +744,7 @@ enum { ATT_THREADS = 128, ATT_WARPS = ATT_THREADS / 32 };
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     const float *__restrict__ q, int n_head, eic_kv kv, int layer, const int32_t *__restrict__ slots,
     const int32_t *__restrict__ pos, const int32_t *__restrict__ n_cells, const int32_t *__restrict__ cell_pos,
-    int n_chunks, float *__restrict__ part, float scale, int32_t window) {
+    int n_chunks, float *__restrict__ part, float scale, int32_t window, int32_t keep_below) {
     extern __shared__ float sm[];
     const int chunk = blockIdx.x, kvh = blockIdx.y;
     const int64_t t = blockIdx.z;
@@ -771,7 +771,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     /* Scores: a warp per cell, the key row in registers, one reduction per head. */
     for (int c = warp; c < n; c += ATT_WARPS) {
         const int32_t cpos = cp[c0 + c];
-        const bool vis = cpos >= 0 && cpos <= p && (window <= 0 || cpos > p - window);
+        const bool vis = cpos >= 0 && cpos <= p && (window <= 0 || cpos > p - window || cpos < keep_below);
         if (!vis) {
             for (int j = lane; j < g; j += 32) sc[j * EIC_ATTN_CHUNK + c] = -INFINITY;
             continue;
@@ -853,7 +853,8 @@ __global__ void attn_merge_kernel(const float *__restrict__ part, int n_head, in
 
 cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_head, const eic_kv *kv, int layer,
                           const int32_t *slots, const int32_t *pos, const int32_t *n_cells, const int32_t *cell_pos,
-                          int n_chunks, float *part, float *out, float scale, int32_t window) {
+                          int n_chunks, float *part, float *out, float scale, int32_t window,
+                          int32_t keep_below) {
     if (n_tok <= 0) return cudaSuccess;
     const int g = n_head / kv->n_head_kv;
     if (kv->hd > EIC_MAX_HEAD_DIM || g > EIC_MAX_GROUP || n_chunks < 1 || n_tok > 65535) return cudaErrorInvalidValue;
@@ -865,7 +866,7 @@ cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_h
     }
     attn_chunk_kernel<<<dim3((unsigned)n_chunks, (unsigned)kv->n_head_kv, (unsigned)n_tok), ATT_THREADS, smem, s>>>(
         q, n_head, *kv, layer, slots, pos, n_cells, cell_pos, n_chunks, part,
-        scale > 0.0f ? scale : rsqrtf((float)kv->hd), window);
+        scale > 0.0f ? scale : rsqrtf((float)kv->hd), window, keep_below);
     attn_merge_kernel<<<dim3((unsigned)n_head, (unsigned)n_tok), kv->hd < 128 ? 64 : 128, 0, s>>>(
         part, n_head, kv->n_head_kv, kv->hd, n_chunks, out);
     return cudaGetLastError();

@@ -87,9 +87,10 @@ cudaError_t eic_swiglu(cudaStream_t s, float *gate, const float *up, int64_t n);
  * EIC_ATTN_CHUNK cells merged in order. part holds n_tok*n_head*n_chunks*(hd+2) floats. */
 cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_head, const eic_kv *kv, int layer,
                           const int32_t *slots, const int32_t *pos, const int32_t *n_cells, const int32_t *cell_pos,
-                          int n_chunks, float *part, float *out, float scale, int32_t window);
+                          int n_chunks, float *part, float *out, float scale, int32_t window, int32_t keep_below);
 /* scale: scores = q.k * scale (0: 1/sqrt(hd)); window > 0: only cells with pos - window < cell_pos
- * are visible (a sliding-window layer). */
+ * or cell_pos < keep_below are visible (a sliding-window layer: keep_below 0; a ring with slack:
+ * its sinks). */
 /* out[j] = argmax of row j of x (n_rows x n). */
 cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int32_t *out);
 /* ids[j*k + i], vals[j*k + i], i < k: the k largest of row j of x (n_rows x n), value descending,

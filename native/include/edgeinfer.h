@@ -142,6 +142,10 @@ typedef struct {
     int32_t isa;           /* EI_ISA_BEST, or a forced level for tests */
     int32_t drop_packed_source; /* 1: weights are a read-only file mapping; once a tensor is
                                    packed, its pages are dropped (madvise) to keep RSS low */
+    int32_t slide_window;  /* > 0: a token at pos sees the sink positions [0, n_sink) and the
+                              positions (pos - slide_window, pos] only; the ring's cells beyond
+                              n_sink + slide_window are slack that a batch may write ahead into
+                              (speculative verify on a ring that slides). 0: every cell <= pos */
 } ei_runtime_params;
 
 typedef struct ei_runtime ei_runtime;

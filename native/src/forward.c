@@ -146,7 +146,10 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
     const ei_model_config *c = &rt->m->cfg;
     const int hd = c->head_dim, group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
     const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
-    const int32_t window = ei_layer_is_local(c, t->layer) ? c->swa_window : 0;
+    /* The token's window: a local layer sees its last swa_window positions; a global layer of a
+     * ring with slack sees the sinks and its last slide_window positions. */
+    const int local = ei_layer_is_local(c, t->layer);
+    const int32_t window = local ? c->swa_window : rt->p.slide_window, keep_below = local ? 0 : rt->p.n_sink;
     int32_t *masked = rt->swa_cell_pos ? rt->swa_cell_pos + (size_t)ith * rt->p.n_ctx : NULL;
     float *scores = rt->scores + (size_t)ith * group * EI_ATTN_CHUNK;
     const int64_t per_tok = (int64_t)c->n_head_kv * t->n_chunks;
@@ -168,9 +171,9 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
             const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
             const int32_t *cp = ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
                                      : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
-            if (window > 0) {   /* a local layer: cells older than the window read as empty */
-                const int32_t lo = t->pos[tok] - window;
-                for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo ? cp[cc] : -1;
+            const int32_t lo = t->pos[tok] - window;
+            if (window > 0 && lo >= keep_below) {   /* cells older than the window read as empty */
+                for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo || cp[cc] < keep_below ? cp[cc] : -1;
                 cp = masked;
             }
             ei_attend_chunk(&rt->attn, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,

@@ -121,6 +121,9 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     if (prm.n_ctx < 1 || prm.n_ctx > MAX_CTX) return ei_fail(EI_ERR_INVALID_ARG, "n_ctx=%d out of range", prm.n_ctx);
     if (prm.n_sink < 0 || prm.n_sink >= prm.n_ctx)
         return ei_fail(EI_ERR_INVALID_ARG, "n_sink=%d must be in [0, n_ctx=%d)", prm.n_sink, prm.n_ctx);
+    if (prm.slide_window < 0 || prm.slide_window > prm.n_ctx - prm.n_sink)
+        return ei_fail(EI_ERR_INVALID_ARG, "slide_window=%d must be in [0, n_ctx - n_sink = %d]", prm.slide_window,
+                       prm.n_ctx - prm.n_sink);
     if (prm.max_batch < 1 || prm.max_batch > MAX_BATCH) return ei_fail(EI_ERR_INVALID_ARG, "max_batch=%d out of range", prm.max_batch);
     if (prm.kv_type != EI_TYPE_F16 && prm.kv_type != EI_TYPE_Q8_0)
         return ei_fail(EI_ERR_UNSUPPORTED, "kv_type %d: the KV arena holds F16 or Q8_0", prm.kv_type);
@@ -189,11 +192,14 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_freq = alloc_zeroed(half * sizeof(double), &scratch);
     rt->out_rows = alloc_zeroed(B * d * sizeof(float), &scratch);
-    /* Sliding-window layers: a second RoPE table when their base differs, and per-thread
-     * cell positions masked to the window. */
-    if (c->swa_window > 0) {
+    /* A window on attention (sliding-window layers, or a ring with slack): per-thread cell
+     * positions masked to it. */
+    if (c->swa_window > 0 || prm.slide_window > 0) {
         rt->swa_cell_pos = alloc_zeroed((size_t)prm.n_threads * prm.n_ctx * sizeof(int32_t), &scratch);
         swa_fail |= !rt->swa_cell_pos;
+    }
+    /* Sliding-window layers: a second RoPE table when their base differs. */
+    if (c->swa_window > 0) {
         /* local layers: their own base and no scaling, so their own tables unless both match */
         if ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) || c->rope_freq_scale != 1.0f ||
             m->rope_freqs.data) {

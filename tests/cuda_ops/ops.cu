@@ -288,12 +288,12 @@ done:
 
 extern "C" ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                                           const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out) {
-    return ei_cuda_op_attention_window(q, g, k, v, cell_pos, n_cells, pos, hd, 0.0f, 0, out);
+    return ei_cuda_op_attention_window(q, g, k, v, cell_pos, n_cells, pos, hd, 0.0f, 0, 0, out);
 }
 
 extern "C" ei_status ei_cuda_op_attention_window(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                                                  const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd,
-                                                 float scale, int32_t window, float *out) {
+                                                 float scale, int32_t window, int32_t keep_below, float *out) {
     if (!q || !k || !v || !cell_pos || !out || g < 1 || g > EIC_MAX_GROUP || n_cells < 1 || hd < 1 || hd > EIC_MAX_HEAD_DIM)
         return eic_fail(EI_ERR_INVALID_ARG, "op_attention: bad arguments (g <= %d, hd <= %d)", EIC_MAX_GROUP, EIC_MAX_HEAD_DIM);
     ei_status st = ready();
@@ -318,7 +318,7 @@ extern "C" ei_status ei_cuda_op_attention_window(const float *q, int32_t g, cons
     {
         const int32_t *m = (const int32_t *)gm.ptr;
         TRY(eic_check(eic_attention(0, (const float *)gq.ptr, 1, g, &kv, 0, m, m + 1, m + 2, (const int32_t *)gc.ptr,
-                                    n_chunks, (float *)gp.ptr, (float *)go.ptr, scale, window), "attention"));
+                                    n_chunks, (float *)gp.ptr, (float *)go.ptr, scale, window, keep_below), "attention"));
     }
     TRY(eic_check(cudaDeviceSynchronize(), "attention"));
     TRY(gb_finish(&go, out, "attention"));

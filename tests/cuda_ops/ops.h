@@ -46,10 +46,11 @@ ei_status ei_cuda_op_attention(const float *q, int32_t g, const uint16_t *k, con
                                const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float *out);
 
 /* ---- Qwen3 / Gemma 3 ops ---- */
-/* As ei_cuda_op_attention with the query scale (0: 1/sqrt(hd)) and a sliding window (0: none). */
+/* As ei_cuda_op_attention with the query scale (0: 1/sqrt(hd)) and a window (0: none): cells with
+ * pos - window < cell_pos, or cell_pos < keep_below (a sliding ring's sinks), are visible. */
 ei_status ei_cuda_op_attention_window(const float *q, int32_t g, const uint16_t *k, const uint16_t *v,
                                       const int32_t *cell_pos, int32_t n_cells, int32_t pos, int32_t hd, float scale,
-                                      int32_t window, float *out);
+                                      int32_t window, int32_t keep_below, float *out);
 /* gate[i] = gelu_tanh(gate[i]) * up[i]. */
 ei_status ei_cuda_op_geglu(float *gate, const float *up, int64_t n);
 /* RMSNorm of each head of x[t][head][head_dim] with weights w[head_dim], in place (the rope_store launch, no rotation). */
