@@ -106,6 +106,7 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                     \
     const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
     for (int64_t b = 0; b < nb; b++, p += hdr + qb) {                                              \
+        if (NT == 1) ei_prefetch_ahead(p, hdr + qb);                                               \
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                    \
         const __m256 mv = HAS_MIN ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))    \
                                   : _mm256_mul_ps(dv, _mm256_set1_ps(-(OFFSET)));                  \

@@ -80,6 +80,7 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
     __m256 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += ub) {
+        if (nt == 1) ei_prefetch_ahead(p, (int)ub);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
         const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
 #define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc)
@@ -141,6 +142,7 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
     __m256 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
+        if (nt == 1) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, b, acc)
         KQ6(0); KQ6(1); KQ6(2); KQ6(3); KQ6(4); KQ6(5); KQ6(6); KQ6(7);
