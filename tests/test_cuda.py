@@ -744,6 +744,8 @@ def test_cuda_status_codes_raise_their_native_errors(tmp_path):
         with pytest.raises(InvalidArgumentError, match="inconsistent model configuration"):
             cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, n_head_kv=gpu.config.n_head + 1), plan,
                            device=DEVICES[0])
+        with pytest.raises(InvalidArgumentError, match="n_sink=16 slide_window=0 out of range for n_ctx=16"):
+            cb.CudaRuntime(gpu.gguf, gpu.config, dataclasses.replace(plan, n_sink=16), device=DEVICES[0])
 
 
 @needs_gpu

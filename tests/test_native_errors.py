@@ -43,6 +43,16 @@ def test_forward_out_of_range_is_a_range_error(tiny):
         rt.forget_from(9, 0)
 
 
+def test_a_slide_window_wider_than_the_ring_is_an_invalid_argument(tiny):
+    p = ffi.new("ei_runtime_params *")
+    p.n_threads, p.n_slots, p.n_ctx, p.n_sink, p.max_batch = 1, 1, 16, 4, 4
+    p.kv_type, p.isa = lib.EI_TYPE_F16, lib.EI_ISA_BEST
+    p.slide_window = 13     # the 12 non-sink cells cannot show 13 positions
+    out = ffi.new("ei_runtime **")
+    with pytest.raises(InvalidArgumentError, match=r"slide_window=13 must be in \[0, n_ctx - n_sink = 12\]"):
+        check(lib.ei_runtime_create(tiny.runner.runtime.model.handle, p, out), "runtime_create")
+
+
 def test_forward_bad_output_rows_is_an_invalid_argument(tiny):
     with pytest.raises(InvalidArgumentError, match="output rows"):
         tiny.runner.runtime.forward(Batch.of_slot(0, [3], [0], [0], [0, 0]))

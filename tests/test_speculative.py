@@ -67,6 +67,27 @@ def test_policy_speculates_only_where_it_pays():
     assert pol.choose_k(good, n_batch=1, n_others=0, k_limit=6, drafted=True) == 0
 
 
+def test_a_sliding_ring_rolls_back_within_its_slack_only():
+    """Slack cells belong to a ring that slides; once it has wrapped, the owner may roll back
+    up to slack + 1 positions (a token and its drafts) and keep its place, further means
+    starting over; prefix reuse by another request never sees a wrapped slot."""
+    with pytest.raises(ValueError, match="only a sliding ring has slack"):
+        KVRing(1, 16, n_sink=2, overflow="stop", slack=4)
+    ring = KVRing(1, 16, n_sink=2, overflow="slide", slack=4)
+    assert (ring.cells, ring.window, ring.max_chunk(0)) == (20, 14, 20)
+    hist = list(range(100, 140))
+    ring.reserve(0, hist[:20])
+    assert not ring.slots[0].wrapped and ring.max_chunk(0) == 5       # full: slack + 1 a chunk
+    pos, cells = ring.reserve(0, hist[20:25])
+    assert ring.slots[0].wrapped and list(cells) == [2, 3, 4, 5, 6]  # past the sinks, oldest first
+    assert ring.common_prefix(0, hist) == 0                            # no prefix reuse once wrapped
+    assert ring.resume_point(0, hist[:23] + [7, 7]) == 23              # a rejected draft: roll back 2
+    assert ring.truncate(0, 23) == 23 and ring.slots[0].n_past == 23 and ring.slots[0].wrapped
+    ring.reserve(0, hist[23:28])
+    assert ring.resume_point(0, hist[:22]) is None                     # 6 back: beyond the slack
+    assert ring.truncate(0, 22) == 0 and ring.slots[0].n_past == 0 and not ring.slots[0].wrapped
+
+
 # --------------------------------------------------------------------------- fuzz on the fake backend
 
 class FuzzProposer:
