@@ -115,8 +115,10 @@ def serve_cmd(
     if served is None and models:
         model = models[0]                  # one plain --model PATH: as the positional MODEL
     if (served and len(served) > 1) or memory is not None:
-        _check_memory(served or [("", model)], memory, ctx, slots, kv, max(max_batch, slots), threads,
-                      wait_for_model)
+        from ..engine.kv import slack_cells   # a sliding ring allocates a few cells beyond its context
+
+        _check_memory(served or [("", model)], memory, ctx + slack_cells(overflow, max(max_batch, slots)), slots, kv,
+                      max(max_batch, slots), threads, wait_for_model)
     try:
         serve(model, models=served, fallback=fallback,
               fallback_ttft_s=None if fallback_ttft_ms is None else fallback_ttft_ms / 1000, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
