@@ -78,7 +78,7 @@ typedef struct ei_kernels {
     ei_quantize_act_fn quantize_act;
     struct {
         ei_packed_fn x1, x4;        /* NULL: the type stays in its GGUF layout at this level */
-        ei_packed_fn xw;            /* xw_tok tokens a weight pass (x86: K-quants, and every type with VNNI); NULL: x4 only */
+        ei_packed_fn xw;            /* xw_tok tokens a weight pass (x86: K-quants; with VNNI also Q4_0-Q5_1); NULL: x4 only */
         int xw_tok;
     } packed[EI_TYPE_IDS];
     /* [F16 KV, Q8_0 KV]: SIMD kernels in order of preference (fn NULL ends the

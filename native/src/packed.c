@@ -184,7 +184,6 @@ PACKED_FN(q4_0_x16_vnni, T_VNNI, dp_vnni, 16, 1, 0, 0, 8.0f)
 PACKED_FN(q4_1_x16_vnni, T_VNNI, dp_vnni, 16, 1, 0, 1, 0.0f)
 PACKED_FN(q5_0_x16_vnni, T_VNNI, dp_vnni, 16, 1, 1, 0, 16.0f)
 PACKED_FN(q5_1_x16_vnni, T_VNNI, dp_vnni, 16, 1, 1, 1, 0.0f)
-PACKED_FN(q8_0_x16_vnni, T_VNNI, dp_vnni, 16, 0, 0, 0, 128.0f)
 
 #endif
 

@@ -100,7 +100,6 @@ void ei_packed_q4_0_x16_vnni(const void *, int64_t, const void *, int64_t, float
 void ei_packed_q4_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q8_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
     EI_PACKED_DECL(name, sfx)                                                                               \
     void ei_packed_##name##_x8_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);     \
