@@ -272,7 +272,7 @@ def test_smollm2_matches_llama_cpp(smollm2_path, smollm2_tok):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt-2", "default"])
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt-2", "gpt-4o", "default"])
 def test_bpe_pre_tokenizers_match_llama_cpp(pre, bpe_variant):
     path, meta = bpe_variant(None if pre == "default" else pre)
     tok = Tokenizer.from_metadata(meta)
@@ -280,6 +280,40 @@ def test_bpe_pre_tokenizers_match_llama_cpp(pre, bpe_variant):
     ok, n, failures = compare_with_oracle(tok, llm, FULL_CORPUS)
     print(f"\nBPE pre={pre}: {ok}/{n} cases identical to llama.cpp")
     assert ok == n, "\n".join(failures)
+
+
+@pytest.mark.oracle
+def test_gpt4o_pieces_match_llama_cpp(smollm2_meta, tmp_path):
+    """Phi-4-mini's gpt-4o pre-tokenizer draws boundaries llama3's does not: between a lower and
+    an upper case letter ("aB"), and it keeps a contraction on its word ("D's"). Two merges
+    appended to SmolLM2's vocabulary cross exactly those boundaries, so the ids show the
+    pieces (with llama3's regex they would differ: "aB" one token, "D's" two)."""
+    meta = _tokenizer_keys(smollm2_meta)
+    meta.pop("tokenizer.ggml.add_bos_token", None)
+    meta["tokenizer.ggml.pre"] = "gpt-4o"
+    meta["tokenizer.ggml.tokens"] = list(meta["tokenizer.ggml.tokens"]) + ["aB", "D's"]
+    meta["tokenizer.ggml.token_type"] = list(meta["tokenizer.ggml.token_type"]) + [1, 1]
+    meta["tokenizer.ggml.merges"] = list(meta["tokenizer.ggml.merges"]) + ["a B", "D 's"]
+    path = write_vocab_gguf(tmp_path / "gpt4o.gguf", meta)
+    tok = Tokenizer.from_metadata(meta)
+    a_b, d_s = tok.token_id("aB"), tok.token_id("D's")
+    assert d_s in tok.encode("D's", add_special=False) and a_b not in tok.encode("aB", add_special=False)
+    corpus = ["aB", "xaBy", "D's", "AND's and's", "camelCase aBc DON'T", "HTTPServer's URLs/\npath",
+              "ÉtéÉTÉ d'été 12345"] + FULL_CORPUS
+    ok, n, failures = compare_with_oracle(tok, oracle_vocab(path), corpus)
+    print(f"\nBPE pre=gpt-4o with boundary-crossing merges: {ok}/{n} cases identical to llama.cpp")
+    assert ok == n, "\n".join(failures)
+    # the converter names Phi-4-mini's tokenizer.json pre-tokenizer (tiktoken's o200k Split) gpt-4o
+    from edgeinfer.convert.tokenizer_meta import _pre_name
+
+    o200k = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+             "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
+             "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
+             "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    tj = {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": o200k}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}}
+    assert _pre_name(tj) == "gpt-4o"
 
 
 @pytest.mark.oracle

@@ -27,9 +27,14 @@ _LLAMA3_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SPLIT_NAMES = {_LLAMA3_RX: "llama-bpe", _QWEN2_RX: "qwen2"}
+_GPT4O_RX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+             r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|"
+             r"\s*[\r\n]+|\s+(?!\S)|\s+")   # o200k (Phi-4-mini)
+_SPLIT_NAMES = {_LLAMA3_RX: "llama-bpe", _QWEN2_RX: "qwen2", _GPT4O_RX: "gpt-4o"}
 PRE_TOKENIZERS = ("gpt-2 (ByteLevel)", "smollm (Digits + ByteLevel)",
-                  "llama-bpe (Llama 3 Split + ByteLevel)", "qwen2 (Qwen2 Split + ByteLevel)")
+                  "llama-bpe (Llama 3 Split + ByteLevel)", "qwen2 (Qwen2 Split + ByteLevel)",
+                  "gpt-4o (o200k Split + ByteLevel)")
 
 
 # ------------------------------------------------------------------ helpers

@@ -143,6 +143,13 @@ _RX_QWEN2 = _rx(
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n{L}{N}]?{L}+"
     r"|{N}| ?[^{S}{L}{N}]+[\r\n]*|[{S}]*[\r\n]+|[{S}]+(?![^{S}])|[{S}]+"
 )
+# gpt-4o (Phi-4-mini): llama.cpp's form, where a cased letter is "a letter but not a-z" (upper)
+# or "a letter but not A-Z" (lower), so any non-ASCII letter counts as both
+_RX_GPT4O = _rx(
+    r"[^\r\n{L}{N}]?(?:(?={L})[^a-z])*(?:(?={L})[^A-Z])+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n{L}{N}]?(?:(?={L})[^a-z])+(?:(?={L})[^A-Z])*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|{N}{1,3}| ?[^{S}{L}{N}]+[\r\n/]*|[{S}]*[\r\n]+|[{S}]+(?![^{S}])|[{S}]+"
+)
 _RX_DIGIT = _rx(r"{N}")
 # llama.cpp's 'default' set (used when tokenizer.ggml.pre is missing or 'default')
 _RX_DEFAULT = (
@@ -159,6 +166,7 @@ _PRE_FAMILIES: dict[str, tuple[tuple[Any, ...], dict[str, bool]]] = {
     "llama3": ((_RX_LLAMA3,), {"ignore_merges": True, "add_bos": True}),
     "llama3-plain": ((_RX_LLAMA3,), {}),
     "qwen2": ((_RX_QWEN2,), {}),
+    "gpt4o": ((_RX_GPT4O,), {}),
     "default": (_RX_DEFAULT, {}),
 }
 
@@ -179,9 +187,11 @@ _PRE_NAMES: dict[str, str] = {
     "codeshell": "smollm", "exaone": "smollm", "minerva-7b": "smollm",
     # qwen2
     "qwen2": "qwen2", "deepseek-r1-qwen": "qwen2", "stablelm2": "qwen2", "megrez": "qwen2",
+    # gpt-4o
+    "gpt-4o": "gpt4o",
 }
 # pre types for which llama.cpp turns clean_spaces off (recorded; decode() never cleans spaces)
-_PRE_CLEAN_SPACES_FALSE = {"command-r", "deepseek-r1-qwen", "qwen2", "smollm"}
+_PRE_CLEAN_SPACES_FALSE = {"command-r", "deepseek-r1-qwen", "gpt-4o", "qwen2", "smollm"}
 
 # texts llama.cpp uses to find EOT / EOM / FIM tokens and end-of-generation tokens
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
