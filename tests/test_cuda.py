@@ -206,6 +206,14 @@ def _last_error() -> str:
     return cb.last_error(lib, ffi)
 
 
+def _attention_ref(q, k, v, vis, scale: float) -> np.ndarray:
+    """Softmax attention of the g query rows q over the visible rows of k / v, in float64."""
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+    s[:, ~vis] = -np.inf
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
 def _ok(status: int):
     assert status == 0, _last_error()
 
@@ -390,10 +398,7 @@ def test_attention_over_the_ring(g, hd, n_cells):
     vis = (cell_pos >= 0) & (cell_pos <= pos)
     if not vis.any():
         cell_pos[0], vis[0] = 0, True
-    s = (q.astype(np.float64) @ k.astype(np.float64).T) / np.sqrt(hd)
-    s[:, ~vis] = -np.inf
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    ref = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    ref = _attention_ref(q, k, v, vis, 1 / np.sqrt(hd))
     out = np.zeros((g, hd), dtype=np.float32)
     _ok(lib.ei_cuda_op_attention(_f(ffi, q), g, ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
                                  ffi.from_buffer("uint16_t[]", v.view(np.uint16)),
@@ -832,11 +837,7 @@ def test_attention_sliding_window(window, scale, keep_below):
     cell_pos[rng.random(n_cells) < 0.1] = -1
     pos = 450
     vis = (cell_pos >= 0) & (cell_pos <= pos) & ((cell_pos > pos - window) | (cell_pos < keep_below))
-    sc = scale or 1 / np.sqrt(hd)
-    s = (q.astype(np.float64) @ k.astype(np.float64).T) * sc
-    s[:, ~vis] = -np.inf
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    ref = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    ref = _attention_ref(q, k, v, vis, scale or 1 / np.sqrt(hd))
     out = np.zeros((g, hd), dtype=np.float32)
     _ok(lib.ei_cuda_op_attention_window(_f(ffi, q), g, ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
                                         ffi.from_buffer("uint16_t[]", v.view(np.uint16)),

@@ -15,7 +15,7 @@ from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .constraint import check_logit_bias, grammar_spec
 from .generation import Completion, Generation
-from .kv import OVERFLOW_POLICIES, KVRing, slack_cells
+from .kv import KVRing, slack_cells
 from .runner import Runner
 from .sampling import SamplingParams
 from .tool_calls import ToolPlan, plan_tools
@@ -81,8 +81,6 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         n_sink = min(n_sink, n_ctx // 4)
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         plan = KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type, slack=slack_cells(overflow, max_batch))
         ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow, swa_window=cfg.swa_window,
                       local_cells=local_ring_cells(cfg.swa_window, plan.cells, max_batch), slack=plan.slack)
