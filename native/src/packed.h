@@ -100,6 +100,7 @@ void ei_packed_q4_0_x16_vnni(const void *, int64_t, const void *, int64_t, float
 void ei_packed_q4_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q8_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
     EI_PACKED_DECL(name, sfx)                                                                               \
     void ei_packed_##name##_x8_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);     \
@@ -110,6 +111,15 @@ EI_PACKED_DECL_K(q6_k, avx2)
 EI_PACKED_DECL_K(q4_k, vnni)
 EI_PACKED_DECL_K(q5_k, vnni)
 EI_PACKED_DECL_K(q6_k, vnni)
+/* AVX-512, 16 tokens over two row groups (16 rows) in zmm registers */
+void ei_packed_q4_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q4_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q5_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q5_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #endif
 #if defined(__aarch64__)
 /* packed_k_neon.c: plain ASIMD and dotprod builds */
