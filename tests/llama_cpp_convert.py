@@ -1,13 +1,13 @@
 """llama.cpp's own Hugging Face -> GGUF converter (convert_hf_to_gguf.py from the
 llama-cpp-python 0.3.36 sdist), as an oracle: files it writes must load in edgeinfer.
 
-The sdist is fetched once with
-    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d ~/.cache/edgeinfer/sdist
-and only the converter (convert_hf_to_gguf.py, conversion/, gguf-py/) is unpacked, per process.
+The sdist is fetched into ~/.cache/edgeinfer/sdist with pip the first time it is needed (a
+failure, not a skip, if that cannot be done) and only the converter (convert_hf_to_gguf.py,
+conversion/, gguf-py/) is unpacked, per process.
 
 Tiny test tokenizers are not in llama.cpp's table of known pre-tokenizers (it recognises one
 by hashing the tokens of a fixed text), so `pre` names the one the tiny tokenizer was built
-as ("llama-bpe"), exactly as convert_hf_to_gguf_update.py would have added it.
+as ("llama-bpe", "qwen2"), exactly as convert_hf_to_gguf_update.py would have added it.
 """
 from __future__ import annotations
 
@@ -22,12 +22,16 @@ _UNPACKED: dict[str, Path] = {}
 
 
 def converter_dir(tmp: Path) -> Path:
-    """The unpacked converter (FileNotFoundError naming the pip command when the sdist is absent)."""
+    """The unpacked converter, the sdist fetched first when it is not cached."""
     if "dir" in _UNPACKED:
         return _UNPACKED["dir"]
     if not SDIST.is_file():
-        raise FileNotFoundError(f"{SDIST} is missing: pip download --no-binary :all: --no-deps "
-                                f"llama-cpp-python==0.3.36 -d {SDIST.parent}")
+        SDIST.parent.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                            "--no-build-isolation", "llama-cpp-python==0.3.36", "-d", str(SDIST.parent)],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0 or not SDIST.is_file():
+            raise FileNotFoundError(f"could not fetch {SDIST.name} with pip:\n{r.stderr[-2000:]}")
     out = tmp / "llama_cpp_converter"
     with tarfile.open(SDIST) as tf:
         root = next(m.name.split("/")[0] for m in tf.getmembers()) + "/vendor/llama.cpp/"
@@ -41,7 +45,8 @@ def converter_dir(tmp: Path) -> Path:
 
 
 def convert(src: Path, out: Path, outtype: str, tmp: Path, pre: str | None = None) -> Path:
-    """Runs llama.cpp's converter on checkpoint `src` (outtype f32, f16, bf16, q8_0)."""
+    """Runs llama.cpp's converter on checkpoint `src` (outtype f32, f16, bf16, q8_0); `pre` names
+    the pre-tokenizer of a tokenizer its hash table does not know."""
     d = converter_dir(tmp)
     patch = (f"import conversion.base as b; b.TextModel.get_vocab_base_pre = lambda self, t: {pre!r}; "
              if pre else "")

@@ -300,46 +300,20 @@ def test_prefix_reuse_with_the_local_ring(tiny):
     assert got[2].stats.cached_tokens == 0       # the ring lost the window: recomputed
 
 
-def _llama_cpp_converter() -> tuple[str, str]:
-    """(convert_hf_to_gguf.py, its gguf-py) from the llama-cpp-python sdist, fetched into
-    ~/.cache/edgeinfer/sdist with pip when it is not there (the oracle: a failure if missing)."""
-    import glob
-    import subprocess
-    import tarfile
-    from pathlib import Path
-    root = Path.home() / ".cache" / "edgeinfer" / "sdist"
-    found = glob.glob(str(root / "llama_cpp_python-*" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"))
-    if not found:
-        root.mkdir(parents=True, exist_ok=True)
-        tars = glob.glob(str(root / "llama_cpp_python-*.tar.gz"))
-        if not tars:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                            "--no-build-isolation", "llama-cpp-python==0.3.36", "-d", str(root)], check=True,
-                           capture_output=True, timeout=600)
-            tars = glob.glob(str(root / "llama_cpp_python-*.tar.gz"))
-        with tarfile.open(tars[0]) as t:
-            t.extractall(root, filter="data")
-        found = glob.glob(str(root / "llama_cpp_python-*" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"))
-    script = found[0]
-    return script, str(Path(script).parent / "gguf-py")
-
-
 def test_llama_cpp_converter_output_loads(tiny, tmp_path):
-    """A gemma3 file written by llama.cpp's own convert_hf_to_gguf.py loads in edgeinfer and gives
-    the logits of ours. (Its converter refuses the tiny qwen3's tokenizer, which no known
-    pre-tokenizer hash matches, so Qwen3 is not covered here.)"""
-    import subprocess
-    script, gguf_py = _llama_cpp_converter()
-    d, files = tiny["gemma3"]
-    out = tmp_path / "gemma3.lcpp.gguf"
-    r = subprocess.run([sys.executable, script, str(d), "--outfile", str(out), "--outtype", "f32"],
-                       env=dict(os.environ, PYTHONPATH=gguf_py), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    with engine(out) as theirs_file, engine(files["f32"]) as ours_file:
-        ids = theirs_file.tokenize(TEXT)
-        assert ids == ours_file.tokenize(TEXT)
-        assert theirs_file.info()["sliding_window"] == 16
-        np.testing.assert_allclose(theirs_file.logits(ids), ours_file.logits(ids), rtol=0, atol=1e-5)
+    """Gemma 3 and Qwen3 files written by llama.cpp's own convert_hf_to_gguf.py load in edgeinfer
+    and give the logits of ours. (The tiny Qwen3 tokenizer matches no pre-tokenizer hash in
+    llama.cpp's table, so it is named, "qwen2", as convert_hf_to_gguf_update.py would add it.)"""
+    from llama_cpp_convert import convert
+    for fam, pre, window in (("gemma3", None, 16), ("qwen3", "qwen2", 0)):
+        d, files = tiny[fam]
+        out = convert(d, tmp_path / f"{fam}.lcpp.gguf", "f32", tmp_path, pre=pre)
+        with engine(out) as theirs_file, engine(files["f32"]) as ours_file:
+            ids = theirs_file.tokenize(TEXT)
+            assert ids == ours_file.tokenize(TEXT), fam
+            assert theirs_file.info().get("sliding_window", 0) == window, fam
+            np.testing.assert_allclose(theirs_file.logits(ids), ours_file.logits(ids), rtol=0, atol=1e-5,
+                                       err_msg=fam)
 
 
 def test_gemma_sized_spm_vocabulary_matches_llama_cpp(tiny, tmp_path):
