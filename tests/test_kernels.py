@@ -142,7 +142,7 @@ INTERNAL_CDEF = """
 typedef struct { float d; float s; int8_t q[32]; } ei_q8a;
 typedef struct ei_kernels ei_kernels;
 const ei_kernels *ei_kernels_get(int isa);
-void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out);
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out);
 void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 int64_t ei_row_bytes(int type, int64_t n);
@@ -167,13 +167,23 @@ def internal():
     return iffi, ilib
 
 
-def quantize_act(internal, isa: int, x: np.ndarray):
+Q8A = np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", 32)])
+
+
+def quantize_act_row(internal, isa: int, x: np.ndarray):
+    """One activation row as the matmuls take it: (d, s, q) per block, then each block's
+    two half sums times 32 (int32 [nb, 2])."""
     iffi, ilib = internal
     nb = x.size // 32
-    out = iffi.new("ei_q8a[]", nb)
-    ilib.ei_quantize_act_rows(ilib.ei_kernels_get(isa), iffi.cast("float *", iffi.from_buffer(x)), 1, x.size, out)
-    buf = np.frombuffer(iffi.buffer(out), dtype=np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", 32)]))
-    return buf["d"].copy(), buf["s"].copy(), buf["q"].copy()
+    out = np.zeros(nb * (Q8A.itemsize + 8), np.uint8)
+    ilib.ei_quantize_act_rows(ilib.ei_kernels_get(isa), iffi.cast("float *", iffi.from_buffer(x)), 1, x.size,
+                              iffi.from_buffer(out))
+    blocks = out[:nb * Q8A.itemsize].view(Q8A)
+    return blocks["d"].copy(), blocks["s"].copy(), blocks["q"].copy(), out[nb * Q8A.itemsize:].view("<i4").reshape(nb, 2)
+
+
+def quantize_act(internal, isa: int, x: np.ndarray):
+    return quantize_act_row(internal, isa, x)[:3]
 
 
 # --------------------------------------------------------------------------- geometry / errors
@@ -296,6 +306,9 @@ def test_quantize_act_exact(internal):
             d, s, q = quantize_act(internal, isa, x)
             assert np.array_equal(q, q0) and np.array_equal(d.view(np.uint32), d0.view(np.uint32))
             assert np.array_equal(s.view(np.uint32), s0.view(np.uint32))
+            halves = quantize_act_row(internal, isa, x)[3]
+            want = 32 * qr.astype(np.int32).reshape(-1, 2, 16).sum(axis=2)
+            assert np.array_equal(halves, want), isa
 
 
 # --------------------------------------------------------------------------- dot products
@@ -361,11 +374,10 @@ def test_matmul_rows_batch_invariant(internal, name):
             act, stride = x, n * 4
         else:
             acts = [quantize_act(internal, isa, x[t]) for t in range(n_tok)]
-            dt = np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", 32)])
-            act = np.zeros((n_tok, n // 32), dt)
+            act = np.zeros((n_tok, n // 32), Q8A)
             for t, (d, s, q) in enumerate(acts):
                 act[t]["d"], act[t]["s"], act[t]["q"] = d, s, q
-            stride = (n // 32) * dt.itemsize
+            stride = (n // 32) * Q8A.itemsize
         ldy = n_rows + 3
         y = np.full((n_tok, ldy), -7.0, np.float32)
         r0, r1 = 2, 9

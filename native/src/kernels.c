@@ -296,9 +296,19 @@ const ei_kernels *ei_kernels_get(int isa) {
 
 /* ---------------- activations and row-blocked matmul ---------------- */
 
-void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out) {
-    const int64_t nb = n_cols / EI_QA_BLOCK;
-    for (int64_t t = 0; t < n_tok; t++) k->quantize_act(x + t * n_cols, n_cols, out + t * nb);
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out) {
+    const int64_t nb = n_cols / EI_QA_BLOCK, row_bytes = ei_act_row_bytes(n_cols);
+    for (int64_t t = 0; t < n_tok; t++) {
+        ei_q8a *a = (ei_q8a *)((uint8_t *)out + t * row_bytes);
+        k->quantize_act(x + t * n_cols, n_cols, a);
+        int32_t *hs = (int32_t *)(a + nb);
+        for (int64_t b = 0; b < nb; b++) {
+            int lo = 0, hi = 0;
+            for (int i = 0; i < EI_QA_BLOCK / 2; i++) lo += a[b].q[i], hi += a[b].q[EI_QA_BLOCK / 2 + i];
+            hs[2 * b] = 32 * lo;
+            hs[2 * b + 1] = 32 * hi;
+        }
+    }
 }
 
 void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,

@@ -101,8 +101,19 @@ void ei_kernels_fill(ei_kernels *k, int isa, int neon_dotprod);
 /* Bytes of one row of n elements (n a multiple of the block size), 0 if invalid. */
 int64_t ei_row_bytes(int type, int64_t n);
 
-/* Quantizes n_tok rows of n_cols floats (a multiple of EI_QA_BLOCK) into ei_q8a blocks. */
-void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, ei_q8a *out);
+/* Activation rows for the matmuls: a row of n_cols (a multiple of EI_QA_BLOCK) is its
+ * n_cols / 32 ei_q8a blocks, then per block 32 times the sums of its two 16-quant halves
+ * (int32 pairs). Kernels of types with 16-element scales (the wide Q6_K ones) read those
+ * sums from the row instead of adding the quants up again for every group of rows. */
+static inline int64_t ei_act_row_bytes(int64_t n_cols) {
+    return n_cols / EI_QA_BLOCK * (int64_t)(sizeof(ei_q8a) + 2 * sizeof(int32_t));
+}
+static inline const int32_t *ei_act_half_sums(const void *row, int64_t n_blocks) {
+    return (const int32_t *)((const ei_q8a *)row + n_blocks);
+}
+
+/* Quantizes n_tok rows of n_cols floats into activation rows (ei_act_row_bytes apart). */
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out);
 
 /* y[t * ldy + r] = dot(row r, act of token t) for r in [r0, r1), t in [0, n_tok).
  * act_stride is the byte distance between consecutive tokens' activations.

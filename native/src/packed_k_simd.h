@@ -222,16 +222,8 @@ KINL void KF(zq45k)(int five, int nt, const void *packed, int64_t nb, const void
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
 }
 
-/* kasum's two sums, in all 16 lanes */
-KINL void KF(zkasum)(const ei_q8a *a, __m512i *lo, __m512i *hi) {
-    __m256i l, h;
-    KF(kasum)(a, &l, &h);
-    *lo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(l));
-    *hi = _mm512_broadcast_i32x4(_mm256_castsi256_si128(h));
-}
-
 KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, const void *act, int64_t act_stride,
-                       int64_t b, __m512 *acc) {
+                       int64_t nb, int64_t b, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
@@ -249,14 +241,14 @@ KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, co
     }
     for (int t = 0; t < nt; t++) {
         const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512(), a0, a1;
+        const int32_t *hs = ei_act_half_sums((const uint8_t *)act + t * act_stride, 8 * nb) + 2 * (8 * b + j);
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int k = 0; k < 4; k++) {
             s0 = _mm512_dpbusd_epi32(s0, w[k], KF(zbcast4)(a->q + 4 * k));
             s1 = _mm512_dpbusd_epi32(s1, w[k + 4], KF(zbcast4)(a->q + 16 + 4 * k));
         }
-        KF(zkasum)(a, &a0, &a1);
-        const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(s0, a0), sclo),
-                                              _mm512_mullo_epi32(_mm512_sub_epi32(s1, a1), schi));
+        const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(s0, _mm512_set1_epi32(hs[0])), sclo),
+                                              _mm512_mullo_epi32(_mm512_sub_epi32(s1, _mm512_set1_epi32(hs[1])), schi));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
     }
 }
@@ -268,7 +260,7 @@ KINL void KF(zq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         const __m512 dv = KF(zh2f)(p, gs);
-#define ZQ6(j) KF(zq6k_blk)(nt, j, p, gs, dv, act, act_stride, b, acc)
+#define ZQ6(j) KF(zq6k_blk)(nt, j, p, gs, dv, act, act_stride, nb, b, acc)
         ZQ6(0); ZQ6(1); ZQ6(2); ZQ6(3); ZQ6(4); ZQ6(5); ZQ6(6); ZQ6(7);
 #undef ZQ6
     }

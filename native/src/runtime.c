@@ -177,7 +177,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->att = alloc_zeroed(B * qd * sizeof(float), &scratch);
     rt->gate = alloc_zeroed(B * ff * sizeof(float), &scratch);
     rt->up = alloc_zeroed(B * ff * sizeof(float), &scratch);
-    rt->act = alloc_zeroed(B * ((widest + EI_QA_BLOCK - 1) / EI_QA_BLOCK) * sizeof(ei_q8a), &scratch);
+    rt->act = alloc_zeroed(B * (size_t)ei_act_row_bytes(widest + EI_QA_BLOCK - 1), &scratch);
     size_t group = (size_t)(c->n_head / c->n_head_kv);
     rt->scores = alloc_zeroed((size_t)prm.n_threads * group * EI_ATTN_CHUNK * sizeof(float), &scratch);
     /* Attention partials for as many tokens as fit in ~4 MiB (at least one). */
@@ -335,7 +335,7 @@ typedef struct {
     int n_jobs;
     const ei_kernels *kt;
     const float *x;
-    const ei_q8a *qx;
+    const void *qx;
     int64_t n_cols, n_tok;
     int64_t chunk_end[4];   /* cumulative chunk counts per job */
     int nth;
@@ -354,7 +354,7 @@ static void mm_chunk(const mm_task *t, int64_t chunk) {
     int64_t r0 = (chunk - first) * ROWS_PER_CHUNK, r1 = EI_MIN(r0 + ROWS_PER_CHUNK, w->ne1);
     int q8 = ei_type_uses_q8a(w->type);
     const void *act = q8 ? (const void *)t->qx : (const void *)t->x;
-    int64_t stride = q8 ? (int64_t)(t->n_cols / EI_QA_BLOCK) * (int64_t)sizeof(ei_q8a)
+    int64_t stride = q8 ? ei_act_row_bytes(t->n_cols)
                         : t->n_cols * (int64_t)sizeof(float);
     if (t->jobs[j].packed)
         ei_matmul_packed(t->kt, w->type, t->jobs[j].packed, t->n_cols, r0, r1, act, stride, t->n_tok,
@@ -416,7 +416,7 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
         ei_pack(type, w, n_rows, n_cols, packed);
         job.packed = packed;
     }
-    rt.act = alloc_zeroed((size_t)n_tok * (size_t)(n_cols / EI_QA_BLOCK + 1) * sizeof(ei_q8a), &dummy);
+    rt.act = alloc_zeroed((size_t)n_tok * (size_t)ei_act_row_bytes(n_cols + EI_QA_BLOCK), &dummy);
     rt.pool = ei_pool_create(n_threads);
     if (!rt.act || !rt.pool) {
         free(rt.act);

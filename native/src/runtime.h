@@ -34,7 +34,7 @@ struct ei_runtime {
 
     /* Scratch for max_batch tokens, allocated once. */
     float *x, *xn, *q, *kc, *vc, *att, *gate, *up;
-    ei_q8a *act;         /* quantized activations, max(n_embd, n_ff, q_dim) wide */
+    void *act;           /* quantized activation rows (ei_act_row_bytes), max(n_embd, n_ff, q_dim) wide */
     float *scores;       /* [n_threads][group * EI_ATTN_CHUNK] attention scores */
     float *attn_part;    /* [attn_tokens][n_head][n_chunks][hd + 2] partial softmaxes */
     int32_t attn_tokens; /* tokens whose attention partials fit attn_part at once */
