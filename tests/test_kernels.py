@@ -150,6 +150,7 @@ size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_
 float ei_fp16_to_fp32(uint16_t h);
 uint16_t ei_fp32_to_fp16(float f);
 float ei_bf16_to_fp32(uint16_t h);
+void ei_kernel_to_f16(const ei_kernels *k, const float *x, int64_t n, uint16_t *out);
 """
 
 
@@ -240,7 +241,7 @@ def test_error_paths():
 # --------------------------------------------------------------------------- fp16 helpers
 
 def test_fp16_helpers(internal):
-    _, ilib = internal
+    iffi, ilib = internal
     rng = np.random.default_rng(5)
     h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     ref = h.view(np.float16).astype(np.float32)
@@ -263,6 +264,15 @@ def test_fp16_helpers(internal):
     bad = np.nonzero(ours16 != ref16)[0]
     assert bad.size == 0, [(f[i], hex(ours16[i]), hex(ref16[i])) for i in bad[:5]]
     assert np.isnan(np.array([ilib.ei_fp32_to_fp16(float("nan"))], np.uint16).view(np.float16)).all()
+    # the KV cache's row converters (F16C, NEON) give the scalar's bits, NaN payloads included
+    nans = (np.uint32(0x7f800000) | rng.integers(1, 1 << 23, 64).astype(np.uint32)).view(np.float32)
+    row = np.concatenate([f, nans, -nans, f[:5]]).astype(np.float32)    # length leaves a SIMD tail
+    want = np.array([ilib.ei_fp32_to_fp16(float(v)) for v in row], np.uint16)
+    for isa in ISAS:
+        got = np.zeros(row.size, np.uint16)
+        ilib.ei_kernel_to_f16(ilib.ei_kernels_get(isa), iffi.cast("float *", iffi.from_buffer(row)), row.size,
+                              iffi.cast("uint16_t *", iffi.from_buffer(got)))
+        assert np.array_equal(got, want), (isa, np.nonzero(got != want)[0][:5])
 
     b = rng.integers(0, 65536, 2000).astype(np.uint16)
     refb = (b.astype(np.uint32) << 16).view(np.float32)

@@ -22,12 +22,9 @@ static void f16_row_ref(const uint8_t *row, int hd, float *out) {
     }
 }
 
-void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row) {
+void ei_kv_store_row(const ei_kernels *k, int kv_type, const float *x, int hd, uint8_t *row) {
     if (kv_type == EI_TYPE_F16) {
-        for (int i = 0; i < hd; i++) {
-            const uint16_t h = ei_fp32_to_fp16(x[i]);
-            memcpy(row + 2 * i, &h, 2);
-        }
+        k->to_f16(x, hd, (uint16_t *)row);   /* rows are 2-byte aligned: cells of hd halves */
         return;
     }
     block_q8_0 *blk = (block_q8_0 *)row;

@@ -88,7 +88,7 @@ static inline void ei_attn_empty_parts(float *part, int g, int hd) {
 }
 
 /* Writes hd floats as one KV row of kv_type (F16, or Q8_0 blocks: d = amax / 127). */
-void ei_kv_store_row(int kv_type, const float *x, int hd, uint8_t *row);
+void ei_kv_store_row(const ei_kernels *k, int kv_type, const float *x, int hd, uint8_t *row);
 
 /* out[hd] = the normalized attention output from n_chunks partials of one head
  * (part_stride floats apart), merged in order. */

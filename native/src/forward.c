@@ -94,36 +94,98 @@ static void add_bias(float *y, const ei_weight *b, int64_t n_tok, int64_t n) {
         for (int64_t i = 0; i < n; i++) y[t * n + i] += bias[i];
 }
 
-/* RoPE on q and k, then K/V of every token into its ring cell (f16). */
+/* fn(ctx, i) for i in [0, n): on the pool, items handed out by an atomic counter (a
+ * worker that joins late finds them taken), or on the caller when the work is too
+ * small to hand out (a decode step). */
+typedef struct {
+    void (*fn)(void *ctx, int64_t i);
+    void *ctx;
+    int64_t n;
+    atomic_llong next;
+} par_task;
+
+static void par_worker(void *raw, int ith, int nth) {
+    (void)ith, (void)nth;
+    par_task *t = raw;
+    for (int64_t i; (i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) < t->n;) t->fn(t->ctx, i);
+}
+
+static void par_for(ei_runtime *rt, int64_t n, int parallel, void (*fn)(void *, int64_t), void *ctx) {
+    if (!parallel || n < 2) {
+        for (int64_t i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+    par_task t = {.fn = fn, .ctx = ctx, .n = n};
+    atomic_init(&t.next, 0);
+    ei_pool_run(rt->pool, par_worker, &t);
+}
+
+typedef struct {
+    ei_runtime *rt;
+    int layer;
+    int64_t n_tok;
+    const int32_t *slots, *pos, *cells;
+} kv_task;
+
+/* Item h < n_head: RoPE on query head h of every token; then kv head h - n_head: RoPE
+ * on its keys and both rows of every token into their ring cells, in token order (two
+ * tokens of a batch can share a local ring's cell: the later one must win). */
+static void store_kv_head(void *raw, int64_t item) {
+    const kv_task *k = raw;
+    ei_runtime *rt = k->rt;
+    const ei_model_config *c = &rt->m->cfg;
+    const int hd = c->head_dim, half = c->rope_dim / 2;
+    const int local = rt->rope_freq_local && ei_layer_is_local(c, k->layer);   /* local layers: their own base */
+    const float *cos_t = local ? rt->rope_cos_l : rt->rope_cos, *sin_t = local ? rt->rope_sin_l : rt->rope_sin;
+    if (item < c->n_head) {
+        for (int64_t t = 0; t < k->n_tok; t++)
+            rope_head(c, rt->q + (t * c->n_head + item) * hd, cos_t + t * half, sin_t + t * half);
+        return;
+    }
+    const int h = (int)(item - c->n_head);
+    const int32_t R = ei_layer_in_local_ring(rt, k->layer) ? rt->local_cells : 0;
+    for (int64_t t = 0; t < k->n_tok; t++) {
+        float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
+        rope_head(c, kh, cos_t + t * half, sin_t + t * half);
+        const int32_t cell = R ? k->pos[t] % R : k->cells[t];   /* the local ring: position mod its size */
+        size_t off = ei_kv_offset(rt, k->slots[t], k->layer, h) + (size_t)cell * rt->kv_row_bytes;
+        ei_kv_store_row(rt->kt, rt->p.kv_type, kh, hd, rt->k + off);
+        ei_kv_store_row(rt->kt, rt->p.kv_type, vh, hd, rt->v + off);
+    }
+}
+
+/* RoPE on q and k, then K/V of every token into its ring cell; one head per item. */
 static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *slots, const int32_t *pos,
                      const int32_t *cells) {
     const ei_model_config *c = &rt->m->cfg;
-    int hd = c->head_dim, half = c->rope_dim / 2;
-    const int local = rt->rope_freq_local && ei_layer_is_local(c, layer);   /* local layers: their own base */
-    const float *cos_t = local ? rt->rope_cos_l : rt->rope_cos, *sin_t = local ? rt->rope_sin_l : rt->rope_sin;
-    const int32_t R = ei_layer_in_local_ring(rt, layer) ? rt->local_cells : 0;
+    kv_task k = {rt, layer, n_tok, slots, pos, cells};
+    par_for(rt, c->n_head + c->n_head_kv, n_tok > 1, store_kv_head, &k);
+    if (layer) return;
     for (int64_t t = 0; t < n_tok; t++) {
-        const float *cs = cos_t + t * half, *sn = sin_t + t * half;
-        for (int h = 0; h < c->n_head; h++) rope_head(c, rt->q + (t * c->n_head + h) * hd, cs, sn);
-        for (int h = 0; h < c->n_head_kv; h++) {
-            float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
-            rope_head(c, kh, cs, sn);
-            const int32_t cell = R ? pos[t] % R : cells[t];   /* the local ring: position mod its size */
-            size_t off = ei_kv_offset(rt, slots[t], layer, h) + (size_t)cell * rt->kv_row_bytes;
-            ei_kv_store_row(rt->p.kv_type, kh, hd, rt->k + off);
-            ei_kv_store_row(rt->p.kv_type, vh, hd, rt->v + off);
-        }
         size_t cell = (size_t)slots[t] * rt->p.n_ctx + cells[t];
-        if (layer == 0) {
-            rt->cell_pos[cell] = pos[t];
-            if (rt->n_used[slots[t]] <= cells[t]) rt->n_used[slots[t]] = cells[t] + 1;
-            if (rt->local_cells) {
-                const int32_t lc = pos[t] % rt->local_cells;
-                rt->local_cell_pos[(size_t)slots[t] * rt->local_cells + lc] = pos[t];
-                if (rt->local_used[slots[t]] <= lc) rt->local_used[slots[t]] = lc + 1;
-            }
+        rt->cell_pos[cell] = pos[t];
+        if (rt->n_used[slots[t]] <= cells[t]) rt->n_used[slots[t]] = cells[t] + 1;
+        if (rt->local_cells) {
+            const int32_t lc = pos[t] % rt->local_cells;
+            rt->local_cell_pos[(size_t)slots[t] * rt->local_cells + lc] = pos[t];
+            if (rt->local_used[slots[t]] <= lc) rt->local_used[slots[t]] = lc + 1;
         }
     }
+}
+
+typedef struct {
+    ei_swiglu_fn act;
+    float *gate;
+    const float *up;
+    int64_t n;
+} act_task;
+
+enum { ACT_CHUNK = 16384 };
+
+static void act_chunk(void *raw, int64_t i) {
+    const act_task *a = raw;
+    const int64_t o = i * ACT_CHUNK;
+    a->act(a->gate + o, a->up + o, EI_MIN(ACT_CHUNK, a->n - o));
 }
 
 /* Attention for tokens [t0, t1) of the batch in one pass over the pool: a
@@ -288,7 +350,8 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         ei_mm_job gu[2] = {{&L->w_gate, rt->gate, pk[EI_PK_GATE]}, {&L->w_up, rt->up, pk[EI_PK_UP]}};
         ei_parallel_matmul(rt, gu, 2, rt->xn, T);
         lap(rt, EI_PROF_FFN_UP, &t);
-        (c->act_gelu ? rt->kt->geglu : rt->kt->swiglu)(rt->gate, rt->up, T * c->n_ff);
+        act_task act = {c->act_gelu ? rt->kt->geglu : rt->kt->swiglu, rt->gate, rt->up, T * c->n_ff};
+        par_for(rt, (act.n + ACT_CHUNK - 1) / ACT_CHUNK, 1, act_chunk, &act);
         lap(rt, EI_PROF_FFN_ACT, &t);
         ei_mm_job down = {&L->w_down, rt->xn, pk[EI_PK_DOWN]};
         ei_parallel_matmul(rt, &down, 1, rt->gate, T);

@@ -173,6 +173,7 @@ static void fill_scalar(ei_kernels *k) {
     k->quantize_act = ei_quantize_act_scalar;
     k->swiglu = ei_swiglu_scalar;
     k->geglu = ei_geglu_scalar;
+    k->to_f16 = ei_to_f16_scalar;
     k->name = "scalar";
 }
 
@@ -200,6 +201,7 @@ static void fill_avx2(ei_kernels *k) {
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, 256, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
     k->geglu = ei_geglu_avx2;
+    k->to_f16 = ei_to_f16_f16c;
     k->name = "avx2";
 }
 
@@ -252,6 +254,7 @@ static void fill_neon(ei_kernels *k, int dotprod) {
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
     k->geglu = ei_geglu_neon;
+    k->to_f16 = ei_to_f16_neon;
     k->name = dotprod ? "neon+dotprod" : "neon";
 }
 #endif

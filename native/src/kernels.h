@@ -44,6 +44,16 @@ typedef struct {
     int hd_mult, hd_max, max_group;
 } ei_attn_kernel;
 
+/* floats to IEEE half, round to nearest even (to_f16.c; the F16 KV cache) */
+typedef void (*ei_to_f16_fn)(const float *x, int64_t n, uint16_t *out);
+void ei_to_f16_scalar(const float *x, int64_t n, uint16_t *out);
+#if defined(__x86_64__)
+void ei_to_f16_f16c(const float *x, int64_t n, uint16_t *out);
+#endif
+#if defined(__aarch64__)
+void ei_to_f16_neon(const float *x, int64_t n, uint16_t *out);
+#endif
+
 /* gate = silu(gate) * up (swiglu.c; the scalar loop is the reference) */
 typedef void (*ei_swiglu_fn)(float *gate, const float *up, int64_t n);
 void ei_swiglu_scalar(float *gate, const float *up, int64_t n);
@@ -87,7 +97,11 @@ typedef struct ei_kernels {
     ei_attn_kernel attend[2][EI_ATTN_CANDIDATES];
     ei_swiglu_fn swiglu;
     ei_swiglu_fn geglu;   /* same signature: gate = gelu_tanh(gate) * up */
+    ei_to_f16_fn to_f16;
 } ei_kernels;
+
+/* k->to_f16, for callers (and tests) that hold the table opaquely */
+void ei_kernel_to_f16(const ei_kernels *k, const float *x, int64_t n, uint16_t *out);
 
 /* The table for an ISA level (EI_ISA_BEST: the best this CPU has), initialised
  * once per process; NULL when the level cannot run here. */

@@ -355,7 +355,7 @@ static void test_attention(int isa, const char *pname) {
             for (int c = 0; c < n; c++) {
                 for (int h = 0; h < 2; h++) {
                     for (int i = 0; i < hd; i++) row[i] = rnd_unit();
-                    ei_kv_store_row(type, row, hd, (h ? v : k) + rb * c);   /* as the runtime stores them */
+                    ei_kv_store_row(scalar_ref(), type, row, hd, (h ? v : k) + rb * c);   /* as the runtime stores them */
                 }
                 cp[c] = rnd() % 10 == 0 ? -1 : c;   /* some empty cells */
             }
@@ -561,6 +561,21 @@ static void test_activations(const path *p) {
     }
 }
 
+/* The F16 KV rows: each path's converter against the scalar one, bit for bit (specials,
+ * ties, a NaN with a payload), on a length that leaves a SIMD tail. */
+static void test_to_f16(const path *p) {
+    enum { N = 1003 };
+    float x[N];
+    uint16_t got[N], want[N];
+    const uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00123u, 0x7f812345u, 0x477ff000u, 0x33000000u,
+                                 0x33000001u, 0x387fe000u, 0x00000001u, 0x80000000u};
+    for (int i = 0; i < N; i++) x[i] = 70000 * rnd_unit() * rnd_unit() * rnd_unit();
+    for (int i = 0; i < (int)(sizeof specials / sizeof specials[0]); i++) memcpy(&x[3 * i], &specials[i], 4);
+    scalar_ref()->to_f16(x, N, want);
+    p->k.to_f16(x, N, got);
+    check(!memcmp(got, want, sizeof got), "%s [%s]: differs from the scalar conversion", "to_f16", p->name, 0);
+}
+
 int main(int argc, char **argv) {
     const char *ref = NULL;
     int expect_dp = -1;
@@ -599,6 +614,7 @@ int main(int argc, char **argv) {
         rng_state = 0x9e3779b97f4a7c15ULL;
         test_quantize_act(&paths[pi]);
         test_activations(&paths[pi]);
+        test_to_f16(&paths[pi]);
         for (int ti = 0; ti < N_TYPES; ti++) test_type(&TYPES[ti], &paths[pi]);
         int before = n_fail;
         test_packed_k(&paths[pi]);
