@@ -249,8 +249,8 @@ KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, co
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
     const __m128i sa = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
     const __m128i sb = _mm_loadu_si128((const __m128i *)(p + gs + 16 + 16 * j));
-    const __m512i sclo = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(sa, sb));
-    const __m512i schi = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(sa, sb));
+    const __m512 sclo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(sa, sb)));
+    const __m512 schi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi64(sa, sb)));
     __m512i w[8];
     for (int k = 0; k < 8; k++) {
         __m512i l = KF(zld2)(ql + 256 * (2 * h + c) + 32 * k, gs);
@@ -267,9 +267,13 @@ KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, co
             s0 = _mm512_dpbusd_epi32(s0, w[k], KF(zbcast4)(a->q + 4 * k));
             s1 = _mm512_dpbusd_epi32(s1, w[k + 4], KF(zbcast4)(a->q + 16 + 4 * k));
         }
-        const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(s0, _mm512_set1_epi32(hs[0])), sclo),
-                                              _mm512_mullo_epi32(_mm512_sub_epi32(s1, _mm512_set1_epi32(hs[1])), schi));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
+        /* kq6k's sc_lo * lo + sc_hi * up, in float: |lo|, |up| <= 16 * 32 * 127 < 2^17 and
+         * |sc| <= 128, so each product is exact and the fmadd rounds the exact sum once,
+         * as kq6k's conversion of its int32 sum does; two vpmulld cost 4 uops */
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(s0, _mm512_set1_epi32(hs[0])));
+        const __m512 up = _mm512_cvtepi32_ps(_mm512_sub_epi32(s1, _mm512_set1_epi32(hs[1])));
+        const __m512 isum = _mm512_fmadd_ps(up, schi, _mm512_mul_ps(lo, sclo));
+        acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
     }
 }
 
