@@ -275,16 +275,16 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
     const int64_t nb = n_cols / unit_elems(type);
     const size_t group_bytes = (size_t)nb * unit_bytes(type);
     const ei_packed_fn x1 = k->packed[type].x1, x4 = k->packed[type].x4, xw = k->packed[type].xw;
-    const ei_packed_fn xw2 = k->packed[type].xw2;
+    const ei_packed_fn x1_2g = k->packed[type].x1_2g, xw_2g = k->packed[type].xw_2g;
     const int nw = k->packed[type].xw_tok;
     const uint8_t *A = act;
     int64_t t = 0;
     if (xw)
         for (; t + nw <= n_tok; t += nw) {
             int64_t r = r0;
-            if (xw2)
+            if (xw_2g)
                 for (; r + 2 * EI_PACK_ROWS <= r1; r += 2 * EI_PACK_ROWS)
-                    xw2((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride,
+                    xw_2g((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride,
                         act_stride, y + t * ldy + r, ldy);
             for (; r < r1; r += EI_PACK_ROWS)
                 xw((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
@@ -294,8 +294,14 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
         for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)
             x4((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
                y + t * ldy + r, ldy);
-    for (; t < n_tok; t++)
-        for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)
+    for (; t < n_tok; t++) {
+        int64_t r = r0;
+        if (x1_2g)
+            for (; r + 2 * EI_PACK_ROWS <= r1; r += 2 * EI_PACK_ROWS)
+                x1_2g((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride,
+                     act_stride, y + t * ldy + r, ldy);
+        for (; r < r1; r += EI_PACK_ROWS)
             x1((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
                y + t * ldy + r, ldy);
+    }
 }

@@ -111,8 +111,9 @@ EI_PACKED_DECL_K(q6_k, avx2)
 EI_PACKED_DECL_K(q4_k, vnni)
 EI_PACKED_DECL_K(q5_k, vnni)
 EI_PACKED_DECL_K(q6_k, vnni)
-/* AVX-512, 16 tokens over two row groups (16 rows) in zmm registers; Q6_K's reads each
- * activation row's half sums (ei_act_half_sums), so its act must be ei_quantize_act_rows rows */
+/* AVX-512, 16 tokens (and, for the K-quants, one) over two row groups (16 rows) in zmm
+ * registers; Q6_K's read each activation row's half sums (ei_act_half_sums), so their act
+ * must be ei_quantize_act_rows rows */
 void ei_packed_q4_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q4_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
@@ -121,6 +122,9 @@ void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q4_k_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q5_k_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q6_k_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #endif
 #if defined(__aarch64__)
 /* packed_k_neon.c: plain ASIMD and dotprod builds */
