@@ -154,6 +154,20 @@ def first_divergence(a, b) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def greedy_differences(path, seq, generate, offsets=(0, 50, 100, 150, 200), n_prompt: int = 10,
+                       n: int = 32) -> list[tuple[int, list[int], list[int]]]:
+    """Greedy continuations of pieces of a memorized sequence (tiny_checkpoints.memorize): for
+    each offset, ``n`` tokens after ``seq[o:o + n_prompt]`` from ``generate(prompt, n)`` and from
+    llama.cpp on ``path``; returns (offset, ours, llama.cpp's) where they differ."""
+    diffs = []
+    for o in offsets:
+        prompt = [int(i) for i in seq[o:o + n_prompt]]
+        ours, theirs = list(generate(prompt, n)), llama_greedy(path, prompt, n)
+        if ours != theirs:
+            diffs.append((o, ours, theirs))
+    return diffs
+
+
 def compare_logits(exact, other) -> dict:
     """Summary of ``other`` against ``exact``: mean/max KL(exact||other) and top-1 agreement."""
     kl = kl_divergence(exact, other)

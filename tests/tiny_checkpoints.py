@@ -456,3 +456,33 @@ def build_from_gguf(gguf_path: str | os.PathLike, out: str | os.PathLike) -> Pat
         tcfg["chat_template"] = meta("tokenizer.chat_template")
     (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=1))
     return out
+
+
+def memorize(model_dir: str | os.PathLike, n_tokens: int = 256, steps: int = 300, seed: int = 0) -> list[int]:
+    """Trains the checkpoint in `model_dir` (in place) to continue a fixed pseudo-random
+    sequence of `n_tokens` ids, and returns the sequence. Random weights give near-flat
+    next-token distributions, where two correct runtimes may pick either of two tokens
+    whose logits differ by less than their rounding; a trained model's are peaked, as
+    real models' are, so greedy decoding from a piece of the sequence is decided by the
+    model, not by the rounding."""
+    import torch
+    import transformers as tf
+
+    model_dir = Path(model_dir)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    n_vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed + 11)
+    seq = torch.randint(3, min(n_vocab, 300), (n_tokens,), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):   # crops, so that any piece of the sequence is continued
+        starts = torch.randint(0, n_tokens - 48, (8,), generator=g)
+        batch = torch.stack([seq[s:s + 48] for s in starts.tolist()])
+        loss = model(batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    model.save_pretrained(model_dir, safe_serialization=True)
+    return [int(i) for i in seq]
