@@ -87,13 +87,14 @@ torch.set_num_threads(1)
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("auto_ckpt")
     return {k: tiny_checkpoints.build(k, root / k)
-            for k in ("llama", "llama_tied", "mistral", "qwen2", "llama_256", "llama32", "phi3", "phi4")}
+            for k in ("llama", "llama_tied", "mistral", "qwen2", "llama_256", "llama32", "phi3", "phi4", "qwen3",
+                      "gemma3")}
 
 
 # llama32: llama3 RoPE factors; phi3/phi4: fused qkv / gate_up, LongRoPE (the 37-token window
 # past the original context of 32 takes the long factors, the 20-token one the short), and
 # phi4 partial rotary
-@pytest.mark.parametrize("kind", ["llama", "llama_tied", "mistral", "qwen2", "llama32", "phi3", "phi4"])
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "mistral", "qwen2", "llama32", "phi3", "phi4", "qwen3", "gemma3"])
 def test_sensitivity_matrices_equal_torch_autograd(tiny, kind):
     """The numpy forward/backward behind the sensitivities: for every linear weight,
     S = sum_t g_t^2 x_t^2 (g: the gradient at its output of the same logit-space Fisher
@@ -144,7 +145,7 @@ def test_sensitivity_matrices_equal_torch_autograd(tiny, kind):
     ids = np.concatenate(windows)
     d = np.concatenate(emb_grads)
     want = np.zeros((hp.n_vocab, hp.n_embd), np.float32)
-    np.add.at(want, ids, d * d)
+    np.add.at(want, ids, d * d * getattr(model.model.embed_tokens, "scalar_embed_scale", 1.0) ** 2)
     uniq, s_rows = rec["emb_rows"]
     assert float(np.abs(s_rows - want[uniq]).max() / np.abs(want).max()) < 2e-3
 
@@ -215,6 +216,25 @@ def test_llama_cpp_loads_auto_file(auto256):
         ours = e.logits(ids)
     assert np.isfinite(theirs).all()
     assert float(kl_divergence(theirs, ours).mean()) < 0.02
+
+
+@pytest.mark.oracle
+def test_auto_files_of_qwen3_and_gemma3_load_in_llama_cpp(tiny, tmp_path):
+    """--type auto on the families with per-head norms, post-norms, GeGLU and sliding windows
+    (their sensitivities are checked against autograd above): a mixed file within the budget
+    that llama.cpp loads and agrees with."""
+    require("llama_cpp")
+    from llama_oracle import kl_divergence, llama_logits
+    import edgeinfer
+    for kind in ("qwen3", "gemma3"):
+        r = convert_checkpoint(str(tiny[kind]), str(tmp_path / f"{kind}.auto.gguf"), "auto", target_bpw=6.0)
+        assert r.bpw <= 6.0 + 1e-9, (kind, r.bpw)
+        with GGUFFile(r.path) as f:
+            assert len({t.type_name for t in f.tensors.values() if t.n_dims == 2}) >= 2, kind   # mixed
+        ids = list(range(5, 60))
+        with edgeinfer.load(str(r.path), n_ctx=128, n_threads=2) as e:
+            ours = e.logits(ids)
+        assert float(kl_divergence(llama_logits(r.path, ids), ours).mean()) < 0.02, kind
 
 
 def test_auto_bad_inputs(tiny, tmp_path):

@@ -97,10 +97,29 @@ def _rot_t(y):        # its transpose
     return np.concatenate([y[..., h:], -y[..., :h]], axis=-1)
 
 
-def _rope_tables(hp: HParams, n: int):
+def _gelu_tanh(x):
+    """GELU, tanh form, and its derivative."""
+    c = math.sqrt(2.0 / math.pi)
+    t = np.tanh(c * (x + 0.044715 * x * x * x))
+    return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _silu(x):
+    """SiLU and its derivative."""
+    sg = 1.0 / (1.0 + np.exp(-x))
+    return x * sg, sg * (1.0 + x * (1.0 - sg))
+
+
+def _rope_tables(hp: HParams, n: int, local: bool = False):
     """cos, sin [n, rope_dim] in HF's rotate-half order: llama3 or LongRoPE factors (LongRoPE:
-    long past the original context, as transformers switches), times the attention factor."""
+    long past the original context, as transformers switches), times the attention factor.
+    local: a sliding-window layer's own base, unscaled (Gemma 3)."""
     d = hp.rope_dim
+    if local:
+        inv = 1.0 / (hp.rope_theta_local ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        ang = np.outer(np.arange(n, dtype=np.float64), inv)
+        ang = np.concatenate([ang, ang], axis=-1)
+        return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     inv = 1.0 / (hp.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     rf = hp.rope_freqs()
     if rf is not None:
@@ -159,66 +178,94 @@ class _Layer:
                 self.hf[role], self.w[role] = name, w[r0:r0 + n]
                 self.parts.setdefault(name, []).append(role)
                 r0 += n
+        for role in self.w:     # Gemma's norms scale by (1 + w)
+            if role.endswith("norm") and hp.arch.norm_shift:
+                self.w[role] = self.w[role] + np.float32(hp.arch.norm_shift)
         self.hp = hp
+        self.local = bool(hp.swa_window and hp.arch.swa_pattern and (i + 1) % hp.arch.swa_pattern)
 
     def _lin(self, x, role):
         y = x @ self.w[role].T
         b = self.w.get(role + "_bias")
         return y if b is None else y + b
 
-    def forward(self, x: np.ndarray, cos, sin, keep: bool = False):
+    def _mask(self, n: int) -> np.ndarray:
+        """Causal, and on a sliding-window layer the last swa_window positions only."""
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        hide = j > i
+        if self.local:
+            hide |= i - j >= self.hp.swa_window
+        return np.where(hide, -np.inf, 0.0).astype(np.float32)
+
+    def _act(self, gt):
+        return _gelu_tanh(gt) if self.hp.arch.act == "gelu_tanh" else _silu(gt)
+
+    def forward(self, x: np.ndarray, tables, keep: bool = False):
+        """tables: (cos, sin) of the global layers and of the local ones."""
         hp, w = self.hp, self.w
+        cos, sin = tables[1] if self.local else tables[0]
         n = x.shape[0]
         nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
         a, an, ar = _rms(x, w["attn_norm"], hp.rms_eps)
         q = self._lin(a, "attn_q").reshape(n, nh, hd).transpose(1, 0, 2)
         k = self._lin(a, "attn_k").reshape(n, nkv, hd).transpose(1, 0, 2)
         v = self._lin(a, "attn_v").reshape(n, nkv, hd).transpose(1, 0, 2)
+        c = {}
+        if hp.has_qk_norm:      # each head's RMSNorm before RoPE (Qwen3, Gemma 3)
+            q, c["qn"], c["qrr"] = _rms(q, w["attn_q_norm"], hp.rms_eps)
+            k, c["kn"], c["krr"] = _rms(k, w["attn_k_norm"], hp.rms_eps)
         qr = _rope(q, cos, sin)
         kr = _rope(k, cos, sin)
         grp = nh // nkv
         kx, vx = np.repeat(kr, grp, axis=0), np.repeat(v, grp, axis=0)
-        scale = 1.0 / math.sqrt(hd)
-        s = qr @ kx.transpose(0, 2, 1) * scale
-        s += np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
+        scale = hp.attn_scale or 1.0 / math.sqrt(hd)
+        s = qr @ kx.transpose(0, 2, 1) * scale + self._mask(n)
         s -= s.max(-1, keepdims=True)
         pr = np.exp(s)
         pr /= pr.sum(-1, keepdims=True)
         o = (pr @ vx).transpose(1, 0, 2).reshape(n, nh * hd)
-        xm = x + o @ w["attn_output"].T
+        ao = o @ w["attn_output"].T
+        if hp.has_post_norms:
+            ao, c["pan"], c["par"] = _rms(ao, w["attn_post_norm"], hp.rms_eps)
+        xm = x + ao
         b, bn, br = _rms(xm, w["ffn_norm"], hp.rms_eps)
         gt = b @ w["ffn_gate"].T
         up = b @ w["ffn_up"].T
-        sg = 1.0 / (1.0 + np.exp(-gt))
-        m = gt * sg * up
-        out = xm + m @ w["ffn_down"].T
+        ag, dag = self._act(gt)
+        m = ag * up
+        fo = m @ w["ffn_down"].T
+        if hp.has_post_norms:
+            fo, c["pfn"], c["pfr"] = _rms(fo, w["ffn_post_norm"], hp.rms_eps)
+        out = xm + fo
         if not keep:
             return out
-        return out, dict(a=a, an=an, ar=ar, qr=qr, kx=kx, vx=vx, pr=pr, o=o, b=b, bn=bn, br=br,
-                         gt=gt, up=up, sg=sg, m=m)
+        c.update(a=a, an=an, ar=ar, qr=qr, kx=kx, vx=vx, pr=pr, o=o, b=b, bn=bn, br=br, ag=ag, dag=dag, up=up, m=m)
+        return out, c
 
-    def backward(self, x: np.ndarray, dout: np.ndarray, cos, sin, stats: dict) -> np.ndarray:
+    def backward(self, x: np.ndarray, dout: np.ndarray, tables, stats: dict) -> np.ndarray:
         """Gradient at the layer input given `dout` at its output; accumulates each weight's
         sum_t g_t^2 x_t^2 into stats (keys: roles)."""
         hp, w = self.hp, self.w
+        cos, sin = tables[1] if self.local else tables[0]
         n = x.shape[0]
         nh, nkv, hd = hp.n_head, hp.n_head_kv, hp.head_dim
-        _, c = self.forward(x, cos, sin, keep=True)
+        _, c = self.forward(x, tables, keep=True)
         # MLP
-        _acc(stats, "ffn_down", dout, c["m"])
-        dm = dout @ w["ffn_down"]
-        sg, gt = c["sg"], c["gt"]
-        dup = dm * gt * sg
-        dgt = dm * c["up"] * sg * (1.0 + gt * (1.0 - sg))
+        dfo = _rms_back(dout, w["ffn_post_norm"], c["pfn"], c["pfr"]) if hp.has_post_norms else dout
+        _acc(stats, "ffn_down", dfo, c["m"])
+        dm = dfo @ w["ffn_down"]
+        dup = dm * c["ag"]
+        dgt = dm * c["up"] * c["dag"]
         _acc(stats, "ffn_up", dup, c["b"])
         _acc(stats, "ffn_gate", dgt, c["b"])
         db = dup @ w["ffn_up"] + dgt @ w["ffn_gate"]
         dxm = dout + _rms_back(db, w["ffn_norm"], c["bn"], c["br"])
         # attention
-        _acc(stats, "attn_output", dxm, c["o"])
-        do = (dxm @ w["attn_output"]).reshape(n, nh, hd).transpose(1, 0, 2)
+        dao = _rms_back(dxm, w["attn_post_norm"], c["pan"], c["par"]) if hp.has_post_norms else dxm
+        _acc(stats, "attn_output", dao, c["o"])
+        do = (dao @ w["attn_output"]).reshape(n, nh, hd).transpose(1, 0, 2)
         pr, vx, kx, qr = c["pr"], c["vx"], c["kx"], c["qr"]
-        scale = 1.0 / math.sqrt(hd)
+        scale = hp.attn_scale or 1.0 / math.sqrt(hd)
         dpr = do @ vx.transpose(0, 2, 1)
         dvx = pr.transpose(0, 2, 1) @ do
         ds = pr * (dpr - (dpr * pr).sum(-1, keepdims=True))
@@ -229,6 +276,9 @@ class _Layer:
         dv = dvx.reshape(nkv, grp, n, hd).sum(1)
         dq = _rope_back(dqr, cos, sin)
         dk = _rope_back(dkr, cos, sin)
+        if hp.has_qk_norm:
+            dq = _rms_back(dq, w["attn_q_norm"], c["qn"], c["qrr"])
+            dk = _rms_back(dk, w["attn_k_norm"], c["kn"], c["krr"])
         dq = dq.transpose(1, 0, 2).reshape(n, nh * hd)
         dk = dk.transpose(1, 0, 2).reshape(n, nkv * hd)
         dv = dv.transpose(1, 0, 2).reshape(n, nkv * hd)
@@ -288,21 +338,24 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
     note = progress or (lambda s: None)
     costs: dict[str, TensorCost] = {}
     rng = np.random.default_rng(seed)
-    tables = {len(w): _rope_tables(hp, len(w)) for w in ids}
+    tables = {len(w): (_rope_tables(hp, len(w)), _rope_tables(hp, len(w), local=True) if hp.swa_window else None)
+              for w in ids}
+    # Gemma scales the embeddings by sqrt(n_embd) (in the dtype, as transformers does)
+    emb_scale = float(np.float32(math.sqrt(hp.n_embd))) if hp.arch.embd_scale_sqrt else 1.0
 
     emb_name, norm_name = (hp.arch.tensor(r).hf for r in ("token_embd", "output_norm"))
     emb = np.asarray(load(emb_name), dtype=np.float32)
-    xs = [[emb[w] for w in ids]]                       # residual input of each layer
+    xs = [[emb[w] * np.float32(emb_scale) for w in ids]]      # residual input of each layer
     del emb
     for i in range(hp.n_layer):
         note(f"forward layer {i}")
         layer = _Layer(hp, i, load)
-        xs.append([layer.forward(x, *tables[len(x)]) for x in xs[-1]])
+        xs.append([layer.forward(x, tables[len(x)]) for x in xs[-1]])
         del layer
 
     # head: logits, a Fisher sample at the logits, back to the last residual
     note("output head")
-    norm = np.asarray(load(norm_name), dtype=np.float32)
+    norm = np.asarray(load(norm_name), dtype=np.float32) + np.float32(hp.arch.norm_shift)
     head_name = emb_name if hp.tied_output else hp.arch.tensor("output").hf
     head = np.asarray(load(head_name), dtype=np.float32)
     s_head = np.zeros(head.shape, dtype=np.float32)
@@ -310,6 +363,9 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
     for x in xs[-1]:
         xf, xn, xr = _rms(x, norm, hp.rms_eps)
         z = xf @ head.T
+        if hp.final_softcap:     # z = cap * tanh(z / cap): the sample is taken at the capped logits
+            th = np.tanh(z / hp.final_softcap)
+            z = hp.final_softcap * th
         z -= z.max(-1, keepdims=True)
         p = np.exp(z)
         p /= p.sum(-1, keepdims=True)
@@ -318,6 +374,8 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
         dz = r - p * r.sum(-1, keepdims=True)
         if record is not None:
             record.setdefault("dz", []).append(dz.copy())
+        if hp.final_softcap:
+            dz = dz * (1.0 - th * th)
         s_head += (dz * dz).T @ (xf * xf)
         grads.append(_rms_back(dz @ head, norm, xn, xr))
         del z, p, sp, r, dz
@@ -331,7 +389,7 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
         note(f"backward layer {i}")
         layer = _Layer(hp, i, load)
         stats: dict[str, np.ndarray] = {}
-        grads = [layer.backward(x, g, *tables[len(x)], stats) for x, g in zip(xs[i], grads)]
+        grads = [layer.backward(x, g, tables[len(x)], stats) for x, g in zip(xs[i], grads)]
         xs.pop()
         for hf, roles in layer.parts.items():
             if roles[0] not in stats:        # norms
@@ -349,7 +407,7 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
 
     note("token embedding")
     all_ids = np.concatenate(ids)
-    dx0 = np.concatenate(grads)
+    dx0 = np.concatenate(grads) * np.float32(emb_scale)
     uniq, inv = np.unique(all_ids, return_inverse=True)
     s_rows = np.zeros((len(uniq), hp.n_embd), dtype=np.float32)
     np.add.at(s_rows, inv, dx0 * dx0)
