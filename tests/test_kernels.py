@@ -142,7 +142,8 @@ INTERNAL_CDEF = """
 typedef struct { float d; float s; int8_t q[32]; } ei_q8a;
 typedef struct ei_kernels ei_kernels;
 const ei_kernels *ei_kernels_get(int isa);
-void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out);
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out,
+                          int half_sums);
 void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols, int64_t r0, int64_t r1,
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 int64_t ei_row_bytes(int type, int64_t n);
@@ -178,7 +179,7 @@ def quantize_act_row(internal, isa: int, x: np.ndarray):
     nb = x.size // 32
     out = np.zeros(nb * (Q8A.itemsize + 8), np.uint8)
     ilib.ei_quantize_act_rows(ilib.ei_kernels_get(isa), iffi.cast("float *", iffi.from_buffer(x)), 1, x.size,
-                              iffi.from_buffer(out))
+                              iffi.from_buffer(out), 1)
     blocks = out[:nb * Q8A.itemsize].view(Q8A)
     return blocks["d"].copy(), blocks["s"].copy(), blocks["q"].copy(), out[nb * Q8A.itemsize:].view("<i4").reshape(nb, 2)
 

@@ -303,11 +303,13 @@ const ei_kernels *ei_kernels_get(int isa) {
 
 /* ---------------- activations and row-blocked matmul ---------------- */
 
-void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out) {
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out,
+                          int half_sums) {
     const int64_t nb = n_cols / EI_QA_BLOCK, row_bytes = ei_act_row_bytes(n_cols);
     for (int64_t t = 0; t < n_tok; t++) {
         ei_q8a *a = (ei_q8a *)((uint8_t *)out + t * row_bytes);
         k->quantize_act(x + t * n_cols, n_cols, a);
+        if (!half_sums) continue;
         int32_t *hs = (int32_t *)(a + nb);
         for (int64_t b = 0; b < nb; b++) {
             int lo = 0, hi = 0;

@@ -127,8 +127,10 @@ static inline const int32_t *ei_act_half_sums(const void *row, int64_t n_blocks)
     return (const int32_t *)((const ei_q8a *)row + n_blocks);
 }
 
-/* Quantizes n_tok rows of n_cols floats into activation rows (ei_act_row_bytes apart). */
-void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out);
+/* Quantizes n_tok rows of n_cols floats into activation rows (ei_act_row_bytes apart), with
+ * their half sums if half_sums (only Q6_K's kernels read them). */
+void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out,
+                          int half_sums);
 
 /* y[t * ldy + r] = dot(row r, act of token t) for r in [r0, r1), t in [0, n_tok).
  * act_stride is the byte distance between consecutive tokens' activations.

@@ -381,14 +381,15 @@ static void mm_worker(void *raw, int ith, int nth) {
 void ei_parallel_matmul(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_tok) {
     mm_task t = {.jobs = jobs, .n_jobs = n_jobs, .kt = rt->kt, .x = x, .qx = rt->act,
                  .n_cols = jobs[0].w->ne0, .n_tok = n_tok};
-    int need_q8 = 0;
+    int need_q8 = 0, need_half_sums = 0;
     int64_t acc = 0;
     for (int j = 0; j < n_jobs; j++) {
         need_q8 |= ei_type_uses_q8a(jobs[j].w->type);
+        need_half_sums |= jobs[j].w->type == EI_TYPE_Q6_K;
         acc += (jobs[j].w->ne1 + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
         t.chunk_end[j] = acc;
     }
-    if (need_q8) ei_quantize_act_rows(rt->kt, x, n_tok, t.n_cols, rt->act);
+    if (need_q8) ei_quantize_act_rows(rt->kt, x, n_tok, t.n_cols, rt->act, need_half_sums);
     t.nth = ei_pool_size(rt->pool);
     for (int i = 0; i < t.nth; i++) atomic_init(&t.cursor[i].next, 0);
     ei_pool_run(rt->pool, mm_worker, &t);
