@@ -270,38 +270,31 @@ ZPACKED_FN(q8_0_x16r16_vnni, 0, 0, 0, 128.0f)
 
 #endif
 
+/* One call's tokens over rows [r0, r1): two row groups a call where fn2 exists, then one. */
+static void rows_pass(ei_packed_fn fn2, ei_packed_fn fn, const uint8_t *packed, size_t group_bytes, int64_t nb,
+                      int64_t r0, int64_t r1, const uint8_t *act, int64_t act_stride, float *y, int64_t ldy) {
+    int64_t r = r0;
+    if (fn2)
+        for (; r + 2 * EI_PACK_ROWS <= r1; r += 2 * EI_PACK_ROWS)
+            fn2(packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, act, act_stride, y + r, ldy);
+    for (; r < r1; r += EI_PACK_ROWS)
+        fn(packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, act, act_stride, y + r, ldy);
+}
+
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy) {
     const int64_t nb = n_cols / unit_elems(type);
-    const size_t group_bytes = (size_t)nb * unit_bytes(type);
-    const ei_packed_fn x1 = k->packed[type].x1, x4 = k->packed[type].x4, xw = k->packed[type].xw;
-    const ei_packed_fn x1_2g = k->packed[type].x1_2g, xw_2g = k->packed[type].xw_2g;
+    const size_t gb = (size_t)nb * unit_bytes(type);
+    const uint8_t *A = act, *P = packed;
     const int nw = k->packed[type].xw_tok;
-    const uint8_t *A = act;
     int64_t t = 0;
-    if (xw)
-        for (; t + nw <= n_tok; t += nw) {
-            int64_t r = r0;
-            if (xw_2g)
-                for (; r + 2 * EI_PACK_ROWS <= r1; r += 2 * EI_PACK_ROWS)
-                    xw_2g((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride,
-                        act_stride, y + t * ldy + r, ldy);
-            for (; r < r1; r += EI_PACK_ROWS)
-                xw((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
-                   y + t * ldy + r, ldy);
-        }
+    if (k->packed[type].xw)
+        for (; t + nw <= n_tok; t += nw)
+            rows_pass(k->packed[type].xw_2g, k->packed[type].xw, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
+                      y + t * ldy, ldy);
     for (; t + 4 <= n_tok; t += 4)
-        for (int64_t r = r0; r < r1; r += EI_PACK_ROWS)
-            x4((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
-               y + t * ldy + r, ldy);
-    for (; t < n_tok; t++) {
-        int64_t r = r0;
-        if (x1_2g)
-            for (; r + 2 * EI_PACK_ROWS <= r1; r += 2 * EI_PACK_ROWS)
-                x1_2g((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride,
-                     act_stride, y + t * ldy + r, ldy);
-        for (; r < r1; r += EI_PACK_ROWS)
-            x1((const uint8_t *)packed + (size_t)(r / EI_PACK_ROWS) * group_bytes, nb, A + t * act_stride, act_stride,
-               y + t * ldy + r, ldy);
-    }
+        rows_pass(NULL, k->packed[type].x4, P, gb, nb, r0, r1, A + t * act_stride, act_stride, y + t * ldy, ldy);
+    for (; t < n_tok; t++)
+        rows_pass(k->packed[type].x1_2g, k->packed[type].x1, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
+                  y + t * ldy, ldy);
 }
