@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "packed_zmm.h"
 #include "quants_impl.h"
 
 static int quant_bytes(int type) {
@@ -190,27 +191,9 @@ PACKED_FN(q8_0_x16_vnni, T_VNNI, dp_vnni, 16, 0, 0, 0, 128.0f)
  * vpdpbusd does twice the ymm form's work at the same rate. Group g+1's bytes
  * lie gs after group g's; each lane runs PACKED_BODY's operations in its order,
  * so every (row, token) result equals the 8-row kernels' bit for bit. */
-#define T_ZMM __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-
-static inline T_ZMM __m512i zld2(const uint8_t *p, size_t gs) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
-                              _mm256_loadu_si256((const __m256i *)(p + gs)), 1);
-}
-
-static inline T_ZMM __m512 zh2f(const uint8_t *p, size_t gs) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
-                                                   _mm_loadu_si128((const __m128i *)(p + gs)), 1));
-}
-
-static inline T_ZMM __m512i zbcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* add_high_bits over 16 rows: the shuffle works within 128-bit lanes, so the
  * same control serves all four. */
-static inline T_ZMM void zadd_high_bits(__m512i w[8], const uint8_t *qh_words, size_t gs) {
+ZINL void zadd_high_bits(__m512i w[8], const uint8_t *qh_words, size_t gs) {
     const __m512i qh = zld2(qh_words, gs);
     const __m512i sixteen = _mm512_set1_epi8(16);
     for (int k = 0; k < 8; k++) {

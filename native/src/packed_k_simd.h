@@ -152,33 +152,13 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
 }
 
 #if KVNNI
-/* AVX-512: two row groups (16 rows) a zmm register, where vpdpbusd does twice
- * the work of the ymm form at the same rate (2 a cycle). The second group's
- * bytes lie gs after the first's; every lane runs the 8-row kernels' operations
- * in the same order, so each (row, token) result is theirs bit for bit. */
-KINL __m512i KF(zld2)(const uint8_t *p, size_t gs) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
-                              _mm256_loadu_si256((const __m256i *)(p + gs)), 1);
-}
-
-KINL __m128i KF(zld8x2)(const uint8_t *p, size_t gs) {
-    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p), _mm_loadl_epi64((const __m128i *)(p + gs)));
-}
-
+/* AVX-512: two row groups (16 rows) a zmm register (packed_zmm.h), where vpdpbusd
+ * does twice the work of the ymm form at the same rate (2 a cycle). Every lane runs
+ * the 8-row kernels' operations in the same order, so each (row, token) result is
+ * theirs bit for bit. */
 /* 8 u8 of each group (sub-block scales or mins of 8 rows) as 16 floats */
 KINL __m512 KF(zu8f)(const uint8_t *p, size_t gs) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(KF(zld8x2)(p, gs)));
-}
-
-KINL __m512 KF(zh2f)(const uint8_t *p, size_t gs) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
-                                                   _mm_loadu_si128((const __m128i *)(p + gs)), 1));
-}
-
-KINL __m512i KF(zbcast4)(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(zld8x2(p, gs)));
 }
 
 /* Q4_K / Q5_K over 16 rows, sub-blocks 2p and 2p+1 (nibble pair pr) together: one load of
@@ -193,7 +173,7 @@ KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, size_t gs, 
     const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * pr;
     __m512i w0[8], w1[8];
     for (int k = 0; k < 8; k++) {
-        const __m512i v = KF(zld2)(qp + 32 * k, gs);
+        const __m512i v = zld2(qp + 32 * k, gs);
         w0[k] = _mm512_and_si512(v, m4);
         w1[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         if (five) {
@@ -213,10 +193,10 @@ KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, size_t gs, 
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         __m512i u0 = _mm512_setzero_si512(), u1 = _mm512_setzero_si512();
         for (int k = 0; k < 8; k += 2) {
-            s0 = _mm512_dpbusd_epi32(s0, w0[k], KF(zbcast4)(a[0].q + 4 * k));
-            s1 = _mm512_dpbusd_epi32(s1, w0[k + 1], KF(zbcast4)(a[0].q + 4 * k + 4));
-            u0 = _mm512_dpbusd_epi32(u0, w1[k], KF(zbcast4)(a[1].q + 4 * k));
-            u1 = _mm512_dpbusd_epi32(u1, w1[k + 1], KF(zbcast4)(a[1].q + 4 * k + 4));
+            s0 = _mm512_dpbusd_epi32(s0, w0[k], zbcast4(a[0].q + 4 * k));
+            s1 = _mm512_dpbusd_epi32(s1, w0[k + 1], zbcast4(a[0].q + 4 * k + 4));
+            u0 = _mm512_dpbusd_epi32(u0, w1[k], zbcast4(a[1].q + 4 * k));
+            u1 = _mm512_dpbusd_epi32(u1, w1[k + 1], zbcast4(a[1].q + 4 * k + 4));
         }
         const __m512 i0 = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), i1 = _mm512_cvtepi32_ps(_mm512_add_epi32(u0, u1));
         __m512 r = _mm512_fmadd_ps(i0, _mm512_mul_ps(dsc0, _mm512_set1_ps(a[0].d)), acc[t]);
@@ -234,7 +214,7 @@ KINL void KF(zq45k)(int five, int nt, const void *packed, int64_t nb, const void
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += ub) {
         if (nt == 1) ei_prefetch_ahead(p, (int)ub), ei_prefetch_ahead(p + gs, (int)ub);
-        const __m512 dv = KF(zh2f)(p, gs), mv = KF(zh2f)(p + 16, gs);
+        const __m512 dv = zh2f(p, gs), mv = zh2f(p + 16, gs);
         KF(zq45k_pair)(five, nt, 0, p, gs, dv, mv, act, act_stride, b, acc);
         KF(zq45k_pair)(five, nt, 1, p, gs, dv, mv, act, act_stride, b, acc);
         KF(zq45k_pair)(five, nt, 2, p, gs, dv, mv, act, act_stride, b, acc);
@@ -254,8 +234,8 @@ KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, co
     const __m512 schi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi64(sa, sb)));
     __m512i w[8];
     for (int k = 0; k < 8; k++) {
-        __m512i l = KF(zld2)(ql + 256 * (2 * h + c) + 32 * k, gs);
-        __m512i u = KF(zld2)(qh + 256 * h + 32 * k, gs);
+        __m512i l = zld2(ql + 256 * (2 * h + c) + 32 * k, gs);
+        __m512i u = zld2(qh + 256 * h + 32 * k, gs);
         if (hi) l = _mm512_srli_epi16(l, 4);
         u = s2 == 0 ? _mm512_slli_epi16(u, 4) : s2 == 2 ? _mm512_slli_epi16(u, 2) : s2 == 6 ? _mm512_srli_epi16(u, 2) : u;
         w[k] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(u, m30));
@@ -265,8 +245,8 @@ KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, co
         const int32_t *hs = ei_act_half_sums((const uint8_t *)act + t * act_stride, 8 * nb) + 2 * (8 * b + j);
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int k = 0; k < 4; k++) {
-            s0 = _mm512_dpbusd_epi32(s0, w[k], KF(zbcast4)(a->q + 4 * k));
-            s1 = _mm512_dpbusd_epi32(s1, w[k + 4], KF(zbcast4)(a->q + 16 + 4 * k));
+            s0 = _mm512_dpbusd_epi32(s0, w[k], zbcast4(a->q + 4 * k));
+            s1 = _mm512_dpbusd_epi32(s1, w[k + 4], zbcast4(a->q + 16 + 4 * k));
         }
         /* kq6k's sc_lo * lo + sc_hi * up, in float: |lo|, |up| <= 16 * 32 * 127 < 2^17 and
          * |sc| <= 128, so each product is exact and the fmadd rounds the exact sum once,
@@ -285,7 +265,7 @@ KINL void KF(zq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         if (nt == 1) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES), ei_prefetch_ahead(p + gs, EI_PK_Q6K_BYTES);
-        const __m512 dv = KF(zh2f)(p, gs);
+        const __m512 dv = zh2f(p, gs);
 #define ZQ6(j) KF(zq6k_blk)(nt, j, p, gs, dv, act, act_stride, nb, b, acc)
         ZQ6(0); ZQ6(1); ZQ6(2); ZQ6(3); ZQ6(4); ZQ6(5); ZQ6(6); ZQ6(7);
 #undef ZQ6
