@@ -25,7 +25,7 @@ require("llama_cpp")
 require("gguf", "the gguf package is a test dependency")
 
 import tiny_checkpoints  # noqa: E402
-from llama_oracle import first_divergence, kl_divergence, llama_greedy, llama_logits, llama_tokenize  # noqa: E402
+from llama_oracle import greedy_differences, kl_divergence, llama_logits, llama_tokenize  # noqa: E402
 
 import edgeinfer  # noqa: E402
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
@@ -39,7 +39,6 @@ FAMILIES = ["qwen3", "gemma3"]
 TEXT = ("The quick brown fox, 12345 apples; café 🙂 def f(x):\n    return x * 2\n\n"
         "Once upon a time, in a small village, there lived an old clockmaker who loved tea. "
         "SHOUTING words and don't won't they'll -- numbers 3.14159 and 2024.")
-PROMPTS = ["Once upon a time", "def add(a, b):", "Numbers: 0 1 2 3", "Hello, world! How are you"]
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +154,6 @@ def test_greedy_32_tokens_identical_to_llama_cpp(trained):
     sequence each model was trained on. (Random weights give near-flat logits, where two
     runtimes whose Q8_0 logits differ by a few hundredths may pick either of two near-tied
     tokens; a trained model's choices are the model's, as a real model's are.)"""
-    from llama_oracle import greedy_differences
     for fam in FAMILIES:
         path, seq = trained[fam]
         with engine(path) as e:
