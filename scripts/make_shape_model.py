@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SDIST = Path.home() / ".cache" / "edgeinfer" / "sdist"
+SDIST = Path(os.environ.get("EDGEINFER_CACHE") or Path.home() / ".cache" / "edgeinfer") / "sdist"
 SDIST_NAME = "llama_cpp_python-0.3.36"
 STD = 0.02
 
@@ -301,8 +301,8 @@ def llama_cpp_dir(arg: str | None = None) -> Path:
     if not (d / "convert_hf_to_gguf.py").exists():
         tgz = SDIST / f"{SDIST_NAME}.tar.gz"
         if arg or not tgz.exists():
-            raise SystemExit(f"no convert_hf_to_gguf.py in {d}; get the sdist: pip download --no-binary "
-                             f":all: --no-deps llama-cpp-python==0.3.36 -d {SDIST}")
+            raise SystemExit(f"no convert_hf_to_gguf.py in {d}; bash scripts/install_oracles.sh "
+                             f"fetches the llama-cpp-python sdist into {SDIST}")
         prefix = f"{SDIST_NAME}/vendor/llama.cpp/"
         keep = (prefix + "convert_hf_to_gguf.py", prefix + "conversion/", prefix + "gguf-py/")
         with tarfile.open(tgz) as tf:

@@ -1,8 +1,8 @@
 """llama.cpp's own Hugging Face -> GGUF converter (convert_hf_to_gguf.py from the
 llama-cpp-python 0.3.36 sdist), as an oracle: files it writes must load in edgeinfer.
 
-The sdist is fetched into ~/.cache/edgeinfer/sdist with pip the first time it is needed (a
-failure, not a skip, if that cannot be done) and only the converter (convert_hf_to_gguf.py,
+The sdist is kept in ~/.cache/edgeinfer/sdist by scripts/install_oracles.sh, which is run
+here when it is missing (a failure, not a skip, if that cannot be done) and only the converter (convert_hf_to_gguf.py,
 conversion/, gguf-py/) is unpacked, per process.
 
 Tiny test tokenizers are not in llama.cpp's table of known pre-tokenizers (it recognises one
@@ -11,12 +11,14 @@ as ("llama-bpe", "qwen2"), exactly as convert_hf_to_gguf_update.py would have ad
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
-SDIST = Path.home() / ".cache" / "edgeinfer" / "sdist" / "llama_cpp_python-0.3.36.tar.gz"
+SDIST = (Path(os.environ.get("EDGEINFER_CACHE") or Path.home() / ".cache" / "edgeinfer")
+         / "sdist" / "llama_cpp_python-0.3.36.tar.gz")
 _PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 _UNPACKED: dict[str, Path] = {}
 
@@ -25,13 +27,12 @@ def converter_dir(tmp: Path) -> Path:
     """The unpacked converter, the sdist fetched first when it is not cached."""
     if "dir" in _UNPACKED:
         return _UNPACKED["dir"]
-    if not SDIST.is_file():
-        SDIST.parent.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                            "--no-build-isolation", "llama-cpp-python==0.3.36", "-d", str(SDIST.parent)],
-                           capture_output=True, text=True, timeout=600)
+    if not SDIST.is_file():   # scripts/install_oracles.sh (run by scripts/test.sh) keeps it
+        r = subprocess.run(["bash", str(Path(__file__).parents[1] / "scripts" / "install_oracles.sh")],
+                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+                           timeout=1800)
         if r.returncode != 0 or not SDIST.is_file():
-            raise FileNotFoundError(f"could not fetch {SDIST.name} with pip:\n{r.stderr[-2000:]}")
+            raise FileNotFoundError(f"could not fetch {SDIST.name} (scripts/install_oracles.sh):\n{r.stderr[-2000:]}")
     out = tmp / "llama_cpp_converter"
     with tarfile.open(SDIST) as tf:
         root = next(m.name.split("/")[0] for m in tf.getmembers()) + "/vendor/llama.cpp/"

@@ -473,11 +473,15 @@ def memorize(model_dir: str | os.PathLike, n_tokens: int = 256, steps: int = 300
     model = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     n_vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed + 11)
-    seq = torch.randint(3, min(n_vocab, 300), (n_tokens,), generator=g)
+    # distinct ids: each token is followed by one token only, so every piece of the sequence
+    # has one continuation and none is left half learned between two
+    seq = torch.randperm(min(n_vocab, 300) - 3, generator=g)[:n_tokens] + 3
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
     for _ in range(steps):   # crops, so that any piece of the sequence is continued
-        starts = torch.randint(0, n_tokens - 48, (8,), generator=g)
+        # starts drawn 47 below 0 and clamped, so the first tokens are in as many crops as the
+        # rest (uniform starts leave seq[:47] rarely seen and its pieces half learned)
+        starts = torch.randint(-47, n_tokens - 47, (8,), generator=g).clamp(0, n_tokens - 48)
         batch = torch.stack([seq[s:s + 48] for s in starts.tolist()])
         loss = model(batch, labels=batch).loss
         opt.zero_grad()
