@@ -89,8 +89,8 @@ typedef struct ei_kernels {
     struct {
         ei_packed_fn x1, x4;        /* NULL: the type stays in its GGUF layout at this level */
         ei_packed_fn xw;            /* xw_tok tokens a weight pass (x86: K-quants; with VNNI also Q4_0-Q5_1); NULL: x4 only */
-        /* x1 and xw over two row groups (16 rows, y[t * ldy + 0..15]); NULL: per group */
-        ei_packed_fn x1_2g, xw_2g;
+        /* xw over two row groups (16 rows, y[t * ldy + 0..15]); NULL: per group */
+        ei_packed_fn xw_2g;
         int xw_tok;
     } packed[EI_TYPE_IDS];
     /* [F16 KV, Q8_0 KV]: SIMD kernels in order of preference (fn NULL ends the

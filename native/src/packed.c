@@ -278,6 +278,6 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
     for (; t + 4 <= n_tok; t += 4)
         rows_pass(NULL, k->packed[type].x4, P, gb, nb, r0, r1, A + t * act_stride, act_stride, y + t * ldy, ldy);
     for (; t < n_tok; t++)
-        rows_pass(k->packed[type].x1_2g, k->packed[type].x1, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
+        rows_pass(NULL, k->packed[type].x1, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
                   y + t * ldy, ldy);
 }

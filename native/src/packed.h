@@ -122,9 +122,6 @@ void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q4_k_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q5_k_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q6_k_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #endif
 #if defined(__aarch64__)
 /* packed_k_neon.c: plain ASIMD and dotprod builds */

@@ -213,7 +213,6 @@ KINL void KF(zq45k)(int five, int nt, const void *packed, int64_t nb, const void
     __m512 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += ub) {
-        if (nt == 1) ei_prefetch_ahead(p, (int)ub), ei_prefetch_ahead(p + gs, (int)ub);
         const __m512 dv = zh2f(p, gs), mv = zh2f(p + 16, gs);
         KF(zq45k_pair)(five, nt, 0, p, gs, dv, mv, act, act_stride, b, acc);
         KF(zq45k_pair)(five, nt, 1, p, gs, dv, mv, act, act_stride, b, acc);
@@ -264,7 +263,6 @@ KINL void KF(zq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
     __m512 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
-        if (nt == 1) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES), ei_prefetch_ahead(p + gs, EI_PK_Q6K_BYTES);
         const __m512 dv = zh2f(p, gs);
 #define ZQ6(j) KF(zq6k_blk)(nt, j, p, gs, dv, act, act_stride, nb, b, acc)
         ZQ6(0); ZQ6(1); ZQ6(2); ZQ6(3); ZQ6(4); ZQ6(5); ZQ6(6); ZQ6(7);
@@ -281,15 +279,6 @@ KT void KF(ei_packed_q5_k_x16r16)(const void *pk, int64_t nb, const void *act, i
 }
 KT void KF(ei_packed_q6_k_x16r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(zq6k)(16, pk, nb, act, st, y, ldy);
-}
-KT void KF(ei_packed_q4_k_x1r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(0, 1, pk, nb, act, st, y, ldy);
-}
-KT void KF(ei_packed_q5_k_x1r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(1, 1, pk, nb, act, st, y, ldy);
-}
-KT void KF(ei_packed_q6_k_x1r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq6k)(1, pk, nb, act, st, y, ldy);
 }
 #endif
 
