@@ -115,23 +115,20 @@ def _rope_tables(hp: HParams, n: int, local: bool = False):
     long past the original context, as transformers switches), times the attention factor.
     local: a sliding-window layer's own base, unscaled (Gemma 3)."""
     d = hp.rope_dim
-    if local:
-        inv = 1.0 / (hp.rope_theta_local ** (np.arange(0, d, 2, dtype=np.float64) / d))
-        ang = np.outer(np.arange(n, dtype=np.float64), inv)
-        ang = np.concatenate([ang, ang], axis=-1)
-        return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    inv = 1.0 / (hp.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    rf = hp.rope_freqs()
-    if rf is not None:
-        inv = inv / rf
-    m = 1.0
-    if hp.has_longrope:
-        key = "long_factor" if n > hp.longrope_ctx_orig() else "short_factor"
-        inv = inv / np.asarray(hp.rope_scaling[key], dtype=np.float64)
-        m = hp.longrope_attn_factor()
+    base = hp.rope_theta_local if local else hp.rope_theta
+    inv = 1.0 / (base ** (np.arange(0, d, 2, dtype=np.float64) / d))
     pos = np.arange(n, dtype=np.float64)
-    if hp.rope_scaling.get("rope_type") == "linear":
-        pos = pos / float(hp.rope_scaling.get("factor", 1.0))
+    m = 1.0
+    if not local:
+        rf = hp.rope_freqs()
+        if rf is not None:
+            inv = inv / rf
+        if hp.has_longrope:
+            key = "long_factor" if n > hp.longrope_ctx_orig() else "short_factor"
+            inv = inv / np.asarray(hp.rope_scaling[key], dtype=np.float64)
+            m = hp.longrope_attn_factor()
+        if hp.rope_scaling.get("rope_type") == "linear":
+            pos = pos / float(hp.rope_scaling.get("factor", 1.0))
     ang = np.outer(pos, inv)
     ang = np.concatenate([ang, ang], axis=-1)
     return (np.cos(ang) * m).astype(np.float32), (np.sin(ang) * m).astype(np.float32)
