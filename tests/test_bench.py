@@ -22,7 +22,7 @@ RUN_KEYS = {"engine", "label", "threads", "n_ctx", "pp", "tg", "tg_depth", "tg_d
 RATIO_KEYS = {"threads", "engine", "peer", "pp", "tg", "tg_depth", "ttft", "tpot", "peak_rss"}
 CONFIG_KEYS = {"threads", "pp", "tg", "reps", "batch", "n_ctx", "tg_prompt", "prompt_len",
                "output_len", "ctx_depth", "price_per_hour", "compare", "isa", "kv", "device", "seed",
-               "isolated_rss", "order"}
+               "isolated_rss", "process_per_engine", "order"}
 SYSTEM_KEYS = {"cpu", "n_cpus", "isa", "platform", "python", "edgeinfer", "llama_cpp",
                "onnxruntime_genai", "loadavg_start", "loadavg_end"}
 
@@ -37,7 +37,7 @@ def _check_spread(s: dict, n: int, positive: bool = True) -> None:
 
 
 def _check_run(r: dict, cfg_pp: int, cfg_tg: int, reps: int, depth: int | None,
-               priced: bool, isolated: bool) -> None:
+               priced: bool, isolated: bool, own_process: bool = False) -> None:
     assert set(r) == RUN_KEYS
     assert r["pp"]["n_tokens"] == cfg_pp
     _check_spread(r["pp"]["tokens_per_s"], reps)
@@ -53,7 +53,10 @@ def _check_run(r: dict, cfg_pp: int, cfg_tg: int, reps: int, depth: int | None,
         _check_spread(r["tg_depth"]["tokens_per_s"], reps)
         assert r["tg_depth_retention"] > 0
     assert r["kv_bytes"] > 0
-    assert r["process_peak_rss_bytes"] > 0 and r["process_rss_bytes"] > 0
+    if own_process:   # the bench process holds no engine: its RSS is not reported
+        assert r["process_peak_rss_bytes"] is None and r["process_rss_bytes"] is None
+    else:
+        assert r["process_peak_rss_bytes"] > 0 and r["process_rss_bytes"] > 0
     if isolated:
         assert r["peak_rss_bytes"] > r["peak_rss_baseline_bytes"] > 0
     if priced:
@@ -120,6 +123,47 @@ def test_bench_compare_llama_cpp_and_missing_ort(smollm2_path):
     table = format_table(res)
     assert "llama.cpp" in table and "ratio" in table and "skipped" in table
     json.loads(res.to_json())  # serialisable
+
+
+@pytest.mark.oracle
+@pytest.mark.slow
+def test_bench_process_per_engine(smollm2_path):
+    """--process-per-engine: the same interleaved schedule with each engine in a worker process
+    of its own; a peer that cannot run is skipped through its worker, and a worker's failure
+    is an error with the reason, not a hang."""
+    require("llama_cpp")
+    import os
+
+    from edgeinfer.tools.engine_process import EngineProcessError, ProcessRunner
+
+    cfg = BenchConfig(model=str(smollm2_path), threads=[2], pp=16, tg=4, reps=2, prompt_len=8,
+                      output_len=3, compare=["llama.cpp", "ort-genai:/nonexistent/ort-model"],
+                      isolated_rss=False, process_per_engine=True)
+    res = run_bench(cfg)
+    d = res.to_dict()
+    assert [r["engine"] for r in d["runs"]] == ["edgeinfer", "llama.cpp"]
+    assert d["runs"][0]["label"].startswith("edgeinfer (") and d["runs"][1]["label"].startswith("llama.cpp")
+    for r in d["runs"]:
+        _check_run(r, 16, 4, 2, depth=None, priced=False, isolated=False, own_process=True)
+    (ratio,) = d["ratios"]
+    assert ratio["pp"] > 0 and ratio["tg"] > 0 and ratio["ttft"] > 0 and ratio["tpot"] > 0
+    (skip,) = d["skipped"]
+    assert skip["engine"] == "ort-genai" and "genai_config.json" in skip["reason"]
+    assert d["config"]["process_per_engine"] is True and "worker process" in d["config"]["order"]
+    assert "worker process of its own" in format_table(res)
+
+    r = ProcessRunner("edgeinfer", None, str(smollm2_path), 1, 256, 64)
+    try:
+        assert r._p.pid != os.getpid() and r.n_vocab == 49152 and r.kv_bytes > 0
+        assert r.pp(list(range(100, 116))) > 0
+        with pytest.raises(EngineProcessError, match="49152"):   # out-of-vocab id: the engine's error
+            r.pp([49152])
+        assert r.tg([100, 101], 2) > 0                            # and the worker still serves
+    finally:
+        r.close()
+    assert r._p.returncode == 0
+    with pytest.raises(EngineProcessError, match="nonexistent"):
+        ProcessRunner("edgeinfer", None, "/nonexistent/model.gguf", 1, 256, 64)
 
 
 def test_bench_cli_errors():

@@ -47,6 +47,10 @@ def bench(
     isolated_rss: Annotated[bool, typer.Option(
         "--isolated-rss/--no-isolated-rss",
         help="Measure each engine's peak RSS in a fresh child process (else process-wide).")] = True,
+    process_per_engine: Annotated[bool, typer.Option(
+        "--process-per-engine",
+        help="Run each engine in a worker process of its own (same interleaved schedule), so that "
+             "engines sharing one process cannot slow each other.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field; see "
                                           "edgeinfer/tools/bench.py) instead of a table.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
@@ -87,7 +91,7 @@ def bench(
                       batch=batch, n_ctx=ctx, tg_prompt=tg_prompt, prompt_len=prompt_len,
                       output_len=output_len, ctx_depth=ctx_depth, price_per_hour=price_per_hour,
                       compare=list(compare or []), isa=isa, kv=kv, device=device, seed=seed,
-                      isolated_rss=isolated_rss)
+                      isolated_rss=isolated_rss, process_per_engine=process_per_engine)
     log = None if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     res = run_bench(cfg, log=log, command=["edgeinfer", "bench", *sys.argv[2:]]
                     if len(sys.argv) > 1 and sys.argv[1] == "bench" else None)

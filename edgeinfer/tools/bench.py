@@ -25,7 +25,8 @@ Every timed metric is a :class:`Spread` (median, min, max, stdev, values) over `
 repetitions. With peers, each repetition measures every engine back to back, metric by
 metric (pp of each engine, then tg of each, ...), alternating the engine order from one
 repetition to the next, so that the machine's noise hits all of them alike; ratios are
-edgeinfer's median / the peer's median.
+edgeinfer's median / the peer's median. With ``process_per_engine`` each engine runs in a
+worker process of its own (``engine_process.py``), on the same schedule.
 
 JSON (``BenchResult.to_dict()``, schema ``edgeinfer.bench/1``): every key below is always
 present; a value is null only where noted.
@@ -37,7 +38,7 @@ present; a value is null only where noted.
              average before and after: other work on the machine makes timings noisy)}
     config: {threads [..], pp, tg, reps, batch, n_ctx, tg_prompt, prompt_len, output_len,
              ctx_depth (null = off), price_per_hour (null), compare [..], isa, seed,
-             isolated_rss, order}
+             isolated_rss, process_per_engine, order}
     runs: [{engine, label, threads, n_ctx,
             pp: {n_tokens, tokens_per_s: Spread, seconds: Spread},
             tg: {n_tokens, depth, tokens_per_s: Spread, seconds: Spread},
@@ -46,7 +47,7 @@ present; a value is null only where noted.
             ttft_s: Spread, tpot_s: Spread,
             kv_bytes (null if unknown), scratch_bytes (null for peers),
             peak_rss_bytes, peak_rss_baseline_bytes (null if isolated_rss is off),
-            process_peak_rss_bytes, process_rss_bytes,
+            process_peak_rss_bytes, process_rss_bytes (null with process_per_engine),
             cost_per_1m_output_tokens (null without a price)}]
     ratios: [{threads, engine, peer, pp, tg, tg_depth (null), ttft, tpot,
               peak_rss (null)}]   # edgeinfer / peer; > 1 = edgeinfer higher
@@ -105,6 +106,7 @@ class BenchConfig:
     device: str = "cpu"             # edgeinfer's device: cpu, cuda or auto (peers stay on the CPU)
     seed: int = 0
     isolated_rss: bool = True
+    process_per_engine: bool = False   # each engine in a worker process of its own
     warmup: bool = True
 
     def validate(self) -> None:
@@ -684,17 +686,20 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
     skipped: list[dict] = []
     skipped_specs: set[str] = set()
 
+    make = make_runner
+    if cfg.process_per_engine:
+        from .engine_process import ProcessRunner as make
     for threads in cfg.threads:
         runners: list[tuple[Runner, Optional[str], str]] = []
         say(f"[{threads} thread(s)] loading edgeinfer ({path.name}, n_ctx={n_ctx}, batch={cfg.batch})")
-        edge = make_runner("edgeinfer", None, str(path), threads, n_ctx, cfg.batch, cfg.isa, cfg.kv, cfg.device)
+        edge = make("edgeinfer", None, str(path), threads, n_ctx, cfg.batch, cfg.isa, cfg.kv, cfg.device)
         runners.append((edge, None, "edgeinfer"))
         for (kind, arg), spec in peers:
             if spec in skipped_specs:
                 continue
             say(f"[{threads} thread(s)] loading {kind}")
             try:
-                runners.append((make_runner(kind, arg, str(path), threads, n_ctx, cfg.batch, kv=cfg.kv),
+                runners.append((make(kind, arg, str(path), threads, n_ctx, cfg.batch, kv=cfg.kv),
                                 arg, kind))
             except _Skip as e:
                 say(f"skipping {spec}: {e}")
@@ -702,6 +707,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
                 skipped_specs.add(spec)
         try:
             runs_t = _measure(cfg, runners, threads, n_ctx, rng, say)
+            if cfg.process_per_engine:   # this process holds no engine: its RSS says nothing
+                for run in runs_t:
+                    run["process_peak_rss_bytes"] = run["process_rss_bytes"] = None
         finally:
             for r, _, _ in runners:
                 r.close()
@@ -734,7 +742,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
     conf = asdict(cfg)
     conf["n_ctx"] = n_ctx
     conf["order"] = ("interleaved: each repetition measures every engine back to back, metric by "
-                     "metric, alternating the engine order")
+                     "metric, alternating the engine order"
+                     + ("; each engine in a worker process of its own" if cfg.process_per_engine else
+                        "; all engines in this process"))
     conf.pop("model", None)
     conf.pop("warmup", None)
     system = _system_info()
@@ -888,8 +898,10 @@ def format_table(res: BenchResult | dict) -> str:
                 _md_table(rh, rr)]
     for s in d["skipped"]:
         out.append(f"\nskipped {s['spec']}: {s['reason']}")
-    if d["runs"] and d["runs"][0]["peak_rss_bytes"] is None:
+    if d["runs"] and d["runs"][0]["peak_rss_bytes"] is None and d["runs"][0]["process_peak_rss_bytes"] is not None:
         out.append("\npeak RSS: process-wide ru_maxrss (includes every engine loaded before)")
+    if c.get("process_per_engine"):
+        out.append("\neach engine ran in a worker process of its own")
     return "\n".join(out)
 
 
