@@ -99,30 +99,14 @@ static void add_bias(float *y, const ei_weight *b, int64_t n_tok, int64_t n) {
         for (int64_t i = 0; i < n; i++) y[t * n + i] += bias[i];
 }
 
-/* fn(ctx, i) for i in [0, n): on the pool, items handed out by an atomic counter (a
- * worker that joins late finds them taken), or on the caller when the work is too
- * small to hand out (a decode step). */
-typedef struct {
-    void (*fn)(void *ctx, int64_t i);
-    void *ctx;
-    int64_t n;
-    atomic_llong next;
-} par_task;
-
-static void par_worker(void *raw, int ith, int nth) {
-    (void)ith, (void)nth;
-    par_task *t = raw;
-    for (int64_t i; (i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) < t->n;) t->fn(t->ctx, i);
-}
-
+/* fn(ctx, i) for i in [0, n): on the pool (ei_pool_for), or on the caller when the work
+ * is too small to hand out (a decode step). */
 static void par_for(ei_runtime *rt, int64_t n, int parallel, void (*fn)(void *, int64_t), void *ctx) {
     if (!parallel || n < 2) {
         for (int64_t i = 0; i < n; i++) fn(ctx, i);
         return;
     }
-    par_task t = {.fn = fn, .ctx = ctx, .n = n};
-    atomic_init(&t.next, 0);
-    ei_pool_run(rt->pool, par_worker, &t);
+    ei_pool_for(rt->pool, n, fn, ctx);
 }
 
 typedef struct {

@@ -122,6 +122,25 @@ void ei_pool_free(ei_pool *p) {
 
 int ei_pool_size(const ei_pool *p) { return p->n; }
 
+typedef struct {
+    void (*fn)(void *ctx, int64_t i);
+    void *ctx;
+    int64_t n;
+    _Atomic int64_t next;
+} for_task;
+
+static void for_worker(void *raw, int ith, int nth) {
+    (void)ith, (void)nth;
+    for_task *t = raw;
+    for (int64_t i; (i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) < t->n;) t->fn(t->ctx, i);
+}
+
+void ei_pool_for(ei_pool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx) {
+    for_task t = {.fn = fn, .ctx = ctx, .n = n};
+    atomic_init(&t.next, 0);
+    ei_pool_run(p, for_worker, &t);
+}
+
 void ei_pool_run(ei_pool *p, ei_task_fn fn, void *ctx) {
     if (p->n == 1) {
         fn(ctx, 0, 1);

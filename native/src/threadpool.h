@@ -9,6 +9,7 @@
  * busy machine a step degrades to one thread's speed instead of stalling. */
 #ifndef EI_THREADPOOL_H
 #define EI_THREADPOOL_H
+#include <stdint.h>
 
 typedef void (*ei_task_fn)(void *ctx, int ith, int nth);
 typedef struct ei_pool ei_pool;
@@ -17,4 +18,8 @@ ei_pool *ei_pool_create(int n_threads);   /* NULL on failure */
 void ei_pool_free(ei_pool *p);
 int ei_pool_size(const ei_pool *p);
 void ei_pool_run(ei_pool *p, ei_task_fn fn, void *ctx);
+
+/* fn(ctx, i) for i in [0, n) on the pool, the items handed out by an atomic counter (a
+ * worker that joins late finds them taken). */
+void ei_pool_for(ei_pool *p, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
 #endif
