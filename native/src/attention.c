@@ -228,6 +228,13 @@ ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd) {
 void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8_t *k, const uint8_t *v,
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
+    /* Cells at the chunk's end that the query cannot see weigh nothing: in a prefill they are
+     * the later tokens of the batch, so dropping them halves its score work on average */
+    while (c1 > c0 && !ei_attn_visible(cell_pos[c1 - 1], pos)) c1--;
+    if (c1 == c0) {
+        ei_attn_empty_parts(part, g, hd);
+        return;
+    }
     const int step = a->max_group ? a->max_group : g;
     for (int j0 = 0; j0 < g; j0 += step)
         a->fn(q + (size_t)j0 * hd, EI_MIN(step, g - j0), k, v, cell_pos, c0, c1, pos, hd, scale,
