@@ -9,6 +9,7 @@ back. Timings are taken inside the child, exactly as the in-process runners take
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any, Optional
@@ -84,8 +85,11 @@ class ProcessRunner(Runner):
 
 def worker_main() -> None:  # pragma: no cover - runs in the child (covered through ProcessRunner)
     """The child: builds one runner, then answers one JSON line per request until close or EOF."""
-    out = sys.stdout
-    sys.stdout = sys.stderr          # nothing the engines print may corrupt the reply channel
+    # Replies go to a copy of fd 1; fd 1 itself then points at stderr, so nothing the engines
+    # print (from Python or from C) can corrupt the reply channel.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     runner: Optional[Runner] = None
 
     def reply(**kw) -> None:
