@@ -162,8 +162,25 @@ def test_bench_process_per_engine(smollm2_path):
     finally:
         r.close()
     assert r._p.returncode == 0
+    children = _child_pids()
     with pytest.raises(EngineProcessError, match="nonexistent"):
         ProcessRunner("edgeinfer", None, "/nonexistent/model.gguf", 1, 256, 64)
+    assert _child_pids() <= children   # the worker that could not load is gone
+
+
+def _child_pids() -> set[int]:
+    import os
+    from pathlib import Path
+
+    me = str(os.getpid())
+    return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == me}
+
+
+def _ppid(proc) -> str:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return ""
 
 
 def test_bench_cli_errors():

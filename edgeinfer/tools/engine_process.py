@@ -32,8 +32,12 @@ class ProcessRunner(Runner):
         code = "from edgeinfer.tools.engine_process import worker_main; worker_main()"
         self._p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    text=True, bufsize=1)
-        reply = self._call({"op": "load", "kind": kind, "arg": arg, "path": model_path, "threads": threads,
-                            "n_ctx": n_ctx, "batch": batch, "isa": isa, "kv": kv, "device": device})
+        try:
+            reply = self._call({"op": "load", "kind": kind, "arg": arg, "path": model_path, "threads": threads,
+                                "n_ctx": n_ctx, "batch": batch, "isa": isa, "kv": kv, "device": device})
+        except BaseException:
+            self.close()   # a worker that could not load must not outlive the error
+            raise
         for name in _ATTRS:
             setattr(self, name, reply[name])
 
@@ -50,7 +54,6 @@ class ProcessRunner(Runner):
             raise EngineProcessError(f"{self.engine} worker exited with status {self._p.wait()}")
         reply = json.loads(line)
         if "skip" in reply:
-            self.close()
             raise _Skip(reply["skip"])
         if "error" in reply:
             raise EngineProcessError(f"{self.engine} worker: {reply['error']}")
@@ -102,7 +105,9 @@ def worker_main() -> None:  # pragma: no cover - runs in the child (covered thro
         if op == "close":
             break
         try:
-            if op == "load":
+            if op != "load" and runner is None:
+                reply(error="no engine loaded")
+            elif op == "load":
                 runner = make_runner(msg["kind"], msg["arg"], msg["path"], msg["threads"], msg["n_ctx"],
                                      msg["batch"], msg["isa"], msg["kv"], msg["device"])
                 reply(result={name: getattr(runner, name) for name in _ATTRS})
