@@ -174,7 +174,7 @@ Q8A = np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", 32)])
 
 def quantize_act_row(internal, isa: int, x: np.ndarray):
     """One activation row as the matmuls take it: (d, s, q) per block, then each block's
-    two half sums times 32 (int32 [nb, 2])."""
+    two half sums times -32 (int32 [nb, 2])."""
     iffi, ilib = internal
     nb = x.size // 32
     out = np.zeros(nb * (Q8A.itemsize + 8), np.uint8)
@@ -318,7 +318,7 @@ def test_quantize_act_exact(internal):
             assert np.array_equal(q, q0) and np.array_equal(d.view(np.uint32), d0.view(np.uint32))
             assert np.array_equal(s.view(np.uint32), s0.view(np.uint32))
             halves = quantize_act_row(internal, isa, x)[3]
-            want = 32 * qr.astype(np.int32).reshape(-1, 2, 16).sum(axis=2)
+            want = -32 * qr.astype(np.int32).reshape(-1, 2, 16).sum(axis=2)
             assert np.array_equal(halves, want), isa
 
 

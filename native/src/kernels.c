@@ -315,8 +315,8 @@ void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, in
         for (int64_t b = 0; b < nb; b++) {
             int lo = 0, hi = 0;
             for (int i = 0; i < EI_QA_BLOCK / 2; i++) lo += a[b].q[i], hi += a[b].q[EI_QA_BLOCK / 2 + i];
-            hs[2 * b] = 32 * lo;
-            hs[2 * b + 1] = 32 * hi;
+            hs[2 * b] = -32 * lo;
+            hs[2 * b + 1] = -32 * hi;
         }
     }
 }

@@ -117,9 +117,10 @@ void ei_kernels_fill(ei_kernels *k, int isa, int neon_dotprod);
 int64_t ei_row_bytes(int type, int64_t n);
 
 /* Activation rows for the matmuls: a row of n_cols (a multiple of EI_QA_BLOCK) is its
- * n_cols / 32 ei_q8a blocks, then per block 32 times the sums of its two 16-quant halves
- * (int32 pairs). Kernels of types with 16-element scales (the wide Q6_K ones) read those
- * sums from the row instead of adding the quants up again for every group of rows. */
+ * n_cols / 32 ei_q8a blocks, then per block -32 times the sums of its two 16-quant halves
+ * (int32 pairs). Kernels of types with 16-element scales (the wide Q6_K ones) start their
+ * integer sums there (Q6_K's quants carry an offset of 32) instead of adding the quants up
+ * again for every group of rows. */
 static inline int64_t ei_act_row_bytes(int64_t n_cols) {
     return n_cols / EI_QA_BLOCK * (int64_t)(sizeof(ei_q8a) + 2 * sizeof(int32_t));
 }
