@@ -254,7 +254,7 @@ KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, co
     for (int t = 0; t < nt; t++) {
         const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
         const int32_t *hs = ei_act_half_sums((const uint8_t *)act + t * act_stride, 8 * nb) + 2 * (8 * b + j);
-        /* each chain starts at the row's -32 * (sum of the half's quants), so it ends at the
+        /* each chain starts at the token's -32 * (sum of the half's quants), so it ends at the
          * dot with q - 32 without a subtraction (3B-shape Q6_K pp256 +6-11%, A/B, 6 reps) */
         __m512i s0 = _mm512_set1_epi32(hs[0]), s1 = _mm512_set1_epi32(hs[1]);
         for (int k = 0; k < 4; k++) {
