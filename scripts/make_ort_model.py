@@ -2,7 +2,7 @@
 """Make the ONNX Runtime GenAI peer model for `edgeinfer bench --compare ort-genai:DIR`.
 
 There is no hub access here, so the Hugging Face checkpoint of SmolLM2-135M-Instruct is
-rebuilt from the shipped GGUF (``tests/tiny_checkpoints.py: build_from_gguf``: every tensor
+rebuilt from the shipped GGUF (``tests/support/tiny_checkpoints.py: build_from_gguf``: every tensor
 dequantized to f32, Q/K rows un-permuted, tokenizer from the GGUF vocabulary), then ONNX
 Runtime GenAI's own model builder turns it into an int4 CPU model:
 
@@ -63,8 +63,8 @@ def build_hf(gguf: Path, hf_dir: Path, force: bool) -> Path:
         _log(f"HF checkpoint already there: {hf_dir}")
         _add_index_metadata(hf_dir)
         return hf_dir
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_checkpoints import build_from_gguf
+    sys.path.insert(0, str(ROOT))   # tests/ is a package at the repository root
+    from tests.support.tiny_checkpoints import build_from_gguf
 
     if hf_dir.exists():
         shutil.rmtree(hf_dir)

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 import edgeinfer  # noqa: E402
-from conftest import require  # noqa: E402
+from tests.support.strict import require  # noqa: E402
 from edgeinfer._native import ffi, lib  # noqa: E402
 from edgeinfer.arch import ARCHS  # noqa: E402
 from edgeinfer.errors import UnsupportedArchitectureError  # noqa: E402
@@ -41,7 +38,7 @@ def llama_ckpt(tmp_path_factory):
     require("torch", "tiny checkpoints are built with torch")
     require("transformers", "tiny checkpoints are built with transformers")
     require("tokenizers")
-    import tiny_checkpoints
+    from tests.support import tiny_checkpoints
 
     return tiny_checkpoints.build("llama", tmp_path_factory.mktemp("ckpt") / "llama")
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
 from edgeinfer.convert.sensitivity import (CANDIDATES, Sensitivity, TensorCost,  # noqa: E402
@@ -78,7 +75,7 @@ tf = require("transformers", "tiny checkpoints are built with transformers")
 require("tokenizers")
 require("sentencepiece")
 
-import tiny_checkpoints  # noqa: E402
+from tests.support import tiny_checkpoints  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -194,7 +191,7 @@ def test_auto_respects_budget(auto256):
 @pytest.mark.slow
 def test_auto_beats_fixed_types_on_tiny_model(auto256):
     from edgeinfer.tools.eval import evaluate
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
     text = TEXTS["story"]
     kl = {k: evaluate(str(auto256[k].path), str(auto256["ref"]), text, ctx=128,
                       n_threads=2).kl_mean for k in ("q4_k_m", auto256["q4_k_m"].bpw)}
@@ -205,7 +202,7 @@ def test_auto_beats_fixed_types_on_tiny_model(auto256):
 @pytest.mark.oracle
 def test_llama_cpp_loads_auto_file(auto256):
     require("llama_cpp")
-    from llama_oracle import kl_divergence, llama_logits
+    from tests.support.llama_oracle import kl_divergence, llama_logits
     import edgeinfer
     path = auto256[5.6].path
     with GGUFFile(path) as f:
@@ -224,7 +221,7 @@ def test_auto_files_of_qwen3_and_gemma3_load_in_llama_cpp(tiny, tmp_path):
     (their sensitivities are checked against autograd above): a mixed file within the budget
     that llama.cpp loads and agrees with."""
     require("llama_cpp")
-    from llama_oracle import kl_divergence, llama_logits
+    from tests.support.llama_oracle import kl_divergence, llama_logits
     import edgeinfer
     for kind in ("qwen3", "gemma3"):
         r = convert_checkpoint(str(tiny[kind]), str(tmp_path / f"{kind}.auto.gguf"), "auto", target_bpw=6.0)
@@ -258,7 +255,7 @@ def test_auto_bad_inputs(tiny, tmp_path):
 def test_cli_auto_and_sweep(tiny, tmp_path):
     from typer.testing import CliRunner
     from edgeinfer.cli import app
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
     runner = CliRunner()
     src = str(tiny["qwen2"])
     ref = tmp_path / "f16.gguf"
@@ -312,7 +309,7 @@ def test_smollm2_auto_beats_q4_k_m_and_q4_0(smollm2_path, tmp_path):
     uses 160 calibration tokens and 256 scored tokens)."""
     require("gguf")
     from edgeinfer.tools.eval import evaluate
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
     src = tiny_checkpoints.build_from_gguf(smollm2_path, tmp_path / "smol")
     ref = tmp_path / "f32.gguf"
     convert_checkpoint(str(src), str(ref), "f32")

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 from edgeinfer.tools.bench import (SCHEMA, BenchConfig, Spread, _parse_peer, format_table, parse_threads,
                              run_bench)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import require
+from tests.support.strict import require
 from typer.testing import CliRunner
 
 from edgeinfer import hub as models

@@ -13,16 +13,15 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 torch = require("torch", "tiny checkpoints are built with torch")
 tf = require("transformers", "tiny checkpoints are built with transformers")
 require("tokenizers")
 require("sentencepiece")
 
-import tiny_checkpoints  # noqa: E402
+from tests.support import tiny_checkpoints  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -93,7 +92,7 @@ def engine_logits(path, ids) -> np.ndarray:
 
 
 def kl(p, q):
-    from llama_oracle import kl_divergence
+    from tests.support.llama_oracle import kl_divergence
     return kl_divergence(p, q)
 
 
@@ -135,8 +134,8 @@ def test_bf16_checkpoint(tiny, tmp_path):
 @pytest.mark.parametrize("kind", KINDS + ["llama_256"])
 def test_llama_cpp_agrees_on_every_type(tiny, kind, ftype):
     require("llama_cpp")
-    from llama_oracle import llama_logits
-    from reference_forward import reference_logits
+    from tests.support.llama_oracle import llama_logits
+    from tests.support.reference_forward import reference_logits
 
     path = converted(tiny, kind, ftype)
     ids = source_ids(tiny, kind, TEXT)
@@ -188,7 +187,7 @@ def test_keep_override(tiny, tmp_path):
 
 # ------------------------------------------------------------------ tokenizer
 def _corpus(kind: str) -> list[str]:
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
     texts = list(TEXTS.values()) + tiny_checkpoints.CORPUS + [
         "", " ", "   leading spaces", "trailing spaces   ", "\n\nnewlines\n", "a\r\nb\tc",
         "1234567890 12 345 6789", "ÀÉÎõü ß ﬁ ℃ Ω", "中文字符和日本語のテキスト", "emoji 🙂🚀👍🏽",
@@ -204,7 +203,7 @@ def _corpus(kind: str) -> list[str]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_llama_cpp_tokenizes_like_source(tiny, kind):
     require("llama_cpp")
-    from llama_oracle import llama_tokenize
+    from tests.support.llama_oracle import llama_tokenize
     path = converted(tiny, kind, "q8_0")
     for text in _corpus(kind):
         want = source_ids(tiny, kind, text)
@@ -351,7 +350,7 @@ def test_smollm2_rebuilt_checkpoint_round_trips(smollm2_path, tmp_path):
     tokenizer metadata; the rebuilt tokenizers' ids equal edgeinfer's on the converted file."""
     require("gguf")
     import edgeinfer
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
     from tokenizers import Tokenizer
     src = tiny_checkpoints.build_from_gguf(smollm2_path, tmp_path / "smol")
     out = tmp_path / "smol.q4_1.gguf"

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from conftest import require
+from tests.support.strict import require
 from edgeinfer.backends import Batch, cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
 from edgeinfer.backends import KVPlan
@@ -495,8 +495,7 @@ def engines(smollm2_path):
 
 
 def _text_ids(eng) -> list[int]:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
 
     return eng.tokenize(TEXTS["story"])[:E2E_TOKENS]
 
@@ -654,8 +653,7 @@ TINY_RECIPES = {
 
 def _tiny_model(path: Path, arch: str, types: dict[str, str]) -> Path:
     """gguf_corpus.tiny_llama with well-formed random weights (quantized by the CPU library)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from gguf_corpus import tiny_llama
+    from tests.support.gguf_corpus import tiny_llama
 
     b = tiny_llama(arch=arch)
     rng = np.random.default_rng(zlib.crc32(path.name.encode()))
@@ -677,9 +675,8 @@ def _tiny_model(path: Path, arch: str, types: dict[str, str]) -> Path:
 @pytest.mark.parametrize("recipe", sorted(TINY_RECIPES))
 def test_fused_and_fallback_layers_match_float64_reference(recipe, tmp_path):
     """Prefill and token-by-token decode (the graph path) against the float64 forward pass."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from gguf_corpus import TINY
-    from reference_forward import reference_logits
+    from tests.support.gguf_corpus import TINY
+    from tests.support.reference_forward import reference_logits
 
     path = _tiny_model(tmp_path / f"{recipe}.gguf", *TINY_RECIPES[recipe])
     ids = [int(i) for i in np.random.default_rng(1).integers(3, TINY["n_vocab"], 21)]
@@ -700,9 +697,8 @@ def test_tiny_llama32_phi3_phi4_end_to_end_match_float64_reference(tmp_path):
     forward; the phi models at a context within their original one (short factors) and past it."""
     require("torch", "tiny checkpoints are built with torch")
     require("transformers", "tiny checkpoints are built with transformers")
-    sys.path.insert(0, str(Path(__file__).parent))
-    import tiny_checkpoints
-    from reference_forward import ReferenceModel
+    from tests.support import tiny_checkpoints
+    from tests.support.reference_forward import ReferenceModel
     from edgeinfer.convert import convert_checkpoint
 
     ids = [int(i) for i in np.random.default_rng(2).integers(3, 300, 21)]
@@ -756,9 +752,8 @@ def test_cuda_status_codes_raise_their_native_errors(tmp_path):
 @needs_gpu
 @pytest.mark.oracle
 def test_end_to_end_vs_float64_reference_as_good_as_llama_cpp(engines, smollm2_path):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from llama_oracle import compare_logits, llama_logits, text_ids
-    from reference_forward import reference_logits
+    from tests.support.llama_oracle import compare_logits, llama_logits, text_ids
+    from tests.support.reference_forward import reference_logits
 
     gpu, _ = engines
     ours, theirs = [], []
@@ -857,13 +852,12 @@ def test_attention_sliding_window(window, scale, keep_below):
 
 @needs_gpu
 def test_tiny_qwen3_and_gemma3_end_to_end_match_cpu(tmp_path):
-    """Each family (tests/tiny_checkpoints.py, converted to F16: both devices then take float
+    """Each family (tests/support/tiny_checkpoints.py, converted to F16: both devices then take float
     activations) on the CUDA runtime: prefill and token-by-token decode past gemma3's window of 16
     against our CPU path."""
     torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
     torch.set_num_threads(1)
-    sys.path.insert(0, str(Path(__file__).parent))
-    import tiny_checkpoints
+    from tests.support import tiny_checkpoints
     from edgeinfer.convert import convert_checkpoint
 
     for fam in ("qwen3", "gemma3"):

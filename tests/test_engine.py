@@ -68,7 +68,7 @@ def test_simd_levels_match_scalar_forward(smollm2_path, engine):
     the exact math and about as far from each other, so the whole model is judged by the
     distributions it predicts.
     """
-    from llama_oracle import compare_logits
+    from tests.support.llama_oracle import compare_logits
 
     ids = engine.tokenize(PROMPT + " the first books were printed in Mainz.")
     scalar = edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2, isa="scalar").logits(ids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 import edgeinfer
 
@@ -17,9 +17,9 @@ require("gguf", "the gguf package is a test dependency")
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
-from llama_oracle import compare_logits, first_divergence, llama_greedy, llama_logits, text_ids  # noqa: E402
-from reference_forward import reference_logits  # noqa: E402
-from texts import PROMPTS  # noqa: E402
+from tests.support.llama_oracle import compare_logits, first_divergence, llama_greedy, llama_logits, text_ids  # noqa: E402
+from tests.support.reference_forward import reference_logits  # noqa: E402
+from tests.support.texts import PROMPTS  # noqa: E402
 
 
 @pytest.fixture(scope="module")

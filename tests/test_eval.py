@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 from edgeinfer.errors import EdgeInferError  # noqa: E402
 from edgeinfer.tools.eval import compare_logits, evaluate, format_table  # noqa: E402
@@ -35,7 +32,7 @@ def test_compare_logits_math():
 def pair(tmp_path_factory):
     require("torch", "tiny checkpoints are built with torch")
     require("transformers", "tiny checkpoints are built with transformers")
-    import tiny_checkpoints
+    from tests.support import tiny_checkpoints
     from edgeinfer.convert import convert_checkpoint
     d = tmp_path_factory.mktemp("eval")
     src = tiny_checkpoints.build("qwen2", d / "ckpt")
@@ -47,7 +44,7 @@ def pair(tmp_path_factory):
 
 @pytest.mark.slow
 def test_evaluate_figures(pair):
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
     ref, q = pair
     same = evaluate(str(ref), str(ref), TEXTS["story"], ctx=96)
     assert same.kl_mean < 1e-9 and same.top1 == 1.0 and same.ppl_model == same.ppl_reference

@@ -1,6 +1,6 @@
 """Qwen3 and Gemma 3 from checkpoint to tokens, against transformers and llama.cpp (issue 14).
 
-Tiny random-weight checkpoints (tests/tiny_checkpoints.py: qwen3 with head_dim != width /
+Tiny random-weight checkpoints (tests/support/tiny_checkpoints.py: qwen3 with head_dim != width /
 heads and per-head Q/K norms; gemma3 with 7 layers of 5 local : 1 global, a sliding window of
 16, GeGLU, post-norms, a SentencePiece vocabulary without a dummy prefix) converted by our
 converter. One test per behaviour, looping over the families inside.
@@ -8,14 +8,11 @@ converter. One test per behaviour, looping over the families inside.
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 torch = require("torch", "tiny checkpoints are built with torch")
 tf = require("transformers", "tiny checkpoints are built with transformers")
@@ -24,8 +21,8 @@ require("sentencepiece")
 require("llama_cpp")
 require("gguf", "the gguf package is a test dependency")
 
-import tiny_checkpoints  # noqa: E402
-from llama_oracle import greedy_differences, kl_divergence, llama_logits, llama_tokenize  # noqa: E402
+from tests.support import tiny_checkpoints  # noqa: E402
+from tests.support.llama_oracle import greedy_differences, kl_divergence, llama_logits, llama_tokenize  # noqa: E402
 
 import edgeinfer  # noqa: E402
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
@@ -301,7 +298,7 @@ def test_llama_cpp_converter_output_loads(tiny, tmp_path):
     """Gemma 3 and Qwen3 files written by llama.cpp's own convert_hf_to_gguf.py load in edgeinfer
     and give the logits of ours. (The tiny Qwen3 tokenizer matches no pre-tokenizer hash in
     llama.cpp's table, so it is named, "qwen2", as convert_hf_to_gguf_update.py would add it.)"""
-    from llama_cpp_convert import convert
+    from tests.support.llama_cpp_convert import convert
     for fam, pre, window in (("gemma3", None, 16), ("qwen3", "qwen2", 0)):
         d, files = tiny[fam]
         out = convert(d, tmp_path / f"{fam}.lcpp.gguf", "f32", tmp_path, pre=pre)

@@ -1,6 +1,6 @@
 """Issue 14's checks for Llama 3.2 (llama3 RoPE scaling, tied head, Llama 3 template) and
 Phi-3.5 / Phi-4-mini (phi3: fused q/k/v and gate/up, partial rotary, LongRoPE), each on a tiny
-random-weight transformers model (tests/tiny_checkpoints.py):
+random-weight transformers model (tests/support/tiny_checkpoints.py):
 
 * our F32 GGUF's logits against transformers: at most 1.5x llama.cpp's own difference on the
   same file, and within 1e-3 where llama.cpp is;
@@ -16,14 +16,11 @@ random-weight transformers model (tests/tiny_checkpoints.py):
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 torch = require("torch", "tiny checkpoints are built with torch")
 tf = require("transformers", "tiny checkpoints are built with transformers")
@@ -31,7 +28,7 @@ require("tokenizers")
 require("sentencepiece")
 require("llama_cpp")
 
-import tiny_checkpoints  # noqa: E402
+from tests.support import tiny_checkpoints  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -105,7 +102,7 @@ def test_f32_logits_vs_transformers_as_close_as_llama_cpp(fam):
 
 
 def test_q8_0_kl_vs_llama_cpp(fam):
-    from llama_oracle import kl_divergence, llama_logits
+    from tests.support.llama_oracle import kl_divergence, llama_logits
     for k in FAMILIES:
         path = fam[k]["q8_0"]
         ids = _ids(80)
@@ -121,7 +118,7 @@ def test_greedy_32_tokens_identical_to_llama_cpp(tmp_path):
     """32 greedy tokens on the Q8_0 file, identical to llama.cpp's, from five pieces of the
     sequence each tiny model was trained on (tiny_checkpoints.memorize: random weights' flat
     logits would leave near ties to the two runtimes' rounding)."""
-    from llama_oracle import greedy_differences
+    from tests.support.llama_oracle import greedy_differences
     for k in FAMILIES:
         d = tiny_checkpoints.build(k, tmp_path / k)
         seq = tiny_checkpoints.memorize(d)
@@ -134,8 +131,8 @@ def test_greedy_32_tokens_identical_to_llama_cpp(tmp_path):
 
 
 def test_llama_cpp_converter_output_loads_and_agrees(fam, tmp_path):
-    from llama_cpp_convert import convert
-    from llama_oracle import llama_logits
+    from tests.support.llama_cpp_convert import convert
+    from tests.support.llama_oracle import llama_logits
     for k in FAMILIES:
         theirs_file = convert(fam[k]["dir"], tmp_path / f"{k}.lcpp.f32.gguf", "f32", fam["root"],
                               pre=None if k == "phi3" else "llama-bpe")
@@ -160,7 +157,7 @@ def test_longrope_factors_follow_the_context(fam, tmp_path):
     original 256 (and 4096 positions) puts llama.cpp on both sides."""
     import json
     import shutil
-    from reference_forward import ReferenceModel
+    from tests.support.reference_forward import ReferenceModel
     for k in ("phi3", "phi4"):
         with GGUFFile(fam[k]["f32"]) as f:
             orig = f.metadata["phi3.rope.scaling.original_context_length"]
@@ -196,7 +193,7 @@ def test_chat_templates_render_and_tokenize_as_the_oracles(fam):
     (which also supplies strftime_now: the Llama 3.2 header's date is today's in both), ids as
     llama.cpp tokenizes that text with special tokens parsed, and the end-of-turn token ends
     generation."""
-    from llama_oracle import llama_tokenize
+    from tests.support.llama_oracle import llama_tokenize
     from transformers import AutoTokenizer
     msgs = [{"role": "system", "content": "Be brief. "}, {"role": "user", "content": "Hello there"},
             {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "Tell me a story."}]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 from edgeinfer._native import ffi, lib
 

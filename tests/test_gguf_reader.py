@@ -9,7 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 import edgeinfer
 from edgeinfer.errors import GGUFError, ModelNotFoundError
@@ -24,7 +24,7 @@ from edgeinfer.gguf import (
 from edgeinfer.gguf import reader as reader_mod
 from edgeinfer.model.config import ModelConfig
 
-from gguf_corpus import (
+from tests.support.gguf_corpus import (
     ARRAY,
     FLOAT32,
     FLOAT64,
@@ -32,7 +32,6 @@ from gguf_corpus import (
     STRING,
     UINT8,
     UINT16,
-    UINT32,
     UINT64,
     malformed_corpus,
     tiny_llama,

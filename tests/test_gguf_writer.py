@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import require
+from tests.support.strict import require
 from edgeinfer.errors import GGUFError
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.types import GGMLType as T

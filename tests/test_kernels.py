@@ -22,7 +22,7 @@ import zlib
 import cffi
 import numpy as np
 import pytest
-from conftest import missing, require
+from tests.support.strict import missing, require
 
 gguf = require("gguf", "gguf.quants is the kernels' oracle")
 import gguf.quants as gq  # noqa: E402

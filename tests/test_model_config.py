@@ -8,7 +8,7 @@ from edgeinfer.gguf import GGMLType, GGUFFile
 from edgeinfer.arch import ARCHS
 from edgeinfer.model.config import ModelConfig
 
-from gguf_corpus import F64, FLOAT32, INT32, Q8_0, STRING, UINT32, GGUFBuilder, tiny_llama
+from tests.support.gguf_corpus import F64, FLOAT32, INT32, Q8_0, STRING, UINT32, GGUFBuilder, tiny_llama
 
 
 def _config(tmp_path, b: GGUFBuilder, name: str = "m") -> ModelConfig:

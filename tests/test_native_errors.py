@@ -15,7 +15,7 @@ from edgeinfer.errors import (InvalidArgumentError, NativeError, NativeOutOfMemo
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from gguf_corpus import tiny_llama
+    from tests.support.gguf_corpus import tiny_llama
 
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     path.write_bytes(tiny_llama().build())

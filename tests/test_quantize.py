@@ -7,7 +7,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 from edgeinfer.convert.quantize import can_quantize, quantize, row_nbytes
 from edgeinfer.convert.recipe import FILE_TYPES, Recipe, parse_keep, use_more_bits

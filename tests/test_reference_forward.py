@@ -1,4 +1,4 @@
-"""The exact-math oracle (tests/reference_forward.py) and the llama.cpp harness.
+"""The exact-math oracle (tests/support/reference_forward.py) and the llama.cpp harness.
 
 (a) On the real model, the float64 reference agrees with llama.cpp on the
     evaluation texts (top-1 >= 90 %, mean KL(exact || llama.cpp) <= 0.02).
@@ -13,11 +13,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
-from llama_oracle import compare_logits, first_divergence, kl_divergence, top1_agreement
-from reference_forward import ReferenceModel, get_reference_model, reference_logits
-from texts import PROMPTS, TEXTS
+from tests.support.llama_oracle import compare_logits, first_divergence, kl_divergence, top1_agreement
+from tests.support.reference_forward import ReferenceModel, get_reference_model, reference_logits
+from tests.support.texts import PROMPTS
 
 
 def _need_llama():
@@ -169,7 +169,7 @@ def test_reference_vs_slow_loop(tmp_path, arch, tied):
 @pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False)])
 def test_tiny_reference_agrees_with_llama_cpp(tmp_path, arch, tied):
     _need_llama()
-    from llama_oracle import llama_logits
+    from tests.support.llama_oracle import llama_logits
 
     path = tmp_path / f"tiny-{arch}.gguf"
     _write_tiny_gguf(path, arch, seed=1, tied=tied)
@@ -196,7 +196,7 @@ def test_reference_rejects_unknown_arch(tmp_path):
 @pytest.mark.slow
 def test_texts_are_long_enough(smollm2_path):
     _need_llama()
-    from llama_oracle import text_ids
+    from tests.support.llama_oracle import text_ids
 
     for name, ids in text_ids(smollm2_path).items():
         assert len(ids) >= 256, f"text {name!r} has only {len(ids)} tokens"
@@ -206,7 +206,7 @@ def test_texts_are_long_enough(smollm2_path):
 @pytest.mark.slow
 def test_exact_math_agrees_with_llama_cpp(smollm2_path):
     _need_llama()
-    from llama_oracle import llama_logits, text_ids
+    from tests.support.llama_oracle import llama_logits, text_ids
 
     m = get_reference_model(smollm2_path)
     assert (m.arch, m.n_layer, m.n_embd, m.n_vocab, m.tied_output) == ("llama", 30, 576, 49152, True)
@@ -239,7 +239,7 @@ def test_exact_math_agrees_with_llama_cpp(smollm2_path):
 def test_llama_greedy_helper(smollm2_path):
     """The greedy helper continues its own argmax (sanity of the harness, not of edgeinfer)."""
     _need_llama()
-    from llama_oracle import llama_greedy, llama_logits, llama_tokenize
+    from tests.support.llama_oracle import llama_greedy, llama_logits, llama_tokenize
 
     prompt = llama_tokenize(smollm2_path, PROMPTS[0])
     gen = llama_greedy(smollm2_path, prompt, 8)

@@ -4,7 +4,7 @@ A sequence three times longer than the ring is teacher-forced through the engine
 scheduler feeds a long prompt (chunks up to the ring's last cell, then slack + 1 tokens per
 step once it wraps, written ahead into the slack cells). Past the wrap, each token attends to
 the n_sink pinned cells and the last (capacity - n_sink) positions, every key rotated at its
-true position, older cells masked (edgeinfer/engine/kv.py, native ei_forward). The reference (tests/reference_forward.py, ring=...) computes exactly that
+true position, older cells masked (edgeinfer/engine/kv.py, native ei_forward). The reference (tests/support/reference_forward.py, ring=...) computes exactly that
 attention in float64; it must agree with the engine as closely as the full-context reference
 agrees with it inside the ring (test_engine_accuracy.py: top-1 >= 90%, mean KL <= 0.02).
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 import edgeinfer
 from edgeinfer.backends import Batch
-from llama_oracle import compare_logits
-from reference_forward import get_reference_model
-from texts import TEXTS
+from tests.support.llama_oracle import compare_logits
+from tests.support.reference_forward import get_reference_model
+from tests.support.texts import TEXTS
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The continuous-batching scheduler: batch invariance, prefix reuse, cancellation, the bounded
-queue -- on the real model, and on a fake backend (tests/fake_backend.py) that pins down its
+queue -- on the real model, and on a fake backend (tests/support/fake_backend.py) that pins down its
 batching decisions without one."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
-import fake_backend as fb
+from tests.support import fake_backend as fb
 from edgeinfer.backends.base import KVPlan
 from edgeinfer.engine.generation import DoneEvent, Generation
 from edgeinfer.engine.kv import KVRing
@@ -128,7 +128,7 @@ def test_logprobs_and_max_tokens_zero(smollm2_path):
 
 
 # --------------------------------------------------------------------------- on a fake backend
-# tests/fake_backend.py: deterministic logits from the tokens a row attends to, no model.
+# tests/support/fake_backend.py: deterministic logits from the tokens a row attends to, no model.
 
 FAKE_GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 FAKE_PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [5, 6, 7, 30], [20], [21, 22, 23, 24, 25]]

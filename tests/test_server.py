@@ -15,7 +15,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 import edgeinfer
 from edgeinfer.server import ServerThread

@@ -11,14 +11,14 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 import edgeinfer
 import edgeinfer.errors
 from edgeinfer.backends.base import Batch
 from edgeinfer.server import ServerThread
 from edgeinfer.server.app import _sibling_seeds
-from test_server import _free_port, request, wait_idle, wait_ready
+from tests.test_server import _free_port, request, wait_idle, wait_ready
 
 openai = require("openai", "the openai client is the server's oracle")
 parser = require("prometheus_client.parser", "prometheus-client parses /metrics")

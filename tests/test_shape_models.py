@@ -9,10 +9,9 @@ import importlib.util
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import missing, require
+from tests.support.strict import missing, require
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 import edgeinfer
-import fake_backend as fb
+from tests.support import fake_backend as fb
 from edgeinfer.backends.base import KVPlan
 from edgeinfer.engine.generation import Generation
 from edgeinfer.engine.kv import KVRing, slack_cells
@@ -24,7 +24,7 @@ from edgeinfer.engine.runner import Runner
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.scheduler import Scheduler
 from edgeinfer.engine.speculative import PromptLookup, SlotSpec, SpecPolicy
-from texts import PROMPTS, TEXTS
+from tests.support.texts import PROMPTS, TEXTS
 
 
 
@@ -342,7 +342,7 @@ def test_greedy_speculative_equals_plain_across_a_ring_slide(target_and_draft):
 # --------------------------------------------------------------------------- temperature > 0
 
 def _tiny_path(tmp_path) -> Path:
-    from gguf_corpus import tiny_llama
+    from tests.support.gguf_corpus import tiny_llama
 
     p = tmp_path / "tiny.gguf"
     p.write_bytes(tiny_llama().build())

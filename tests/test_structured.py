@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 import edgeinfer
 from edgeinfer.engine import constraint as C
@@ -102,7 +102,7 @@ def test_masks_are_computed_on_the_worker_thread(engine, monkeypatch):
 
 
 def _fake_scheduler(max_topk=0):
-    import fake_backend as fb
+    from tests.support import fake_backend as fb
     from edgeinfer.backends.base import KVPlan
     from edgeinfer.engine.kv import KVRing
     from edgeinfer.engine.runner import Runner
@@ -143,7 +143,7 @@ def test_mask_is_computed_while_the_forward_runs():
 
 def test_constrained_sequences_skip_the_device_top_k():
     """The device top-k cannot see a mask or a bias: such sequences get whole rows."""
-    import fake_backend as fb
+    from tests.support import fake_backend as fb
     from edgeinfer.engine.generation import Generation
     from edgeinfer.engine.sampling import SamplingParams
     sched, rt = _fake_scheduler(max_topk=8)
@@ -480,7 +480,7 @@ Call one as <tool_call>
 def tools_model(tmp_path_factory):
     """A tiny random-weight Qwen2 converted with a template that takes tools (Hermes calls)."""
     require("torch", "the tiny checkpoint is built with torch")
-    import tiny_checkpoints
+    from tests.support import tiny_checkpoints
     from edgeinfer.convert.converter import convert_checkpoint
     root = tmp_path_factory.mktemp("tools_ckpt")
     d = tiny_checkpoints.build("qwen2", root / "qwen2")

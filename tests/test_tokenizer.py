@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import require
+from tests.support.strict import require
 
 from edgeinfer.gguf.reader import GGUFFile
 from edgeinfer.text.tokenizer import StreamDecoder, Tokenizer, TokenType

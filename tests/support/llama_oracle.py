@@ -1,13 +1,13 @@
 """Helpers around llama-cpp-python (the llama.cpp oracle) plus comparison metrics.
 
 llama.cpp objects are cached per model path (loading costs time).  Tests that
-need llama.cpp should call ``require("llama_cpp", ...)`` (conftest.py)
+need llama.cpp should call ``require("llama_cpp", ...)`` (tests/support/strict.py)
 first; the metric functions here need only numpy.
 
 Typical use in a test::
 
-    from llama_oracle import text_ids, llama_logits, kl_divergence, top1_agreement
-    from reference_forward import reference_logits
+    from tests.support.llama_oracle import text_ids, llama_logits, kl_divergence, top1_agreement
+    from tests.support.reference_forward import reference_logits
     for name, ids in text_ids(path).items():
         exact = reference_logits(path, ids)
         kl_llama = kl_divergence(exact, llama_logits(path, ids)).mean()
@@ -112,9 +112,9 @@ def llama_greedy(path, prompt_ids, n: int, stop_at_eos: bool = False) -> list[in
 
 
 def text_ids(path, texts: dict[str, str] | None = None, add_bos: bool = True) -> dict[str, list[int]]:
-    """The evaluation texts (tests/texts.py) tokenized by llama.cpp: {name: ids}."""
+    """The evaluation texts (tests/support/texts.py) tokenized by llama.cpp: {name: ids}."""
     if texts is None:
-        from texts import TEXTS as texts  # noqa: N811
+        from tests.support.texts import TEXTS as texts  # noqa: N811
     return {name: llama_tokenize(path, t, add_bos=add_bos, special=False) for name, t in texts.items()}
 
 

@@ -97,9 +97,7 @@ GEMMA3_TEMPLATE = (
 
 
 def _corpus():
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
-    from texts import TEXTS
+    from tests.support.texts import TEXTS
     return CORPUS * 3 + list(TEXTS.values())
 
 
