@@ -131,10 +131,11 @@ def test_sensitivity_matrices_equal_torch_autograd(tiny, kind):
     for w, dz in zip(windows, rec["dz"]):
         logits = model(torch.tensor([w])).logits[0]
         logits.backward(torch.from_numpy(dz))
-    for name, pairs in io.items():
-        got[name] = sum((g * g).T @ (x * x) for g, x in pairs)
-    head = "model.embed_tokens.weight" if hp.tied_output else "lm_head.weight"
-    got[head] = got.pop("lm_head.weight")
+    tmap = TensorMap(hp)
+    for name, pairs in io.items():      # in GGUF names and row order (the Q/K permutation)
+        s = sum((g * g).T @ (x * x) for g, x in pairs)
+        f = tmap.transform(name)
+        got[tmap.gguf_name(name) or "token_embd.weight"] = s if f is None else f(s)
     assert set(got) == set(rec["S"])
     for name, s in rec["S"].items():
         err = float(np.abs(s - got[name]).max() / np.abs(got[name]).max())
