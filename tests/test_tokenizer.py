@@ -535,8 +535,8 @@ def test_word_cache_bounds_the_bpe_work(smollm2_meta, monkeypatch):
     than words on a first pass over 10 KB of code, none on a second pass."""
     tok = Tokenizer.from_metadata(smollm2_meta)
     runs = []
-    bpe_word = tok._bpe_word
-    monkeypatch.setattr(tok, "_bpe_word", lambda word: runs.append(word) or bpe_word(word))
+    word_ids = tok.algorithm.word_ids
+    monkeypatch.setattr(tok.algorithm, "word_ids", lambda word: runs.append(word) or word_ids(word))
     text = (Path(__file__).read_text(encoding="utf-8") * 2)[:10_000]
     first = tok.encode(text)
     assert len(runs) == len(set(runs)) and len(runs) < len(first) / 2, (len(runs), len(first))
