@@ -6,8 +6,8 @@ CMakeLists.txt runs this at build time and compiles OUT.c with native/src/*.c
 (its flags live there). The declarations come from native/include/edgeinfer.h
 itself, so the compiler checks the C API against what Python calls.
 """
+import importlib.util
 import os
-import re
 import sys
 
 from cffi import FFI
@@ -17,17 +17,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HEADERS = [os.path.join(HERE, "include", h) for h in ("edgeinfer_roles.h", "edgeinfer.h")]
 
 
-def cdef_from_header(path: str) -> str:
-    """The header minus preprocessor lines (continued ones included) and C++ guards: what
-    cffi can parse."""
-    text = open(path, encoding="utf-8").read().replace("\\\n", " ")
-    text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+def _cdefs():
+    """edgeinfer/backends/cdefs.py, loaded by path: the package cannot be imported before its
+    extension is built."""
+    spec = importlib.util.spec_from_file_location(
+        "edgeinfer_cdefs", os.path.join(HERE, "..", "edgeinfer", "backends", "cdefs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 ffibuilder = FFI()
-ffibuilder.cdef("\n".join(cdef_from_header(h) for h in HEADERS))
+ffibuilder.cdef("\n".join(_cdefs().cdef_from_header(h) for h in HEADERS))
 ffibuilder.set_source("edgeinfer._native_ext", '#include "edgeinfer.h"')
 
 if __name__ == "__main__":

@@ -170,13 +170,13 @@ def test_c_model_follows_the_qkv_bias_flag():
     keep: list = []
     m = _c_model(1)
     assert set(_set_all(m, keep, bias=False)) == {lib.EI_OK}
-    assert lib.ei_model_finalize(m) == lib.EI_ERR_INVALID_ARG and "attn_q.bias" in _err()
+    assert lib.ei_model_finalize(m) == lib.EI_ERR_INVALID_ARG and "missing tensor attn_q_bias" in _err()
     m = _c_model(1)
     assert set(_set_all(m, keep, bias=True)) == {lib.EI_OK}
     assert lib.ei_model_finalize(m) == lib.EI_OK
     m = _c_model(0)
     st = _set_all(m, keep, bias=True)
-    assert st[-3:] == [lib.EI_ERR_INVALID_ARG] * 3 and "without them" in _err()
+    assert st[-3:] == [lib.EI_ERR_INVALID_ARG] * 3 and "configured without it" in _err()
     assert lib.ei_model_finalize(m) == lib.EI_OK
     c = ffi.new("ei_model_config *", {"n_layer": 1, "n_embd": 8, "n_head": 2, "n_head_kv": 1,
                                       "head_dim": 4, "n_ff": 16, "n_vocab": 10, "rope_dim": 4,

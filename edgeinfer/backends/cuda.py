@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,24 +18,17 @@ import numpy as np
 from .._native import check as _check
 from ..errors import EdgeInferError
 from .base import Batch, Capabilities, KVPlan, require_kv_type
+from .cdefs import cdef_from_header
 
 log = logging.getLogger("edgeinfer")
 
 LIB_NAME = "libedgeinfer_cuda.so"
 
 # The C API as cffi declarations, parsed from the headers the library is built from: the build
-# (CMakeLists.txt) copies them into backends/include/ (tests/test_cuda.py checks the copies).
+# (CMakeLists.txt) copies them and the role list edgeinfer_roles.h expands (cdefs.LAYOUT_DEF)
+# into backends/include/ (tests/test_cuda.py checks the copies).
 HEADERS = tuple(Path(__file__).with_name("include") / h
                 for h in ("edgeinfer_roles.h", "edgeinfer.h", "edgeinfer_cuda.h"))
-
-
-def cdef_from_header(path: Path) -> str:
-    """The header minus comments, preprocessor lines (continued ones too) and C++ guards: what
-    cffi can parse (as native/build_ffi.py does for the CPU extension)."""
-    text = path.read_text(encoding="utf-8").replace("\\\n", " ")   # continued macro lines
-    text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
 @dataclass(frozen=True)

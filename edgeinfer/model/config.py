@@ -74,6 +74,11 @@ class ModelConfig(HeadDims):
     def has_output(self) -> bool:
         return not self.tied_output
 
+    @property
+    def act_gelu(self) -> bool:
+        """The native config's activation flag: GeGLU (tanh GELU) rather than SwiGLU."""
+        return self.act == "gelu_tanh"
+
     def is_local_layer(self, layer: int) -> bool:
         """Is `layer` a sliding-window layer (attends to the last swa_window positions only)?"""
         return _is_local(layer, self.swa_window, self.swa_pattern)

@@ -18,17 +18,11 @@ def c_role(role: str) -> int:
 
 
 def fill_config(c, cfg: ModelConfig) -> None:
-    """Fills an ei_model_config struct (of any cffi instance: the CPU's or the CUDA library's)."""
-    c.n_layer, c.n_embd, c.n_head, c.n_head_kv = cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv
-    c.head_dim, c.n_ff, c.n_vocab = cfg.head_dim, cfg.n_ff, cfg.n_vocab
-    c.rope_dim, c.rope_neox, c.has_qkv_bias = cfg.rope_dim, int(cfg.rope_neox), int(cfg.has_qkv_bias)
-    c.rope_theta, c.rope_freq_scale, c.rms_eps = cfg.rope_theta, cfg.rope_freq_scale, cfg.rms_eps
-    # Qwen3 / Gemma 3
-    c.has_qk_norm, c.has_post_norms = int(cfg.has_qk_norm), int(cfg.has_post_norms)
-    c.act_gelu = int(cfg.act == "gelu_tanh")
-    c.embd_scale, c.attn_scale, c.final_softcap = cfg.embd_scale, cfg.attn_scale, cfg.final_softcap
-    c.swa_window, c.swa_pattern, c.rope_theta_local = cfg.swa_window, cfg.swa_pattern, cfg.rope_theta_local
-    c.rope_attn_factor = cfg.rope_attn_factor
+    """Fills an ei_model_config struct (of any cffi instance: the CPU's or the CUDA library's)
+    field by field from the ModelConfig attribute of the same name, so a field added to the C
+    struct needs only that attribute (flags go over as 0 / 1)."""
+    for name, _ in ffi.typeof(c).item.fields:
+        setattr(c, name, getattr(cfg, name))
 
 
 class Part(NamedTuple):

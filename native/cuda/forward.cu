@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "edgeinfer_layout.h"
 #include "kernels.cuh"
 
 static thread_local char g_err[1024];
@@ -101,23 +102,12 @@ enum { MAX_GRAPH_TOKENS = 16, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1
  * layers' ring their cells and n_cells. */
 #define EIC_BATCH_ARRAYS 8
 
-typedef struct {
-    const void *data;   /* device pointer; NULL when absent */
-    int type;
-    int64_t ne0, ne1;
-} dweight;
-
-typedef struct {
-    dweight attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
-    dweight q_norm, k_norm, attn_post_norm, ffn_post_norm;   /* Qwen3 / Gemma 3; NULL when absent */
-} dlayer;
-
 struct ei_cuda_runtime {
     ei_model_config cfg;
     ei_cuda_params p;
     cudaStream_t stream;
-    dweight tok_embd, output_norm, output, rope_freqs;
-    dlayer *layers;
+    ei_globals globals;        /* weights: device pointers into w_arena */
+    ei_layer *layers;
     void *w_arena;
     ei_cuda_sizes sizes;
 
@@ -149,41 +139,9 @@ static int32_t *batch_arr(const ei_cuda_runtime *rt, int32_t *base, int i) {
     return base + (size_t)i * rt->p.max_batch;
 }
 
-static dweight *global_slot(ei_cuda_runtime *rt, int role) {
-    switch (role) {
-    case EI_T_TOKEN_EMBD: return &rt->tok_embd;
-    case EI_T_OUTPUT_NORM: return &rt->output_norm;
-    case EI_T_OUTPUT: return &rt->output;
-    case EI_T_ROPE_FREQS: return &rt->rope_freqs;
-    default: return NULL;
-    }
-}
-
-static dweight *layer_slot(dlayer *L, int role) {
-    switch (role) {
-    case EI_T_ATTN_NORM: return &L->attn_norm;
-    case EI_T_ATTN_Q: return &L->wq;
-    case EI_T_ATTN_K: return &L->wk;
-    case EI_T_ATTN_V: return &L->wv;
-    case EI_T_ATTN_Q_BIAS: return &L->bq;
-    case EI_T_ATTN_K_BIAS: return &L->bk;
-    case EI_T_ATTN_V_BIAS: return &L->bv;
-    case EI_T_ATTN_OUTPUT: return &L->wo;
-    case EI_T_FFN_NORM: return &L->ffn_norm;
-    case EI_T_FFN_GATE: return &L->w_gate;
-    case EI_T_FFN_UP: return &L->w_up;
-    case EI_T_FFN_DOWN: return &L->w_down;
-    case EI_T_ATTN_Q_NORM: return &L->q_norm;
-    case EI_T_ATTN_K_NORM: return &L->k_norm;
-    case EI_T_ATTN_POST_NORM: return &L->attn_post_norm;
-    case EI_T_FFN_POST_NORM: return &L->ffn_post_norm;
-    default: return NULL;
-    }
-}
-
 /* Device bytes of a tensor: vectors are stored as f32, matrices as they are. */
 static int64_t dev_bytes(const ei_cuda_tensor *t) {
-    if (EI_ROLE_IS_VECTOR(t->role)) return t->ne0 * t->ne1 * 4;
+    if (ei_role_is_vector(t->role)) return t->ne0 * t->ne1 * 4;
     int e, b;
     if (!eic_type_block(t->type, &e, &b)) return -1;
     const int64_t row = eic_row_bytes(t->type, t->ne0);
@@ -210,44 +168,6 @@ static void drop_pages(const void *p, size_t n) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
-static ei_status check_shape(const char *what, const dweight *w, int64_t ne0, int64_t ne1, int required) {
-    if (!w->data) return required ? eic_fail(EI_ERR_INVALID_ARG, "missing tensor %s", what) : EI_OK;
-    if (w->ne0 != ne0 || w->ne1 != ne1)
-        return eic_fail(EI_ERR_INVALID_ARG, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", what,
-                        (long long)w->ne0, (long long)w->ne1, (long long)ne0, (long long)ne1);
-    return EI_OK;
-}
-
-static ei_status check_model(const ei_cuda_runtime *rt) {
-    const ei_model_config *c = &rt->cfg;
-    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
-    ei_status st;
-    if ((st = check_shape("token_embd", &rt->tok_embd, d, c->n_vocab, 1))) return st;
-    if ((st = check_shape("output_norm", &rt->output_norm, d, 1, 1))) return st;
-    if ((st = check_shape("output", &rt->output, d, c->n_vocab, 0))) return st;
-    if ((st = check_shape("rope_freqs", &rt->rope_freqs, c->rope_dim / 2, 1, 0))) return st;
-    for (int l = 0; l < c->n_layer; l++) {
-        const dlayer *L = &rt->layers[l];
-        char nm[64];
-#define CK(field, a, b, req)                                        \
-    snprintf(nm, sizeof nm, "blk.%d." #field, l);                   \
-    if ((st = check_shape(nm, &L->field, a, b, req)) != EI_OK) return st;
-        CK(attn_norm, d, 1, 1) CK(wq, d, qd, 1) CK(wk, d, kvd, 1) CK(wv, d, kvd, 1)
-        CK(bq, qd, 1, c->has_qkv_bias) CK(bk, kvd, 1, c->has_qkv_bias) CK(bv, kvd, 1, c->has_qkv_bias)
-        CK(wo, qd, d, 1) CK(ffn_norm, d, 1, 1) CK(w_gate, d, c->n_ff, 1) CK(w_up, d, c->n_ff, 1)
-        CK(w_down, c->n_ff, d, 1)
-        CK(q_norm, c->head_dim, 1, c->has_qk_norm) CK(k_norm, c->head_dim, 1, c->has_qk_norm)
-        CK(attn_post_norm, d, 1, c->has_post_norms) CK(ffn_post_norm, d, 1, c->has_post_norms)
-#undef CK
-        if ((!c->has_qk_norm && (L->q_norm.data || L->k_norm.data)) ||
-            (!c->has_post_norms && (L->attn_post_norm.data || L->ffn_post_norm.data)))
-            return eic_fail(EI_ERR_INVALID_ARG, "blk.%d: norm weights for a model configured without them", l);
-        if (!c->has_qkv_bias && (L->bq.data || L->bk.data || L->bv.data))
-            return eic_fail(EI_ERR_INVALID_ARG, "blk.%d: q/k/v biases for a model configured without them", l);
-    }
-    return EI_OK;
 }
 
 extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
@@ -281,14 +201,9 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: null argument");
     *out = NULL;
     const ei_model_config *c = cfg;
-    if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->n_head_kv < 1 || c->n_head % c->n_head_kv ||
-        c->head_dim < 2 || c->n_ff < 1 || c->n_vocab < 1 || c->rope_dim < 0 || c->rope_dim > c->head_dim ||
-        c->rope_dim % 2 || (c->rope_neox != 0 && c->rope_neox != 1) ||
-        (c->has_qkv_bias != 0 && c->has_qkv_bias != 1) || (c->has_qk_norm != 0 && c->has_qk_norm != 1) ||
-        (c->has_post_norms != 0 && c->has_post_norms != 1) || (c->act_gelu != 0 && c->act_gelu != 1) ||
-        !(c->embd_scale >= 0) || !(c->attn_scale >= 0) || !(c->final_softcap >= 0) || !(c->rope_theta_local >= 0) ||
-        c->swa_window < 0 || c->swa_pattern < 0)
-        return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration");
+    char msg[256];
+    if (ei_config_check(c, msg, sizeof msg) != EI_OK)
+        return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration: %s", msg);
     if (c->head_dim > EIC_MAX_HEAD_DIM || c->n_head / c->n_head_kv > EIC_MAX_GROUP)
         return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d and GQA groups <= %d (got %d, %d)",
                         EIC_MAX_HEAD_DIM, EIC_MAX_GROUP, c->head_dim, c->n_head / c->n_head_kv);
@@ -306,7 +221,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         const ei_cuda_tensor *t = &tensors[i];
         if (!t->data || t->ne0 < 1 || t->ne1 < 1)
             return eic_fail(EI_ERR_INVALID_ARG, "tensor %d (role %d): null data or bad shape", i, t->role);
-        if (EI_ROLE_IS_VECTOR(t->role) && t->type != EI_TYPE_F32 && t->type != EI_TYPE_F16 && t->type != EI_TYPE_BF16)
+        if (ei_role_is_vector(t->role) && t->type != EI_TYPE_F32 && t->type != EI_TYPE_F16 && t->type != EI_TYPE_BF16)
             return eic_fail(EI_ERR_UNSUPPORTED, "tensor %d (role %d): type %d for a vector", i, t->role, t->type);
         const int64_t b = dev_bytes(t);
         if (b <= 0)
@@ -321,7 +236,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
                                     ? c->swa_window + p->max_batch - 1 : 0;
     int n_local = 0;
     for (int l = 0; local_cells && l < c->n_layer; l++)
-        n_local += c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0;
+        n_local += ei_layer_is_local(c, l);
     const size_t kv_elems = (size_t)p->n_slots * (c->n_layer - n_local) * kvd * (size_t)p->n_ctx;
     const size_t kv_elems_l = (size_t)p->n_slots * n_local * kvd * (size_t)(local_cells ? local_cells : 1);
     const size_t kv_bytes = 2 * al256(kv_elems * 2) + (n_local ? 2 * al256(kv_elems_l * 2) : 0);
@@ -377,7 +292,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     rt->max_chunks = max_chunks;
     rt->attn_tokens = (int32_t)attn_tokens;
     rt->graphs_broken = !p->use_graphs;
-    rt->layers = (dlayer *)calloc((size_t)c->n_layer, sizeof(dlayer));
+    rt->layers = (ei_layer *)calloc((size_t)c->n_layer, sizeof(ei_layer));
     rt->h_cell_pos = (int32_t *)malloc((size_t)p->n_slots * p->n_ctx * sizeof(int32_t));
     rt->h_n_used = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
     rt->kv_index = (int32_t *)calloc((size_t)c->n_layer, sizeof(int32_t));
@@ -397,7 +312,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     {
         int ng = 0, nl = 0;
         for (int l = 0; l < c->n_layer; l++)
-            rt->kv_index[l] = n_local && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0) ? nl++ : ng++;
+            rt->kv_index[l] = n_local && ei_layer_is_local(c, l) ? nl++ : ng++;
     }
 
 #define DALLOC(ptr, bytes)                                                                       \
@@ -461,14 +376,13 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         uint8_t *at = (uint8_t *)rt->w_arena;
         for (int32_t i = 0; i < n_tensors; i++) {
             const ei_cuda_tensor *t = &tensors[i];
-            dweight *w = t->layer < 0 ? global_slot(rt, t->role)
-                         : t->layer < c->n_layer ? layer_slot(&rt->layers[t->layer], t->role) : NULL;
+            ei_weight *w = ei_weight_slot(&rt->globals, rt->layers, c->n_layer, t->layer, t->role);
             if (!w) {
                 st = eic_fail(EI_ERR_INVALID_ARG, "tensor %d: role %d at layer %d is not a known role", i, t->role, t->layer);
                 goto fail;
             }
             const size_t b = (size_t)dev_bytes(t);
-            if (EI_ROLE_IS_VECTOR(t->role)) {   /* small: converted to f32 on the host */
+            if (ei_role_is_vector(t->role)) {   /* small: converted to f32 on the host */
                 const int64_t n = t->ne0 * t->ne1;
                 float *tmp = (float *)malloc((size_t)n * 4);
                 if (!tmp) {
@@ -499,7 +413,10 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
             at += al256(b);
         }
     }
-    if ((st = check_model(rt)) != EI_OK) goto fail;
+    if ((st = ei_layout_check(c, &rt->globals, rt->layers, msg, sizeof msg)) != EI_OK) {
+        eic_fail(st, "%s", msg);
+        goto fail;
+    }
     /* The memsets and uploads above ran on the legacy default stream: cudaMemset is
      * asynchronous and a pageable cudaMemcpy may return before its DMA lands, while
      * rt->stream is cudaStreamNonBlocking (no implicit ordering with stream 0). Wait
@@ -606,7 +523,7 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     int32_t *tokens = batch_arr(rt, rt->d_batch, 0), *slots = batch_arr(rt, rt->d_batch, 1);
     int32_t *pos = batch_arr(rt, rt->d_batch, 2), *cells = batch_arr(rt, rt->d_batch, 3);
     int32_t *ncells = batch_arr(rt, rt->d_batch, 4), *orows = batch_arr(rt, rt->d_batch, 5);
-    const float *freqs = (const float *)rt->rope_freqs.data;
+    const float *freqs = (const float *)rt->globals.rope_freqs.data;
     int32_t *cells_l = batch_arr(rt, rt->d_batch, 6), *ncells_l = batch_arr(rt, rt->d_batch, 7);
 
     LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, c->rope_attn_factor, rt->rope_cos, rt->rope_sin,
@@ -618,11 +535,11 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
         LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta, 1.0f,
                             NULL, c->rope_attn_factor, rt->rope_cos_l, rt->rope_sin_l,
                             NULL, slots, cells, rt->p.n_ctx));
-    LCK(eic_embed(s, rt->tok_embd.type, rt->tok_embd.data, d, tokens, T, rt->x));
+    LCK(eic_embed(s, rt->globals.tok_embd.type, rt->globals.tok_embd.data, d, tokens, T, rt->x));
     if (c->embd_scale > 0 && c->embd_scale != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, c->embd_scale));
     for (int l = 0; l < c->n_layer; l++) {
-        const dlayer *L = &rt->layers[l];
-        const int local = c->swa_window > 0 && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
+        const ei_layer *L = &rt->layers[l];
+        const int local = ei_layer_is_local(c, l);
         const eic_qk_norm qkn = {(const float *)L->q_norm.data, (const float *)L->k_norm.data, c->rms_eps};
         const float *rc = local && rt->rope_cos_l ? rt->rope_cos_l : rt->rope_cos;
         const float *rsn = local && rt->rope_sin_l ? rt->rope_sin_l : rt->rope_sin;
@@ -670,8 +587,8 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     }
     (void)half;
     if (n_out > 0) {
-        const dweight *head = rt->output.data ? &rt->output : &rt->tok_embd;
-        LCK(eic_rmsnorm(s, rt->x, (const float *)rt->output_norm.data, orows, n_out, d, c->rms_eps, rt->onorm));
+        const ei_weight *head = rt->globals.output.data ? &rt->globals.output : &rt->globals.tok_embd;
+        LCK(eic_rmsnorm(s, rt->x, (const float *)rt->globals.output_norm.data, orows, n_out, d, c->rms_eps, rt->onorm));
         LCK(eic_matmul(s, head->type, head->data, c->n_vocab, d, rt->onorm, d, n_out, NULL, 0, rt->logits, c->n_vocab));
         if (c->final_softcap > 0) LCK(eic_softcap(s, rt->logits, (int64_t)n_out * c->n_vocab, c->final_softcap));
     }

@@ -259,7 +259,7 @@ static void add_into(float *x, const float *y, int64_t n) {
 }
 
 static ei_status embed(ei_runtime *rt, const int32_t *tokens, int64_t n_tok) {
-    const ei_weight *e = &rt->m->tok_embd;
+    const ei_weight *e = &rt->m->globals.tok_embd;
     int64_t row = ei_row_bytes(e->type, e->ne0);
     const ei_dequant_fn deq = row ? rt->kt->dequant[e->type] : NULL;
     if (!deq) return ei_fail(EI_ERR_UNSUPPORTED, "no dequantizer for token_embd type %d", e->type);
@@ -350,7 +350,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
     }
     if (n_out == 0) return EI_OK;
     for (int32_t j = 0; j < n_out; j++)
-        rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->output_norm.data, d, c->rms_eps);
+        rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->globals.output_norm.data, d, c->rms_eps);
     ei_mm_job head = {ei_model_output(m), logits, rt->packed[(size_t)c->n_layer * EI_PACKED_PER_LAYER]};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
     softcap(logits, (int64_t)n_out * c->n_vocab, c->final_softcap);

@@ -202,7 +202,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     if (c->swa_window > 0) {
         /* local layers: their own base and no scaling, so their own tables unless both match */
         if ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) || c->rope_freq_scale != 1.0f ||
-            m->rope_freqs.data) {
+            m->globals.rope_freqs.data) {
             rt->rope_cos_l = alloc_zeroed(B * half * sizeof(float), &scratch);
             rt->rope_sin_l = alloc_zeroed(B * half * sizeof(float), &scratch);
             rt->rope_freq_local = alloc_zeroed(half * sizeof(double), &scratch);
@@ -220,7 +220,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
                        kv_total, scratch);
     }
     for (size_t i = 0; i < (size_t)prm.n_slots * prm.n_ctx; i++) rt->cell_pos[i] = -1;
-    const float *factors = m->rope_freqs.data;
+    const float *factors = m->globals.rope_freqs.data;
     for (int i = 0; i < c->rope_dim / 2; i++) {
         double f = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) * c->rope_freq_scale;
         rt->rope_freq[i] = factors ? f / factors[i] : f;

@@ -1,0 +1,191 @@
+/* The native model layout of both runtimes, generated from edgeinfer_layout.def: the weight
+ * structs, the role -> weight mapping, the checks of a configuration and of a loaded model,
+ * and which layers slide. Internal (not part of the C API cffi sees); C11 and C++17 alike,
+ * so native/src and native/cuda/forward.cu share every line of it.
+ */
+#ifndef EDGEINFER_LAYOUT_H
+#define EDGEINFER_LAYOUT_H
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "edgeinfer.h"
+
+/* One weight in memory the runtime does not own: the GGUF mmap (CPU) or the device arena (CUDA). */
+typedef struct {
+    const void *data;   /* NULL when absent */
+    int type;
+    int64_t ne0, ne1;   /* ne0 = row length, ne1 = rows */
+} ei_weight;
+
+#define EI_FIELD_GLOBAL_GLOBAL(field) ei_weight field;
+#define EI_FIELD_GLOBAL_LAYER(field)
+#define EI_FIELD_LAYER_GLOBAL(field)
+#define EI_FIELD_LAYER_LAYER(field) ei_weight field;
+
+/* The weights used once per model (scope GLOBAL). */
+typedef struct {
+#define EI_ROLE(NAME, id, field, kind, scope, ne0, ne1, presence) EI_FIELD_GLOBAL_##scope(field)
+#include "edgeinfer_layout.def"
+#undef EI_ROLE
+} ei_globals;
+
+/* The weights of one layer (scope LAYER). */
+typedef struct {
+#define EI_ROLE(NAME, id, field, kind, scope, ne0, ne1, presence) EI_FIELD_LAYER_##scope(field)
+#include "edgeinfer_layout.def"
+#undef EI_ROLE
+} ei_layer;
+
+#define EI_KIND_VECTOR 1
+#define EI_KIND_MATRIX 0
+#define EI_SCOPE_IS_LAYER_GLOBAL 0
+#define EI_SCOPE_IS_LAYER_LAYER 1
+#define EI_OFFSET_GLOBAL(field) offsetof(ei_globals, field)
+#define EI_OFFSET_LAYER(field) offsetof(ei_layer, field)
+
+/* What the layout knows of a role: its name (EI_T_<name>), its kind and scope,
+ * and where its weight sits in ei_globals or ei_layer. NULL for an unknown role. */
+typedef struct {
+    const char *name;
+    int vector, per_layer;
+    size_t offset;
+} ei_role_desc;
+
+static inline const ei_role_desc *ei_role_find(int role) {
+    switch (role) {
+#define EI_ROLE(NAME, id, field, kind, scope, ne0, ne1, presence)                                   \
+    case id: {                                                                                     \
+        static const ei_role_desc d = {#NAME, EI_KIND_##kind, EI_SCOPE_IS_LAYER_##scope, EI_OFFSET_##scope(field)}; \
+        return &d;                                                                                 \
+    }
+#include "edgeinfer_layout.def"
+#undef EI_ROLE
+    default: return NULL;
+    }
+}
+
+/* 1-D roles (norm weights, biases, RoPE factors): one row, kept in f32. */
+static inline int ei_role_is_vector(int role) {
+    const ei_role_desc *d = ei_role_find(role);
+    return d && d->vector;
+}
+
+/* The weight of `role` at `layer` (-1 for global roles); NULL for no such role or layer. */
+static inline ei_weight *ei_weight_slot(ei_globals *g, ei_layer *layers, int n_layer, int layer, int role) {
+    const ei_role_desc *d = ei_role_find(role);
+    if (!d || d->per_layer != (layer >= 0) || layer >= n_layer) return NULL;
+    char *owner = d->per_layer ? (char *)&layers[layer] : (char *)g;
+    return (ei_weight *)(owner + d->offset);
+}
+
+typedef enum { EI_MUST_BE_ABSENT = 0, EI_MAY_BE_ABSENT = 1, EI_REQUIRED = 2 } ei_presence;
+
+#define EI_PRESENCE_ALWAYS EI_REQUIRED
+#define EI_PRESENCE_OPTIONAL EI_MAY_BE_ABSENT
+#define EI_PRESENCE_IF(flag) (c->flag ? EI_REQUIRED : EI_MUST_BE_ABSENT)
+
+/* Whether a model of config c has `role`, and its shape there. */
+static inline ei_presence ei_role_expect(const ei_model_config *c, int role, int64_t *ne0_out, int64_t *ne1_out) {
+    const int64_t n_embd = c->n_embd, n_ff = c->n_ff, n_vocab = c->n_vocab, head_dim = c->head_dim;
+    const int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t rope_half = c->rope_dim / 2;
+    (void)n_embd, (void)n_ff, (void)n_vocab, (void)head_dim, (void)q_dim, (void)kv_dim, (void)rope_half;
+    switch (role) {
+#define EI_ROLE(NAME, id, field, kind, scope, ne0, ne1, presence) \
+    case id: *ne0_out = ne0; *ne1_out = ne1; return EI_PRESENCE_##presence;
+#include "edgeinfer_layout.def"
+#undef EI_ROLE
+    default: *ne0_out = *ne1_out = 0; return EI_MUST_BE_ABSENT;
+    }
+}
+
+/* Layer l is a sliding-window (local) layer; global iff (l + 1) % swa_pattern == 0, as llama.cpp
+ * and transformers lay out Gemma 3 (5 local : 1 global for a pattern of 6). */
+static inline int ei_layer_is_local(const ei_model_config *c, int l) {
+    return c->swa_window > 0 && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
+}
+
+enum { EI_MAX_LAYERS = 1024, EI_MAX_DIM = 1 << 20, EI_MAX_HEAD_DIM = 1024 };
+
+#define EI_FAIL_(st, ...) return (snprintf(msg, n, __VA_ARGS__), (st))
+
+/* EI_OK for a configuration both runtimes can hold, else the status and a message in msg[0..n). */
+static inline ei_status ei_config_check(const ei_model_config *c, char *msg, size_t n) {
+    if (c->n_layer < 1 || c->n_layer > EI_MAX_LAYERS) EI_FAIL_(EI_ERR_INVALID_ARG, "n_layer=%d out of range", c->n_layer);
+    if (c->n_embd < 1 || c->n_embd > EI_MAX_DIM || c->n_ff < 1 || c->n_ff > EI_MAX_DIM || c->n_vocab < 1 ||
+        c->n_vocab > 16 * EI_MAX_DIM)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "bad dimensions n_embd=%d n_ff=%d n_vocab=%d", c->n_embd, c->n_ff, c->n_vocab);
+    if (c->n_head < 1 || c->n_head_kv < 1 || c->n_head % c->n_head_kv != 0)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "n_head=%d must be a positive multiple of n_head_kv=%d", c->n_head, c->n_head_kv);
+    if (c->head_dim < 2 || c->head_dim % 2 || c->head_dim > EI_MAX_HEAD_DIM)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "head_dim=%d must be even and <= %d", c->head_dim, EI_MAX_HEAD_DIM);
+    if (c->rope_dim < 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "rope_dim=%d must be even and <= head_dim", c->rope_dim);
+    const int32_t flags[] = {c->rope_neox, c->has_qkv_bias, c->has_qk_norm, c->has_post_norms, c->act_gelu};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (flags[i] != 0 && flags[i] != 1)
+            EI_FAIL_(EI_ERR_INVALID_ARG, "rope_neox=%d, has_qkv_bias=%d, has_qk_norm=%d, has_post_norms=%d and "
+                                         "act_gelu=%d must be 0 or 1", c->rope_neox, c->has_qkv_bias, c->has_qk_norm,
+                     c->has_post_norms, c->act_gelu);
+    if (!(c->rms_eps > 0) || !(c->rope_theta > 0) || !(c->rope_freq_scale > 0) || !isfinite(c->rms_eps) ||
+        !isfinite(c->rope_theta) || !isfinite(c->rope_freq_scale))
+        EI_FAIL_(EI_ERR_INVALID_ARG, "rms_eps, rope_theta and rope_freq_scale must be finite and positive");
+    if (!(c->embd_scale >= 0) || !(c->attn_scale >= 0) || !(c->final_softcap >= 0) || !(c->rope_theta_local >= 0) ||
+        c->swa_window < 0 || c->swa_pattern < 0 || !isfinite(c->embd_scale) || !isfinite(c->attn_scale) ||
+        !isfinite(c->final_softcap) || !isfinite(c->rope_theta_local))
+        EI_FAIL_(EI_ERR_INVALID_ARG, "embd_scale, attn_scale, final_softcap, rope_theta_local, swa_window "
+                                     "and swa_pattern must be finite and >= 0");
+    if (!(c->rope_attn_factor >= 0) || c->rope_attn_factor > 1e3f)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "rope_attn_factor=%g must be in [0, 1000]", (double)c->rope_attn_factor);
+    return EI_OK;
+}
+
+/* One weight against what config c expects of `role` at `layer`; messages name the role as the
+ * architecture table does (lower case). */
+static inline ei_status ei_weight_check(const ei_model_config *c, const ei_weight *w, int role, int layer, char *msg,
+                                        size_t n) {
+    const ei_role_desc *d = ei_role_find(role);
+    char name[64];
+    size_t k = 0;
+    for (; d->name[k] && k + 1 < sizeof name; k++) name[k] = (char)(d->name[k] | (d->name[k] >= 'A' && d->name[k] <= 'Z' ? 0x20 : 0));
+    name[k] = 0;
+    int64_t ne0, ne1;
+    const ei_presence need = ei_role_expect(c, role, &ne0, &ne1);
+    if (!w->data) {
+        if (need == EI_REQUIRED) EI_FAIL_(EI_ERR_INVALID_ARG, "missing tensor %s (layer %d)", name, layer);
+        return EI_OK;
+    }
+    if (need == EI_MUST_BE_ABSENT)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "tensor %s (layer %d) for a model configured without it", name, layer);
+    if (w->ne0 != ne0 || w->ne1 != ne1)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "tensor %s (layer %d) has shape [%lld, %lld], expected [%lld, %lld]", name,
+                 layer, (long long)w->ne0, (long long)w->ne1, (long long)ne0, (long long)ne1);
+    if (d->vector && w->type != EI_TYPE_F32)
+        EI_FAIL_(EI_ERR_UNSUPPORTED, "tensor %s (layer %d) must be F32 (norms and biases), got type %d", name,
+                 layer, w->type);
+    return EI_OK;
+}
+
+/* Every weight of a model against its config: each required one there, none that the config
+ * rules out, every shape as the layout says. */
+static inline ei_status ei_layout_check(const ei_model_config *c, const ei_globals *g, const ei_layer *layers,
+                                        char *msg, size_t n) {
+    static const int roles[] = {
+#define EI_ROLE(NAME, id, field, kind, scope, ne0, ne1, presence) id,
+#include "edgeinfer_layout.def"
+#undef EI_ROLE
+    };
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
+        const ei_role_desc *d = ei_role_find(roles[i]);
+        for (int l = d->per_layer ? 0 : -1; l < (d->per_layer ? c->n_layer : 0); l++) {
+            const ei_weight *w = ei_weight_slot((ei_globals *)g, (ei_layer *)layers, c->n_layer, l, roles[i]);
+            const ei_status st = ei_weight_check(c, w, roles[i], l, msg, n);
+            if (st != EI_OK) return st;
+        }
+    }
+    return EI_OK;
+}
+#undef EI_FAIL_
+
+#endif
