@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "edgeinfer"
 # is opened only by the layers that hand data to C: model, backends, convert.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "_version": set(),     # the version string, read by pyproject.toml and CMakeLists.txt too
     "arch": {"errors"},
     "_native": {"errors"},
     "gguf": {"errors"},
@@ -30,6 +31,9 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"errors", "hub", "progress", "convert", "engine", "server", "tools"},
 }
 TOP = {"__init__", "__main__"}     # the public face: `edgeinfer.load` and `python -m edgeinfer`
+# Units that see the engine only through `edgeinfer.engine` (its __init__ re-exports the Engine
+# and the values its public methods trade in), never through a submodule.
+ENGINE_CLIENTS = {"server", "tools"}
 
 
 def _unit(module: str, root: Path = PACKAGE) -> str:
@@ -44,14 +48,16 @@ def _unit(module: str, root: Path = PACKAGE) -> str:
     return "__init__"          # a name defined in edgeinfer/__init__.py
 
 
-def _imports(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
-    """(line, absolute module) of every edgeinfer import in a file, lazy ones included."""
+def _imports(path: Path, root: Path = PACKAGE, typing_too: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module) of every edgeinfer import in a file, lazy ones included, and with
+    `typing_too` those under `if TYPE_CHECKING:` (annotations only: they never run)."""
     package = list(path.relative_to(root.parent).with_suffix("").parts[:-1])
+    if path.name == "__init__.py":
+        package.append(path.parent.name)   # a package's relative imports start at itself
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    # `if TYPE_CHECKING:` imports are annotations only: they never run
-    typing_only = {id(n) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for n in ast.walk(node)}
+    typing_only = set() if typing_too else {
+        id(n) for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
     out = []
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -90,20 +96,34 @@ def _wrong_imports(root: Path) -> list[str]:
         for line, target in _imports(f, root):
             them = _unit(target, root)
             # `edgeinfer.load` (the top) is for the cli only; everything else imports the Engine
+            if me in ENGINE_CLIENTS and them == "engine" and target != "edgeinfer.engine":
+                wrong.append(f"{f.relative_to(root.parent)}:{line} {me} -> {target} (use edgeinfer.engine)")
+                continue
             if them == me or them in ALLOWED[me] or (them == "__init__" and me == "cli"):
                 continue
             wrong.append(f"{f.relative_to(root.parent)}:{line} {me} -> {target}")
     return wrong
 
 
-def test_engine_modules_have_no_import_cycle():
-    """The engine's modules form a tree: the scheduler never imports the Engine, and so on."""
+def _module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, type-only imports included. A package is its
+    __init__; importing a submodule runs its parent package first, but that is no edge."""
+    files = {".".join(f.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): f
+             for f in sorted(root.rglob("*.py"))}
     graph = {}
-    for f in sorted((PACKAGE / "engine").glob("*.py")):
-        me = "edgeinfer.engine." + f.stem
-        graph[me] = {m for _, target in _imports(f) for m in (target, target.rsplit(".", 1)[0])
-                     if m.startswith("edgeinfer.engine.") and m != me}
+    for me, f in files.items():
+        deps = set()
+        for _, target in _imports(f, root, typing_too=True):
+            # `from pkg.mod import name`: the module; `from pkg import mod`: the submodule
+            module = target if target in files else target.rsplit(".", 1)[0]
+            if module in files and module != me:
+                deps.add(module)
+        graph[me] = deps
+    return graph
 
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every module that reaches itself through its imports."""
     def reachable(start: str) -> set[str]:
         seen, todo = set(), [start]
         while todo:
@@ -112,8 +132,26 @@ def test_engine_modules_have_no_import_cycle():
                 todo.append(d)
         return seen
 
-    assert "edgeinfer.engine.scheduler" in reachable("edgeinfer.engine.engine")   # the scan sees imports
-    assert [m for m in graph if m in reachable(m)] == []
+    return [m for m in graph if m in reachable(m)]
+
+
+def test_no_import_cycle():
+    """The package's modules form a tree, type-only imports included: the scheduler never
+    imports the Engine, bench never imports its worker process, and so on."""
+    graph = _module_graph()
+    assert "edgeinfer.engine.scheduler" in graph["edgeinfer.engine.engine"]   # the scan sees imports
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_sees_a_type_only_circle(tmp_path):
+    root = tmp_path / "edgeinfer"
+    (root / "engine").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "engine" / "__init__.py").write_text("from .a import A\n")
+    (root / "engine" / "a.py").write_text("from .b import B\n")
+    (root / "engine" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n")
+    (root / "engine" / "c.py").write_text("from . import b\n")
+    assert sorted(_cycles(_module_graph(root))) == ["edgeinfer.engine.a", "edgeinfer.engine.b"]
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path):
@@ -125,5 +163,8 @@ def test_the_checker_sees_a_wrong_import(tmp_path):
     (root / "engine" / "engine.py").write_text("from ..gguf import reader\n")
     (root / "gguf" / "reader.py").write_text("def f():\n    from ..engine.engine import Engine\n    from .. import load\n")
     (root / "cli" / "main.py").write_text("from .. import load\nfrom ..engine import engine\n")
+    (root / "server").mkdir()
+    (root / "server" / "app.py").write_text("from ..engine import Engine\nfrom ..engine.scheduler import X\n")
     assert _wrong_imports(root) == ["edgeinfer/gguf/reader.py:2 gguf -> edgeinfer.engine.engine",
-                                    "edgeinfer/gguf/reader.py:3 gguf -> edgeinfer.load"]
+                                    "edgeinfer/gguf/reader.py:3 gguf -> edgeinfer.load",
+                                    "edgeinfer/server/app.py:2 server -> edgeinfer.engine.scheduler (use edgeinfer.engine)"]

@@ -58,20 +58,33 @@ class Capabilities:
     packed_bytes: int = 0       # repacked weight copies (CPU)
     device_bytes: int = 0       # weights held in device memory (GPU)
     profile_stages: tuple[str, ...] = field(default=())
+    # Sequence state beyond the KV cells (engine/states.py speaks of a slot's *state*):
+    copy_prefix: bool = False       # Runtime.copy_prefix: a slot takes another's first n positions
+    recurrent_state: bool = False   # fixed-size per-slot states of recurrent layers beside the cells
+    state_snapshots: bool = False   # Batch.keep_rows + Runtime.restore_state / drop_states
+
+
+NO_ROWS = np.empty(0, dtype=np.int32)
 
 
 @dataclass(frozen=True)
 class Batch:
     """One forward step: token i goes to (slots[i], pos[i]) and is written to KV cell cells[i];
-    out_rows are the batch indices whose logits (or candidates) the step returns."""
+    out_rows are the batch indices whose logits (or candidates) the step returns.
+
+    keep_rows (caps.state_snapshots only): rows after which the runtime keeps a copy of the row's
+    slot's recurrent state, named by the positions it has then seen (pos + 1), for
+    Runtime.restore_state. A state between two tokens of one chunk exists only inside the
+    forward, so the step itself has to keep it."""
     tokens: np.ndarray
     slots: np.ndarray
     pos: np.ndarray
     cells: np.ndarray
     out_rows: np.ndarray
+    keep_rows: np.ndarray = field(default_factory=lambda: NO_ROWS)
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "slots", "pos", "cells", "out_rows"):
+        for name in ("tokens", "slots", "pos", "cells", "out_rows", "keep_rows"):
             object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.int32))
 
     @classmethod
@@ -102,10 +115,22 @@ class Runtime(Protocol):
         """Forgets every cell of the slot."""
 
     def forget_from(self, slot: int, pos: int) -> None:
-        """Forgets the slot's cells of positions >= pos (prefix reuse keeps the rest)."""
+        """Forgets the slot's cells of positions >= pos (prefix reuse keeps the rest), and the
+        states it kept at more than pos positions."""
 
-    # Optional: copy_prefix(src, dst, n) makes slot dst hold slot src's positions [0, n)
-    # (n > 1 siblings share the prompt's cells); a runtime without it computes them again.
+    # The calls below exist where caps say so (engine/states.py is their only caller).
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """(caps.copy_prefix) Slot dst holds slot src's positions [0, n): their cells, and with
+        caps.recurrent_state the state src kept at n (n > 1 siblings share the prompt)."""
+
+    def restore_state(self, slot: int, n: int) -> None:
+        """(caps.state_snapshots) The slot's recurrent state becomes the one it kept after n
+        positions (a Batch.keep_rows row); the cells are forget_from's. StateError when none
+        was kept there."""
+
+    def drop_states(self, slot: int, ns: list[int]) -> None:
+        """(caps.state_snapshots) Frees the states the slot kept after each of `ns` positions."""
 
     def profile(self, reset: bool = False) -> dict[str, float]:
         """Seconds per forward stage (caps.profile_stages) so far; {} where not measured."""

@@ -70,7 +70,8 @@ class NativeRuntime:
             n_threads=p.n_threads if p.n_threads > 0 else int(lib.ei_physical_cores()),
             kv_bytes=int(lib.ei_runtime_kv_bytes(self.handle)),
             scratch_bytes=int(lib.ei_runtime_scratch_bytes(self.handle)),
-            packed_bytes=int(lib.ei_runtime_packed_bytes(self.handle)), profile_stages=PROFILE_STAGES)
+            packed_bytes=int(lib.ei_runtime_packed_bytes(self.handle)), profile_stages=PROFILE_STAGES,
+            copy_prefix=True)
 
     def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
         n_out = batch.n_out

@@ -1,0 +1,12 @@
+"""The engine: `Engine` (what `edgeinfer.load` returns) and the values its public methods
+trade in. The server and the tools import these names from here, never a submodule."""
+from .constraint import ConstraintError, check_logit_bias, grammar_spec
+from .engine import Engine
+from .generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
+from .request import QueueFullError, SchedulerClosedError
+from .sampling import SamplingParams
+from .tool_calls import ToolError, call_finish
+
+__all__ = ["ConstraintError", "DoneEvent", "Engine", "ErrorEvent", "QueueFullError", "SamplingParams",
+           "SchedulerClosedError", "TokenEvent", "TokenLogprob", "ToolError", "call_finish", "check_logit_bias",
+           "grammar_spec"]

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
-from ..backends import KVPlan, select_backend
+from ..backends import Capabilities, KVPlan, select_backend
 from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, local_ring_cells
@@ -19,8 +19,10 @@ from .kv import KVRing, slack_cells
 from .runner import Runner
 from .sampling import SamplingParams
 from .tool_calls import ToolPlan, plan_tools
-from .scheduler import Scheduler
-from .speculative import DraftModel, check_mode
+from .draft import DraftModel
+from .request import Request
+from .scheduler import _DEFAULT, Lease, Scheduler
+from .speculative import check_mode
 
 log = logging.getLogger("edgeinfer")
 
@@ -55,6 +57,51 @@ class Engine:
     def ring(self) -> KVRing:
         """The KV ring's bookkeeping (owned by the scheduler)."""
         return self.scheduler.ring
+
+    @property
+    def caps(self) -> Capabilities:
+        """What the runtime can do and what it allocated (device, ISA, KV type and bytes, ...)."""
+        return self.runner.caps
+
+    @property
+    def n_slots(self) -> int:
+        """Sequences that run at once (each has a slot of the KV ring)."""
+        return self.scheduler.n_slots
+
+    # ------------------------------------------------------------------ serving
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[list], None],
+               n_logprobs: int | None = None, t_arrival: float | None = None,
+               speculative: str | None | object = _DEFAULT) -> Request:
+        """Queues a sequence of checked prompt ids; its events (TokenEvent, DoneEvent, ErrorEvent)
+        reach `sink(list_of_events)` from the delivery thread; `.cancel()` on the result stops
+        it. QueueFullError when the queue is at its bound, SchedulerClosedError while draining,
+        closed or failed."""
+        return self.scheduler.submit(prompt_ids, params, sink, n_logprobs=n_logprobs, t_arrival=t_arrival,
+                                     speculative=speculative)
+
+    def lease(self) -> ContextManager[Lease]:
+        """A slot of its own for teacher-forced stepping (`lease.feed(tokens, out_rows, logits)`),
+        empty on the way in and out; waits for a free slot."""
+        return self.scheduler.lease_slot()
+
+    def snapshot(self) -> dict:
+        """Gauges for /metrics: slots, queue, KV cells in use, steps, speculation counts."""
+        return self.scheduler.snapshot()
+
+    def health(self) -> str | None:
+        """None while the engine serves; else why it cannot (the error that stopped its loop)."""
+        failed = self.scheduler.failed
+        return None if failed is None else str(failed)
+
+    def forget_prefixes(self) -> None:
+        """Empties the free slots, so that the next request computes its whole prompt (a
+        measurement without prefix reuse)."""
+        self.scheduler.forget_free_slots()
+
+    def fix_speculation(self, k: int | None) -> None:
+        """Speculating requests propose exactly k tokens every step (a measurement knob), or
+        (None) as many as the adaptive policy finds worth it."""
+        self.scheduler.policy.fixed_k = k
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -13,7 +13,7 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -21,8 +21,16 @@ from .sampling import SamplingParams
 from .tool_calls import call_finish
 from ..text.tokenizer import StreamDecoder, Tokenizer
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .scheduler import Request, Scheduler
+
+class Submitter(Protocol):
+    """What a Generation queues its request on (the engine's scheduler)."""
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[list], None],
+               n_logprobs: int | None = None, **kw) -> "Cancellable": ...
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 @dataclass
@@ -260,7 +268,7 @@ class Generation:
     while it runs; `close()` (or garbage collection) cancels it and frees the slot.
     """
 
-    def __init__(self, scheduler: "Scheduler", prompt_ids: list[int], params: SamplingParams,
+    def __init__(self, scheduler: Submitter, prompt_ids: list[int], params: SamplingParams,
                  n_logprobs: int | None = None, parse_calls: Callable[[str], list | None] | None = None,
                  **submit_kw):
         self.prompt_ids = prompt_ids
@@ -276,7 +284,7 @@ class Generation:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: deque = deque()
         self._done = False
-        self._req: "Request | None" = None
+        self._req: Cancellable | None = None
         self._req = scheduler.submit(prompt_ids, params, self._events.put, n_logprobs=n_logprobs, **submit_kw)
 
     def __iter__(self) -> Iterator[str]:

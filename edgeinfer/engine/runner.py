@@ -1,23 +1,14 @@
 """Runner: the one place a forward step runs. It owns the backend's runtime and the lock
-that serialises every native call (runtimes are not thread-safe); the scheduler decides
-what goes in each batch, the runner executes it."""
+that serialises every native call (runtimes are not thread-safe); the scheduler plans each
+step (step.py), the runner executes it."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..backends.base import Batch, Capabilities, Runtime
-
-
-@dataclass
-class StepOutput:
-    """What one step returns for its output rows: the logits rows, or (device top-k)
-    the k best candidates of each row."""
-    logits: np.ndarray | None = None
-    top_ids: np.ndarray | None = None
-    top_vals: np.ndarray | None = None
+from .step import StepOutput, StepPlan
 
 
 class Runner:
@@ -25,6 +16,14 @@ class Runner:
         self.runtime = runtime
         self.caps: Capabilities = runtime.caps
         self.lock = threading.RLock()
+        self._logits = np.empty((0, self.caps.n_vocab), dtype=np.float32)   # reused by every step
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Runs a scheduled step; its logits rows live in a buffer the next step overwrites."""
+        n_out = plan.batch.n_out
+        if plan.top_k is None and n_out > len(self._logits):
+            self._logits = np.empty((n_out, self.caps.n_vocab), dtype=np.float32)
+        return self.run(plan.batch, self._logits[:n_out], plan.top_k)
 
     def run(self, batch: Batch, logits: np.ndarray | None = None, top_k: int | None = None) -> StepOutput:
         """One forward step. With top_k (1..caps.max_topk) the logits stay on the device and
@@ -43,15 +42,18 @@ class Runner:
         with self.lock:
             self.runtime.forget_from(slot, pos)
 
-    def copy_prefix(self, src: int, dst: int, n: int) -> bool:
-        """Makes slot dst hold slot src's first n positions; False (nothing done) where the
-        backend cannot copy cells (then the prompt is computed again)."""
-        copy = getattr(self.runtime, "copy_prefix", None)
-        if copy is None:
-            return False
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """(caps.copy_prefix) Slot dst holds slot src's first n positions."""
         with self.lock:
-            copy(src, dst, n)
-        return True
+            self.runtime.copy_prefix(src, dst, n)
+
+    def restore_state(self, slot: int, n: int) -> None:
+        with self.lock:
+            self.runtime.restore_state(slot, n)
+
+    def drop_states(self, slot: int, ns: list[int]) -> None:
+        with self.lock:
+            self.runtime.drop_states(slot, ns)
 
     def close(self) -> None:
         """Drops the runtime (its native memory goes with the last reference)."""

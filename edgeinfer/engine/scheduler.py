@@ -1,121 +1,76 @@
-"""Continuous batching over the fixed KV ring: one engine loop, one native forward per step.
+"""Continuous batching over the fixed slots: one engine loop, one native forward per step.
 
-Each step builds ONE batch: the next token of every decoding sequence plus prefill chunks of
-admitted prompts (at most `max_batch` tokens in all), hands it to the Runner (runner.py),
-samples every sequence that got a row of logits and hands the resulting token ids to the
-delivery thread (delivery.py), which detokenizes them and calls each request's sink. A
-finished or cancelled sequence frees its slot at once; the oldest waiting request takes a
-free slot at the start of the next step, choosing the slot that already holds the longest
-prefix of its prompt (prefix reuse).
+Each step is planned, executed and processed in three parts (vLLM v1's split):
+  Scheduler.schedule()      -> StepPlan (step.py): the next token of every decoding sequence
+                               (and its speculative drafts), then prefill chunks of admitted
+                               prompts, at most `max_batch` tokens in all;
+  Runner.execute(plan)      -> StepOutput (runner.py): one forward, logits rows or device top-k;
+  OutputProcessor.update()  -> events (output.py): sampling, constraints, speculative
+                               verification and rollback.
+The token ids go to the delivery thread (delivery.py), which detokenizes them and calls each
+request's sink. A finished or cancelled sequence frees its slot at once; the oldest waiting
+request takes a free slot at the start of the next step, choosing the slot that already holds
+the longest prefix of its prompt (prefix reuse), or copying a running sibling's prompt.
 
-The scheduler owns the KV ring's bookkeeping (kv.py): which slot holds which tokens, and
-the positions and cells of every token it puts in a batch.
+The scheduler owns each slot's sequence state (states.py: the KV ring's bookkeeping, kv.py,
+and any recurrent state): which slot holds which tokens, the positions and cells of every
+token it puts in a batch, and which states the forward keeps for a later rollback or copy.
 
 The kernels compute every token row the same way whatever else is in the batch, so a
 sequence's output does not depend on its neighbours or on how its prompt was chunked.
 
-Speculative decoding (speculative.py): a decoding sequence may feed its next token followed
-by k proposed tokens and get all k + 1 rows of logits back; it samples them in order as
-plain decoding would, keeps the proposals its samples confirm and rolls the ring back past
-the first mismatch (_verify). The token and its drafts are one chunk the ring can take and undo
-(KVRing.max_chunk): on a ring that has slid, the cells a rollback gives back held positions no
-later token sees (kv.py, the slack), so a rollback never has to restore a cell.
+Speculative decoding (speculative.py): the token and its drafts are one chunk the ring can take
+and undo (KVRing.max_chunk): on a ring that has slid, the cells a rollback gives back held
+positions no later token sees (kv.py, the slack), so a rollback never has to restore a cell.
 """
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from ..backends.base import Batch
-from ..errors import EdgeInferError
+from ..backends.base import NO_ROWS, Batch
 from .constraint import MaskJob
 from .delivery import Delivery
-from .generation import DoneEvent, ErrorEvent, SequenceState, TextStream
+from .draft import DraftModel
+from .generation import ErrorEvent, SequenceState
 from .kv import KVRing
+from .output import OutputProcessor
+from .request import QueueFullError, Request, SchedulerClosedError, Sink
 from .runner import Runner
 from .sampling import SamplingParams
-from .speculative import DraftModel, PromptLookup, SlotSpec, SpecPolicy, check_mode
+from .speculative import PromptLookup, SpecPolicy, check_mode
+from .states import SequenceStates
+from .step import StepPlan
+
+__all__ = ["Lease", "QueueFullError", "Request", "Scheduler", "SchedulerClosedError"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("edgeinfer")
 
-Sink = Callable[[list], None]
 _DEFAULT = object()     # submit(speculative=...) not given: the scheduler's default
-
-
-class QueueFullError(EdgeInferError):
-    """The waiting queue is at its bound: the request is refused at once (HTTP 429)."""
-
-    def __init__(self, message: str, retry_after_s: float = 1.0):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class SchedulerClosedError(EdgeInferError):
-    """The scheduler is draining or closed and admits no new requests (HTTP 503)."""
-
-
-class Request:
-    """One submitted sequence. `cancel()` is safe from any thread."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, scheduler: "Scheduler", seq: SequenceState, sink: Sink):
-        self.id = next(self._ids)
-        self.seq = seq
-        self.sink = sink
-        self.text = TextStream(scheduler.tokenizer, seq, on_stop=self.cancel)
-        self.slot: int | None = None
-        self.n_fed = 0                  # prompt tokens already in the slot (reused or fed)
-        self.next_token: int | None = None
-        self.spec: SlotSpec | None = None   # set when the request speculates
-        self.cancelled = False
-        self.done = False
-        self._scheduler = scheduler
-
-    @property
-    def prefilling(self) -> bool:
-        return self.n_fed < len(self.seq.prompt_ids)
-
-    def cancel(self) -> None:
-        if not self.done and not self.cancelled:
-            self.cancelled = True
-            self._scheduler._wake()
-
-    def deliver(self, events: list) -> None:
-        """(delivery thread) Detokenizes the stepping thread's events and hands them to the sink."""
-        out = self.text.feed(events)
-        if not out:
-            return
-        try:
-            self.sink(out)
-        except Exception:  # a consumer that went away: drop its request, keep delivering the others
-            log.debug("sink of request %d failed", self.id, exc_info=True)
-            self.cancel()
 
 
 class Lease:
     """A slot taken away from the scheduler (Scheduler.lease_slot) for direct teacher-forced
     stepping: Engine.logits and tools/bench.py. The slot starts and ends empty."""
 
-    def __init__(self, scheduler: "Scheduler", slot: int):
+    def __init__(self, states: SequenceStates, slot: int):
         self.slot = slot
-        self._ring = scheduler.ring
-        self._runner = scheduler.runner
+        self._states = states
+        self._ring = states.ring
+        self._runner = states.runner
 
     def reset(self) -> None:
         with self._runner.lock:
-            self._ring.truncate(self.slot, 0)
-            self._runner.clear_slot(self.slot)
+            self._states.clear(self.slot)
 
     def feed(self, tokens: Sequence[int], out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
         """Appends `tokens` (at most caps.max_batch) to the slot; the logits of `out_rows`."""
@@ -134,6 +89,7 @@ class Scheduler:
                  draft_cost_ratio: float = 1.0):
         self.runner = runner
         self.ring = ring
+        self.states = SequenceStates(ring, runner)
         self.tokenizer = tokenizer
         self.n_vocab = runner.caps.n_vocab
         self.n_slots = ring.n_slots
@@ -154,16 +110,13 @@ class Scheduler:
         self.failed: BaseException | None = None
         self.steps = 0
         self.last_batch_tokens = 0
-        self._logits = np.empty((self.n_slots, self.n_vocab), dtype=np.float32)
         self.draft = draft
         self.lookup = PromptLookup()
         self.speculative = check_mode(speculative)     # the default of submit()
         if speculative == "draft" and draft is None:
             raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         self.policy = SpecPolicy(max_k=spec_max_k, max_slots=spec_max_slots, draft_ratio=draft_cost_ratio)
-        self.spec_proposed = 0      # totals over every request, for /metrics
-        self.spec_accepted = 0
-        self.spec_steps = 0
+        self.output = OutputProcessor(self.states, self.policy)
 
     # ------------------------------------------------------------------ public
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
@@ -178,7 +131,7 @@ class Scheduler:
         if mode == "draft" and self.draft is None:
             raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         seq = SequenceState(self.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
-        req = Request(self, seq, sink)
+        req = Request(self.tokenizer, seq, sink, self._wake)
         req.spec = self.policy.new_slot(mode) if mode else None
         with self._cv:
             if self._closed or self._draining:
@@ -212,7 +165,7 @@ class Scheduler:
                 self._lease_waiters -= 1
             slot = self._free.pop(0)
             self._leased.add(slot)
-        lease = Lease(self, slot)
+        lease = Lease(self.states, slot)
         try:
             lease.reset()
             yield lease
@@ -224,12 +177,18 @@ class Scheduler:
                 self._free.append(slot)
                 self._cv.notify_all()
 
+    def forget_free_slots(self) -> None:
+        """Empties every free slot: no later request reuses what they held."""
+        with self._cv, self.runner.lock:
+            for slot in self._free:
+                self.states.clear(slot)
+
     def snapshot(self) -> dict:
         """Gauges for /metrics and health."""
         with self._cv:
             active = list(self._active)
             waiting = len(self._waiting)
-        ring = self.ring
+        ring, out = self.ring, self.output
         return {
             "slots_total": self.n_slots,
             "slots_busy": len(active) + len(self._leased),
@@ -238,10 +197,10 @@ class Scheduler:
             "kv_cells_used": sum(ring.cells_used(r.slot) for r in active if r.slot is not None),
             "kv_cells_total": ring.cells * ring.n_slots,
             "steps": self.steps,
-            "spec_proposed": self.spec_proposed,
-            "spec_accepted": self.spec_accepted,
-            "spec_steps": self.spec_steps,
-            "spec_mean_k": self.spec_proposed / self.spec_steps if self.spec_steps else 0.0,
+            "spec_proposed": out.spec_proposed,
+            "spec_accepted": out.spec_accepted,
+            "spec_steps": out.spec_steps,
+            "spec_mean_k": out.spec_proposed / out.spec_steps if out.spec_steps else 0.0,
         }
 
     def in_flight(self) -> int:
@@ -335,7 +294,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         """(under lock) Gives free slots to waiting requests, oldest first, longest prefix."""
-        ring = self.ring
+        ring, states = self.ring, self.states
         while self._waiting and self._free and not self._closed:
             if self._lease_waiters and len(self._free) <= self._lease_waiters:
                 break   # let a leaseholder (Engine.logits) have a slot
@@ -344,18 +303,18 @@ class Scheduler:
             best, best_n = 0, -1
             for i, s in enumerate(self._free):
                 n = ring.common_prefix(s, ids)
+                if states.recurrent:    # only where a state was kept
+                    n = states.resume_point(s, min(n, len(ids) - 1))
                 if n > best_n:
                     best, best_n = i, n
             slot = self._free.pop(best)
             keep = min(best_n, len(ids) - 1)
             src, shared = self._running_prefix(ids)
             with self.runner.lock:
-                if shared > keep and self.runner.copy_prefix(src, slot, shared):
-                    ring.copy_prefix(src, slot, shared)   # a sibling's prompt: copied, not recomputed
-                    keep = shared
+                if shared > keep and states.copy_prefix(src, slot, shared):
+                    keep = shared       # a sibling's prompt: copied, not recomputed
                 else:
-                    keep = ring.truncate(slot, keep)
-                    self.runner.forget_from(slot, keep)
+                    keep = states.rollback(slot, keep)
             req.slot = slot
             req.n_fed = keep
             req.seq.admitted(keep)
@@ -369,6 +328,8 @@ class Scheduler:
         for r in self._active:
             if r.slot is not None:
                 n = min(self.ring.common_prefix(r.slot, ids), r.n_fed, len(ids) - 1)
+                if self.states.recurrent:
+                    n = self.states.resume_point(r.slot, n)
                 if n > best_n:
                     best, best_n = r.slot, n
         return best, best_n
@@ -394,9 +355,8 @@ class Scheduler:
                 if r in self._active:
                     self._active.remove(r)
                     if r.slot is not None:
-                        self.ring.truncate(r.slot, 0)
                         with contextlib.suppress(Exception):
-                            self.runner.clear_slot(r.slot)
+                            self.states.clear(r.slot)
                     self._release(r)
         for r in reqs:
             if not r.done:
@@ -420,7 +380,7 @@ class Scheduler:
         decoding = [r for r in reqs if not r.prefilling]
         # a grammar's mask follows the sampled tokens one at a time: constrained rows decode plainly
         spec = [r for r in decoding if r.spec is not None and not r.cancelled and r.seq.constraint is None]
-        if not spec:
+        if not spec or not self.states.can_rewind:
             return {}
         if len(decoding) > self.policy.max_slots:
             for r in spec:
@@ -461,91 +421,25 @@ class Scheduler:
         return out
 
     def _step(self, reqs: list[Request]) -> None:
-        ring = self.ring
-        proposals = self._proposals(reqs)
-        toks: list[int] = []
-        slots: list[int] = []
-        pos_parts: list[np.ndarray] = []
-        cell_parts: list[np.ndarray] = []
-        out_rows: list[int] = []
-        owners: list[Request] = []
-        drafts_of: list[list[int]] = []     # per owner: the proposals its rows verify
-        prefilled: list[Request] = []       # draft-mode requests whose prompt is now in
-        budget = self.max_batch
+        """Plans, executes and processes one step over the active requests."""
+        plan = self.schedule(reqs)
+        if plan is None:
+            return
         with self.runner.lock:
-            # Decode tokens first: every running sequence advances each step.
-            for r in reqs:
-                if not r.prefilling:
-                    drafts = proposals.get(r.id, [])
-                    feed = [r.next_token] + drafts
-                    p, c = ring.reserve(r.slot, feed)
-                    out_rows.extend(range(len(toks), len(toks) + len(feed)))
-                    toks.extend(feed)
-                    slots.extend([r.slot] * len(feed))
-                    pos_parts.append(p)
-                    cell_parts.append(c)
-                    owners.append(r)
-                    drafts_of.append(drafts)
-                    budget -= len(feed)
-            # Then prefill chunks with what is left of the budget.
-            for r in reqs:
-                if budget <= 0:
-                    break
-                if not r.prefilling:
-                    continue
-                ids = r.seq.prompt_ids
-                rest = len(ids) - r.n_fed
-                limit = ring.max_chunk(r.slot) or rest
-                n = min(rest, budget, max(1, limit))
-                chunk = ids[r.n_fed:r.n_fed + n]
-                p, c = ring.reserve(r.slot, chunk)
-                toks.extend(chunk)
-                slots.extend([r.slot] * n)
-                pos_parts.append(p)
-                cell_parts.append(c)
-                r.n_fed += n
-                budget -= n
-                if not r.prefilling:
-                    out_rows.append(len(toks) - 1)
-                    owners.append(r)
-                    drafts_of.append([])
-                    if r.spec is not None and r.spec.mode == "draft":
-                        prefilled.append(r)
-            if not toks:
-                return
-            n_out = len(out_rows)
-            if n_out > len(self._logits):
-                self._logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
-            batch = Batch(toks, slots, np.concatenate(pos_parts), np.concatenate(cell_parts), out_rows)
-            k = self._device_top_k(owners)
-            masks = MaskJob.start(r.seq.constraint for r in owners)   # overlaps the forward
+            masks = MaskJob.start(r.seq.constraint for r in plan.owners)   # overlaps the forward
             t0 = time.perf_counter()
             try:
-                out = self.runner.run(batch, self._logits[:n_out], top_k=k)
+                out = self.runner.execute(plan)
             finally:
                 masks.wait()
-            self.policy.costs.observe_step(len(toks), time.perf_counter() - t0)
+            self.policy.costs.observe_step(plan.n_tokens, time.perf_counter() - t0)
+            for slot, n in plan.kept:
+                self.states.kept(slot, n)
             self.steps += 1
-            self.last_batch_tokens = len(toks)
-        for r in prefilled:     # the draft model's prefill goes with the model's (TTFT, not decode)
+            self.last_batch_tokens = plan.n_tokens
+        for r in plan.prefilled:     # the draft model's prefill goes with the model's (TTFT, not decode)
             self._draft_prefill(r)
-        finished: list[Request] = []
-        out_events: list[tuple[Request, list]] = []
-        row = 0
-        for r, drafts in zip(owners, drafts_of):
-            row0, row = row, row + 1 + len(drafts)
-            if r.cancelled:
-                continue        # reaped (and its slot freed) at the top of the next step
-            if drafts:
-                events, nxt = self._verify(r, out, row0, drafts, k)
-            else:
-                room = ring.room(r.slot)
-                events, nxt = self._sample(r, out, row0, k, room is None or room > 0)
-            r.next_token = nxt
-            if nxt is None:
-                r.done = True
-                finished.append(r)
-            out_events.append((r, events))
+        out_events, finished = self.output.update(plan, out)
         if out_events:   # one hand-over per step
             self._delivery.put(lambda: [r.deliver(evs) for r, evs in out_events])
         if finished:
@@ -554,6 +448,77 @@ class Scheduler:
                     if r in self._active:
                         self._active.remove(r)
                         self._release(r)
+
+    def schedule(self, reqs: list[Request]) -> StepPlan | None:
+        """The next step's plan, its tokens reserved in the ring:
+        decode tokens (and drafts) first, every running sequence advances each step; then
+        prefill chunks with what is left of the budget. None when there is nothing to run."""
+        proposals = self._proposals(reqs)    # the draft model runs outside the lock
+        with self.runner.lock:
+            return self._plan(reqs, proposals)
+
+    def _plan(self, reqs: list[Request], proposals: dict[int, list[int]]) -> StepPlan | None:
+        ring = self.ring
+        keep_states = self.states.keeps_states
+        toks: list[int] = []
+        slots: list[int] = []
+        pos_parts: list[np.ndarray] = []
+        cell_parts: list[np.ndarray] = []
+        out_rows: list[int] = []
+        owners: list[Request] = []
+        drafts_of: list[list[int]] = []     # per owner: the proposals its rows verify
+        prefilled: list[Request] = []       # draft-mode requests whose prompt is now in
+        keep_rows: list[int] = []
+        kept: list[tuple[int, int]] = []
+        budget = self.max_batch
+        for r in reqs:
+            if not r.prefilling:
+                drafts = proposals.get(r.id, [])
+                feed = [r.next_token] + drafts
+                p, c = ring.reserve(r.slot, feed)
+                if keep_states and drafts:      # a rollback resumes after any confirmed draft
+                    keep_rows.extend(range(len(toks), len(toks) + len(drafts)))
+                    kept.extend((r.slot, int(x) + 1) for x in p[:len(drafts)])
+                out_rows.extend(range(len(toks), len(toks) + len(feed)))
+                toks.extend(feed)
+                slots.extend([r.slot] * len(feed))
+                pos_parts.append(p)
+                cell_parts.append(c)
+                owners.append(r)
+                drafts_of.append(drafts)
+                budget -= len(feed)
+        for r in reqs:
+            if budget <= 0:
+                break
+            if not r.prefilling:
+                continue
+            ids = r.seq.prompt_ids
+            rest = len(ids) - r.n_fed
+            limit = ring.max_chunk(r.slot) or rest
+            n = min(rest, budget, max(1, limit))
+            chunk = ids[r.n_fed:r.n_fed + n]
+            p, c = ring.reserve(r.slot, chunk)
+            shareable = len(ids) - 1        # the prompt a sibling or a later request may reuse
+            if keep_states and r.n_fed < shareable <= r.n_fed + n:
+                keep_rows.append(len(toks) + shareable - 1 - r.n_fed)
+                kept.append((r.slot, shareable))
+            toks.extend(chunk)
+            slots.extend([r.slot] * n)
+            pos_parts.append(p)
+            cell_parts.append(c)
+            r.n_fed += n
+            budget -= n
+            if not r.prefilling:
+                out_rows.append(len(toks) - 1)
+                owners.append(r)
+                drafts_of.append([])
+                if r.spec is not None and r.spec.mode == "draft":
+                    prefilled.append(r)
+        if not toks:
+            return None
+        batch = Batch(toks, slots, np.concatenate(pos_parts), np.concatenate(cell_parts), out_rows,
+                      keep_rows or NO_ROWS)
+        return StepPlan(batch, owners, drafts_of, self._device_top_k(owners), prefilled, kept)
 
     def _draft_prefill(self, r: Request) -> None:
         """Feeds the prompt to the draft model's slot if drafting may pay for this request;
@@ -567,50 +532,3 @@ class Scheduler:
             with contextlib.suppress(Exception):
                 self.draft.reset_slot(r.slot)
         r.spec = None
-
-    def _sample(self, r: Request, out, row: int, k: int | None, has_room: bool) -> tuple[list, int | None]:
-        """One token of `r` from logits row `row` (or its device top-k candidates)."""
-        if k is None:
-            return r.seq.on_logits(out.logits[row], has_room)
-        return r.seq.on_candidates(out.top_ids[row], out.top_vals[row], has_room)
-
-    def _verify(self, r: Request, out, row0: int, drafts: list[int], k: int | None) -> tuple[list, int | None]:
-        """Samples rows row0.. (the slot's token, then its drafts) in order while the samples
-        confirm the drafts; rolls the ring back past the last confirmed draft."""
-        ring, seq, spec = self.ring, r.seq, r.spec
-        st = ring.slots[r.slot]
-        p0 = st.n_past - len(drafts) - 1            # position of the token fed before the drafts
-        events: list = []
-        n_acc = 0
-        nxt: int | None = None
-        for i in range(len(drafts) + 1):
-            room = ring.room(r.slot)
-            has_room = room is None or ring.capacity - (p0 + i + 1) > 0
-            n_before = len(seq.tokens)
-            evs, nxt = self._sample(r, out, row0 + i, k, has_room)
-            events.extend(evs)
-            confirmed = i < len(drafts) and len(seq.tokens) > n_before and seq.tokens[-1] == drafts[i]
-            n_acc += confirmed
-            if nxt is None or not confirmed:
-                break
-        keep = p0 + 1 + n_acc                       # cells [0, keep) hold the sequence as sampled
-        if keep < st.n_past:
-            with self.runner.lock:
-                kept = ring.truncate(r.slot, keep)
-                assert kept == keep, (kept, keep)   # drafts never exceed the chunk a rollback can undo
-                self.runner.forget_from(r.slot, keep)
-        self.policy.record(spec, len(drafts), n_acc)
-        self.spec_proposed += len(drafts)
-        self.spec_accepted += n_acc
-        self.spec_steps += 1
-        self._spec_stats(seq.stats, spec)
-        for ev in events:       # a DoneEvent carries a copy of the stats taken before the count
-            if isinstance(ev, DoneEvent):
-                self._spec_stats(ev.stats, spec)
-        return events, nxt
-
-    @staticmethod
-    def _spec_stats(stats, spec: SlotSpec) -> None:
-        stats.spec_proposed = spec.proposed
-        stats.spec_accepted = spec.accepted
-        stats.spec_k = spec.proposed / spec.steps if spec.steps else 0.0

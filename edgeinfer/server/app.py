@@ -1,7 +1,7 @@
 """The aiohttp application: OpenAI routes over the engine's continuous-batching scheduler.
 
 Handlers never run the model: they validate, tokenize (on one helper thread), submit to
-`engine.scheduler` and relay its events. A client that goes away cancels its request
+the engine (`Engine.submit`) and relay its events. A client that goes away cancels its request
 (aiohttp cancels the handler on disconnect), which frees the slot at the next step.
 """
 from __future__ import annotations
@@ -18,11 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..engine.constraint import ConstraintError, check_logit_bias, grammar_spec
-from ..engine.generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
-from ..engine.tool_calls import ToolError, call_finish
-from ..engine.sampling import SamplingParams
-from ..engine.scheduler import QueueFullError, SchedulerClosedError
+from ..engine import (ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
+                      TokenEvent, TokenLogprob, ToolError, call_finish, check_logit_bias, grammar_spec)
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
 from .metrics import Metrics
@@ -87,7 +84,7 @@ class ServerState:
         g: dict[str, tuple[Any, str]] = {
             "edgeinfer_requests_in_flight": (self.in_flight, "HTTP generation requests being served."),
             "edgeinfer_ready": (1 if self.status == "ready" else 0, "1 when the server can serve.")}
-        snaps = {name: eng.scheduler.snapshot() for name, eng in self.engines().items()}
+        snaps = {name: eng.snapshot() for name, eng in self.engines().items()}
         if snaps:
             for key, name, help_ in (
                     ("slots_busy", "edgeinfer_slots_busy", "KV slots held by running sequences."),
@@ -205,10 +202,10 @@ def _serving_state(state: "ServerState") -> tuple[dict, int]:
         return body, 503
     engines = state.engines()
     for name, eng in engines.items():
-        if eng.scheduler.failed is not None:
-            err = str(eng.scheduler.failed)
+        err = eng.health()
+        if err is not None:
             return {"status": "failed", "error": f"{name}: {err}" if len(engines) > 1 else err}, 503
-    snaps = [eng.scheduler.snapshot() for eng in engines.values()]
+    snaps = [eng.snapshot() for eng in engines.values()]
     body = {"status": "ok", "slots_busy": sum(s["slots_busy"] for s in snaps),
             "slots_total": sum(s["slots_total"] for s in snaps),
             "queue_length": sum(s["queue_length"] for s in snaps)}
@@ -223,7 +220,7 @@ async def health(request: web.Request) -> web.Response:
     failed to load, draining); 503 only when an engine itself failed and a restart is due."""
     state: ServerState = request.app[STATE_KEY]
     body, _ = _serving_state(state)
-    engine_failed = any(eng.scheduler.failed is not None for eng in state.engines().values())
+    engine_failed = any(eng.health() is not None for eng in state.engines().values())
     return _json(body, status=503 if engine_failed else 200)
 
 
@@ -236,7 +233,7 @@ async def ready(request: web.Request) -> web.Response:
 def _model_object(state: ServerState, served: ServedModel) -> dict:
     eng = served.engine
     return {"id": served.name, "object": "model", "created": state.created, "owned_by": "edgeinfer",
-            "meta": {"n_ctx": eng.n_ctx, "n_slots": eng.ring.n_slots, "n_vocab": eng.config.n_vocab,
+            "meta": {"n_ctx": eng.n_ctx, "n_slots": eng.n_slots, "n_vocab": eng.config.n_vocab,
                      "arch": eng.config.arch}}
 
 
@@ -436,7 +433,7 @@ async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenReq
             if index == 0:
                 loop.call_soon_threadsafe(first.set)
 
-        handles.append(eng.scheduler.submit(ids, p, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival))
+        handles.append(eng.submit(ids, p, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival))
         if index == 0 and len(params) > 1:
             await first.wait()             # the first token: the prompt has been computed
 

@@ -144,7 +144,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
     503 with the error. `models`: (name, path or known name) pairs, the first the default;
     without it, the one `model` (None: the default model) under its own name. `speculative`
     and `draft` (docs/speculative.md) apply to the default model."""
-    from ..engine.engine import Engine
+    from ..engine import Engine
     from ..hub import DEFAULT_MODEL
 
     if models is None:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Any, Optional
 
-from .bench import Runner, _Skip, make_runner
+from .peers import PeerSkipped, Runner, make_runner
 
 _ATTRS = ("engine", "label", "n_vocab", "kv_bytes", "scratch_bytes")
 
@@ -54,7 +54,7 @@ class ProcessRunner(Runner):
             raise EngineProcessError(f"{self.engine} worker exited with status {self._p.wait()}")
         reply = json.loads(line)
         if "skip" in reply:
-            raise _Skip(reply["skip"])
+            raise PeerSkipped(reply["skip"])
         if "error" in reply:
             raise EngineProcessError(f"{self.engine} worker: {reply['error']}")
         return reply["result"]
@@ -119,7 +119,7 @@ def worker_main() -> None:  # pragma: no cover - runs in the child (covered thro
                 reply(result=list(runner.ttft_tpot(msg["ids"], msg["n"])))
             else:
                 reply(error=f"unknown request {op!r}")
-        except _Skip as e:
+        except PeerSkipped as e:
             reply(skip=str(e))
         except Exception as e:  # noqa: BLE001 - every failure goes back to the parent as text
             reply(error=f"{type(e).__name__}: {e}")

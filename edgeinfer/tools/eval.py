@@ -69,7 +69,7 @@ def compare_logits(ref: np.ndarray, model: np.ndarray, ids: list[int], rows: int
 
 def evaluate(model: str, reference: str, text: str, ctx: int = 512, n_threads: int | None = None,
              max_tokens: int | None = None) -> EvalResult:
-    from ..engine.engine import Engine
+    from ..engine import Engine
     from ..hub import resolve_model
 
     if ctx < 8:

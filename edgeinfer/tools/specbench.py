@@ -84,7 +84,7 @@ def parse_mode(arg: str) -> tuple[str, str | None]:
 
 def run_spec_bench(model: str, speculative: str, n_threads: int = 2, reps: int = 3, max_tokens: int = 128,
                    n_ctx: int = 2048, log: Callable[[str], None] | None = None) -> list[SpecRow]:
-    from ..engine.engine import Engine
+    from ..engine import Engine
 
     mode, draft = parse_mode(speculative)
     say = log or (lambda s: None)
@@ -103,10 +103,10 @@ def run_spec_bench(model: str, speculative: str, n_threads: int = 2, reps: int =
                 order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]      # rotate: no variant always first
                 got = {}
                 for v in order:
-                    eng.ring.truncate(0, 0)                 # no prefix reuse between runs
-                    eng.scheduler.policy.fixed_k = FIXED_K if v == "fixed" else None
+                    eng.forget_prefixes()                   # no prefix reuse between runs
+                    eng.fix_speculation(FIXED_K if v == "fixed" else None)
                     got[v] = eng.generate(ids, speculative=None if v == "plain" else mode, **kw)
-                eng.scheduler.policy.fixed_k = None
+                eng.fix_speculation(None)
                 plain = got["plain"]
                 n_tok = len(plain.tokens)
                 p_tps = _decode_tps(plain)
