@@ -17,7 +17,7 @@ from .errors import (
     UnsupportedTypeError,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "load", "Engine", "__version__",

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Proof of the NEON kernels under emulation.
 #
-# Cross-compiles the native sources and native/tests/kernel_test.c for aarch64
-# (Debian's gcc-aarch64-linux-gnu, static, -O2, no -march: dotprod code is
-# chosen at run time from hwcaps) and runs them under qemu-aarch64 twice:
+# Builds native/tests/kernel_test.c over the native sources for aarch64: the aarch64 preset of
+# CMakePresets.json (toolchain cmake/aarch64-linux-gnu.cmake: Debian's gcc-aarch64-linux-gnu,
+# static), with the flags the wheel ships (cmake/flags.cmake: Release -O3, no -march: dotprod
+# code is chosen at run time from hwcaps), and runs it under qemu-aarch64 twice:
 #   -cpu max         has dotprod  -> the vdotq_s32 kernels are dispatched
 #   -cpu cortex-a57  no dotprod   -> the plain-NEON kernels are dispatched
 # Every NEON kernel is compared with the scalar reference, and a tiny forward is
 # compared with native/tests/forward_ref.txt (reference logits from x86).
 # Installs the two Debian packages when missing. Exits non-zero on any failure.
+#   CC_AARCH64=...     the cross compiler (default aarch64-linux-gnu-gcc)
+#   QEMU_AARCH64=...   the emulator (default qemu-aarch64)
+#   BUILD_AARCH64=DIR  build folder (default build/aarch64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,12 +29,10 @@ if ! command -v "$CC" >/dev/null 2>&1 || ! command -v "$QEMU" >/dev/null 2>&1; t
 fi
 
 OUT=${BUILD_AARCH64:-build/aarch64}
-mkdir -p "$OUT"
 BIN="$OUT/kernel_test"
 echo "test_aarch64: building $BIN with $("$CC" --version | head -1)"
-"$CC" -O2 -std=gnu11 -pthread -static -Wall -Wno-unused-function \
-    -Inative/include -Inative/src \
-    native/src/*.c native/tests/kernel_test.c -o "$BIN" -lm
+CC_AARCH64="$CC" cmake --preset aarch64 -B "$OUT" -DPython_EXECUTABLE="$(command -v "${PYTHON:-python3}")" >/dev/null
+cmake --build "$OUT" -j "$(nproc)" --target kernel_test
 
 pass=0
 fail=0

@@ -1,12 +1,13 @@
 """The CUDA backend, loaded at run time: libedgeinfer_cuda.so through cffi's ABI mode.
 
 CPU-only installs never build or link CUDA. This module finds the library
-($EDGEINFER_CUDA_LIB, then the package directory, then native/cuda/build of a
-source tree), asks it for devices (`select_device`), and implements the Backend
-protocol (backends/base.py) with CudaBackend / CudaRuntime.
+($EDGEINFER_CUDA_LIB, else the package data edgeinfer/libedgeinfer_cuda.so, where the
+install and scripts/build_cuda.sh put it), asks it for devices (`select_device`), and
+implements the Backend protocol (backends/base.py) with CudaBackend / CudaRuntime.
 """
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import os
 import threading
@@ -65,8 +66,7 @@ def library_candidates() -> list[Path]:
     env = os.environ.get("EDGEINFER_CUDA_LIB")
     if env:
         return [Path(env)]
-    package = Path(__file__).resolve().parent.parent  # edgeinfer/, where the install puts it
-    return [package / LIB_NAME, package.parent / "native" / "cuda" / "build" / LIB_NAME]
+    return [Path(str(importlib.resources.files("edgeinfer"))) / LIB_NAME]
 
 
 def load_library() -> tuple[object, object] | tuple[None, str]:
@@ -90,7 +90,7 @@ def _load() -> _Loaded:
     if not found:
         where = ", ".join(str(p) for p in paths)
         return _Loaded(reason=f"the CUDA backend is not built ({LIB_NAME} not found at {where}; "
-                              "build it with scripts/build_cuda.sh, needs nvcc)")
+                              "EDGEINFER_CUDA=1 pip install . or scripts/build_cuda.sh builds it; needs nvcc)")
     ffi = cffi.FFI()
     for header in HEADERS:
         ffi.cdef(cdef_from_header(header))
@@ -210,7 +210,8 @@ class CudaRuntime:
         self.caps = Capabilities(
             device="cuda", isa=f"cuda sm_{cc[0]}{cc[1]}", kv_type=plan.kv_type, kv_types=CudaBackend.kv_types,
             max_batch=plan.max_batch, n_vocab=cfg.n_vocab, max_topk=self.MAX_TOPK, kv_bytes=int(sizes.kv),
-            scratch_bytes=int(sizes.scratch), device_bytes=int(sizes.weights))
+            scratch_bytes=int(sizes.scratch), device_bytes=int(sizes.weights),
+            copy_prefix=False)   # no ei_cuda_runtime_copy_prefix: siblings compute their prompt
 
     def _i32(self, arr: np.ndarray):
         return self.ffi.from_buffer("int32_t[]", arr)

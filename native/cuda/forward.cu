@@ -21,7 +21,7 @@
 static thread_local char g_err[1024];
 
 extern "C" const char *ei_cuda_last_error(void) { return g_err; }
-extern "C" const char *ei_cuda_version(void) { return "edgeinfer-cuda 0.1"; }
+extern "C" const char *ei_cuda_version(void) { return "edgeinfer-cuda " EI_VERSION; }
 
 ei_status eic_fail(ei_status st, const char *fmt, ...) {
     va_list ap;

@@ -16,7 +16,7 @@ ei_status ei_fail(ei_status st, const char *fmt, ...) {
 
 const char *ei_last_error(void) { return last_error; }
 
-const char *ei_version(void) { return "0.1.0"; }
+const char *ei_version(void) { return EI_VERSION; }  /* edgeinfer/_version.py, through CMake */
 
 int ei_physical_cores(void) {
     /* Hyper-threads share a core's SIMD units; count cores, not logical CPUs. */

@@ -14,9 +14,9 @@
  * attention (F16 and Q8_0 KV) through the public API, forward logits vs the reference file (NMSE <= 1e-4, same
  * argmax) and native forward vs scalar forward on this machine.
  * Prints "N passed, M failed"; exits 1 when anything failed.
- * Built by scripts/test_aarch64.sh (cross, static, run under qemu-aarch64);
- * also builds natively: cc -O2 -Inative/include -Inative/src native/src/ *.c
- * native/tests/kernel_test.c -lm -pthread. */
+ * The kernel_test target of cmake/testing.cmake, with the shipped flags: scripts/test_aarch64.sh
+ * builds it for aarch64 (static, run under qemu-aarch64); natively:
+ * cmake -S . -B build/test -DEDGEINFER_TESTING=ON && cmake --build build/test --target kernel_test */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
