@@ -1,5 +1,5 @@
-"""Speculative decoding (engine/speculative.py, Scheduler._verify): greedy output equals plain
-decoding token for token (real model, both proposers, one and several slots, across a ring
+"""Speculative decoding (engine/speculative.py; OutputProcessor._verify, engine/output.py): greedy
+output equals plain decoding token for token (real model, both proposers, one and several slots, across a ring
 slide), sampled output has the model's own distribution (chi-square against the softmax of
 the model's logits), and the ring stays coherent under random propose/accept/reject sequences
 (a fuzz against a Python model of what each slot must hold)."""
@@ -211,7 +211,7 @@ def test_fuzz_propose_accept_reject_keeps_the_ring_coherent():
                     want = Generation(plain, prompt, params).result().tokens
                     assert got == want, (case, prompt, params)
                     pool.append(prompt + got)
-            assert spec.spec_proposed > spec.spec_accepted > 0
+            assert spec.output.spec_proposed > spec.output.spec_accepted > 0
             assert bool(checked.rt.topk_calls) == bool(topk)
             assert (checked.ahead_after_slide > 0) == (overflow == "slide")   # drafts verified after a slide
             n_checked += checked.checked
@@ -285,16 +285,16 @@ def test_greedy_speculative_equals_plain_on_50_prompts(target_and_draft):
     assert len(set(prompts)) == 50
     eng = edgeinfer.load(target, n_ctx=256, n_threads=2, n_slots=4, draft=draft, spec_max_slots=4)
     try:
-        eng.scheduler.policy.fixed_k = 4      # verify every step (the adaptive switch may not)
+        eng.fix_speculation(4)      # verify every step (the adaptive switch may not)
         plain = _generate_all(eng, prompts, False, **GREEDY)
         for mode in ("lookup", "draft"):
             for concurrent in (False, True):
-                before = (eng.scheduler.spec_proposed, eng.scheduler.spec_accepted)
+                before = (eng.scheduler.output.spec_proposed, eng.scheduler.output.spec_accepted)
                 got = _generate_all(eng, prompts, concurrent, speculative=mode, **GREEDY)
                 diff = [i for i in range(50) if got[i] != plain[i]]
                 assert not diff, (mode, concurrent, diff[:5])
-                proposed = eng.scheduler.spec_proposed - before[0]
-                accepted = eng.scheduler.spec_accepted - before[1]
+                proposed = eng.scheduler.output.spec_proposed - before[0]
+                accepted = eng.scheduler.output.spec_accepted - before[1]
                 assert proposed > accepted > 0, (mode, concurrent, proposed, accepted)
     finally:
         eng.close()
@@ -313,20 +313,20 @@ def test_greedy_speculative_equals_plain_across_a_ring_slide(target_and_draft):
                "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the",
                "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef"]
     after_slide = {"accepted": 0, "proposed": 0}
-    verify = eng.scheduler._verify
+    verify = eng.scheduler.output._verify
 
     def counting_verify(r, out, row0, drafts, k):     # what speculation did on slid rings
         sched, slid = eng.scheduler, eng.ring.slots[r.slot].wrapped
-        before = (sched.spec_proposed, sched.spec_accepted)
+        before = (sched.output.spec_proposed, sched.output.spec_accepted)
         result = verify(r, out, row0, drafts, k)
         if slid:
-            after_slide["proposed"] += sched.spec_proposed - before[0]
-            after_slide["accepted"] += sched.spec_accepted - before[1]
+            after_slide["proposed"] += sched.output.spec_proposed - before[0]
+            after_slide["accepted"] += sched.output.spec_accepted - before[1]
         return result
 
-    eng.scheduler._verify = counting_verify
+    eng.scheduler.output._verify = counting_verify
     try:
-        eng.scheduler.policy.fixed_k = 4
+        eng.fix_speculation(4)
         kw = dict(max_tokens=160, temperature=0.0, ignore_eos=True)
         plain = _generate_all(eng, prompts, False, **kw)
         for mode in ("lookup", "draft"):
@@ -362,7 +362,7 @@ def test_sampled_speculative_tokens_follow_the_model_distribution(tmp_path):
     prompt = [1, 10, 11, 12, 10, 11]
     T = 5e-4
     with edgeinfer.load(path, n_ctx=32, n_threads=1, draft=path, speculative="draft") as eng:
-        eng.scheduler.policy.fixed_k = 3
+        eng.fix_speculation(3)
         n_vocab = eng.config.n_vocab
 
         sampling = dict(temperature=T, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True)
@@ -382,7 +382,7 @@ def test_sampled_speculative_tokens_follow_the_model_distribution(tmp_path):
             toks = eng.generate(prompt, max_tokens=3, seed=seed, **sampling).tokens
             c1[toks[0]] += 1
             c2[toks[1]] += 1
-        assert eng.scheduler.spec_proposed > eng.scheduler.spec_accepted > 0
+        assert eng.scheduler.output.spec_proposed > eng.scheduler.output.spec_accepted > 0
         for counts, p in ((c1, p1), (c2, p2)):
             big = p * n >= 5       # pool the rare tokens into one cell
             obs = np.append(counts[big], counts[~big].sum())
@@ -402,7 +402,7 @@ def test_constrained_sequences_decode_plainly(smollm2_path):
     """A grammar's mask follows the sampled tokens one at a time, so a constrained request
     does not speculate (its output is plain decoding's); an unconstrained one beside it does."""
     with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2) as eng:
-        eng.scheduler.policy.fixed_k = 4
+        eng.fix_speculation(4)
         prompt = "Repeat: red green blue red green blue red"
         kw = dict(max_tokens=12, temperature=0.0, regex="( ?(red|green|blue))+")
         plain = eng.generate(prompt, **kw)
@@ -445,7 +445,7 @@ def test_server_speculates_and_reports_it_in_metrics(smollm2_path):
     with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2) as eng:
         plain = eng.generate(prompt, max_tokens=24, temperature=0.0, ignore_eos=True).text
     with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=2, speculative="lookup") as eng:
-        eng.scheduler.policy.fixed_k = 4
+        eng.fix_speculation(4)
         srv = ServerThread(eng, model_name="smollm2").start()
         try:
             req = urllib.request.Request(srv.url + "/v1/completions", data=json.dumps(body).encode(),
@@ -480,7 +480,7 @@ def test_a_failing_draft_model_only_turns_speculation_off(tmp_path):
     (same tokens) instead of failing."""
     path = _tiny_path(tmp_path)
     with edgeinfer.load(path, n_ctx=32, n_threads=1, draft=path) as eng:
-        eng.scheduler.policy.fixed_k = 3
+        eng.fix_speculation(3)
         kw = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
         plain = eng.generate([1, 10, 11, 12], **kw).tokens
         calls = []
