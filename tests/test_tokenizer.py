@@ -8,13 +8,16 @@ GGUFs are written at test time into temporary folders.
 """
 from __future__ import annotations
 
+import json
 import random
+import unicodedata
 from pathlib import Path
 
 import pytest
 from tests.support.strict import require
 
 from edgeinfer.gguf.reader import GGUFFile
+from edgeinfer.text.pretokenizers import PRE_TOKENIZERS
 from edgeinfer.text.tokenizer import StreamDecoder, Tokenizer, TokenType
 from edgeinfer.errors import InvalidTokenError, TokenizerError
 
@@ -110,6 +113,8 @@ def write_vocab_gguf(path: Path, tok_meta: dict) -> Path:
     w.add_rope_dimension_count(16)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(tok_meta["tokenizer.ggml.tokens"]))
+    if "general.name" in tok_meta:
+        w.add_name(tok_meta["general.name"])
     w.add_tokenizer_model(tok_meta["tokenizer.ggml.model"])
     if "tokenizer.ggml.pre" in tok_meta:
         w.add_tokenizer_pre(tok_meta["tokenizer.ggml.pre"])
@@ -314,6 +319,22 @@ def test_gpt4o_pieces_match_llama_cpp(smollm2_meta, tmp_path):
         {"type": "Split", "pattern": {"Regex": o200k}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}}
     assert _pre_name(tj) == "gpt-4o"
+
+
+@pytest.mark.oracle
+def test_phi3_strip_quirk_matches_llama_cpp(smollm2_meta, tmp_path):
+    """A model named like Phi-3 gets its special tokens' rstrip (the whitespace after
+    <|im_start|> is swallowed, not after <|endoftext|> or <s>), as llama.cpp sets it by name.
+    llama.cpp requires Phi-3's <s>, </s> and <unk>: they are added to SmolLM2's vocabulary."""
+    meta = {**_tokenizer_keys(smollm2_meta), "general.name": "Phi-3-mini-4k-instruct"}
+    meta["tokenizer.ggml.tokens"] = list(meta["tokenizer.ggml.tokens"]) + ["<s>", "</s>", "<unk>"]
+    meta["tokenizer.ggml.token_type"] = list(meta["tokenizer.ggml.token_type"]) + [3, 3, 3]
+    tok = Tokenizer.from_metadata(meta)
+    text = "<|im_start|> \n user<|endoftext|>  x</s> y<s> z"
+    assert tok.encode(text) != Tokenizer.from_metadata({**meta, "general.name": "SmolLM2"}).encode(text)
+    ok, n, failures = compare_with_oracle(tok, oracle_vocab(write_vocab_gguf(tmp_path / "phi3.gguf", meta)),
+                                          [text] + FULL_CORPUS)
+    assert ok == n, "\n".join(failures)
 
 
 @pytest.mark.oracle
@@ -542,3 +563,54 @@ def test_word_cache_bounds_the_bpe_work(smollm2_meta, monkeypatch):
     assert len(runs) == len(set(runs)) and len(runs) < len(first) / 2, (len(runs), len(first))
     runs.clear()
     assert tok.encode(text) == first and runs == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the pre-tokenizer table against Hugging Face tokenizers
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pre", [name for name, p in PRE_TOKENIZERS.items() if p.hf is not None])
+def test_converter_names_hf_pre_tokenizers_that_split_alike(pre):
+    """Every table entry the converter writes: Hugging Face's pre-tokenizer of that form, as a
+    tokenizer.json holds it, is named by this entry, and cuts the corpus into the same pieces
+    as the entry's llama.cpp regexes. (llama.cpp's form of o200k takes every non-ASCII letter
+    as both upper and lower case and has no combining marks in its letter classes, so for it
+    only texts without those are compared.)"""
+    tokenizers = require("tokenizers", "Hugging Face tokenizers is the pre-tokenizer oracle")
+    from edgeinfer.convert.tokenizer_meta import _pre_name
+    from edgeinfer.text.bpe import BYTE_TO_CHAR
+
+    pt = tokenizers.pre_tokenizers
+    hf = PRE_TOKENIZERS[pre].hf
+    steps = {"ByteLevel": lambda: pt.ByteLevel(add_prefix_space=False, use_regex="Split" not in hf.steps),
+             "Digits": lambda: pt.Digits(individual_digits=True),
+             "Split": lambda: pt.Split(tokenizers.Regex(hf.split_regex), behavior="isolated", invert=False)}
+    made = [steps[s]() for s in hf.steps]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = made[0] if len(made) == 1 else pt.Sequence(made)
+    tj = json.loads(tok.to_str())
+    assert _pre_name(tj) == pre
+
+    splitter = PRE_TOKENIZERS[pre].splitter
+    cased = "\\p{Lu}" in (hf.split_regex or "")
+    bad = []
+    for text in FULL_CORPUS + ["camelCase aBc DON'T", "HTTPServer's URLs/\npath", "iOS 17's"]:
+        if cased and any(ord(c) > 0x7F and unicodedata.category(c)[0] in "LM" for c in text):
+            continue
+        theirs = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(text)]
+        ours = ["".join(BYTE_TO_CHAR[b] for b in p.encode("utf-8")) for p in splitter.split(text)]
+        if ours != theirs:
+            bad.append((text, ours, theirs))
+    assert not bad, f"{len(bad)} texts split differently; the first: {bad[:2]}"
+
+
+def test_converter_rejects_unknown_hf_pre_tokenizers():
+    from edgeinfer.convert.tokenizer_meta import _pre_name
+    from edgeinfer.errors import ConversionError
+
+    split = {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": False}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+    for pre in ({"type": "Sequence", "pretokenizers": [split, byte_level]},      # unknown regex
+                {**byte_level},                                                 # no regex at all
+                {"type": "Sequence", "pretokenizers": ["ByteLevel"]}, None):
+        with pytest.raises(ConversionError, match="no llama.cpp equivalent"):
+            _pre_name({"pre_tokenizer": pre})

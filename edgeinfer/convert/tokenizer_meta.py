@@ -4,7 +4,8 @@ Hugging Face checkpoint:
 * `tokenizer.model` (SentencePiece, read with the sentencepiece library) ->
   model "llama": pieces, scores, token types, add_space_prefix;
 * otherwise `tokenizer.json` with a byte-level BPE model -> model "gpt2": tokens, merges,
-  token types and the pre-tokenizer name llama.cpp knows the same regexes by.
+  token types and the pre-tokenizer name llama.cpp knows the same regexes by (the table in
+  edgeinfer/text/pretokenizers.py).
 
 Special tokens and add_bos/add_eos come from tokenizer_config.json (then tokenizer.json's
 post-processor, config.json and generation_config.json); the chat template from
@@ -16,25 +17,16 @@ import json
 from typing import Any
 
 from ..errors import ConversionError
+from ..text.pretokenizers import PRE_TOKENIZERS
 from .checkpoint import Checkpoint, read_json
 
-__all__ = ["tokenizer_metadata", "PRE_TOKENIZERS"]
+__all__ = ["SUPPORTED_PRE_TOKENIZERS", "tokenizer_metadata"]
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
-# Hugging Face Split regexes -> llama.cpp pre-tokenizer names
-_LLAMA3_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT4O_RX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
-             r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|"
-             r"\s*[\r\n]+|\s+(?!\S)|\s+")   # o200k (Phi-4-mini)
-_SPLIT_NAMES = {_LLAMA3_RX: "llama-bpe", _QWEN2_RX: "qwen2", _GPT4O_RX: "gpt-4o"}
-PRE_TOKENIZERS = ("gpt-2 (ByteLevel)", "smollm (Digits + ByteLevel)",
-                  "llama-bpe (Llama 3 Split + ByteLevel)", "qwen2 (Qwen2 Split + ByteLevel)",
-                  "gpt-4o (o200k Split + ByteLevel)")
+# what the converter can name: the table entries that say how tokenizer.json spells them
+_HF_FORMS = {name: pre.hf for name, pre in PRE_TOKENIZERS.items() if pre.hf is not None}
+SUPPORTED_PRE_TOKENIZERS = tuple(f"{name} ({hf.description})" for name, hf in _HF_FORMS.items())
 
 
 # ------------------------------------------------------------------ helpers
@@ -47,23 +39,29 @@ def _token_text(v: Any) -> str | None:
 
 
 def _pre_name(tj: dict) -> str:
+    """The GGUF ``tokenizer.ggml.pre`` name of tokenizer.json's pre-tokenizer."""
     pre = tj.get("pre_tokenizer")
     items = []
     if isinstance(pre, dict):
         items = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    kinds = [p.get("type") for p in items]
-    if kinds == ["ByteLevel"] and items[0].get("use_regex", True):
-        return "gpt-2"
-    if (kinds == ["Digits", "ByteLevel"] and items[0].get("individual_digits")
-            and items[1].get("use_regex", True)):
-        return "smollm"
-    if kinds == ["Split", "ByteLevel"] and not items[1].get("use_regex", True):
-        rx = (items[0].get("pattern") or {}).get("Regex")
-        if rx in _SPLIT_NAMES and items[0].get("behavior") == "Isolated":
-            return _SPLIT_NAMES[rx]
+    if not isinstance(items, list) or not all(isinstance(p, dict) for p in items):
+        items = []
+    steps = tuple(p.get("type") for p in items)
+    split = next((p for p in items if p.get("type") == "Split"), None)
+    split_regex = None
+    if split is not None and split.get("behavior") == "Isolated":
+        split_regex = (split.get("pattern") or {}).get("Regex")
+    digits_ok = all(p.get("individual_digits") for p in items if p.get("type") == "Digits")
+    # ByteLevel runs the gpt-2 regex itself exactly when no Split came first
+    byte_level_ok = bool(steps) and steps[-1] == "ByteLevel" and (
+        items[-1].get("use_regex", True) == (split is None))
+    if digits_ok and byte_level_ok:
+        for name, hf in _HF_FORMS.items():
+            if hf.steps == steps and hf.split_regex == split_regex:
+                return name
     raise ConversionError(
         f"tokenizer.json: pre-tokenizer {json.dumps(pre)[:300]} has no llama.cpp equivalent "
-        f"this converter knows; supported: {', '.join(PRE_TOKENIZERS)}")
+        f"this converter knows; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}")
 
 
 def _post_adds(tj: dict, tok_id: int | None) -> bool | None:
