@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import handle_errors
+from .errors import handle_errors, import_extra
 
 __all__ = ["bench", "register"]
 
@@ -76,6 +76,7 @@ def bench(
     """Measure prefill/decode tokens/s, TTFT/TPOT, peak RSS and KV bytes (llama-bench style),
     or with --server the throughput and latency percentiles of a running server under load."""
     if server:
+        import_extra("aiohttp", "server")   # the load generator's HTTP client
         from ..tools.loadbench import run_server_bench
 
         levels = [int(c) for c in concurrency.split(",") if c.strip()]

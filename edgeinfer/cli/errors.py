@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 from typing import Any, Callable
@@ -12,6 +13,19 @@ from ..errors import EdgeInferError
 
 # Errors a user can cause with arguments or files; anything else is a bug and keeps its traceback.
 USER_ERRORS = (EdgeInferError, ValueError, OSError)
+
+
+def import_extra(module: str, extra: str) -> Any:
+    """The module, or exit 1 naming the pip extra that provides what it is missing (the server
+    stack is not part of the core install)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if not e.name or e.name.partition(".")[0] == "edgeinfer":
+            raise   # a module of ours missing is a bug, not a missing extra
+        print(f"error: this command needs {e.name}, which the core install leaves out: "
+              f"pip install 'edgeinfer[{extra}]'", file=sys.stderr, flush=True)
+        raise typer.Exit(1) from None
 
 
 def handle_errors(fn: Callable) -> Callable:

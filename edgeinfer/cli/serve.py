@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import EdgeInferError
+from .errors import import_extra
 
 __all__ = ["register", "serve_cmd", "parse_models"]
 
@@ -83,7 +84,7 @@ def serve_cmd(
                                                  "same vocabulary) for --speculative draft.")] = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
-    from ..server import serve
+    serve = import_extra("edgeinfer.server", "server").serve
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     if slots < 1 or ctx < 8 or max_queue < 0 or max_batch < 1 or max_body < 1024:
