@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import EdgeInferError
 from .generation import SequenceState, TextStream
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .speculative import SlotSpec
     from ..text.tokenizer import Tokenizer
+    from .speculative import SlotSpec
 
 log = logging.getLogger("edgeinfer")
 
@@ -35,7 +36,7 @@ class Request:
 
     _ids = itertools.count(1)
 
-    def __init__(self, tokenizer: "Tokenizer", seq: SequenceState, sink: Sink, wake: Callable[[], None]):
+    def __init__(self, tokenizer: Tokenizer, seq: SequenceState, sink: Sink, wake: Callable[[], None]):
         self.id = next(self._ids)
         self.seq = seq
         self.sink = sink

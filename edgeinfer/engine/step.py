@@ -21,10 +21,10 @@ class StepPlan:
     consecutive rows (its next token, then the proposals those rows verify). `kept` names the
     states the forward keeps (batch.keep_rows), as (slot, positions seen)."""
     batch: Batch
-    owners: list["Request"]
+    owners: list[Request]
     drafts: list[list[int]]
     top_k: int | None = None            # device top-k for every owner; None: logits rows
-    prefilled: list["Request"] = field(default_factory=list)   # draft-mode prompts now complete
+    prefilled: list[Request] = field(default_factory=list)   # draft-mode prompts now complete
     kept: list[tuple[int, int]] = field(default_factory=list)
 
     @property
