@@ -57,6 +57,7 @@ class BPE:
     """Byte-level BPE over a vocabulary, with a bounded cache of the ids of each word."""
 
     kind = "bpe"
+    description = "byte-level BPE"
     #: BOS / EOS / UNK ids when the metadata names none (llama.cpp's)
     special_defaults: ClassVar[Mapping[str, int | None]] = {"bos": 11, "eos": 11, "unk": None}
 

@@ -19,6 +19,7 @@ class SentencePiece:
     """SentencePiece merging by score over a vocabulary."""
 
     kind = "spm"
+    description = "SentencePiece"
     #: BOS / EOS / UNK ids when the metadata names none (llama.cpp's)
     special_defaults: ClassVar[Mapping[str, int | None]] = {"bos": 1, "eos": 2, "unk": 0}
     add_space_prefix = True

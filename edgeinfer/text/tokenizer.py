@@ -18,11 +18,12 @@ from __future__ import annotations
 import codecs
 import operator
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from ..errors import InvalidTokenError, TokenizerError
 from .bpe import BPE
 from .bpe import BYTE_TO_CHAR as _BYTE_TO_CHAR  # noqa: F401  (tests build byte-level vocabularies)
+from .pretokenizers import PreTokenizer
 from .spm import SentencePiece
 from .vocab import (
     A_BYTE,
@@ -35,10 +36,31 @@ from .vocab import (
     meta_bool,
 )
 
-__all__ = ["ALGORITHMS", "StreamDecoder", "TokenType", "Tokenizer"]
+__all__ = ["ALGORITHMS", "Algorithm", "StreamDecoder", "TokenType", "Tokenizer"]
+
+
+
+class Algorithm(Protocol):
+    """What a tokenizer model module provides (``bpe.BPE``, ``spm.SentencePiece``): built from
+    the vocabulary, the metadata and the special tokens, it appends the ids of partitioned
+    text (raw-text fragments and special-token ids) and gives a normal token's bytes."""
+
+    kind: ClassVar[str]                    # Tokenizer.model: "bpe", "spm"
+    description: ClassVar[str]
+    special_defaults: ClassVar[Mapping[str, int | None]]   # bos / eos / unk without metadata
+    pre: PreTokenizer | None
+    add_bos: bool                          # before tokenizer.ggml.add_bos_token
+    add_space_prefix: bool
+    ignore_merges: bool
+    clean_spaces: bool
+
+    def encode(self, fragments: list[str | int], out: list[int]) -> None: ...
+
+    def piece(self, text: str) -> bytes: ...
+
 
 #: ``tokenizer.ggml.model`` -> the algorithm that turns text into ids
-ALGORITHMS: dict[str, type] = {"gpt2": BPE, "llama": SentencePiece}
+ALGORITHMS: Mapping[str, type[Algorithm]] = {"gpt2": BPE, "llama": SentencePiece}
 
 
 def _clean_text(text: str) -> str:
@@ -67,8 +89,8 @@ class Tokenizer:
         algorithm_cls = ALGORITHMS.get(model)
         if algorithm_cls is None:
             raise TokenizerError(
-                f"unknown tokenizer model {model!r} in 'tokenizer.ggml.model' "
-                "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
+                f"unknown tokenizer model {model!r} in 'tokenizer.ggml.model' (supported: "
+                + ", ".join(f"{k!r} {cls.description}" for k, cls in ALGORITHMS.items()) + ")")
         self.tokenizer_model = model
         self.model = algorithm_cls.kind
 
@@ -80,8 +102,9 @@ class Tokenizer:
         self.pre = pre
 
         self._special = special = SpecialTokens(vocab, meta, **algorithm_cls.special_defaults)
-        self.algorithm = algorithm = algorithm_cls(vocab, meta, special,
+        self.algorithm: Algorithm = algorithm_cls(vocab, meta, special,
                                                    cache_size=max(0, int(cache_size)))
+        algorithm = self.algorithm
         self.pre_family = algorithm.pre.family if algorithm.pre is not None else None
         self.ignore_merges = algorithm.ignore_merges
         self.clean_spaces = algorithm.clean_spaces
