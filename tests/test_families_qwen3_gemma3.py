@@ -162,7 +162,7 @@ def test_greedy_32_tokens_identical_to_llama_cpp(trained):
 def test_tokenizer_matches_llama_cpp_on_the_hostile_corpus(tiny):
     """Qwen BPE and Gemma SPM (no dummy prefix, user-defined turn markers) against llama.cpp
     on the same files, with and without BOS and special-token parsing."""
-    from test_tokenizer import FULL_CORPUS, SPM_CORPUS, compare_with_oracle, oracle_vocab
+    from tests.test_tokenizer import FULL_CORPUS, SPM_CORPUS, compare_with_oracle, oracle_vocab
 
     from edgeinfer.text.tokenizer import Tokenizer
     extra = ["<|im_start|>user\nhi<|im_end|>\n<think>\nx\n</think>", "<start_of_turn>user\nhi<end_of_turn>\n",
@@ -316,7 +316,7 @@ def test_gemma_sized_spm_vocabulary_matches_llama_cpp(tiny, tmp_path):
     letters (with and without the word-start mark) and a few user-defined tags, as a vocab-only
     GGUF; our tokenizer against llama.cpp's on the hostile corpus."""
     import itertools
-    from test_tokenizer import FULL_CORPUS, SPM_CORPUS, compare_with_oracle, oracle_vocab, write_vocab_gguf
+    from tests.test_tokenizer import FULL_CORPUS, SPM_CORPUS, compare_with_oracle, oracle_vocab, write_vocab_gguf
 
     from edgeinfer.text.tokenizer import Tokenizer
     with GGUFFile(tiny["gemma3"][1]["q8_0"]) as f:
