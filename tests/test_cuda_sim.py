@@ -20,7 +20,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import cffi
 import pytest
+
+import edgeinfer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +127,14 @@ def test_an_unknown_thread_order_is_refused_with_the_reason(sim_build):
                                 EDGEINFER_CUDA_LIB=str(sim_build / "libedgeinfer_cuda_sim.so")),
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "EISIM_ORDER must be forward, reverse or random" in _ok(r)
+
+
+def test_the_cuda_library_has_the_package_version(sim_build):
+    """edgeinfer/_version.py is the one place: CMake compiles it into ei_cuda_version() too."""
+    ffi = cffi.FFI()
+    ffi.cdef("const char *ei_cuda_version(void);")
+    lib = ffi.dlopen(str(sim_build / "libedgeinfer_cuda_sim.so"))
+    assert ffi.string(lib.ei_cuda_version()).decode() == f"edgeinfer-cuda {edgeinfer.__version__}"
 
 
 def test_multiply_adds_fuse_as_nvcc_fuses_them(sim_build):
