@@ -121,6 +121,33 @@ def test_reference_gives_transformers_logits(families, kind):
             assert err <= 1e-5, (kind, n, np.dtype(dtype).name, err)
 
 
+def test_swa_pattern_zero_slides_every_layer_as_the_runtime_does(families, tmp_path):
+    """A Gemma 3 file whose sliding_window_pattern is 0 has no global layer (the native
+    runtimes' ei_layer_is_local): the reference reads it so, the engine's logits follow the
+    reference's, and the 5 : 1 layout's differ from them past the window."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    import edgeinfer
+
+    src = families["gemma3"][1]
+    path = tmp_path / "gemma3-all-local.gguf"
+    reader = gguf.GGUFReader(str(src))
+    copy_with_new_metadata(reader, gguf.GGUFWriter(str(path), "gemma3", endianess=reader.endianess),
+                           {"gemma3.attention.sliding_window_pattern": MetadataDetails(gguf.GGUFValueType.UINT32, 0)},
+                           [])
+    ref = ReferenceModel(path)
+    assert ref.params.local_layers == frozenset(range(ref.params.n_layer))
+    ids = [int(i) for i in np.random.default_rng(4).integers(3, ref.n_vocab, 60)]
+    exact = ref.logits(ids)
+    with edgeinfer.load(str(path), n_ctx=256, n_threads=2) as e:
+        ours = e.logits(ids)
+    err = float(np.abs(ours - exact).max())
+    layouts = float(np.abs(ReferenceModel(src).logits(ids) - exact).max())
+    print(f"\nevery layer local: max |edgeinfer - reference| {err:.1e}; the 5 : 1 layout differs by {layouts:.1e}")
+    assert err <= 0.02 * layouts, (err, layouts)
+
+
 # ------------------------------------------------- synthetic models vs llama.cpp
 def _write_tiny_gguf(path, arch: str, seed: int = 0, tied: bool = True):
     import gguf

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..arch import Arch, HeadDims, Weight, get_arch
 from ..arch.table import QKV_BIAS_ROLES
+from ..arch.reference import is_local_layer as _is_local
 from ..errors import GGUFError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
@@ -270,10 +271,6 @@ def _has(a: Arch, role: str, tensors) -> bool:
 
 
 _BLK_RE = re.compile(r"^blk\.(\d+)\.")
-
-
-def _is_local(layer: int, swa_window: int, swa_pattern: int) -> bool:
-    return swa_window > 0 and (swa_pattern == 0 or (layer + 1) % swa_pattern != 0)
 
 
 def local_ring_cells(swa_window: int, n_ctx: int, max_batch: int) -> int:
