@@ -63,26 +63,57 @@ def test_bad_constraints_are_typed_errors():
         SamplingParams(grammar="a+")
 
 
+def _follows_schema(schema):
+    def check(text: str) -> bool:
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+    return check
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _full_match(pattern: str):
+    return lambda text: re.fullmatch(pattern, text) is not None
+
+
+# (constraint, the check of its output, a text the check must refuse)
+GRAMMAR_CHECKS = [
+    (dict(json_schema=PERSON), _follows_schema(PERSON), '{"name": "Ann", "age": 30, "city": "Lima"}'),
+    (dict(response_format={"type": "json_object"}), _is_json_object, '["a JSON array"]'),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}),
+     _follows_schema(PERSON), '{"name": "Ann", "age": 300, "city": "Rome"}'),
+    (dict(regex=r"[0-9]{4}-[0-9]{2}-[0-9]{2}"), _full_match(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"), "2024-1-05"),
+    (dict(grammar='root ::= "yes" | "no"'), lambda t: t in ("yes", "no"), "maybe"),
+    (dict(grammar='start: "The answer is " NUM "."\nNUM: /[0-9]+/'),
+     _full_match(r"The answer is [0-9]+\."), "The answer is 42"),
+]
+
+
+def test_grammar_checks_refuse_what_breaks_the_grammar():
+    """Each check below returns False (never None or an exception) on a text outside its
+    grammar, so `assert check(text)` fails when the constraint is not applied."""
+    for kw, check, bad in GRAMMAR_CHECKS:
+        assert check(bad) is False, (kw, bad)
+
+
 def test_constrained_outputs_follow_their_grammar(engine):
     msgs = [{"role": "user", "content": "Tell me about a person: name, age and city."}]
-    checks = [
-        (dict(json_schema=PERSON), lambda t: jsonschema.validate(json.loads(t), PERSON)),
-        (dict(response_format={"type": "json_object"}), lambda t: isinstance(json.loads(t), dict)),
-        (dict(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}),
-         lambda t: jsonschema.validate(json.loads(t), PERSON)),
-        (dict(regex=r"[0-9]{4}-[0-9]{2}-[0-9]{2}"), lambda t: re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", t)),
-        (dict(grammar='root ::= "yes" | "no"'), lambda t: t in ("yes", "no")),
-        (dict(grammar='start: "The answer is " NUM "."\nNUM: /[0-9]+/'),
-         lambda t: re.fullmatch(r"The answer is [0-9]+\.", t)),
-    ]
-    for kw, check in checks:
+    for kw, check, _ in GRAMMAR_CHECKS:
         # free-form JSON strings may run past max_tokens when sampled: json_object greedy
         for t, seed in ([(0.0, 0)] if "response_format" in kw and "json_schema" not in kw["response_format"]
                         else [(0.7, 1), (0.7, 2)]):
             m = msgs if t else [{"role": "user", "content": "Describe a cat as a JSON object."}]
             out = engine.chat(m, temperature=t, seed=seed, max_tokens=120, **kw)
             assert out.finish_reason == "stop", (kw, out.text)
-            assert check(out.text) is not False, (kw, out.text)
+            assert check(out.text), (kw, out.text)
 
 
 def test_masks_are_computed_on_the_worker_thread(engine, monkeypatch):
