@@ -53,9 +53,10 @@ def test_metrics():
 # llama32: llama3 rope_freqs; phi3 / phi4: fused q/k/v and gate/up, LongRoPE (original context
 # 32), phi4 partial rotary; qwen3: per-head Q/K norms, head_dim != width / heads; gemma3: 5 local
 # : 1 global layers with a window of 16 and their own RoPE base, post-norms, GeGLU, scaled
-# embeddings, norms stored as 1 + w; gemma3_softcap: the same with a final logit softcap.
+# embeddings, norms stored as 1 + w; gemma3_softcap: the same with a final logit softcap;
+# smollm3: layers 3 and 7 of 8 without RoPE.
 FAMILIES = ["llama", "llama_tied", "mistral", "qwen2", "llama32", "phi3", "phi4", "qwen3", "gemma3",
-            "gemma3_softcap"]
+            "gemma3_softcap", "smollm3"]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ are judged by (the tests run it in float64) and the converter's float model for 
 (float32, with a backward pass in edgeinfer/convert/sensitivity.py over its `trace`).
 
 It computes what native/src/forward.c computes, switched by the family's table entry (norm,
-act, rope, qk_norm, post_norms, embd_scale_sqrt, swa_pattern) and the file's hyperparameters,
+act, rope, qk_norm, post_norms, embd_scale_sqrt, swa_pattern, no_rope_step) and the file's hyperparameters,
 with no quantized activations and no reduced-precision KV cache:
 
 * weights: a mapping from GGUF tensor names to arrays in GGUF layout after the converter's
@@ -254,6 +254,7 @@ class Layer:
         self.ref, self.index = ref, i
         p = ref.params
         self.local = i in p.local_layers
+        self.rope = p.arch.layer_uses_rope(i)
         self.w: dict[str, np.ndarray] = {}
         self.parts: dict[str, list[str]] = {}
         for t in p.arch.tensors:
@@ -268,6 +269,11 @@ class Layer:
                 self.parts.setdefault(name, []).append(role)
                 r0 += n
 
+    def rope_tables(self, positions: Positions) -> tuple[np.ndarray, np.ndarray]:
+        """This layer's (cos, sin); a layer without RoPE (SmolLM3's every fourth) turns by 0."""
+        cos, sin = positions.rope[self.local]
+        return (cos, sin) if self.rope else (np.ones_like(cos), np.zeros_like(sin))
+
     def linear(self, x: np.ndarray, role: str) -> np.ndarray:
         y = x @ self.w[role].T
         b = self.w.get(role + "_bias")
@@ -280,7 +286,7 @@ class Layer:
         a_ = p.arch
         eps, n = p.rms_eps, x.shape[0]
         nh, nkv, hd = p.n_head, p.n_head_kv, p.head_dim
-        cos, sin = positions.rope[self.local]
+        cos, sin = self.rope_tables(positions)
         t: dict = {}
         a, t["an"], t["ar"] = rms_norm(x, w["attn_norm"], eps)
         q = self.linear(a, "attn_q").reshape(n, nh, hd).transpose(1, 0, 2)

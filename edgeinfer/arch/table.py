@@ -17,7 +17,7 @@ from typing import Callable, Mapping, NamedTuple, Protocol
 
 from ..errors import UnsupportedArchitectureError
 
-__all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
+__all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "FamilySwitches", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
            "FLAGS", "LONGROPE_ROLES", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
 
 # The ops the native forward pass implements (native/src/forward.c, native/cuda/forward.cu).
@@ -100,6 +100,29 @@ class HeadDims:
         return self.n_head_kv * self.head_dim
 
 
+class FamilySwitches:
+    """The native config's switches a family implies, read from its table entry (`family`):
+    one definition for every dataclass that fills or mirrors ei_model_config (ModelConfig,
+    the converter's HParams)."""
+    family: "Arch"
+
+    @property
+    def rope_neox(self) -> bool:
+        return self.family.rope_neox
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.family.qk_norm
+
+    @property
+    def has_post_norms(self) -> bool:
+        return self.family.post_norms
+
+    @property
+    def no_rope_layer_step(self) -> int:
+        return self.family.no_rope_step
+
+
 class Dims(Protocol):
     """What tensor shapes and presence depend on (ModelConfig and the converter's HParams)."""
     n_layer: int
@@ -180,6 +203,9 @@ class Arch:
                                    # stored shifted in GGUF as llama.cpp's converter does
     swa_pattern: int = 0           # sliding-window layers: global iff (layer + 1) % swa_pattern == 0
     rope_theta_local: float = 10000.0   # RoPE base of the local layers unless the file says
+    # ---- SmolLM3: layer l skips RoPE iff (l + 1) % no_rope_step == 0 (0: every layer rotates);
+    # a family constant, as llama.cpp hard-codes it (no GGUF key)
+    no_rope_step: int = 0
 
     def __post_init__(self):
         for what, value, known in (("norm", self.norm, NORMS), ("act", self.act, ACTIVATIONS),
@@ -195,6 +221,10 @@ class Arch:
     @property
     def rope_neox(self) -> bool:
         return self.rope == "neox"
+
+    def layer_uses_rope(self, layer: int) -> bool:
+        """Does `layer` rotate q and k? (native: ei_layer_uses_rope)"""
+        return self.no_rope_step == 0 or (layer + 1) % self.no_rope_step != 0
 
     @property
     def permute_qk(self) -> bool:
@@ -328,6 +358,9 @@ ARCHS: dict[str, Arch] = {
     "phi3": Arch("phi3", PHI3, hf_classes={"Phi3ForCausalLM": "phi3"}, rope="neox", qkv_bias=False,
                  hf_keys={**HF_KEYS, "partial_rotary": "partial_rotary_factor",
                           "n_ctx_orig": "original_max_position_embeddings"}),
+    # SmolLM3: llama with every fourth layer unrotated (config.json's no_rope_layers)
+    "smollm3": Arch("smollm3", DECODER, hf_classes={"SmolLM3ForCausalLM": "smollm3"}, no_rope_step=4,
+                    hf_keys={**HF_KEYS, "no_rope_layers": "no_rope_layers"}),
 }
 
 

@@ -16,13 +16,14 @@ from typing import Callable
 import numpy as np
 
 from ..arch import Arch, HeadDims, arch_for_hf
+from ..arch.table import FamilySwitches
 from ..errors import ConversionError
 
 __all__ = ["HParams", "TensorMap"]
 
 
 @dataclass
-class HParams(HeadDims):
+class HParams(HeadDims, FamilySwitches):
     arch: Arch
     hf_class: str           # the config.json "architectures" entry converted
     n_layer: int
@@ -43,20 +44,16 @@ class HParams(HeadDims):
     rope_theta_local: float = 0.0
     attn_scale: float = 0.0        # 0: 1/sqrt(head_dim)
     final_softcap: float = 0.0
-
-    @property
-    def has_qk_norm(self) -> bool:
-        return self.arch.qk_norm
-
-    @property
-    def has_post_norms(self) -> bool:
-        return self.arch.post_norms
     # fam-b: partial rotary dimensions (Phi-4-mini: 0.75 of each head); LongRoPE's original
     # context (the short factors') from config.json
     partial_rotary: float = 1.0
     n_ctx_orig: int = 0
 
-    # the names the table's shapes and flags use (edgeinfer.arch.table.Dims)
+    # the names the table's shapes and flags use (edgeinfer.arch.table.Dims, FamilySwitches)
+    @property
+    def family(self) -> Arch:
+        return self.arch
+
     @property
     def rope_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary) // 2 * 2
@@ -134,6 +131,7 @@ class HParams(HeadDims):
         qkv_bias = arch.qkv_bias
         if qkv_bias is None:
             qkv_bias = bool(config.get(keys["has_qkv_bias"], False))
+        _check_no_rope_layers(config, arch, need("n_layer"))
         extra = _swa_hparams(config, arch, n_layer=need("n_layer"), head_dim=head_dim, rp_local=rp_local)
         return cls(
             arch=arch, hf_class=hf_class, n_layer=need("n_layer"), n_embd=n_embd,
@@ -275,6 +273,25 @@ def _swa_hparams(config: dict, arch: Arch, n_layer: int, head_dim: int, rp_local
                                                                 arch.rope_theta_local))
         out.update(swa_window=int(window), rope_theta_local=float(local))
     return out
+
+
+def _check_no_rope_layers(config: dict, arch: Arch, n_layer: int) -> None:
+    """config.json's per-layer RoPE switches (1: rotate) must be the family's fixed step, the
+    only layout the GGUF (which has no key for it) and the runtimes can express."""
+    key = arch.hf_keys.get("no_rope_layers")
+    if key is None:
+        return
+    layers = config.get(key)
+    interval = config.get("no_rope_layer_interval")
+    if layers is None and isinstance(interval, int) and interval > 0:   # transformers' default from it
+        layers = [int((i + 1) % interval != 0) for i in range(n_layer)]
+    if layers is None:
+        return
+    want = [int(arch.layer_uses_rope(i)) for i in range(n_layer)]
+    if not isinstance(layers, list) or [x if isinstance(x, int) else None for x in layers] != want:
+        step = f"every {arch.no_rope_step}th layer" if arch.no_rope_step else "no layer"
+        raise ConversionError(f"config.json: {key} = {layers} is not supported: {arch.name} skips RoPE in "
+                              f"{step} only ({key} = {want})")
 
 
 def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:

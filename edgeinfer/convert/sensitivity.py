@@ -144,7 +144,7 @@ def _backward(layer: Layer, x: np.ndarray, dout: np.ndarray, pos: Positions, sta
     ref, w, c = layer.ref, layer.w, {}
     p, a_ = ref.params, ref.params.arch
     layer.forward(x, pos, trace=c)
-    cos, sin = pos.rope[layer.local]
+    cos, sin = layer.rope_tables(pos)
     n = x.shape[0]
     nh, nkv, hd = p.n_head, p.n_head_kv, p.head_dim
     # FFN

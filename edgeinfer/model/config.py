@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..arch import Arch, HeadDims, Weight, get_arch
-from ..arch.table import QKV_BIAS_ROLES
+from ..arch.table import QKV_BIAS_ROLES, FamilySwitches
 from ..arch.reference import is_local_layer as _is_local
 from ..errors import GGUFError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
@@ -30,7 +30,9 @@ MAX_CTX = 1 << 24
 
 
 @dataclass
-class ModelConfig(HeadDims):
+class ModelConfig(HeadDims, FamilySwitches):
+    """A model's hyperparameters; the family's own switches (rope_neox, has_qk_norm, ...) come
+    from its table entry (FamilySwitches)."""
     arch: str
     n_layer: int
     n_embd: int
@@ -42,15 +44,12 @@ class ModelConfig(HeadDims):
     n_ctx_train: int
     rope_dim: int
     rope_theta: float = 10000.0
-    rope_neox: bool = False
     rms_eps: float = 1e-5
     has_qkv_bias: bool = False
     tied_output: bool = False
     rope_freq_scale: float = 1.0
     has_rope_freqs: bool = False
-    # ---- Qwen3 / Gemma 3: per-head Q/K norms, post-norms, GeGLU, embedding scale, sliding window
-    has_qk_norm: bool = False
-    has_post_norms: bool = False
+    # ---- Qwen3 / Gemma 3: GeGLU, embedding scale, sliding window
     act: str = "silu"
     embd_scale: float = 0.0        # 0: none
     attn_scale: float = 0.0        # 0: 1/sqrt(head_dim)
@@ -222,7 +221,7 @@ class ModelConfig(HeadDims):
         cfg = cls(
             arch=a.name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
             head_dim=head_dim, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
-            rope_dim=rope_dim, rope_theta=rope_theta, rope_neox=a.rope_neox,
+            rope_dim=rope_dim, rope_theta=rope_theta,
             rms_eps=rms_eps, has_qkv_bias=has_bias,
             tied_output=a.tensor("output").gguf not in tensors,
             rope_freq_scale=rope_freq_scale,
@@ -290,7 +289,7 @@ def kv_layer_cells(n_layer: int, swa_window: int, swa_pattern: int, n_ctx: int, 
 def _family_hparams(a: Arch, f: GGUFFile, get_int, get_float, key, n_embd: int, head_dim: int) -> dict:
     """The Qwen3 / Gemma 3 features: what the family implies plus its optional GGUF keys
     (sliding window, local RoPE base, attention scale, final softcap), as llama.cpp reads them."""
-    out: dict = dict(has_qk_norm=a.qk_norm, has_post_norms=a.post_norms, act=a.act,
+    out: dict = dict(act=a.act,
                      embd_scale=math.sqrt(n_embd) if a.embd_scale_sqrt else 0.0)
     if key("attn_softcap") in f and get_float("attn_softcap", 0.0) != 0.0:
         raise GGUFError(f"{f.path}: {key('attn_softcap')} (attention logit softcapping) is not supported")

@@ -552,8 +552,10 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
                                     {L->wv.data, (const float *)L->bv.data, rt->vc, kvd, kvd}};
         const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
         LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
-        LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim, c->rope_dim,
-                           c->rope_neox, rc, rsn, kv, li, slots, ring ? cells_l : cells, c->has_qk_norm ? &qkn : NULL));
+        /* a layer without RoPE: the same launch rotating no dimensions */
+        LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim,
+                           ei_layer_uses_rope(c, l) ? c->rope_dim : 0, c->rope_neox, rc, rsn, kv, li, slots,
+                           ring ? cells_l : cells, c->has_qk_norm ? &qkn : NULL));
         for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
             const int32_t nt = T - t0 < rt->attn_tokens ? T - t0 : rt->attn_tokens;
             LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, kv, li, slots + t0, pos + t0,

@@ -120,6 +120,8 @@ typedef struct {
      * are scaled (LongRoPE's attention factor; llama.cpp's rope.scaling.attn_factor).
      * 0 or 1: none. */
     float rope_attn_factor;
+    /* > 0: layer l skips RoPE iff (l + 1) % no_rope_layer_step == 0 (SmolLM3: 4); 0: every layer rotates */
+    int32_t no_rope_layer_step;
 } ei_model_config;
 
 typedef struct ei_model ei_model;

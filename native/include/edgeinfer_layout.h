@@ -106,6 +106,12 @@ static inline int ei_layer_is_local(const ei_model_config *c, int l) {
     return c->swa_window > 0 && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
 }
 
+/* Layer l rotates q and k; with a no-RoPE step, every step-th layer does not (SmolLM3, as llama.cpp's
+ * n_no_rope_layer_step and transformers' no_rope_layers lay it out). */
+static inline int ei_layer_uses_rope(const ei_model_config *c, int l) {
+    return c->no_rope_layer_step <= 0 || (l + 1) % c->no_rope_layer_step != 0;
+}
+
 enum { EI_MAX_LAYERS = 1024, EI_MAX_DIM = 1 << 20, EI_MAX_HEAD_DIM = 1024 };
 
 #define EI_FAIL_(st, ...) return (snprintf(msg, n, __VA_ARGS__), (st))
@@ -136,6 +142,8 @@ static inline ei_status ei_config_check(const ei_model_config *c, char *msg, siz
         !isfinite(c->final_softcap) || !isfinite(c->rope_theta_local))
         EI_FAIL_(EI_ERR_INVALID_ARG, "embd_scale, attn_scale, final_softcap, rope_theta_local, swa_window "
                                      "and swa_pattern must be finite and >= 0");
+    if (c->no_rope_layer_step < 0)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "no_rope_layer_step=%d must be >= 0", c->no_rope_layer_step);
     if (!(c->rope_attn_factor >= 0) || c->rope_attn_factor > 1e3f)
         EI_FAIL_(EI_ERR_INVALID_ARG, "rope_attn_factor=%g must be in [0, 1000]", (double)c->rope_attn_factor);
     return EI_OK;

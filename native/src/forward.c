@@ -117,7 +117,7 @@ typedef struct {
 } kv_task;
 
 /* Item h < n_head: RoPE on query head h of every token; then kv head h - n_head: RoPE
- * on its keys and both rows of every token into their ring cells, in token order (two
+ * on its keys (neither in a layer without RoPE) and both rows of every token into their ring cells, in token order (two
  * tokens of a batch can share a local ring's cell: the later one must win). */
 static void store_kv_head(void *raw, int64_t item) {
     const kv_task *k = raw;
@@ -126,8 +126,9 @@ static void store_kv_head(void *raw, int64_t item) {
     const int hd = c->head_dim, half = c->rope_dim / 2;
     const int local = rt->rope_freq_local && ei_layer_is_local(c, k->layer);   /* local layers: their own base */
     const float *cos_t = local ? rt->rope_cos_l : rt->rope_cos, *sin_t = local ? rt->rope_sin_l : rt->rope_sin;
+    const int rope = ei_layer_uses_rope(c, k->layer);
     if (item < c->n_head) {
-        for (int64_t t = 0; t < k->n_tok; t++)
+        for (int64_t t = 0; rope && t < k->n_tok; t++)
             rope_head(c, rt->q + (t * c->n_head + item) * hd, cos_t + t * half, sin_t + t * half);
         return;
     }
@@ -135,7 +136,7 @@ static void store_kv_head(void *raw, int64_t item) {
     const int32_t R = ei_layer_in_local_ring(rt, k->layer) ? rt->local_cells : 0;
     for (int64_t t = 0; t < k->n_tok; t++) {
         float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
-        rope_head(c, kh, cos_t + t * half, sin_t + t * half);
+        if (rope) rope_head(c, kh, cos_t + t * half, sin_t + t * half);
         const int32_t cell = R ? k->pos[t] % R : k->cells[t];   /* the local ring: position mod its size */
         size_t off = ei_kv_offset(rt, k->slots[t], k->layer, h) + (size_t)cell * rt->kv_row_bytes;
         ei_kv_store_row(rt->kt, rt->p.kv_type, kh, hd, rt->k + off);

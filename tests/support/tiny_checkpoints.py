@@ -13,6 +13,8 @@ checkpoint carries a real tokenizer of a few hundred tokens:
   llama32 : Llama 3.2 layout: llama3 rope_scaling (rope_freqs), tied head, Llama 3 chat template
   phi3    : Phi-3.5 layout: fused qkv / gate_up, LongRoPE short/long factors, SentencePiece
   phi4    : Phi-4-mini layout: fused tensors, partial rotary (0.75), LongRoPE, tied head, BPE
+  smollm3 : SmolLM3 layout: llama with no RoPE in every fourth layer (8 layers: 3 and 7 skip it),
+            tied head, Llama 3 BPE, ChatML template
 Needs torch, transformers, tokenizers, sentencepiece (and peft for the adapter).
 """
 from __future__ import annotations
@@ -147,7 +149,7 @@ def _spm_model(path: Path, vocab_size: int = 420, gemma: bool = False) -> None:
 
 def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float32") -> Path:
     """Builds checkpoint `kind` (llama, llama_tied, mistral, qwen2, llama_256, llama32, phi3,
-    phi4) in `out`."""
+    phi4, smollm3, ...: the module's list) in `out`."""
     import torch
     import transformers as tf
 
@@ -232,6 +234,17 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
                              tie_word_embeddings=True, rope_parameters=rope, **common)
         model = tf.LlamaForCausalLM(cfg)
         tcfg = {"bos_token": specials[0], "eos_token": specials[2], "chat_template": LLAMA3_TEMPLATE}
+    elif kind == "smollm3":
+        specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
+        tok = _bpe_tokenizer("llama3", 400, specials)
+        n_vocab = tok.get_vocab_size()
+        cfg = tf.SmolLM3Config(vocab_size=n_vocab, bos_token_id=0, eos_token_id=3, pad_token_id=None,
+                               tie_word_embeddings=True, no_rope_layer_interval=4,
+                               rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
+                               **{**common, "num_hidden_layers": 8})
+        assert cfg.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
+        model = tf.SmolLM3ForCausalLM(cfg)
+        tcfg = {"bos_token": specials[0], "eos_token": specials[3], "chat_template": CHATML}
     elif kind in ("phi3", "phi4"):
         # LongRoPE: long factors once a sequence passes original_max_position_embeddings (32)
         partial = 1.0 if kind == "phi3" else 0.75
