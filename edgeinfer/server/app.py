@@ -23,6 +23,7 @@ from ..engine import (ConstraintError, DoneEvent, ErrorEvent, QueueFullError, Sa
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
 from .metrics import Metrics
+from .openapi import OPERATIONS, document
 from .protocol import (APIError, DetokenizeBody, GenRequest, TokenizeBody, bad, parse, parse_chat,
                        parse_completion)
 from .registry import Registry, ServedModel
@@ -135,6 +136,7 @@ def error_response(e: APIError) -> web.Response:
     return _json(e.body(), status=e.status, headers=e.headers)
 
 
+PUBLIC_PATHS = frozenset(op.path for op in OPERATIONS if op.public)   # answered without the API key
 _HTTP_ERRORS = {404: ("not found", "not_found"), 405: ("method not allowed", "method_not_allowed"),
                 413: ("request body too large", "request_too_large")}
 
@@ -146,7 +148,7 @@ async def _middleware(request: web.Request, handler):
     route = info.canonical if info is not None else "other"
     status = 500
     try:
-        if state.api_key is not None and request.path not in ("/health", "/ready"):
+        if state.api_key is not None and request.path not in PUBLIC_PATHS:
             auth = request.headers.get("Authorization", "")
             if not hmac.compare_digest(auth.encode(), f"Bearer {state.api_key}".encode()):
                 raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
@@ -641,16 +643,18 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
     return resp
 
 
+async def openapi(request: web.Request) -> web.Response:
+    """GET /openapi.json: the contract of every route (server/openapi.py)."""
+    return _json(document(auth=request.app[STATE_KEY].api_key is not None))
+
+
 def create_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[_middleware], client_max_size=state.max_body)
     app[STATE_KEY] = state
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/models/{model_id}", model)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
+    for op in OPERATIONS:          # the routes the document lists, and only those
+        handler = globals()[op.handler]
+        if op.method == "GET":
+            app.router.add_get(op.path, handler)      # HEAD too, as HTTP asks of GET
+        else:
+            app.router.add_route(op.method, op.path, handler)
     return app

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 __all__ = ["APIError", "bad", "GenRequest", "parse_chat", "parse_completion", "parse",
@@ -63,6 +63,21 @@ def _stop_list(v: Any) -> Any:
     return [v] if isinstance(v, str) else v
 
 
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+# What the before-validators take, for the JSON Schema (they normalise it to the field's type)
+_Content = Annotated[str, BeforeValidator(_text_parts, json_schema_input_type=str | list[TextPart] | None)]
+_Stops = Annotated[list[str], Field(max_length=4)]   # OpenAI's limit
+_Stop = Annotated[_Stops | None, BeforeValidator(_stop_list, json_schema_input_type=str | _Stops | None)]
+_TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+# A string, token ids, or a batch of one of those (parse_completion reads it)
+_PROMPT_SCHEMA = TypeAdapter(str | _TokenIds | Annotated[list[str | _TokenIds], Field(min_length=1, max_length=1)]
+                             ).json_schema()
+
+
 class CalledFunction(_Body):
     name: str
     arguments: str | dict = "{}"             # OpenAI sends JSON text; an object is taken too
@@ -76,7 +91,7 @@ class ToolCall(_Body):
 
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str, BeforeValidator(_text_parts)] = ""
+    content: _Content = ""
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None          # a tool result answers this call
     name: str | None = None
@@ -103,7 +118,7 @@ class _GenBody(_Body):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
     ignore_eos: bool | None = None
-    stop: Annotated[list[str] | None, BeforeValidator(_stop_list), Field(max_length=4)] = None   # OpenAI's limit
+    stop: _Stop = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict | None = None
@@ -132,7 +147,10 @@ class ChatBody(_GenBody):
 
 
 class CompletionBody(_GenBody):
-    prompt: Any = None        # a string, token ids, or a batch of one of those: see parse_completion
+    # read by parse_completion, which names the field in its errors; required: null or missing is a 400
+    model_config = ConfigDict(json_schema_extra=lambda schema: (schema.setdefault("required", []).append("prompt"),
+                                                                schema["properties"]["prompt"].pop("default")))
+    prompt: Annotated[Any, WithJsonSchema(_PROMPT_SCHEMA)] = None
     max_tokens: int | None = Field(None, ge=1)  # omitted or null: until EOS or a full context
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None

@@ -1,0 +1,127 @@
+"""The OpenAPI 3.1 document of the HTTP API (GET /openapi.json), generated from the pydantic
+request models (protocol.py) and response models (responses.py): the routes are listed once,
+in OPERATIONS, and create_app registers exactly those."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import version
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from . import responses as R
+from .protocol import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody
+
+__all__ = ["Operation", "OPERATIONS", "document"]
+
+# The errors every route may answer (the middleware's: auth is added when a key is set)
+COMMON_ERRORS = {"404": "no such route", "405": "method not allowed on this route"}
+GENERATION_ERRORS = {"400": "a bad field, named in `param`; a prompt that does not fit the context",
+                     "404": "`model` names no served model (code model_not_found)",
+                     "413": "the body exceeds the server's limit",
+                     "429": "the model's queue is full (Retry-After)",
+                     "503": "loading, failed or shutting down (Retry-After)"}
+STREAM = "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route: its handler's name in app.py, what it takes and what it answers."""
+    method: str
+    path: str
+    handler: str
+    summary: str
+    body: type[BaseModel] | None = None
+    ok: type[BaseModel] | None = None           # the 200 JSON body
+    ok_text: tuple[str, ...] = ()               # or 200 media types of plain text
+    stream: type[BaseModel] | None = None       # the events of a 200 text/event-stream reply
+    errors: dict[str, str] = field(default_factory=dict)
+    public: bool = False                        # answered without the API key
+
+
+OPERATIONS = (
+    Operation("GET", "/health", "health", "Liveness: 200 unless an engine failed", ok=R.Health,
+              errors={"503": "an engine failed: restart"}, public=True),
+    Operation("GET", "/ready", "ready", "Readiness: 200 when every model is loaded and serving", ok=R.Health,
+              errors={"503": "loading, draining or failed"}, public=True),
+    Operation("GET", "/v1/models", "models", "The loaded models, the default first", ok=R.ModelList),
+    Operation("GET", "/v1/models/{model_id}", "model", "A served model under any of its names", ok=R.ModelObject,
+              errors={"404": "no served model of that name", "503": "loading, failed or shutting down"}),
+    Operation("GET", "/metrics", "metrics", "Prometheus metrics (OpenMetrics when the Accept header asks)",
+              ok_text=("text/plain", "application/openmetrics-text")),
+    Operation("GET", "/openapi.json", "openapi", "This document", ok_text=("application/json",), public=True),
+    Operation("POST", "/v1/chat/completions", "chat_completions", "OpenAI chat completions", body=ChatBody,
+              ok=R.ChatCompletion, stream=R.ChatCompletionChunk, errors=GENERATION_ERRORS),
+    Operation("POST", "/v1/completions", "completions", "OpenAI text completions", body=CompletionBody,
+              ok=R.Completion, stream=R.CompletionChunk, errors=GENERATION_ERRORS),
+    Operation("POST", "/tokenize", "tokenize", "Text to token ids (the default model)", body=TokenizeBody,
+              ok=R.Tokens, errors={"400": "a bad field", "413": "the body exceeds the server's limit",
+                                   "503": "loading, failed or shutting down"}),
+    Operation("POST", "/detokenize", "detokenize", "Token ids to text (the default model)", body=DetokenizeBody,
+              ok=R.Detokenized, errors={"400": "a bad field or a token id outside the vocabulary",
+                                        "413": "the body exceeds the server's limit",
+                                        "503": "loading, failed or shutting down"}),
+)
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(model: type[BaseModel]) -> dict:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _event(chunk: type[BaseModel]) -> dict:
+    """One server-sent event: a JSON chunk, an error object, or the closing [DONE]."""
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": {"type": "string", "anyOf": [
+                {"const": "[DONE]"},
+                {"contentMediaType": "application/json",
+                 "contentSchema": {"anyOf": [_ref(chunk), _ref(R.ErrorResponse)]}}]}}}
+
+
+def _operation(op: Operation, auth: bool) -> dict:
+    ok: dict = {}
+    if op.ok is not None:
+        ok["application/json"] = {"schema": _ref(op.ok)}
+    for media in op.ok_text:
+        ok[media] = {"schema": {"type": "object"} if media == "application/json" else {"type": "string"}}
+    if op.stream is not None:
+        ok[STREAM] = {"schema": _event(op.stream)}
+    error = {"application/json": {"schema": _ref(R.ErrorResponse)}}
+    errors = {**COMMON_ERRORS, **op.errors}
+    if auth and not op.public:
+        errors["401"] = "a missing or wrong API key"
+    out: dict = {"operationId": op.handler, "summary": op.summary,
+                 "responses": {"200": {"description": "OK" + (" (streamed when `stream` is true)"
+                                                              if op.stream else ""), "content": ok},
+                               **{code: {"description": why, "content": error} for code, why in sorted(errors.items())}}}
+    if op.body is not None:
+        out["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(op.body)}}}
+    if "{model_id}" in op.path:
+        out["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if auth:
+        out["security"] = [] if op.public else [{"apiKey": []}]
+    return out
+
+
+@cache
+def _schemas() -> dict:
+    models = [op.body for op in OPERATIONS if op.body] + [m for op in OPERATIONS for m in (op.ok, op.stream) if m]
+    models.append(R.ErrorResponse)
+    _, defs = models_json_schema([(m, "validation") for m in dict.fromkeys(models)], ref_template=_REF)
+    return defs["$defs"]
+
+
+def document(auth: bool = False) -> dict:
+    """The document; `auth`: the server asks for an API key (Authorization: Bearer)."""
+    paths: dict = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, auth)
+    doc = {"openapi": "3.1.0",
+           "info": {"title": "edgeinfer", "version": version("edgeinfer"),
+                    "description": "OpenAI-compatible HTTP API of `edgeinfer serve`."},
+           "paths": paths, "components": {"schemas": _schemas()}}
+    if auth:
+        doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+    return doc

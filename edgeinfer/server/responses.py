@@ -1,0 +1,206 @@
+"""The server's response bodies as pydantic models: the contract GET /openapi.json publishes
+(server/openapi.py builds the document from them and from the request models of protocol.py).
+The handlers answer plain JSON; tests/test_openapi.py checks every answer against these."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["ErrorResponse", "Health", "ModelObject", "ModelList", "Tokens", "Detokenized",
+           "ChatCompletion", "ChatCompletionChunk", "Completion", "CompletionChunk"]
+
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
+
+
+class _Out(BaseModel):
+    # OpenAI adds fields over time: clients must ignore the ones they do not know
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(_Out):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Out):
+    """Every error, and an error event inside a stream: OpenAI's shape."""
+    error: ErrorDetail
+
+
+class SlotCounts(_Out):
+    slots_busy: int
+    slots_total: int
+    queue_length: int
+
+
+class Health(_Out):
+    """/health and /ready: "ok" with the slot counts (per model when there are several), or
+    loading / draining / failed with the error."""
+    status: Literal["ok", "loading", "draining", "failed"]
+    error: str | None = None
+    slots_busy: int | None = None
+    slots_total: int | None = None
+    queue_length: int | None = None
+    models: dict[str, SlotCounts] | None = None
+
+
+class ModelMeta(_Out):
+    n_ctx: int
+    n_slots: int
+    n_vocab: int
+    arch: str
+
+
+class ModelObject(_Out):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    meta: ModelMeta
+
+
+class ModelList(_Out):
+    object: Literal["list"]
+    data: list[ModelObject]
+
+
+class TokenPiece(_Out):
+    id: int
+    piece: str
+
+
+class Tokens(_Out):
+    """/tokenize: the ids, or with `with_pieces` each id with its text."""
+    tokens: list[int] | list[TokenPiece]
+
+
+class Detokenized(_Out):
+    content: str
+
+
+class PromptTokensDetails(_Out):
+    cached_tokens: int
+
+
+class Usage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CalledFunctionOut(_Out):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Out):
+    id: str
+    type: Literal["function"]
+    function: CalledFunctionOut
+
+
+class TopLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Out):
+    content: list[ChatTokenLogprob]
+    refusal: None
+
+
+class AssistantMessage(_Out):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(_Out):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason
+
+
+class _Reply(_Out):
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str
+
+
+class ChatCompletion(_Reply):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionLogprobs(_Out):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(_Out):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason
+
+
+class Completion(_Reply):
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ToolCallDelta(_Out):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: dict[str, str] | None = None
+
+
+class ChatDelta(_Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(_Out):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(_Reply):
+    """One event of a streamed chat completion; with include_usage, `usage` is null but in
+    the last event, which has no choices."""
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunkChoice(_Out):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(_Reply):
+    object: Literal["text_completion"]
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
