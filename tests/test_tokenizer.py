@@ -14,6 +14,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from tests.support.llama_vocabs import test_vectors, vocab_path
 from tests.support.strict import require
 
 from edgeinfer.gguf.reader import GGUFFile
@@ -277,7 +278,7 @@ def test_smollm2_matches_llama_cpp(smollm2_path, smollm2_tok):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt-2", "gpt-4o", "default"])
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "qwen35", "lfm2", "gpt-2", "gpt-4o", "default"])
 def test_bpe_pre_tokenizers_match_llama_cpp(pre, bpe_variant):
     path, meta = bpe_variant(None if pre == "default" else pre)
     tok = Tokenizer.from_metadata(meta)
@@ -390,6 +391,59 @@ def _oracle_piece(llm, token_id: int) -> bytes:
     n = llama_cpp.llama_token_to_piece(vocab, token_id, buf, 1024, 0, True)
     assert n >= 0
     return bytes(buf[:n])
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp's own vocabulary files and test vectors (the llama-cpp-python sdist)
+# ---------------------------------------------------------------------------------------------
+#: the vocabulary files of the sdist whose tokenizers edgeinfer supports
+VOCAB_FILES = ["llama-bpe", "qwen2", "qwen35", "phi-3", "llama-spm", "gpt-2", "command-r", "gemma-4"]
+_VOCAB_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def vocab_file_tokenizer(name: str) -> Tokenizer:
+    """Our tokenizer of ``models/ggml-vocab-<name>.gguf``, built once per process."""
+    if name not in _VOCAB_TOKENIZERS:
+        _VOCAB_TOKENIZERS[name] = Tokenizer.from_gguf(vocab_path(name))
+    return _VOCAB_TOKENIZERS[name]
+
+
+@pytest.mark.parametrize("name", VOCAB_FILES)
+def test_llama_cpp_test_vectors(name):
+    """Every test vector llama.cpp ships with the vocabulary file gives its ids."""
+    tok = vocab_file_tokenizer(name)
+    vectors = test_vectors(name)
+    bad = [(text, ids, tok.encode(text, add_special=False, parse_special=False))
+           for text, ids in vectors.items()
+           if tok.encode(text, add_special=False, parse_special=False) != ids]
+    print(f"\n{name}: {len(vectors) - len(bad)}/{len(vectors)} of llama.cpp's test vectors match")
+    assert not bad, f"{len(bad)} of {len(vectors)} differ; the first (text, llama.cpp, ours): {bad[:2]}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", ["qwen35", "gemma-4"])
+def test_vocab_files_match_llama_cpp(name):
+    tok = vocab_file_tokenizer(name)
+    extra = ["a\u0301b \u0915\u094d\u0937 e\u0301\u0301", "\n\n\n \n\n", "\n", "  a  b  ", "\u2581x \u2581"]
+    ok, n, failures = compare_with_oracle(tok, oracle_vocab(vocab_path(name)), FULL_CORPUS + extra)
+    print(f"\n{name}: {ok}/{n} cases identical to llama.cpp")
+    assert ok == n, "\n".join(failures)
+
+
+@pytest.mark.oracle
+def test_gemma4_pieces_and_bos_match_llama_cpp(tmp_path):
+    """Gemma 4's pieces (spaces written as U+2581, <0xXX> byte tokens) are llama.cpp's, and BOS
+    is added even where the metadata says not to, as llama.cpp does for Gemma 4."""
+    tok = vocab_file_tokenizer("gemma-4")
+    llm = oracle_vocab(vocab_path("gemma-4"))
+    for i in list(range(0, tok.n_vocab, tok.n_vocab // 2000)) + list(range(300)):
+        assert tok.token_to_bytes(i) == _oracle_piece(llm, i), i
+    meta = {**load_metadata(vocab_path("gemma-4")), "tokenizer.ggml.add_bos_token": False}
+    no_bos = Tokenizer.from_metadata(meta)
+    ok, n, failures = compare_with_oracle(no_bos, oracle_vocab(write_vocab_gguf(tmp_path / "g4.gguf", meta)),
+                                          ["Hello world", " x", ""])
+    assert ok == n, "\n".join(failures)
+    assert no_bos.encode("x")[0] == no_bos.bos_id
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,7 +642,7 @@ def test_converter_names_hf_pre_tokenizers_that_split_alike(pre):
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = made[0] if len(made) == 1 else pt.Sequence(made)
     tj = json.loads(tok.to_str())
-    assert _pre_name(tj) == pre
+    assert _pre_name(tj, list(hf.architectures)) == pre
 
     splitter = PRE_TOKENIZERS[pre].splitter
     cased = "\\p{Lu}" in (hf.split_regex or "")

@@ -38,8 +38,9 @@ def _token_text(v: Any) -> str | None:
     return None
 
 
-def _pre_name(tj: dict) -> str:
-    """The GGUF ``tokenizer.ggml.pre`` name of tokenizer.json's pre-tokenizer."""
+def _pre_name(tj: dict, architectures: Any = ()) -> str:
+    """The GGUF ``tokenizer.ggml.pre`` name of tokenizer.json's pre-tokenizer; among entries of
+    the same form, the one listing one of config.json's ``architectures``, else the first."""
     pre = tj.get("pre_tokenizer")
     items = []
     if isinstance(pre, dict):
@@ -56,9 +57,14 @@ def _pre_name(tj: dict) -> str:
     byte_level_ok = bool(steps) and steps[-1] == "ByteLevel" and (
         items[-1].get("use_regex", True) == (split is None))
     if digits_ok and byte_level_ok:
-        for name, hf in _HF_FORMS.items():
-            if hf.steps == steps and hf.split_regex == split_regex:
+        names = [name for name, hf in _HF_FORMS.items()
+                 if hf.steps == steps and hf.split_regex == split_regex]
+        archs = set(architectures) if isinstance(architectures, list) else set()
+        for name in names:
+            if archs & set(_HF_FORMS[name].architectures):
                 return name
+        if names:
+            return next((n for n in names if not _HF_FORMS[n].architectures), names[0])
     raise ConversionError(
         f"tokenizer.json: pre-tokenizer {json.dumps(pre)[:300]} has no llama.cpp equivalent "
         f"this converter knows; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}")
@@ -178,7 +184,7 @@ def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, s
         if m.get("byte_fallback"):
             raise ConversionError(f"{tj_path}: SentencePiece-style BPE (byte_fallback) needs "
                                   f"the checkpoint's tokenizer.model")
-        pre = _pre_name(tj)
+        pre = _pre_name(tj, ckpt.config.get("architectures", ()))
         vocab = m["vocab"]
         size = max([*vocab.values(), *(a["id"] for a in tj.get("added_tokens", []))]) + 1
         tokens = [None] * size

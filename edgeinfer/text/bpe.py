@@ -58,6 +58,7 @@ class BPE:
 
     kind = "bpe"
     description = "byte-level BPE"
+    bos_always = False
     #: BOS / EOS / UNK ids when the metadata names none (llama.cpp's)
     special_defaults: ClassVar[Mapping[str, int | None]] = {"bos": 11, "eos": 11, "unk": None}
 
@@ -79,7 +80,7 @@ class BPE:
         # a merge lookup "l r" is only the pair (l, r) if l has no space after its 1st char
         self._spaces_in_tokens = any(" " in t[1:] for t in vocab.tokens)
 
-        self.pre = pre_tokenizer(meta.get("tokenizer.ggml.pre"))
+        self.pre = self.pre_tokenizer(meta)
         self._split = self.pre.splitter.split
         self.ignore_merges = self.pre.ignore_merges
         self.add_bos = self.pre.add_bos
@@ -88,6 +89,10 @@ class BPE:
 
         self._cache_size = max(0, int(cache_size))
         self._cache: dict[str, list[int]] = {}
+
+    @staticmethod
+    def pre_tokenizer(meta: Mapping[str, Any]) -> PreTokenizer:
+        return pre_tokenizer(meta.get("tokenizer.ggml.pre"))
 
     def encode(self, fragments: list[str | int], out: list[int]) -> None:
         """Appends the ids of raw-text fragments and special-token ids to ``out``."""
@@ -113,13 +118,30 @@ class BPE:
             out.extend(ids)
 
     def word_ids(self, word: str) -> list[int]:
-        """The merge loop over one pre-tokenized word."""
+        """The ids of one pre-tokenized word: its bytes in the byte alphabet, merged."""
         vocab = self._ids
         enc = word.encode("utf-8").decode("latin-1").translate(_LATIN1_TO_GPT2)
         if self.ignore_merges:
             i = vocab.get(enc)
             if i is not None:
                 return [i]
+        ids: list[int] = []
+        for s in self.merge(enc):
+            i = vocab.get(s)
+            if i is not None:
+                ids.append(i)
+                continue
+            # no token for the merged text: llama.cpp falls back to one-byte strings of it
+            for ch in s:
+                if ord(ch) < 0x80:
+                    j = vocab.get(ch)
+                    if j is not None:
+                        ids.append(j)
+        return ids
+
+    def merge(self, enc: str) -> list[str]:
+        """The merge loop: the characters of ``enc`` merged by rank, lowest first; the merged
+        symbols in order."""
         n = len(enc)
         if n == 1:
             syms = [enc]
@@ -162,21 +184,7 @@ class BPE:
                         r = ranks.get(txt + " " + b)
                         if r is not None:
                             push(heap, (r, left, nn, txt + b))
-        ids: list[int] = []
-        for s in syms:
-            if not s:
-                continue
-            i = vocab.get(s)
-            if i is not None:
-                ids.append(i)
-                continue
-            # no token for the merged text: llama.cpp falls back to one-byte strings of it
-            for ch in s:
-                if ord(ch) < 0x80:
-                    j = vocab.get(ch)
-                    if j is not None:
-                        ids.append(j)
-        return ids
+        return [s for s in syms if s]
 
     @staticmethod
     def piece(text: str) -> bytes:

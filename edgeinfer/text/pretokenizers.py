@@ -14,9 +14,12 @@ from typing import Any
 
 import regex
 
+from .unicode_classes import expand
+
 __all__ = [
     "DEFAULT_PRE",
     "FALLBACK_PRE",
+    "METASPACE_PRE",
     "PRE_TOKENIZERS",
     "STRIP_QUIRKS",
     "HFPreTokenizer",
@@ -26,42 +29,12 @@ __all__ = [
     "strip_quirk",
 ]
 
-# ---------------------------------------------------------------------------------------------
-# Character classes as llama.cpp sees them. Its splitters for gpt2 / llama3 / qwen2 behave
-# exactly like these regexes (including the trailing `|\s+` its gpt2 splitter adds).
-# ---------------------------------------------------------------------------------------------
-_WS = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
-# llama.cpp's character classes follow Unicode 15.1; the `regex` module knows newer versions.
-# Letters and numbers first assigned after Unicode 15.1 are unassigned ("other") for llama.cpp,
-# so they are taken out of \p{L} / \p{N} here.
-_NEW_LETTERS = (
-    "\\u088f\\u0c5c\\u0cdc\\u1c89\\u1c8a\\ua7cb-\\ua7cf\\ua7d2\\ua7d4\\ua7da-\\ua7f1"
-    "\\U000105c0-\\U000105f3\\U00010940-\\U00010959\\U00010d4a-\\U00010d85\\U00010ec2-\\U00010ec7"
-    "\\U00011380-\\U000113d3\\U00011bc0-\\U00011be0\\U00011db0-\\U00011ddb\\U00013460-\\U000143fa"
-    "\\U00016100-\\U0001611d\\U00016d40-\\U00016d6c\\U00016ea0-\\U00016ed3\\U00016ff2-\\U00016ff3"
-    "\\U000187f8-\\U000187ff\\U00018cff\\U00018d09-\\U00018df2\\U0001e5d0-\\U0001e6ff"
-    "\\U0002b73a-\\U0002b73f\\U0002cea2-\\U0002cead\\U000323b0-\\U00033479"
-)
-_NEW_NUMBERS = (
-    "\\U00010d40-\\U00010d49\\U000116d0-\\U000116e3\\U00011bf0-\\U00011bf9\\U00011de0-\\U00011de9"
-    "\\U00016130-\\U00016139\\U00016d70-\\U00016d79\\U00016ff4-\\U00016ff6\\U0001ccf0-\\U0001ccf9"
-    "\\U0001e5f1-\\U0001e5fa"
-)
-_NEW_PUNCT = (
-    "\\u1b4e\\u1b4f\\u1b7f\\U00010d6e\\U00010ed0\\U000113d4\\U000113d5\\U000113d7\\U000113d8"
-    "\\U00011be1\\U00016d6d-\\U00016d6f\\U0001e5ff"
-)
-_L = "[\\p{L}--[" + _NEW_LETTERS + "]]"
-_N = "[\\p{N}--[" + _NEW_NUMBERS + "]]"
-
-
 def _rx(pattern: str) -> regex.Pattern[str]:
-    """Compiles a pre-tokenizer regex: {S} = llama.cpp's whitespace set (its \\s), {L} / {N} =
-    letters / numbers as llama.cpp classifies them (usable inside a class as nested sets),
-    {NEWP} = punctuation newer than Unicode 15.1."""
-    for key, val in (("{S}", _WS), ("{L}", _L), ("{N}", _N), ("{NEWP}", _NEW_PUNCT)):
-        pattern = pattern.replace(key, val)
-    return regex.compile(pattern, regex.V1)
+    """Compiles a pre-tokenizer regex written with llama.cpp's classes ({S} its whitespace,
+    {L} / {N} / {M} / {P}: see ``unicode_classes.py``). llama.cpp's splitters for gpt2 / llama3 /
+    qwen2 / qwen35 behave exactly like these regexes (including the trailing `|\\s+` its gpt2
+    splitter adds)."""
+    return regex.compile(expand(pattern), regex.V1)
 
 
 @dataclass(frozen=True)
@@ -119,8 +92,16 @@ SMOLLM = Splitter((_rx(r"{N}"), _RX_GPT2))   # digits one by one, then gpt-2
 LLAMA3 = Splitter((_RX_LLAMA3,))
 QWEN2 = Splitter((_RX_QWEN2,))
 GPT4O = Splitter((_RX_GPT4O,))
+# Qwen3.5: marks join letters, and are never "other"
+_RX_QWEN35 = _rx(
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n{L}{N}]?[{L}{M}]+"
+    r"|{N}| ?[^{S}{L}{M}{N}]+[\r\n]*|[{S}]*[\r\n]+|[{S}]+(?![^{S}])|[{S}]+"
+)
+QWEN35 = Splitter((_RX_QWEN35,))
+# metaspace BPE (gemma4): only runs of newlines are cut off, the merges see whole lines
+LINES = Splitter((regex.compile(r"[^\n]+|\n+"),))
 DEFAULT = Splitter((
-    _rx(r"[[\p{P}--[{NEWP}]]$+<=>^~|]+"), _RX_GPT2, _rx(r"{N}+"), _rx(r"[0-9][0-9][0-9]")))
+    _rx(r"[{P}$+<=>^~|]+"), _RX_GPT2, _rx(r"{N}+"), _rx(r"[0-9][0-9][0-9]")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,6 +117,8 @@ class HFPreTokenizer:
     steps: tuple[str, ...]
     split_regex: str | None = None
     description: str = ""
+    #: config.json ``architectures`` that pick this entry among entries of the same form
+    architectures: tuple[str, ...] = ()
 
 
 _HF_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
@@ -147,6 +130,10 @@ _HF_QWEN2 = HFPreTokenizer(
     ("Split", "ByteLevel"),
     _HF_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", "Qwen2 Split + ByteLevel")
+_HF_QWEN35 = HFPreTokenizer(
+    ("Split", "ByteLevel"),
+    _HF_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
+    r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", "Qwen3.5 Split + ByteLevel")
 _HF_GPT4O = HFPreTokenizer(       # tiktoken's o200k (Phi-4-mini)
     ("Split", "ByteLevel"),
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
@@ -187,7 +174,11 @@ PRE_TOKENIZERS: Mapping[str, PreTokenizer] = {
     # llama3: ignore_merges, BOS
     "llama3": _LLAMA3_PRE, "llama-v3": _LLAMA3_PRE, "falcon3": _LLAMA3_PRE,
     "llama-bpe": replace(_LLAMA3_PRE, hf=_HF_LLAMA3),
-    "falcon-h1": _LLAMA3_PRE, "pixtral": _LLAMA3_PRE, "midm-2.0": _LLAMA3_PRE, "lfm2": _LLAMA3_PRE,
+    "falcon-h1": _LLAMA3_PRE, "pixtral": _LLAMA3_PRE, "midm-2.0": _LLAMA3_PRE,
+    # LFM2's tokenizer.json has Llama 3's form; llama.cpp's converter names it by the model
+    "lfm2": replace(_LLAMA3_PRE, hf=replace(
+        _HF_LLAMA3, description="Llama 3 Split + ByteLevel, LFM2",
+        architectures=("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration"))),
     # the llama3 regex alone
     "dbrx": PreTokenizer("llama3-plain", LLAMA3), "smaug-bpe": PreTokenizer("llama3-plain", LLAMA3),
     # gpt-2
@@ -206,9 +197,12 @@ PRE_TOKENIZERS: Mapping[str, PreTokenizer] = {
     "qwen2": PreTokenizer("qwen2", QWEN2, clean_spaces=False, hf=_HF_QWEN2),
     "deepseek-r1-qwen": PreTokenizer("qwen2", QWEN2, clean_spaces=False),
     "stablelm2": PreTokenizer("qwen2", QWEN2), "megrez": PreTokenizer("qwen2", QWEN2),
+    "qwen35": PreTokenizer("qwen35", QWEN35, clean_spaces=False, hf=_HF_QWEN35),
     # gpt-4o
     "gpt-4o": PreTokenizer("gpt4o", GPT4O, clean_spaces=False, hf=_HF_GPT4O),
 }
+#: the pre-tokenizer of metaspace BPE (the gemma4 tokenizer model), which names no other
+METASPACE_PRE = PreTokenizer("gemma4", LINES, add_bos=True)
 #: what a BPE vocabulary without ``tokenizer.ggml.pre`` gets (llama.cpp's 'default')
 DEFAULT_PRE = "default"
 #: what an unknown ``tokenizer.ggml.pre`` falls back to

@@ -24,6 +24,7 @@ class SentencePiece:
     special_defaults: ClassVar[Mapping[str, int | None]] = {"bos": 1, "eos": 2, "unk": 0}
     add_space_prefix = True
     add_bos = True
+    bos_always = False
     ignore_merges = False
     clean_spaces = False
     pre = None

@@ -5,9 +5,11 @@ and the algorithm ``tokenizer.ggml.model`` names, one module each:
 
 * ``gpt2``  -- byte-level BPE (``bpe.py``), after the pre-tokenizer ``tokenizer.ggml.pre``
   names in the table of ``pretokenizers.py``;
-* ``llama`` -- SentencePiece as llama.cpp runs it (``spm.py``).
+* ``llama`` -- SentencePiece as llama.cpp runs it (``spm.py``);
+* ``gemma4`` -- BPE over raw UTF-8 with spaces as ``▁`` and ``<0xXX>`` byte fallback
+  (``metaspace_bpe.py``).
 
-In both, special tokens (CONTROL / USER_DEFINED / UNKNOWN types) are cut out of the raw
+In all, special tokens (CONTROL / USER_DEFINED / UNKNOWN types) are cut out of the raw
 text first, longest first, like llama.cpp's ``tokenizer_st_partition``.
 
 ``StreamDecoder`` turns ids into text incrementally without ever emitting half a UTF-8
@@ -23,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 from ..errors import InvalidTokenError, TokenizerError
 from .bpe import BPE
 from .bpe import BYTE_TO_CHAR as _BYTE_TO_CHAR  # noqa: F401  (tests build byte-level vocabularies)
+from .metaspace_bpe import MetaspaceBPE
 from .pretokenizers import PreTokenizer
 from .spm import SentencePiece
 from .vocab import (
@@ -41,7 +44,7 @@ __all__ = ["ALGORITHMS", "Algorithm", "StreamDecoder", "TokenType", "Tokenizer"]
 
 
 class Algorithm(Protocol):
-    """What a tokenizer model module provides (``bpe.BPE``, ``spm.SentencePiece``): built from
+    """What a tokenizer model module provides (``bpe.BPE``, ``spm.SentencePiece``, ...): built from
     the vocabulary, the metadata and the special tokens, it appends the ids of partitioned
     text (raw-text fragments and special-token ids) and gives a normal token's bytes."""
 
@@ -50,6 +53,7 @@ class Algorithm(Protocol):
     special_defaults: ClassVar[Mapping[str, int | None]]   # bos / eos / unk without metadata
     pre: PreTokenizer | None
     add_bos: bool                          # before tokenizer.ggml.add_bos_token
+    bos_always: ClassVar[bool]             # BOS even when tokenizer.ggml.add_bos_token is false
     add_space_prefix: bool
     ignore_merges: bool
     clean_spaces: bool
@@ -60,7 +64,8 @@ class Algorithm(Protocol):
 
 
 #: ``tokenizer.ggml.model`` -> the algorithm that turns text into ids
-ALGORITHMS: Mapping[str, type[Algorithm]] = {"gpt2": BPE, "llama": SentencePiece}
+ALGORITHMS: Mapping[str, type[Algorithm]] = {
+    "gpt2": BPE, "llama": SentencePiece, "gemma4": MetaspaceBPE}
 
 
 def _clean_text(text: str) -> str:
@@ -73,7 +78,7 @@ def _clean_text(text: str) -> str:
 
 
 class Tokenizer:
-    """A BPE (``gpt2``) or SentencePiece (``llama``) tokenizer read from GGUF metadata.
+    """A tokenizer read from GGUF metadata, of one of the models in ``ALGORITHMS``.
 
     Use ``Tokenizer.from_metadata(meta)`` with the GGUF key/value dict.
     """
@@ -109,7 +114,8 @@ class Tokenizer:
         self.ignore_merges = algorithm.ignore_merges
         self.clean_spaces = algorithm.clean_spaces
         self.add_space_prefix = algorithm.add_space_prefix
-        self.add_bos = meta_bool(meta, "tokenizer.ggml.add_bos_token", algorithm.add_bos)
+        self.add_bos = (algorithm.bos_always
+                        or meta_bool(meta, "tokenizer.ggml.add_bos_token", algorithm.add_bos))
         self.add_eos = meta_bool(meta, "tokenizer.ggml.add_eos_token", False)
 
         self.bos_id = special.bos
