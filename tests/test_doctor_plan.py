@@ -6,6 +6,9 @@ import json
 import os
 import platform
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -43,6 +46,28 @@ def test_plan_matches_engine_allocation(smollm2_path, ctx, slots, max_batch, kv)
         assert 0.9 * m.file_bytes < m.weights_bytes <= m.file_bytes
     finally:
         eng.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ctx,slots,max_batch,kv", [(512, 1, 256, "f16"), (2048, 2, 64, "f16"),
+                                                    (1024, 4, 128, "q8_0")])
+def test_plan_predicts_the_peak_rss_of_a_real_load(smollm2_path, ctx, slots, max_batch, kv):
+    """plan's total against the kernel's peak RSS (ru_maxrss) of a fresh process that loads the
+    model with this config, prefills every slot to its context and decodes
+    (tests/support/peak_rss.py): within 10%."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "tests.support.peak_rss", str(smollm2_path), "--ctx", str(ctx),
+                          "--slots", str(slots), "--max-batch", str(max_batch), "--kv", kv, "--threads", "2"],
+                         cwd=root, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["completion_tokens"] == [8] * slots and got["prompt_tokens"] >= ctx - 8
+    m = P.model_shape(smollm2_path)
+    # plan counts each weight byte once: the runtime's packed copy is the tensor bytes
+    assert abs(got["packed_weight_bytes"] - m.weights_bytes) <= 0.01 * m.weights_bytes
+    row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=got["n_threads"], process="engine")
+    peak = got["peak_rss"]
+    assert abs(row.total - peak) <= 0.10 * peak, (P.human(row.total), P.human(peak), row)
 
 
 def test_kv_formula_from_the_design():

@@ -1,20 +1,35 @@
 """Memory planner: what a model needs for a given context and number of slots.
 
-Total = weights + KV arena + working buffers + process overhead, where
+The prediction is the process's peak resident memory (RSS) under load, counted as
 
-* weights are the GGUF file's tensor bytes (memory-mapped; on a board with no swap
-  they must stay resident, so they count in full);
+    total = weights + mapped + KV arena + working buffers + overhead
+
+* weights: the GGUF file's tensor bytes. The runtime packs every matrix into an arena of its
+  own (``packed_weight_bytes`` in ``Engine.info()``, within 0.1% of the tensor bytes) and drops
+  the packed tensors' pages of the file mapping; what it does not pack (norms, an untied token
+  embedding) it reads from the mapping. Each weight byte is resident once;
+* mapped: file pages resident on top of that: the metadata the reader parses (tokenizer
+  tables, tensor infos: the bytes before the tensor data), and, when the output head is tied
+  to the token embedding, the embedding again: the head reads its packed copy, the token
+  lookups read rows of the mapping, and hours of varied text read them all;
 * KV arena = 2 (K and V) x n_layers x n_kv_heads x head_dim x capacity x
-  bytes_per_element x n_slots  (docs/architecture.md; f16: 2 bytes, q8_0: 34/32 bytes);
+  bytes_per_element x n_slots  (docs/architecture.md; f16: 2 bytes, q8_0: 34/32 bytes), zeroed
+  at load, so resident from the start;
 * working buffers are what ``ei_runtime_create`` (native/src/runtime.c) allocates
   besides the KV arena: activations for ``max_batch`` tokens, the quantized
   activation blocks, per-thread attention scores, RoPE tables and cell bookkeeping;
-* overhead is an estimate for the Python process (interpreter, numpy, tokenizer
-  tables, one logits row per slot), plus up to 2 MiB per big arena (packed weights, K,
-  V), which the runtime places on 2 MiB pages.
+* overhead: the interpreter and the libraries the process imports (``PROCESS_BASELINE``,
+  measured: ``engine`` for a script that calls ``edgeinfer.load``, ``serve`` for
+  ``edgeinfer serve`` with its HTTP stack), the Python objects of the metadata and tokenizer
+  (``TOKENIZER_BYTES_PER_TOKEN`` per vocabulary entry), one logits row per slot, and up to
+  2 MiB per big arena (packed weights, K, V), which the runtime places on 2 MiB pages.
 
 ``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
-``Engine.info()["scratch_bytes"]``) to well within 5% (tests/test_doctor_plan.py).
+``Engine.info()["scratch_bytes"]``) to well within 5%, and its total with the peak RSS of a
+real load (every slot prefilled to its context with prompts that walk the vocabulary, then
+decoded) measured in a fresh process to within 10% (tests/test_doctor_plan.py). What it
+leaves out is small: file pages the kernel maps around the ones read (fault-around; clean
+and reclaimable), and allocator slack.
 Both KV types the runtime implements are planned: f16 (the default) and q8_0 (``kv_type="q8_0"``).
 """
 from __future__ import annotations
@@ -30,9 +45,9 @@ from ..errors import EdgeInferError
 from ..model.config import kv_layer_cells, local_ring_cells
 
 __all__ = [
-    "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "ModelShape", "PlanRow", "model_shape", "kv_bytes", "kv_layer_cells",
-    "scratch_bytes", "overhead_bytes", "plan_one", "plan_grid", "largest_fit", "parse_size", "human",
-    "ServePlan", "plan_serve", "MemoryBudgetError",
+    "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "PROCESS_BASELINE", "ModelShape", "PlanRow", "model_shape",
+    "kv_bytes", "kv_layer_cells", "scratch_bytes", "mapped_bytes", "overhead_bytes", "plan_one", "plan_grid",
+    "largest_fit", "parse_size", "human", "ServePlan", "plan_serve", "MemoryBudgetError",
 ]
 
 # bytes per KV element; "implemented" is whether ei_runtime_create accepts it today
@@ -42,7 +57,14 @@ DEFAULT_SLOTS = (1, 2, 4, 8)
 DEFAULT_MAX_BATCH = 256          # Engine.load's default
 ATTN_CHUNK = 256                 # EI_ATTN_CHUNK (native/src/attention.h)
 Q8A_BLOCK_BYTES = 40             # sizeof(ei_q8a): float d, float s, int8 q[32]
-PROCESS_OVERHEAD = 64 * 2**20    # interpreter + numpy + typer; SmolLM2-135M measured ~61 MiB with its tokenizer
+# RSS of a process that has imported what it needs, before any model (x86_64, CPython 3.11):
+# `import edgeinfer.engine` (numpy, jinja2, the native library) and, for `edgeinfer serve`,
+# `edgeinfer.cli.main` and `edgeinfer.server` on top (aiohttp, prometheus-client, typer)
+PROCESS_BASELINE = {"engine": 45 * 2**20, "serve": 72 * 2**20}
+PROCESS_OVERHEAD = PROCESS_BASELINE["serve"]   # what `serve` counts once, however many models
+# Python objects of the GGUF metadata and the tokenizer, per vocabulary entry (token strings,
+# merges, id maps): SmolLM2's BPE (49152 tokens) measured 19.7 MiB
+TOKENIZER_BYTES_PER_TOKEN = 420
 
 
 @dataclass
@@ -64,6 +86,8 @@ class ModelShape(HeadDims):
     path: str = ""
     swa_window: int = 0      # sliding-window layers (Gemma 3): their window and the local:global pattern
     swa_pattern: int = 0
+    header_bytes: int = 0    # metadata and tensor infos: the file's bytes before the tensor data
+    tied_embd_bytes: int = 0  # the token embedding's bytes when the output head is tied to it, else 0
 
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
@@ -78,13 +102,15 @@ def model_shape(path: str | os.PathLike) -> ModelShape:
         cfg = ModelConfig.from_gguf(g)
         weights = sum(int(t.nbytes) for t in g.tensors.values())
         name = str(g.metadata.get("general.name", "") or p.stem)
+        header = int(g.data_offset)
+        tied = int(g.tensors[cfg.global_tensor_names()["token_embd"]].nbytes) if cfg.tied_output else 0
     finally:
         g.close()
     return ModelShape(name=name, arch=cfg.arch, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
                       n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_ff=cfg.n_ff, n_vocab=cfg.n_vocab,
                       n_ctx_train=cfg.n_ctx_train, rope_dim=cfg.rope_dim, weights_bytes=weights,
                       file_bytes=p.stat().st_size, path=str(p), swa_window=cfg.swa_window,
-                      swa_pattern=cfg.swa_pattern)
+                      swa_pattern=cfg.swa_pattern, header_bytes=header, tied_embd_bytes=tied)
 
 
 def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: int = DEFAULT_MAX_BATCH) -> int:
@@ -132,10 +158,20 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
 HUGE_PAGE = 2 << 20   # the packed weights, K and V arenas sit on 2 MiB pages (runtime.c: alloc_huge)
 
 
-def overhead_bytes(m: ModelShape, slots: int) -> int:
-    """Process overhead estimate: interpreter and libraries, tokenizer, logits rows, and the
-    last, partly used 2 MiB page of each of the three big arenas."""
-    return PROCESS_OVERHEAD + slots * m.n_vocab * 4 + m.n_vocab * 200 + 3 * HUGE_PAGE
+def mapped_bytes(m: ModelShape) -> int:
+    """File pages resident besides the weights: the metadata, and a tied head's embedding
+    (packed for the head, read row by row from the mapping for the token lookups)."""
+    return m.header_bytes + m.tied_embd_bytes
+
+
+def overhead_bytes(m: ModelShape, slots: int, process: str = "serve") -> int:
+    """Process overhead: interpreter and libraries (`process`: "engine" or "serve"), the
+    tokenizer and metadata objects, logits rows, and the last, partly used 2 MiB page of each
+    of the three big arenas."""
+    if process not in PROCESS_BASELINE:
+        raise ValueError(f"process must be one of {sorted(PROCESS_BASELINE)}, got {process!r}")
+    return (PROCESS_BASELINE[process] + m.n_vocab * TOKENIZER_BYTES_PER_TOKEN + slots * m.n_vocab * 4
+            + 3 * HUGE_PAGE)
 
 
 @dataclass
@@ -149,6 +185,7 @@ class PlanRow:
     overhead: int
     total: int
     fits: Optional[bool] = None
+    mapped: int = 0
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -156,13 +193,17 @@ class PlanRow:
 
 
 def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optional[int] = None,
-             max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None) -> PlanRow:
+             max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
+             process: str = "serve") -> PlanRow:
+    """The peak RSS of one model with `slots` slots of `ctx` cells, in a `process` ("serve":
+    `edgeinfer serve`; "engine": a script that calls edgeinfer.load)."""
     kvb = kv_bytes(m, ctx, slots, kv, max_batch)
     scr = scratch_bytes(m, ctx, slots, max_batch, n_threads)
-    ovh = overhead_bytes(m, slots)
-    total = m.weights_bytes + kvb + scr + ovh
+    ovh = overhead_bytes(m, slots, process)
+    mapped = mapped_bytes(m)
+    total = m.weights_bytes + mapped + kvb + scr + ovh
     row = PlanRow(ctx=ctx, slots=slots, kv=kv, weights=m.weights_bytes, kv_bytes=kvb, scratch=scr,
-                  overhead=ovh, total=total, fits=None if memory is None else total <= memory)
+                  overhead=ovh, total=total, fits=None if memory is None else total <= memory, mapped=mapped)
     if m.n_ctx_train and ctx > m.n_ctx_train:
         row.notes.append(f"ctx above the trained context ({m.n_ctx_train})")
     return row
@@ -219,8 +260,9 @@ class ServePlan:
         return None if self.memory is None else self.total <= self.memory
 
     def describe(self) -> str:
-        parts = [f"{name}: weights {human(r.weights)} + KV {human(r.kv_bytes)} + buffers {human(r.scratch)}"
-                 f" + overhead {human(r.overhead - PROCESS_OVERHEAD)}" for name, r in self.rows]
+        parts = [f"{name}: weights {human(r.weights)} + mapped {human(r.mapped)} + KV {human(r.kv_bytes)}"
+                 f" + buffers {human(r.scratch)} + overhead {human(r.overhead - PROCESS_OVERHEAD)}"
+                 for name, r in self.rows]
         return "; ".join(parts) + f"; process {human(PROCESS_OVERHEAD)}"
 
 
