@@ -339,6 +339,59 @@ def test_greedy_speculative_equals_plain_across_a_ring_slide(target_and_draft):
         eng.close()
 
 
+# --------------------------------------------------------------------------- the real model, sampled
+
+# Each request samples with a seed; the verifier replays the sequence's random stream row by
+# row, so speculative output must be plain decoding's tokens, seed for seed (docs/speculative.md).
+SAMPLED = {
+    "top_p": dict(temperature=0.8, top_k=0, top_p=0.9, min_p=0.0),
+    "min_p": dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1),
+    "top_k": dict(temperature=0.7, top_k=20, top_p=0.95, min_p=0.05),
+    # a short window: the recent tokens are penalised, the copied ones mostly not, so drafts pass
+    "penalties": dict(temperature=0.7, top_k=40, repeat_penalty=1.15, presence_penalty=0.3,
+                      frequency_penalty=0.2, penalty_last_n=8),
+    "logit_bias": dict(temperature=0.8, top_k=40),      # the bias: _bias_of below
+}
+COPY_PROMPTS = ["Copy this list: apples, pears, plums, figs, grapes, limes. Copy: apples, pears,",
+                "Repeat after me: one two three four five six seven eight nine ten. One two three",
+                "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef"]
+
+
+def _bias_of(ids: list[int]) -> dict[int, float]:
+    """A bias that changes the text: the prompt's 4th token pushed up, its 6th banned."""
+    return {ids[3]: 3.0, ids[5]: -100.0}
+
+
+@pytest.fixture(scope="module")
+def target_and_q4_1_draft(target_and_draft, smollm2_path) -> tuple[Path, Path]:
+    """SmolLM2 Q8_0, with the shipped Q4_1 file drafting for it."""
+    return target_and_draft[0], smollm2_path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["lookup", "draft"])
+def test_seeded_speculative_sampling_draws_plain_sampling_tokens(target_and_q4_1_draft, mode):
+    """Temperature with top-p, min-p, top-k, repetition / presence / frequency penalties and a
+    logit bias, 2 seeds x 3 copy-heavy prompts each: the speculative tokens are plain
+    decoding's, and drafts were both accepted and rejected under every setting."""
+    target, draft = target_and_q4_1_draft
+    with edgeinfer.load(target, n_ctx=256, n_threads=2, draft=draft) as eng:
+        eng.fix_speculation(4)
+        out = eng.scheduler.output
+        for name, sampling in SAMPLED.items():
+            before = (out.spec_proposed, out.spec_accepted)
+            for prompt in COPY_PROMPTS:
+                ids = eng.tokenize(prompt)
+                extra = dict(logit_bias=_bias_of(ids)) if name == "logit_bias" else {}
+                for seed in (1, 2):
+                    kw = dict(max_tokens=24, seed=seed, ignore_eos=True, **sampling, **extra)
+                    plain = eng.generate(ids, **kw).tokens
+                    spec = eng.generate(ids, speculative=mode, **kw).tokens
+                    assert spec == plain, (mode, name, prompt[:20], seed)
+            proposed, accepted = out.spec_proposed - before[0], out.spec_accepted - before[1]
+            assert proposed > accepted > 0, (mode, name, proposed, accepted)
+
+
 # --------------------------------------------------------------------------- temperature > 0
 
 def _tiny_path(tmp_path) -> Path:
@@ -421,8 +474,11 @@ def test_bad_speculative_arguments_are_typed_errors(tmp_path, smollm2_path):
             eng.generate([1, 2], speculative="magic")
         with pytest.raises(ValueError, match="draft model"):
             eng.generate([1, 2], speculative="draft")
-        out = eng.generate([1, 10, 11, 10, 11], max_tokens=4, speculative="lookup")
-        assert len(out.tokens) <= 4 and out.stats.spec_proposed >= out.stats.spec_accepted >= 0
+        kw = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+        plain = eng.generate([1, 10, 11, 10, 11], **kw).tokens
+        eng.fix_speculation(2)      # the adaptive policy may find drafting on so tiny a model slower
+        out = eng.generate([1, 10, 11, 10, 11], speculative="lookup", **kw)
+        assert out.tokens == plain and out.stats.spec_proposed > 0   # the output repeats: it drafts
     with pytest.raises(ValueError, match="speculative"):
         edgeinfer.load(path, n_ctx=32, n_threads=1, speculative="draft")
     with pytest.raises(ValueError, match="vocabulary"):
