@@ -851,37 +851,37 @@ def test_attention_sliding_window(window, scale, keep_below):
 
 
 @needs_gpu
-def test_tiny_qwen3_and_gemma3_end_to_end_match_cpu(tmp_path):
+@pytest.mark.parametrize("fam", ["qwen3", "gemma3", "smollm3"])
+def test_tiny_family_end_to_end_matches_cpu(tmp_path, fam):
     """Each family (tests/support/tiny_checkpoints.py, converted to F16: both devices then take float
     activations) on the CUDA runtime: prefill and token-by-token decode past gemma3's window of 16
-    against our CPU path."""
+    (smollm3: layers 3 and 7 without RoPE) against our CPU path."""
     torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
     torch.set_num_threads(1)
     from tests.support import tiny_checkpoints
     from edgeinfer.convert import convert_checkpoint
 
-    for fam in ("qwen3", "gemma3"):
-        d = tiny_checkpoints.build(fam, tmp_path / fam)
-        path = tmp_path / f"{fam}.gguf"
-        convert_checkpoint(str(d), str(path), "f16")
-        with edgeinfer.load(str(path), n_ctx=64, device="cpu", n_threads=2) as cpu:
-            ids = cpu.tokenize("Once upon a time, in a small village, there lived an old clockmaker")[:24]
-            assert len(ids) > 16
-            ref = cpu.logits(ids)
-        # max_batch 4: gemma3's local layers get their own ring of 16 + 4 - 1 = 19 cells (the 24
-        # tokens wrap it); 64: the full ring
-        for max_batch in (4, 64):
-            with edgeinfer.load(str(path), n_ctx=64, device="cuda", n_slots=2, max_batch=max_batch) as gpu:
-                if fam == "gemma3":
-                    assert gpu.info()["local_kv_cells"] == (19 if max_batch == 4 else 0)
-                from edgeinfer.tools import plan as P
-                assert gpu.info()["kv_bytes"] == P.kv_bytes(P.model_shape(path), 64, 2, "f16", max_batch)
-                prefill = gpu.logits(ids)
-                rt = gpu.runner.runtime
-                rt.clear_slot(1)
-                decode = np.array([rt.forward(Batch([tok], [1], [i], [i], [0]))[0].copy()
-                                   for i, tok in enumerate(ids)])
-            for got in (prefill, decode):
-                kl, top1 = _kl_top1(ref, got)
-                assert top1 >= 0.95 and kl <= 1e-4, (fam, max_batch, kl, top1)
-                assert nmse(ref, got) <= NMSE_MAX, (fam, max_batch, nmse(ref, got))
+    d = tiny_checkpoints.build(fam, tmp_path / fam)
+    path = tmp_path / f"{fam}.gguf"
+    convert_checkpoint(str(d), str(path), "f16")
+    with edgeinfer.load(str(path), n_ctx=64, device="cpu", n_threads=2) as cpu:
+        ids = cpu.tokenize("Once upon a time, in a small village, there lived an old clockmaker")[:24]
+        assert len(ids) > 16
+        ref = cpu.logits(ids)
+    # max_batch 4: gemma3's local layers get their own ring of 16 + 4 - 1 = 19 cells (the 24
+    # tokens wrap it); 64: the full ring
+    for max_batch in (4, 64):
+        with edgeinfer.load(str(path), n_ctx=64, device="cuda", n_slots=2, max_batch=max_batch) as gpu:
+            if fam == "gemma3":
+                assert gpu.info()["local_kv_cells"] == (19 if max_batch == 4 else 0)
+            from edgeinfer.tools import plan as P
+            assert gpu.info()["kv_bytes"] == P.kv_bytes(P.model_shape(path), 64, 2, "f16", max_batch)
+            prefill = gpu.logits(ids)
+            rt = gpu.runner.runtime
+            rt.clear_slot(1)
+            decode = np.array([rt.forward(Batch([tok], [1], [i], [i], [0]))[0].copy()
+                               for i, tok in enumerate(ids)])
+        for got in (prefill, decode):
+            kl, top1 = _kl_top1(ref, got)
+            assert top1 >= 0.95 and kl <= 1e-4, (fam, max_batch, kl, top1)
+            assert nmse(ref, got) <= NMSE_MAX, (fam, max_batch, nmse(ref, got))
