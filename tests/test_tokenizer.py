@@ -323,6 +323,34 @@ def test_gpt4o_pieces_match_llama_cpp(smollm2_meta, tmp_path):
 
 
 @pytest.mark.oracle
+def test_qwen35_pieces_match_llama_cpp(smollm2_meta, tmp_path):
+    """Qwen3.5's pre-tokenizer keeps combining marks on their letters, where qwen2's cuts them
+    off. A merge appended to SmolLM2's vocabulary joins "e" and U+0301 (the bytes CC 81), so
+    the ids show the pieces: one token for "e\u0301" with qwen35, two with qwen2."""
+    from edgeinfer.text.bpe import BYTE_TO_CHAR
+
+    mark = BYTE_TO_CHAR[0xCC] + BYTE_TO_CHAR[0x81]
+    meta = _tokenizer_keys(smollm2_meta)
+    meta.pop("tokenizer.ggml.add_bos_token", None)
+    meta["tokenizer.ggml.pre"] = "qwen35"
+    meta["tokenizer.ggml.tokens"] = list(meta["tokenizer.ggml.tokens"]) + [mark, "e" + mark]
+    meta["tokenizer.ggml.token_type"] = list(meta["tokenizer.ggml.token_type"]) + [1, 1]
+    meta["tokenizer.ggml.merges"] = list(meta["tokenizer.ggml.merges"]) + [
+        f"{BYTE_TO_CHAR[0xCC]} {BYTE_TO_CHAR[0x81]}", f"e {mark}"]
+    tok = Tokenizer.from_metadata(meta)
+    e_mark = tok.token_id("e" + mark)
+    assert e_mark in tok.encode("e\u0301", add_special=False)
+    assert e_mark not in Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": "qwen2"}).encode(
+        "e\u0301", add_special=False)
+    corpus = ["cafe\u0301", "e\u0301e\u0301 !e\u0301 1e\u0301", " \u0301e\u0301\u0301x",
+              "\u0915\u094d\u0937e\u0301"] + FULL_CORPUS
+    path = write_vocab_gguf(tmp_path / "qwen35.gguf", meta)
+    ok, n, failures = compare_with_oracle(tok, oracle_vocab(path), corpus)
+    print(f"\nBPE pre=qwen35 with a letter+mark merge: {ok}/{n} cases identical to llama.cpp")
+    assert ok == n, "\n".join(failures)
+
+
+@pytest.mark.oracle
 def test_phi3_strip_quirk_matches_llama_cpp(smollm2_meta, tmp_path):
     """A model named like Phi-3 gets its special tokens' rstrip (the whitespace after
     <|im_start|> is swallowed, not after <|endoftext|> or <s>), as llama.cpp sets it by name.
