@@ -132,6 +132,17 @@ SHAPES: dict[str, dict] = {
                       "eos": "<end_of_turn>", "pad": "<pad>", "add_bos": True,
                       "chat_template": _GEMMA_CHAT},
         "edgeinfer": False, "qk_norm": True, "gemma": True},
+    # SmolLM3-3B: llama with no RoPE in every fourth layer; the Llama 3 vocabulary
+    "smollm3-3b": {"config": {
+        "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "attention_bias": False,
+        "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128012, "pad_token_id": 128004,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 11008,
+        "max_position_embeddings": 65536, "mlp_bias": False, "num_attention_heads": 16,
+        "num_hidden_layers": 36, "num_key_value_heads": 4, "no_rope_layer_interval": 4,
+        "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(36)], "rms_norm_eps": 1e-06,
+        "rope_scaling": None, "rope_theta": 5000000.0, "sliding_window": None, "use_sliding_window": False,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 128256},
+        "tokenizer": _LLAMA3_TOK, "edgeinfer": True},
 }
 # Small shapes with the same structure, for tests (seconds to build and convert); larger
 # weights than the real shapes' 0.02 so that attention is peaked and the logits spread out,
