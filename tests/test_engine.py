@@ -10,6 +10,7 @@ import pytest
 import edgeinfer
 from edgeinfer import ContextOverflowError, InvalidTokenError
 from edgeinfer._native import lib
+from tests.support.logprob_oracle import assert_logprobs_match, teacher_forced_rows
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +128,13 @@ def test_overflow_slide_runs_in_constant_memory(smollm2_path):
     assert text and "\ufffd" not in text[:10]
     assert rss1 - rss0 < 8 * 2**20, f"RSS grew by {(rss1 - rss0) / 2**20:.1f} MiB"
     assert eng.info()["kv_bytes"] == kv
-    # The distributions stay finite while the ring wraps four times.
+    # Until the ring slides, the logprobs are log_softmax of the teacher-forced logits; the
+    # distributions stay finite while the ring wraps four times.
     assert len(gen.logprobs) == 4 * cap
+    ids = eng.tokenize(PROMPT)
+    n_fit = cap - len(ids)
+    rows = teacher_forced_rows(eng.logits, ids, gen.tokens[:n_fit])
+    assert_logprobs_match(rows, gen.tokens[:n_fit], gen.logprobs[:n_fit], n_top=3)
     assert all(np.isfinite(lp.logprob) and np.isfinite([v for _, v in lp.top]).all() for lp in gen.logprobs)
 
 

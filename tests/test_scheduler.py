@@ -18,6 +18,7 @@ from edgeinfer.engine.runner import Runner
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from edgeinfer.errors import NativeError
+from tests.support.logprob_oracle import assert_logprobs_match, teacher_forced_rows
 
 PROMPTS = [
     "The history of the printing press begins",
@@ -117,11 +118,11 @@ def test_cancel_frees_slot_and_queue_is_bounded(smollm2_path):
 
 def test_logprobs_and_max_tokens_zero(smollm2_path):
     eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=2)
-    out = eng.generate(PROMPTS[1], max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=3)
-    assert len(out.logprobs) == 3
-    for lp, tok in zip(out.logprobs, out.tokens):
-        assert lp.token == tok and lp.logprob <= 0
-        assert len(lp.top) == 3 and lp.top[0][0] == tok      # greedy picks the most likely
+    ids = eng.tokenize(PROMPTS[1])
+    out = eng.generate(ids, max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=3)
+    assert len(out.tokens) == 3
+    assert_logprobs_match(teacher_forced_rows(eng.logits, ids, out.tokens), out.tokens, out.logprobs, n_top=3)
+    assert all(lp.top[0][0] == tok for lp, tok in zip(out.logprobs, out.tokens))   # greedy: the most likely
     zero = eng.generate(PROMPTS[1], max_tokens=0)
     assert zero.tokens == [] and zero.finish_reason == "length"
     eng.close()
