@@ -1,21 +1,48 @@
-/* How fast can this machine stream a decode step's bytes? Reads W bytes (the
- * weights), then times reading K bytes (the KV cells) that the weights pushed
- * out of the cache, as a decoded token does; best of R rounds.
- *   memory_floor WEIGHT_BYTES KV_BYTES THREADS ROUNDS
- * prints: weights_s kv_s (seconds, one line). Built and run by memory_floor.py. */
-#include <immintrin.h>
+/* How fast can this machine read a decode step's bytes? The best read loop we can
+ * write, so that the figure is an upper bound no engine's decode passes: every
+ * configuration below is timed, round-robin, and the fastest counts.
+ *
+ *   memory_floor WEIGHT_BYTES KV_BYTES MAX_THREADS ROUNDS
+ *
+ * Each round, for each configuration (threads 1..MAX_THREADS x independent
+ * streams per thread x software prefetch on/off): read the weights twice (after
+ * the KV, as at depth; after the weights, as a shallow decode rereads them), then
+ * the KV (which the weights pushed out of the cache). 64-byte loads; AVX-512,
+ * AVX2, NEON or scalar picked at run time by cpuid (per-function target
+ * attributes, as the runtime's kernels: no -march flag). Buffers ask for 2 MiB
+ * pages (MADV_HUGEPAGE).
+ *
+ * prints:  isa NAME
+ *          hugepages FRACTION_GRANTED
+ *          config THREADS STREAMS PREFETCH BEST_WEIGHTS_S BEST_KV_S   (one line each) */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define X86 1
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+#define LINE 64
+#define MAX_THREADS 256
+#define MAX_STREAMS 8
+#define PREFETCH_AHEAD (16 * LINE) /* per stream: far enough to cover DRAM latency at full rate */
 
 typedef struct {
     const char *p;
-    size_t n;
-    float sum;
+    size_t n; /* bytes, a multiple of LINE * streams */
+    int streams, prefetch;
+    uint64_t sink;
 } part;
+
+typedef uint64_t (*read_fn)(const char *p, size_t n, int streams, int prefetch);
 
 static double now(void) {
     struct timespec t;
@@ -23,55 +50,195 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-__attribute__((target("avx2"))) static void *read_part(void *raw) {
-    part *pt = raw;
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-    for (size_t i = 0; i + 64 <= pt->n; i += 64) { /* two independent streams of loads */
-        a = _mm256_add_ps(a, _mm256_load_ps((const float *)(pt->p + i)));
-        b = _mm256_add_ps(b, _mm256_load_ps((const float *)(pt->p + i + 32)));
-    }
-    float out[8];
-    _mm256_storeu_ps(out, _mm256_add_ps(a, b));
-    pt->sum = out[0];
-    return NULL;
+/* Each loop splits its range into `streams` equal runs read side by side: several
+ * independent address streams keep more of the hardware prefetchers busy. */
+#define STREAM_BASES                                                   \
+    const size_t run = n / (size_t)streams;                            \
+    const char *base[MAX_STREAMS];                                     \
+    for (int s = 0; s < streams; s++) base[s] = p + (size_t)s * run;
+
+static uint64_t read_scalar(const char *p, size_t n, int streams, int prefetch) {
+    STREAM_BASES
+    uint64_t acc[MAX_STREAMS] = {0};
+    for (size_t i = 0; i < run; i += LINE)
+        for (int s = 0; s < streams; s++) {
+            const uint64_t *q = (const uint64_t *)(base[s] + i);
+            if (prefetch) __builtin_prefetch(base[s] + i + PREFETCH_AHEAD);
+            acc[s] |= (q[0] | q[1]) ^ (q[2] | q[3]) ^ (q[4] | q[5]) ^ (q[6] | q[7]);
+        }
+    uint64_t r = 0;
+    for (int s = 0; s < streams; s++) r ^= acc[s];
+    return r;
 }
 
-static double stream(const char *buf, size_t n, int threads) {
-    pthread_t th[64];
-    part parts[64];
-    const size_t per = n / (size_t)threads / 64 * 64;
-    const double t0 = now();
-    for (int i = 0; i < threads; i++) {
-        parts[i] = (part){buf + per * (size_t)i, per, 0.0f};
-        pthread_create(&th[i], NULL, read_part, &parts[i]);
+#ifdef X86
+__attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t n, int streams, int prefetch) {
+    STREAM_BASES
+    __m256i acc[MAX_STREAMS];
+    for (int s = 0; s < MAX_STREAMS; s++) acc[s] = _mm256_setzero_si256();
+    for (size_t i = 0; i < run; i += LINE)
+        for (int s = 0; s < streams; s++) {
+            const char *q = base[s] + i;
+            if (prefetch) _mm_prefetch(q + PREFETCH_AHEAD, _MM_HINT_T0);
+            acc[s] = _mm256_or_si256(acc[s], _mm256_or_si256(_mm256_load_si256((const __m256i *)q),
+                                                             _mm256_load_si256((const __m256i *)(q + 32))));
+        }
+    __m256i r = _mm256_setzero_si256();
+    for (int s = 0; s < streams; s++) r = _mm256_xor_si256(r, acc[s]);
+    return (uint64_t)_mm256_extract_epi64(r, 0) ^ (uint64_t)_mm256_extract_epi64(r, 3);
+}
+
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const char *p, size_t n, int streams, int prefetch) {
+    STREAM_BASES
+    __m512i acc[MAX_STREAMS];
+    for (int s = 0; s < MAX_STREAMS; s++) acc[s] = _mm512_setzero_si512();
+    for (size_t i = 0; i < run; i += LINE)
+        for (int s = 0; s < streams; s++) {
+            const char *q = base[s] + i;
+            if (prefetch) _mm_prefetch(q + PREFETCH_AHEAD, _MM_HINT_T0);
+            acc[s] = _mm512_or_si512(acc[s], _mm512_load_si512((const void *)q));
+        }
+    __m512i r = _mm512_setzero_si512();
+    for (int s = 0; s < streams; s++) r = _mm512_xor_si512(r, acc[s]);
+    return (uint64_t)_mm512_reduce_or_epi64(r);
+}
+#endif
+
+#ifdef __aarch64__
+static uint64_t read_neon(const char *p, size_t n, int streams, int prefetch) {
+    STREAM_BASES
+    uint8x16_t acc[MAX_STREAMS];
+    for (int s = 0; s < MAX_STREAMS; s++) acc[s] = vdupq_n_u8(0);
+    for (size_t i = 0; i < run; i += LINE)
+        for (int s = 0; s < streams; s++) {
+            const uint8_t *q = (const uint8_t *)(base[s] + i);
+            if (prefetch) __builtin_prefetch(q + PREFETCH_AHEAD);
+            acc[s] = vorrq_u8(acc[s], vorrq_u8(vorrq_u8(vld1q_u8(q), vld1q_u8(q + 16)),
+                                               vorrq_u8(vld1q_u8(q + 32), vld1q_u8(q + 48))));
+        }
+    uint8x16_t r = vdupq_n_u8(0);
+    for (int s = 0; s < streams; s++) r = veorq_u8(r, acc[s]);
+    return vgetq_lane_u64(vreinterpretq_u64_u8(r), 0);
+}
+#endif
+
+static read_fn pick(const char **name) {
+#ifdef X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return *name = "avx512", read_avx512;
+    if (__builtin_cpu_supports("avx2")) return *name = "avx2", read_avx2;
+#elif defined(__aarch64__)
+    return *name = "neon", read_neon;
+#endif
+    return *name = "scalar", read_scalar;
+}
+
+/* A pool of workers that wait on a barrier, as the runtime's thread pool does:
+ * a timed read starts no threads. */
+static struct {
+    read_fn fn;
+    part parts[MAX_THREADS];
+    int threads; /* workers taking part in the current read */
+    int quit;
+    pthread_barrier_t start, done;
+} pool;
+
+static void run_part(part *pt) { pt->sink ^= pool.fn(pt->p, pt->n, pt->streams, pt->prefetch); }
+
+static void *worker(void *arg) {
+    const int id = (int)(intptr_t)arg;
+    for (;;) {
+        pthread_barrier_wait(&pool.start);
+        if (pool.quit) return NULL;
+        if (id < pool.threads) run_part(&pool.parts[id]);
+        pthread_barrier_wait(&pool.done);
     }
-    for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
+}
+
+static double timed_read(const char *buf, size_t n, int threads, int streams, int prefetch) {
+    /* at least n bytes in all (the buffers have room past n): never a figure for bytes not read */
+    const size_t unit = (size_t)LINE * streams, per = (n / (size_t)threads + unit - 1) / unit * unit;
+    for (int i = 0; i < threads; i++)
+        pool.parts[i] = (part){buf + per * (size_t)i, per, streams, prefetch, pool.parts[i].sink};
+    pool.threads = threads;
+    const double t0 = now();
+    pthread_barrier_wait(&pool.start);
+    run_part(&pool.parts[0]); /* the calling thread is worker 0 */
+    pthread_barrier_wait(&pool.done);
     return now() - t0;
+}
+
+static char *huge_alloc(size_t n, size_t *size) {
+    const size_t huge = (size_t)2 << 20;
+    *size = (n + huge - 1) / huge * huge;
+    char *p = aligned_alloc(huge, *size);
+    if (p) madvise(p, *size, MADV_HUGEPAGE);
+    return p;
+}
+
+/* The share of the process's anonymous memory in huge pages (the buffers dominate it). */
+static double huge_share(size_t bytes) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    double kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024.0 / (double)bytes;
 }
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: memory_floor WEIGHT_BYTES KV_BYTES THREADS ROUNDS\n");
+        fprintf(stderr, "usage: memory_floor WEIGHT_BYTES KV_BYTES MAX_THREADS ROUNDS\n");
         return 2;
     }
-    const size_t w = (size_t)atof(argv[1]) / 64 * 64 + 64, kv = (size_t)atof(argv[2]) / 64 * 64 + 64;
-    const int threads = atoi(argv[3]), rounds = atoi(argv[4]);
-    if (threads < 1 || threads > 64 || rounds < 1) return 2;
-    /* 2 MiB pages, as the runtime's arenas: with 4 KiB pages TLB misses, not DRAM, set the pace */
-    const size_t huge = (size_t)2 << 20;
-    const size_t wsz = (w + huge - 1) / huge * huge, ksz = (kv + huge - 1) / huge * huge;
-    char *wb = aligned_alloc(huge, wsz), *kb = aligned_alloc(huge, ksz);
+    const size_t w = (size_t)atof(argv[1]), kv = (size_t)atof(argv[2]);
+    const int max_threads = atoi(argv[3]), rounds = atoi(argv[4]);
+    if (w < 1 || max_threads < 1 || max_threads > MAX_THREADS || rounds < 1) return 2;
+    const char *isa;
+    pool.fn = pick(&isa);
+    /* Room for the parts' rounding: each thread's share is a multiple of LINE * streams. */
+    const size_t slack = (size_t)max_threads * LINE * MAX_STREAMS;
+    size_t wsz, ksz;
+    char *wb = huge_alloc(w + slack, &wsz), *kb = huge_alloc(kv + slack, &ksz);
     if (!wb || !kb) return 1;
-    madvise(wb, wsz, MADV_HUGEPAGE);
-    madvise(kb, ksz, MADV_HUGEPAGE);
-    memset(wb, 1, w);
-    memset(kb, 1, kv);
-    double best_w = 1e30, best_kv = 1e30;
-    for (int r = 0; r < rounds; r++) {
-        const double tw = stream(wb, w, threads), tk = stream(kb, kv, threads);
-        best_w = tw < best_w ? tw : best_w;
-        best_kv = tk < best_kv ? tk : best_kv;
-    }
-    printf("%.9f %.9f\n", best_w, best_kv);
-    return 0;
+    memset(wb, 1, wsz);
+    memset(kb, 1, ksz);
+    printf("isa %s\nhugepages %.2f\n", isa, huge_share(wsz + ksz));
+
+    pthread_barrier_init(&pool.start, NULL, (unsigned)max_threads);
+    pthread_barrier_init(&pool.done, NULL, (unsigned)max_threads);
+    pthread_t th[MAX_THREADS];
+    for (int i = 1; i < max_threads; i++) pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
+
+    static const int streams_tried[] = {1, 4, 8};
+    enum { N_STREAMS = sizeof streams_tried / sizeof streams_tried[0] };
+    const int n_cfg = max_threads * N_STREAMS * 2;
+    double *best_w = malloc(sizeof(double) * n_cfg), *best_k = malloc(sizeof(double) * n_cfg);
+    if (!best_w || !best_k) return 1;
+    for (int c = 0; c < n_cfg; c++) best_w[c] = best_k[c] = 1e30;
+    for (int r = 0; r < rounds; r++)
+        for (int c = 0; c < n_cfg; c++) { /* round-robin: the machine's noise hits every configuration alike */
+            const int t = 1 + c / (N_STREAMS * 2), s = streams_tried[(c / 2) % N_STREAMS], pf = c % 2;
+            for (int rep = 0; rep < 2; rep++) {
+                const double tw = timed_read(wb, w, t, s, pf);
+                best_w[c] = tw < best_w[c] ? tw : best_w[c];
+            }
+            if (kv > 0) {
+                const double tk = timed_read(kb, kv, t, s, pf);
+                best_k[c] = tk < best_k[c] ? tk : best_k[c];
+            } else {
+                best_k[c] = 0;
+            }
+        }
+    for (int c = 0; c < n_cfg; c++)
+        printf("config %d %d %d %.9f %.9f\n", 1 + c / (N_STREAMS * 2), streams_tried[(c / 2) % N_STREAMS], c % 2,
+               best_w[c], best_k[c]);
+    pool.quit = 1;
+    pthread_barrier_wait(&pool.start);
+    for (int i = 1; i < max_threads; i++) pthread_join(th[i], NULL);
+    uint64_t sink = 0;
+    for (int i = 0; i < max_threads; i++) sink ^= pool.parts[i].sink;
+    return sink == 0x5a5a5a5a5a5a5a5aull ? 3 : 0; /* uses the loads' result: the reads cannot be dropped */
 }

@@ -1,29 +1,31 @@
 #!/usr/bin/env python3
-"""The memory floor of decoding at depth: how much of its speed a decoded token can keep once
-the context holds N tokens, if every byte must come from memory at this machine's rate.
+"""The memory floor of decoding: the fastest this machine can read the bytes a decoded token
+reads, an upper bound no engine's decode may pass.
 
-A decoded token reads all the weights plus every K/V row of its context. This streams the
-model's weight bytes, then times streaming the KV bytes at the given depth (which the weights
-pushed out of the cache), with the given threads, best of a few rounds; compiled with the
-system C compiler.
-
-    python scripts/memory_floor.py [MODEL] --depth 1500 --threads 2 [--kv f16|q8_0]
+    python scripts/memory_floor.py [MODEL] [--depth 1500] [--threads N] [--kv f16|q8_0]
+                                   [--decode TOK_S ...] [--decode-depth D] [--check] [--json]
 
 MODEL is any GGUF file (or a known model name), of any architecture: the bytes come from its
-tensor table, the KV shape from its metadata. The weight bytes a decoded token streams are
-every tensor's bytes, less the token embedding when the file has a separate output matrix
-(then the embedding is read one row per token; tied files read it all as the output).
+tensor table, the KV shape from its metadata (edgeinfer/tools/decode_bytes.py: every matrix
+once, the tied output head included, one row of the token embedding; the K/V of the context).
 
-Prints the bytes, both stream times, and the floor: t(weights) / (t(weights) + t(KV)) is the
-largest share of its shallow decode speed any engine streaming at that rate can keep at depth;
-1 / t(weights) is the bandwidth-bound decode ceiling in tokens/s (the "DRAM floor" the
-benchmarks compare engines with). Also prints the 1-minute load average before and after:
-on a shared machine, other jobs' traffic slows the stream, so a loaded run understates the
-machine.
+The probe (memory_floor.c, built with the system C compiler: no -march, the ISA picked at
+run time) reads the weight bytes with every configuration of 1..N threads, 1/4/8
+independent streams per thread and software prefetch on/off, round-robin, best of --rounds
+each, then the KV bytes at --depth after them. The floor is the fastest configuration's
+weight read rate. Prints the bytes, the floor in GB/s, the bandwidth-bound decode ceiling
+(tokens/s), the share of shallow decode speed a decode at --depth can keep, and the 1-minute
+load average before and after: on a shared machine other jobs' traffic slows every read, so
+a loaded run understates the machine (repeat it; the best counts).
+
+--decode TOK_S (repeatable) checks observed decode speeds (at --decode-depth cells of
+context, default 16) against the floor: tokens/s x bytes per token must not exceed it. A
+decode above the floor means the floor is wrong (not an upper bound); --check then exits 1.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -33,46 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from edgeinfer.tools.decode_bytes import decode_bytes  # noqa: E402
 from edgeinfer.tools.plan import KV_TYPES  # noqa: E402
-
-
-class Shape:
-    """What the floor needs from a GGUF file: tensor bytes and the KV cache's shape."""
-
-    def __init__(self, model: str):
-        from edgeinfer.gguf.reader import GGUFFile
-        from edgeinfer.hub import resolve_model
-
-        self.path = Path(resolve_model(model))
-        g = GGUFFile(self.path)
-        try:
-            md, tensors = g.metadata, g.tensors
-            arch = str(md.get("general.architecture", ""))
-            self.name = str(md.get("general.name", "") or self.path.stem)
-            self.file_bytes = self.path.stat().st_size
-            self.tensor_bytes = sum(int(t.nbytes) for t in tensors.values())
-            emb = tensors.get("token_embd.weight")
-            # untied: the embedding is gathered one row per token, not streamed
-            self.untied_embd_bytes = int(emb.nbytes) if emb is not None and "output.weight" in tensors else 0
-            self.weights_bytes = self.tensor_bytes - self.untied_embd_bytes
-
-            def key(k, default=None):
-                v = md.get(f"{arch}.{k}", default)
-                return v[0] if isinstance(v, (list, tuple)) and v else v   # per-layer arrays
-
-            self.n_layer = int(key("block_count", 0) or 0)
-            n_head = int(key("attention.head_count", 0) or 0)
-            n_head_kv = int(key("attention.head_count_kv", n_head) or 0)
-            n_embd = int(key("embedding_length", 0) or 0)
-            k_len = int(key("attention.key_length", n_embd // max(n_head, 1)) or 0)
-            v_len = int(key("attention.value_length", k_len) or 0)
-            self.kv_row_elems = n_head_kv * (k_len + v_len)   # K and V elements per layer and token
-        finally:
-            g.close()
-
-    def kv_bytes(self, depth: int, kv: str) -> int:
-        """Every layer's K and V for `depth` tokens (a sliding-window layer reads fewer: an upper bound)."""
-        return int(round(self.n_layer * self.kv_row_elems * depth * KV_TYPES[kv]))
 
 
 def build() -> Path:
@@ -83,33 +47,90 @@ def build() -> Path:
     return exe
 
 
+def probe(weight_bytes: int, kv_bytes: int, threads: int, rounds: int) -> dict:
+    """Runs the C probe: {isa, hugepages, configs: [{threads, streams, prefetch, weights_s, kv_s}]}."""
+    out = subprocess.run([str(build()), str(weight_bytes), str(kv_bytes), str(threads), str(rounds)],
+                         check=True, capture_output=True, text=True).stdout
+    res: dict = {"configs": []}
+    for line in out.splitlines():
+        f = line.split()
+        if f[0] == "isa":
+            res["isa"] = f[1]
+        elif f[0] == "hugepages":
+            res["hugepages"] = float(f[1])
+        elif f[0] == "config":
+            res["configs"].append({"threads": int(f[1]), "streams": int(f[2]), "prefetch": bool(int(f[3])),
+                                   "weights_s": float(f[4]), "kv_s": float(f[5])})
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default="default")
-    ap.add_argument("--depth", type=int, default=1500, help="context tokens a decoded token attends to")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--depth", type=int, default=1500, help="context cells a decoded token attends to")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="the most threads tried (1..N are all tried)")
     ap.add_argument("--kv", default="f16", help="KV arena type: f16 or q8_0")
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--decode", type=float, action="append", default=[], metavar="TOK_S",
+                    help="an observed decode speed to check against the floor (repeatable)")
+    ap.add_argument("--decode-depth", type=int, default=16, help="context cells of the --decode runs")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a --decode passes the floor")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     a = ap.parse_args()
     if a.kv not in KV_TYPES:
         ap.error(f"--kv must be one of {', '.join(KV_TYPES)}")
-    if a.depth < 1 or a.threads < 1 or a.rounds < 1:
-        ap.error("--depth, --threads and --rounds must be positive")
-    m = Shape(a.model)
-    kv = m.kv_bytes(a.depth, a.kv)
+    if a.depth < 1 or a.threads < 1 or a.rounds < 1 or a.decode_depth < 0 or any(d <= 0 for d in a.decode):
+        ap.error("--depth, --threads, --rounds and --decode must be positive")
+    from edgeinfer.hub import resolve_model
+
+    m = decode_bytes(resolve_model(a.model))
+    w, kv = m.weight_bytes, m.kv_read(a.depth, a.kv)
     load0 = os.getloadavg()[0]
-    out = subprocess.run([str(build()), str(m.weights_bytes), str(kv), str(a.threads), str(a.rounds)],
-                         check=True, capture_output=True, text=True).stdout.split()
-    tw, tk = float(out[0]), float(out[1])
-    untied = (f" (file tensors {m.tensor_bytes / 1e6:.1f} MB less the untied token embedding "
-              f"{m.untied_embd_bytes / 1e6:.1f} MB)" if m.untied_embd_bytes else "")
-    print(f"model {m.name} ({m.path.name}, {m.file_bytes / 1e6:.1f} MB): weights streamed per token "
-          f"{m.weights_bytes / 1e6:.1f} MB{untied}; KV at depth {a.depth} ({a.kv}) {kv / 1e6:.1f} MB")
-    print(f"{a.threads} thread(s): weights stream in {tw * 1e3:.2f} ms ({m.weights_bytes / tw / 1e9:.1f} GB/s), "
-          f"KV in {tk * 1e3:.2f} ms ({kv / tk / 1e9:.1f} GB/s)")
-    print(f"floor: at most {tw / (tw + tk) * 100:.0f}% of shallow decode speed kept at depth {a.depth}; "
-          f"bandwidth-bound decode ceiling {1 / tw:.1f} tok/s shallow, {1 / (tw + tk):.1f} tok/s at depth")
-    print(f"load average (1 min) {load0:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs")
+    p = probe(w, kv, a.threads, a.rounds)
+    load1 = os.getloadavg()[0]
+    best = min(p["configs"], key=lambda c: c["weights_s"])
+    tw = best["weights_s"]
+    tk = min((c["kv_s"] for c in p["configs"] if c["threads"] == best["threads"]), default=0.0)
+    floor = w / tw / 1e9
+    per_token = m.per_token(a.decode_depth, a.kv)
+    checks = [{"tokens_per_s": t, "gb_per_s": t * per_token / 1e9, "share_of_floor": t * per_token / 1e9 / floor}
+              for t in a.decode]
+    over = [c for c in checks if c["gb_per_s"] > floor]
+    res = {"model": m.name, "path": str(m.path), "file_bytes": m.file_bytes, "weight_bytes": w,
+           "untied_embd_bytes": m.untied_embd_bytes, "depth": a.depth, "kv": a.kv, "kv_bytes": kv,
+           "isa": p.get("isa"), "hugepages": p.get("hugepages"), "rounds": a.rounds,
+           "floor_gb_per_s": floor, "best": best, "kv_gb_per_s": kv / tk / 1e9 if tk else None,
+           "ceiling_tokens_per_s": 1 / tw, "ceiling_at_depth_tokens_per_s": 1 / (tw + tk),
+           "kept_at_depth": tw / (tw + tk), "loadavg_before": load0, "loadavg_after": load1,
+           "n_cpus": os.cpu_count(), "decode_depth": a.decode_depth, "decode_bytes_per_token": per_token,
+           "decode_checks": checks, "floor_below_decode": bool(over)}
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        untied = (f" (file tensors {m.tensor_bytes / 1e6:.1f} MB less the untied token embedding "
+                  f"{m.untied_embd_bytes / 1e6:.1f} MB, plus one of its rows)" if m.untied_embd_bytes else "")
+        print(f"model {m.name} ({m.path.name}, {m.file_bytes / 1e6:.1f} MB): weights streamed per token "
+              f"{w / 1e6:.1f} MB{untied}; KV at depth {a.depth} ({a.kv}) {kv / 1e6:.1f} MB")
+        print(f"read loop: {p.get('isa')}, huge pages {p.get('hugepages', 0):.0%} granted; best of {a.rounds} "
+              f"rounds: {best['threads']} thread(s), {best['streams']} stream(s) each, prefetch "
+              f"{'on' if best['prefetch'] else 'off'}")
+        for t in range(1, a.threads + 1):
+            bt = min(c["weights_s"] for c in p["configs"] if c["threads"] == t)
+            print(f"  {t} thread(s): weights at {w / bt / 1e9:.1f} GB/s")
+        print(f"floor {floor:.1f} GB/s: weights stream in {tw * 1e3:.2f} ms, KV in {tk * 1e3:.2f} ms "
+              f"({res['kv_gb_per_s'] or 0:.1f} GB/s)")
+        print(f"floor: at most {tw / (tw + tk) * 100:.0f}% of shallow decode speed kept at depth {a.depth}; "
+              f"bandwidth-bound decode ceiling {1 / tw:.1f} tok/s shallow, {1 / (tw + tk):.1f} tok/s at depth")
+        print(f"load average (1 min) {load0:.2f} before, {load1:.2f} after, on {os.cpu_count()} CPUs")
+        for c in checks:
+            verdict = ("ABOVE THE FLOOR: the floor is not an upper bound (a bug in the floor, or the "
+                       "bytes per token)" if c in over else "below the floor")
+            print(f"decode {c['tokens_per_s']:.1f} tok/s x {per_token / 1e6:.1f} MB/token (depth "
+                  f"{a.decode_depth}) = {c['gb_per_s']:.1f} GB/s = {c['share_of_floor']:.0%} of the floor: {verdict}")
+    if over:
+        print(f"memory_floor: {len(over)} observed decode(s) above the floor {floor:.1f} GB/s", file=sys.stderr)
+        return 1 if a.check else 0
     return 0
 
 

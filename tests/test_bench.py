@@ -350,11 +350,36 @@ def test_memory_floor_any_gguf(tmp_path):
     w.close()
     script = Path(__file__).resolve().parent.parent / "scripts" / "memory_floor.py"
     out = subprocess.run([sys.executable, str(script), str(path), "--depth", "1000", "--threads", "1",
-                          "--rounds", "1"], capture_output=True, text=True, timeout=120)
+                          "--rounds", "1", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "weights streamed per token 0.1 MB (file tensors 0.4 MB less the untied token embedding 0.3 MB)" \
-        in out.stdout, out.stdout
-    assert "KV at depth 1000 (f16) 0.4 MB" in out.stdout     # 3 layers x 1 head x (32 + 32) x 1000 x 2 B
+    res = json.loads(out.stdout)
+    assert res["weight_bytes"] == 128000 + 8192 + 256     # output + attn_q + one 64 x f32 embedding row
+    assert res["untied_embd_bytes"] == 256000
+    assert res["kv_bytes"] == 3 * 1 * (32 + 32) * 1000 * 2   # layers x KV heads x (K + V) x depth x f16
     bad = subprocess.run([sys.executable, str(script), str(path), "--kv", "q4"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--kv" in bad.stderr
+
+
+def test_memory_floor_check(smollm2_path):
+    """--check exits 1 when an observed decode (tokens/s x bytes per token) passes the floor,
+    0 when it stays below: a decode of 1e6 tok/s on SmolLM2 would stream ~100 TB/s."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "memory_floor.py"
+    run = lambda tok_s: subprocess.run(  # noqa: E731
+        [sys.executable, str(script), str(smollm2_path), "--threads", "1", "--rounds", "1", "--depth", "16",
+         "--decode", str(tok_s), "--check", "--json"], capture_output=True, text=True, timeout=120)
+    above, below = run(1e6), run(1e-3)
+    assert above.returncode == 1 and "above the floor" in above.stderr
+    assert json.loads(above.stdout)["floor_below_decode"] is True
+    assert below.returncode == 0, below.stderr
+    (check,) = json.loads(below.stdout)["decode_checks"]
+    gguf = require("gguf")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(smollm2_path)).tensors}
+    embd = tensors["token_embd.weight"]   # tied: read whole as the head, and one row for the token
+    per_token = sum(int(t.n_bytes) for t in tensors.values()) + int(embd.n_bytes) // int(embd.shape[1]) \
+        + 30 * 3 * 64 * 16 * 2 * 2           # KV at depth 16: layers x KV heads x head dim x cells x f16 x (K, V)
+    assert check["gb_per_s"] == pytest.approx(1e-3 * per_token / 1e9)

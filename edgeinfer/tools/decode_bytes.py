@@ -1,0 +1,112 @@
+"""The bytes one decoded token moves, per forward stage, from a GGUF file's tensor table.
+
+A decoded token reads every matrix once (the output head too: a tied file reads the token
+embedding in full as its head), one row of the token embedding, and every layer's K and V
+for each cell of its context; it writes one K/V row per layer. These are the bytes any
+engine must move, whatever its layout (edgeinfer's row-interleaved copies are a little
+larger), so bytes / time is a lower bound on the bandwidth a decode used.
+
+Stages are the CPU runtime's profile stages (backends' ``caps.profile_stages``); a tensor
+this table cannot place goes to ``other``, so that the total stays honest. Works for any
+architecture the GGUF reader opens, runnable or not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..gguf.reader import GGUFFile
+from .plan import KV_TYPES
+
+__all__ = ["DecodeBytes", "decode_bytes", "stage_of"]
+
+# the base name of a tensor (blk.N.<base>.weight / <base>.weight) -> the profile stage reading it
+_STAGE_OF = {
+    "attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "attn_qkv": "qkv",
+    "attn_q_norm": "qkv", "attn_k_norm": "qkv",
+    "attn_output": "attn_out", "post_attention_norm": "attn_out",
+    "attn_norm": "norm", "ffn_norm": "norm",
+    "ffn_gate": "ffn_up", "ffn_up": "ffn_up",
+    "ffn_down": "ffn_down", "post_ffw_norm": "ffn_down",
+    "output": "head", "output_norm": "head",
+}
+
+
+def stage_of(name: str) -> str:
+    """The profile stage that reads tensor `name` ('other' when this table does not know it)."""
+    parts = name.split(".")
+    base = parts[2] if parts[0] == "blk" and len(parts) > 2 else parts[0]
+    return _STAGE_OF.get(base, "other")
+
+
+@dataclass
+class DecodeBytes:
+    """What a decoded token reads, from one file."""
+
+    name: str
+    path: Path
+    file_bytes: int
+    tensor_bytes: int               # every tensor in the file
+    weights: dict[str, int]         # weight bytes read per token, by stage
+    untied_embd_bytes: int          # a separate token embedding: gathered one row per token
+    n_layer: int
+    kv_row_elems: int               # K and V elements per layer and context cell
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.weights.values())
+
+    def kv_read(self, depth: int, kv: str = "f16") -> int:
+        """Every layer's K and V for `depth` cells (a sliding-window layer reads fewer: an upper bound)."""
+        return int(round(self.n_layer * self.kv_row_elems * depth * KV_TYPES[kv]))
+
+    def per_token(self, depth: int, kv: str = "f16") -> int:
+        """Bytes a token decoded with `depth` cells of context reads: weights + KV."""
+        return self.weight_bytes + self.kv_read(depth, kv)
+
+    def by_stage(self, depth: int, kv: str = "f16") -> dict[str, int]:
+        """Bytes per token by profile stage at that depth: the weights, the KV read (attention)
+        and the K/V row written (rope_kv)."""
+        out = dict(self.weights)
+        out["attention"] = out.get("attention", 0) + self.kv_read(depth, kv)
+        out["rope_kv"] = out.get("rope_kv", 0) + self.kv_read(1, kv)
+        return out
+
+
+def decode_bytes(path: str | Path) -> DecodeBytes:
+    """Reads the tensor table and the KV shape of one GGUF file."""
+    path = Path(path)
+    g = GGUFFile(path)
+    try:
+        md, tensors = g.metadata, g.tensors
+        arch = str(md.get("general.architecture", ""))
+
+        def key(k, default=None):
+            v = md.get(f"{arch}.{k}", default)
+            return v[0] if isinstance(v, (list, tuple)) and v else v   # per-layer arrays
+
+        weights: dict[str, int] = {}
+        untied = 0
+        for name, t in tensors.items():
+            n = int(t.nbytes)
+            if name == "token_embd.weight":
+                weights["embed"] = weights.get("embed", 0) + int(t.row_nbytes)
+                if "output.weight" in tensors:
+                    untied = n
+                else:                                                  # tied: the head reads it all
+                    weights["head"] = weights.get("head", 0) + n
+                continue
+            stage = stage_of(name)
+            weights[stage] = weights.get(stage, 0) + n
+        n_head = int(key("attention.head_count", 0) or 0)
+        n_embd = int(key("embedding_length", 0) or 0)
+        k_len = int(key("attention.key_length", n_embd // max(n_head, 1)) or 0)
+        v_len = int(key("attention.value_length", k_len) or 0)
+        n_head_kv = int(key("attention.head_count_kv", n_head) or 0)
+        return DecodeBytes(
+            name=str(md.get("general.name", "") or path.stem), path=path, file_bytes=path.stat().st_size,
+            tensor_bytes=sum(int(t.nbytes) for t in tensors.values()), weights=weights,
+            untied_embd_bytes=untied, n_layer=int(key("block_count", 0) or 0),
+            kv_row_elems=n_head_kv * (k_len + v_len))
+    finally:
+        g.close()
