@@ -17,6 +17,7 @@ import shutil
 
 import numpy as np
 import pytest
+
 from tests.support.strict import require
 
 torch = require("torch", "tiny checkpoints are built with torch")
@@ -25,13 +26,12 @@ require("tokenizers")
 require("llama_cpp")
 gguf = require("gguf", "the gguf package is a test dependency")
 
-from tests.support import tiny_checkpoints  # noqa: E402
-from tests.support.llama_cpp_convert import convert as llama_cpp_convert  # noqa: E402
-from tests.support.llama_oracle import greedy_differences, kl_divergence, llama_logits  # noqa: E402
-
-import edgeinfer  # noqa: E402
-from edgeinfer.convert import convert_checkpoint  # noqa: E402
-from edgeinfer.errors import ConversionError  # noqa: E402
+import edgeinfer
+from edgeinfer.convert import convert_checkpoint
+from edgeinfer.errors import ConversionError
+from tests.support import tiny_checkpoints
+from tests.support.llama_cpp_convert import convert as llama_cpp_convert
+from tests.support.llama_oracle import greedy_differences, kl_divergence, llama_logits
 
 pytestmark = [pytest.mark.oracle]
 torch.set_num_threads(1)

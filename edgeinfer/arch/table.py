@@ -104,7 +104,7 @@ class FamilySwitches:
     """The native config's switches a family implies, read from its table entry (`family`):
     one definition for every dataclass that fills or mirrors ei_model_config (ModelConfig,
     the converter's HParams)."""
-    family: "Arch"
+    family: Arch
 
     @property
     def rope_neox(self) -> bool:

@@ -289,8 +289,7 @@ def kv_layer_cells(n_layer: int, swa_window: int, swa_pattern: int, n_ctx: int, 
 def _family_hparams(a: Arch, f: GGUFFile, get_int, get_float, key, n_embd: int, head_dim: int) -> dict:
     """The Qwen3 / Gemma 3 features: what the family implies plus its optional GGUF keys
     (sliding window, local RoPE base, attention scale, final softcap), as llama.cpp reads them."""
-    out: dict = dict(act=a.act,
-                     embd_scale=math.sqrt(n_embd) if a.embd_scale_sqrt else 0.0)
+    out: dict = {"act": a.act, "embd_scale": math.sqrt(n_embd) if a.embd_scale_sqrt else 0.0}
     if key("attn_softcap") in f and get_float("attn_softcap", 0.0) != 0.0:
         raise GGUFError(f"{f.path}: {key('attn_softcap')} (attention logit softcapping) is not supported")
     out["final_softcap"] = get_float("final_softcap", 0.0)
