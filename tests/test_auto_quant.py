@@ -85,13 +85,14 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("auto_ckpt")
     return {k: tiny_checkpoints.build(k, root / k)
             for k in ("llama", "llama_tied", "mistral", "qwen2", "llama_256", "llama32", "phi3", "phi4", "qwen3",
-                      "gemma3")}
+                      "gemma3", "smollm3")}
 
 
 # llama32: llama3 RoPE factors; phi3/phi4: fused qkv / gate_up, LongRoPE (the 37-token window
 # past the original context of 32 takes the long factors, the 20-token one the short), and
-# phi4 partial rotary
-@pytest.mark.parametrize("kind", ["llama", "llama_tied", "mistral", "qwen2", "llama32", "phi3", "phi4", "qwen3", "gemma3"])
+# phi4 partial rotary; smollm3: layers without RoPE
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "mistral", "qwen2", "llama32", "phi3", "phi4", "qwen3", "gemma3",
+                                  "smollm3"])
 def test_sensitivity_matrices_equal_torch_autograd(tiny, kind):
     """The numpy forward/backward behind the sensitivities: for every linear weight,
     S = sum_t g_t^2 x_t^2 (g: the gradient at its output of the same logit-space Fisher
