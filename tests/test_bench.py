@@ -22,7 +22,7 @@ RUN_KEYS = {"engine", "label", "threads", "n_ctx", "pp", "tg", "tg_depth", "tg_d
 RATIO_KEYS = {"threads", "engine", "peer", "pp", "tg", "tg_depth", "ttft", "tpot", "peak_rss"}
 CONFIG_KEYS = {"threads", "pp", "tg", "reps", "batch", "n_ctx", "tg_prompt", "prompt_len",
                "output_len", "ctx_depth", "price_per_hour", "compare", "isa", "kv", "device", "seed",
-               "isolated_rss", "process_per_engine", "order"}
+               "isolated_rss", "process_per_engine", "order", "profile", "floor_gb_s"}
 SYSTEM_KEYS = {"cpu", "n_cpus", "isa", "platform", "python", "edgeinfer", "llama_cpp",
                "onnxruntime_genai", "loadavg_start", "loadavg_end"}
 
@@ -79,7 +79,8 @@ def test_bench_json_smoke(smollm2_path):
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert set(d) == {"schema", "date", "command", "model", "system", "config", "runs", "ratios",
-                      "skipped"}
+                      "skipped", "profile"}
+    assert d["profile"] is None
     assert d["schema"] == SCHEMA
     assert set(d["config"]) == CONFIG_KEYS
     assert set(d["system"]) == SYSTEM_KEYS
@@ -383,3 +384,46 @@ def test_memory_floor_check(smollm2_path):
     per_token = sum(int(t.n_bytes) for t in tensors.values()) + int(embd.n_bytes) // int(embd.shape[1]) \
         + 30 * 3 * 64 * 16 * 2 * 2           # KV at depth 16: layers x KV heads x head dim x cells x f16 x (K, V)
     assert check["gb_per_s"] == pytest.approx(1e-3 * per_token / 1e9)
+
+
+def test_stage_rows_arithmetic():
+    """GB/s = bytes / seconds; the share of the floor; bytes no stage timed go to "other";
+    the wall time the stages leave is "outside the forward"; the total is bytes / wall."""
+    from edgeinfer.tools.stage_profile import stage_rows
+
+    rows = {r["stage"]: r for r in stage_rows({"qkv": 0.002, "ffn_act": 0.001}, {"qkv": 60_000_000, "norm": 4_000_000},
+                                              wall_s=0.004, floor_gb_s=40.0)}
+    assert list(rows) == ["qkv", "ffn_act", "other", "outside the forward", "total"]
+    assert rows["qkv"]["gb_per_s"] == pytest.approx(30.0) and rows["qkv"]["share_of_floor"] == pytest.approx(0.75)
+    assert rows["qkv"]["ms_per_token"] == pytest.approx(2.0)
+    assert rows["ffn_act"]["gb_per_s"] is None                     # no bytes: no bandwidth
+    assert rows["other"]["bytes_per_token"] == 4_000_000 and rows["other"]["ms_per_token"] is None
+    assert rows["outside the forward"]["ms_per_token"] == pytest.approx(1.0)
+    assert rows["total"]["bytes_per_token"] == 64_000_000 and rows["total"]["gb_per_s"] == pytest.approx(16.0)
+    assert stage_rows({"qkv": 0.002}, {"qkv": 1})[-1]["share_of_floor"] is None   # no floor given
+
+
+@pytest.mark.slow
+def test_bench_profile_and_floor(smollm2_path):
+    """--profile: one profiled decode per thread count, every CPU stage timed, each stage's bytes
+    the file's tensors as the gguf package sizes them; --floor: a decode above it is announced."""
+    gguf = require("gguf")
+    cfg = BenchConfig(model=str(smollm2_path), threads=[1], pp=8, tg=4, reps=1, prompt_len=8, output_len=2,
+                      isolated_rss=False, profile=True, floor_gb_s=1e-6)
+    d = run_bench(cfg).to_dict()
+    (prof,) = d["profile"]
+    stages = {r["stage"]: r for r in prof["stages"]}
+    assert {"embed", "norm", "qkv", "rope_kv", "attention", "attn_out", "ffn_up", "ffn_act", "ffn_down",
+            "head", "outside the forward", "total"} <= set(stages)
+    assert all(stages[k]["ms_per_token"] > 0 for k in ("qkv", "attention", "ffn_up", "ffn_down", "head"))
+    sizes: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(smollm2_path)).tensors:
+        base = t.name.split(".")[2] if t.name.startswith("blk.") else t.name.split(".")[0]
+        sizes[base] = sizes.get(base, 0) + int(t.n_bytes)
+    assert stages["ffn_up"]["bytes_per_token"] == sizes["ffn_gate"] + sizes["ffn_up"]
+    assert stages["qkv"]["bytes_per_token"] == sizes["attn_q"] + sizes["attn_k"] + sizes["attn_v"]
+    assert stages["head"]["bytes_per_token"] == sizes["token_embd"] + sizes["output_norm"]   # tied head
+    tg = d["runs"][0]["tg"]
+    assert tg["gb_per_s"]["median"] == pytest.approx(tg["tokens_per_s"]["median"] * tg["bytes_per_token"] / 1e9)
+    table = format_table(d)
+    assert "decode profile, 1 thread(s)" in table and "ABOVE THE MEMORY FLOOR" in table

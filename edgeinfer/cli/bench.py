@@ -51,6 +51,10 @@ def bench(
         "--process-per-engine",
         help="Run each engine in a worker process of its own (same interleaved schedule), so that "
              "engines sharing one process cannot slow each other.")] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="Also profile an edgeinfer decode: ms, bytes "
+                                          "and GB/s per forward stage.")] = False,
+    floor: Annotated[Optional[float], typer.Option("--floor", help="The memory floor in GB/s "
+                                                   "(scripts/memory_floor.py): each decode's share of it.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field; see "
                                           "edgeinfer/tools/bench.py) instead of a table.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
@@ -92,7 +96,8 @@ def bench(
                       batch=batch, n_ctx=ctx, tg_prompt=tg_prompt, prompt_len=prompt_len,
                       output_len=output_len, ctx_depth=ctx_depth, price_per_hour=price_per_hour,
                       compare=list(compare or []), isa=isa, kv=kv, device=device, seed=seed,
-                      isolated_rss=isolated_rss, process_per_engine=process_per_engine)
+                      isolated_rss=isolated_rss, process_per_engine=process_per_engine, profile=profile,
+                      floor_gb_s=floor)
     log = None if quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     res = run_bench(cfg, log=log, command=["edgeinfer", "bench", *sys.argv[2:]]
                     if len(sys.argv) > 1 and sys.argv[1] == "bench" else None)

@@ -103,6 +103,12 @@ class Engine:
         (None) as many as the adaptive policy finds worth it."""
         self.scheduler.policy.fixed_k = k
 
+    def stage_profile(self, reset: bool = False) -> dict[str, float]:
+        """Seconds per forward stage (caps.profile_stages) since load or the last reset (a
+        measurement knob); {} where the backend does not time its stages."""
+        with self.runner.lock:
+            return self.runner.runtime.profile(reset)
+
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",

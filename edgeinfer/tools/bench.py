@@ -20,6 +20,12 @@ Metrics (definitions: docs/architecture.md, "Metrics"):
   cells, computed from the model's shape; None when unknown).
 - ``cost_per_1m_output_tokens`` = (price_per_hour / 3600) / (tg tokens/s) * 1e6, from the
   median tg; None without ``--price-per-hour``.
+- ``gb_per_s`` (in tg and tg_depth): the bandwidth a decode drew, tokens/s x
+  ``bytes_per_token`` (decode_bytes.py: every matrix once, one embedding row, the KV at the
+  run's mean depth). With ``--floor GB/s`` (scripts/memory_floor.py's figure) the table gives
+  each decode's share of it and says loudly when a decode passes it: the floor is then wrong.
+- ``profile`` (``--profile``): per forward stage of an edgeinfer decode, ms per token, bytes per
+  token and GB/s (stage_profile.py), and the share of ``--floor``.
 
 Every timed metric is a :class:`Spread` (median, min, max, stdev, values) over ``reps``
 repetitions. With peers, each repetition measures every engine back to back, metric by
@@ -38,10 +44,11 @@ present; a value is null only where noted.
              average before and after: other work on the machine makes timings noisy)}
     config: {threads [..], pp, tg, reps, batch, n_ctx, tg_prompt, prompt_len, output_len,
              ctx_depth (null = off), price_per_hour (null), compare [..], isa, seed,
-             isolated_rss, process_per_engine, order}
+             isolated_rss, process_per_engine, order, profile, floor_gb_s (null)}
     runs: [{engine, label, threads, n_ctx,
             pp: {n_tokens, tokens_per_s: Spread, seconds: Spread},
-            tg: {n_tokens, depth, tokens_per_s: Spread, seconds: Spread},
+            tg: {n_tokens, depth, tokens_per_s: Spread, seconds: Spread, bytes_per_token,
+                 gb_per_s: Spread},
             tg_depth: same as tg, or null without --ctx-depth,
             tg_depth_retention (null without --ctx-depth),
             ttft_s: Spread, tpot_s: Spread,
@@ -52,6 +59,9 @@ present; a value is null only where noted.
     ratios: [{threads, engine, peer, pp, tg, tg_depth (null), ttft, tpot,
               peak_rss (null)}]   # edgeinfer / peer; > 1 = edgeinfer higher
     skipped: [{engine, spec, reason}]   # peers that could not run (e.g. ort-genai absent)
+    profile: null without --profile, else [{threads, n_tokens, mean_depth, wall_ms_per_token,
+              floor_gb_s, stages: [{stage, ms_per_token, bytes_per_token, gb_per_s,
+              share_of_floor}]}]   # one per thread count; see stage_profile.py
     Spread: {median, min, max, stdev, values [..]}
 """
 from __future__ import annotations
@@ -74,10 +84,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..backends import DEVICES
+from .decode_bytes import DecodeBytes, decode_bytes
 from .plan import KV_TYPES
+from .stage_profile import profile_decode, profile_entry
 
-__all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "parse_threads",
-           "cpu_name", "SCHEMA"]
+__all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "format_profile",
+           "parse_threads", "cpu_name", "SCHEMA"]
 
 SCHEMA = "edgeinfer.bench/1"
 _SETTLE_S = 0.05   # pause between measurements so the previous engine's workers go idle
@@ -108,6 +120,8 @@ class BenchConfig:
     isolated_rss: bool = True
     process_per_engine: bool = False   # each engine in a worker process of its own
     warmup: bool = True
+    profile: bool = False           # also profile an edgeinfer decode stage by stage
+    floor_gb_s: Optional[float] = None   # the memory floor (scripts/memory_floor.py) to compare with
 
     def validate(self) -> None:
         for name in ("pp", "tg", "reps", "batch", "tg_prompt", "prompt_len", "output_len"):
@@ -124,6 +138,8 @@ class BenchConfig:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.price_per_hour is not None and self.price_per_hour < 0:
             raise ValueError("price_per_hour must be >= 0")
+        if self.floor_gb_s is not None and not self.floor_gb_s > 0:
+            raise ValueError(f"floor_gb_s must be > 0, got {self.floor_gb_s!r}")
         need = self.needed_ctx()
         if self.n_ctx and self.n_ctx < need:
             raise ValueError(f"n_ctx={self.n_ctx} is too small: the tests need {need} cells")
@@ -287,6 +303,7 @@ class BenchResult:
     runs: list[dict]
     ratios: list[dict]
     skipped: list[dict]
+    profile: Optional[list[dict]] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -379,6 +396,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     path = Path(resolve_model(cfg.model))
     n_ctx = cfg.effective_ctx()
+    moved = decode_bytes(path)
+    profiles: Optional[list[dict]] = [] if cfg.profile else None
     peers = [(_parse_peer(s), s) for s in cfg.compare]
     rng = np.random.default_rng(cfg.seed)
     runs: list[dict] = []
@@ -406,7 +425,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
                 skipped.append({"engine": kind, "spec": spec, "reason": str(e)})
                 skipped_specs.add(spec)
         try:
-            runs_t = _measure(cfg, runners, threads, n_ctx, rng, say)
+            runs_t = _measure(cfg, runners, threads, n_ctx, rng, say, moved)
             if cfg.process_per_engine:   # this process holds no engine: its RSS says nothing
                 for run in runs_t:
                     run["process_peak_rss_bytes"] = run["process_rss_bytes"] = None
@@ -415,6 +434,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
                 r.close()
             runners.clear()
             gc.collect()
+        if profiles is not None:
+            say(f"[{threads} thread(s)] profiling an edgeinfer decode stage by stage")
+            profiles.append(_profile(cfg, str(path), threads, n_ctx, moved))
         if cfg.isolated_rss:
             for run in runs_t:
                 kind = run["engine"]
@@ -451,7 +473,19 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
     system["loadavg_start"], system["loadavg_end"] = load_start, _loadavg()
     return BenchResult(schema=SCHEMA, date=started,
                        command=command, model=_model_info(path), system=system, config=conf,
-                       runs=runs, ratios=ratios, skipped=skipped)
+                       runs=runs, ratios=ratios, skipped=skipped, profile=profiles)
+
+
+def _profile(cfg: BenchConfig, path: str, threads: int, n_ctx: int, moved: DecodeBytes) -> dict:
+    """A stage-by-stage profile of an in-process edgeinfer decode (stage_profile.py)."""
+    r = make_runner("edgeinfer", None, path, threads, n_ctx, cfg.batch, cfg.isa, cfg.kv, cfg.device)
+    try:
+        if cfg.warmup:
+            r.tg([_TOKEN_LOW], min(cfg.tg, 8))
+        prof = profile_decode(r, cfg.tg, cfg.reps, token=_TOKEN_LOW)
+    finally:
+        r.close()
+    return profile_entry(prof, moved, cfg.kv, threads, cfg.floor_gb_s)
 
 
 def _loadavg() -> Optional[float]:
@@ -461,8 +495,17 @@ def _loadavg() -> Optional[float]:
         return None
 
 
+def _decode_record(n: int, depth: int, seconds: list[float], moved: DecodeBytes, kv: str) -> dict:
+    """tg / tg_depth: tokens/s and the bandwidth drawn, bytes at the mean depth (the tokens at
+    positions depth..depth+n-1 attend to depth+1..depth+n cells)."""
+    per_token = moved.per_token(depth + (n + 1) / 2, kv)
+    return {"n_tokens": n, "depth": depth, "tokens_per_s": asdict(Spread.of([n / s for s in seconds])),
+            "seconds": asdict(Spread.of(seconds)), "bytes_per_token": per_token,
+            "gb_per_s": asdict(Spread.of([n / s * per_token / 1e9 for s in seconds]))}
+
+
 def _measure(cfg: BenchConfig, runners: list, threads: int, n_ctx: int, rng: np.random.Generator,
-             say: Callable[[str], None]) -> list[dict]:
+             say: Callable[[str], None], moved: DecodeBytes) -> list[dict]:
     n_vocab = min((r.n_vocab for r, _, _ in runners if r.n_vocab), default=32000)
     pp_ids = _random_ids(rng, cfg.pp, n_vocab)
     tg_ids = _random_ids(rng, cfg.tg_prompt, n_vocab)
@@ -510,13 +553,9 @@ def _measure(cfg: BenchConfig, runners: list, threads: int, n_ctx: int, rng: np.
         run = _empty_run(r.engine, r.label, threads, n_ctx)
         run["pp"] = {"n_tokens": cfg.pp, "tokens_per_s": asdict(Spread.of([cfg.pp / s for s in pp_s[i]])),
                      "seconds": asdict(Spread.of(pp_s[i]))}
-        run["tg"] = {"n_tokens": cfg.tg, "depth": cfg.tg_prompt,
-                     "tokens_per_s": asdict(Spread.of([cfg.tg / s for s in tg_s[i]])),
-                     "seconds": asdict(Spread.of(tg_s[i]))}
+        run["tg"] = _decode_record(cfg.tg, cfg.tg_prompt, tg_s[i], moved, cfg.kv)
         if depth_ids:
-            run["tg_depth"] = {"n_tokens": cfg.tg, "depth": cfg.ctx_depth,
-                               "tokens_per_s": asdict(Spread.of([cfg.tg / s for s in dep_s[i]])),
-                               "seconds": asdict(Spread.of(dep_s[i]))}
+            run["tg_depth"] = _decode_record(cfg.tg, cfg.ctx_depth, dep_s[i], moved, cfg.kv)
             run["tg_depth_retention"] = (run["tg_depth"]["tokens_per_s"]["median"]
                                          / run["tg"]["tokens_per_s"]["median"])
         run["ttft_s"] = asdict(Spread.of(ttft[i]))
@@ -596,6 +635,9 @@ def format_table(res: BenchResult | dict) -> str:
             rr.append(row)
         out += ["", "edgeinfer / peer (median / median; > 1.00x = edgeinfer faster or larger):", "",
                 _md_table(rh, rr)]
+    out += _bandwidth_lines(d)
+    for p in d.get("profile") or []:
+        out += ["", format_profile(p)]
     for s in d["skipped"]:
         out.append(f"\nskipped {s['spec']}: {s['reason']}")
     if d["runs"] and d["runs"][0]["peak_rss_bytes"] is None and d["runs"][0]["process_peak_rss_bytes"] is not None:
@@ -603,6 +645,49 @@ def format_table(res: BenchResult | dict) -> str:
     if c.get("process_per_engine"):
         out.append("\neach engine ran in a worker process of its own")
     return "\n".join(out)
+
+
+def _bandwidth_lines(d: dict) -> list[str]:
+    """Each decode's bandwidth (median, best) and, with a floor, its share of it; a decode
+    above the floor is announced: the floor is then not the upper bound it claims to be."""
+    floor = d["config"].get("floor_gb_s")
+    lines, over = [], []
+    for r in d["runs"]:
+        for key in ("tg", "tg_depth"):
+            m = r[key]
+            if not m or "gb_per_s" not in m:
+                continue
+            g = m["gb_per_s"]
+            share = f", best {g['max'] / floor:.0%} of the floor {floor:.1f} GB/s" if floor else ""
+            lines.append(f"  {r['label']}, {r['threads']} thread(s), {key} at depth {m['depth']}: "
+                         f"{m['bytes_per_token'] / 1e6:.1f} MB/token, {g['median']:.1f} GB/s "
+                         f"(best {g['max']:.1f}){share}")
+            if floor and g["max"] > floor:
+                over.append(f"{r['label']} {key} {g['max']:.1f} GB/s")
+    if not lines:
+        return []
+    out = ["", "decode bandwidth (tokens/s x bytes per token):"] + lines
+    if over:
+        out.append(f"\n!! ABOVE THE MEMORY FLOOR ({floor:.1f} GB/s): {'; '.join(over)}. The floor is not an "
+                   "upper bound: measure it again (scripts/memory_floor.py) or check the bytes per token.")
+    return out
+
+
+def format_profile(entry: dict) -> str:
+    """A Markdown table of one profiled decode (stage_profile.profile_entry)."""
+    floor = entry["floor_gb_s"]
+    header = ["stage", "ms/token", "MB/token", "GB/s"] + (["of floor"] if floor else [])
+    body = []
+    for r in entry["stages"]:
+        cells = [r["stage"], "-" if r["ms_per_token"] is None else f"{r['ms_per_token']:.3f}",
+                 f"{r['bytes_per_token'] / 1e6:.2f}", "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.1f}"]
+        if floor:
+            cells.append("-" if r["share_of_floor"] is None else f"{r['share_of_floor']:.0%}")
+        body.append(cells)
+    title = (f"decode profile, {entry['threads']} thread(s): {entry['n_tokens']} tokens after a one-token prompt "
+             f"(mean depth {entry['mean_depth']:.0f}), {entry['wall_ms_per_token']:.2f} ms/token"
+             + (f"; floor {floor:.1f} GB/s" if floor else ""))
+    return title + "\n\n" + _md_table(header, body)
 
 
 def _x(v: Optional[float]) -> str:

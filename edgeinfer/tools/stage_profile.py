@@ -1,0 +1,64 @@
+"""`edgeinfer bench --profile`: where a decoded token's time goes, stage by stage, in GB/s.
+
+The runtime times every stage of its forward pass (``Engine.stage_profile``); a decode of
+``n`` tokens after a one-token prompt makes n + 1 one-token forwards, all profiled. Each
+stage's bytes per token come from the file's tensor table (``decode_bytes.py``: the matrices
+it reads, the KV read at the run's mean depth for attention, the K/V row written for
+rope_kv), so bytes / time is the bandwidth that stage drew, comparable with the memory floor
+(``scripts/memory_floor.py``). "outside the forward" is the wall time per token the stages
+do not cover: Python, the argmax, the lease.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .decode_bytes import DecodeBytes
+
+__all__ = ["profile_decode", "profile_entry", "stage_rows"]
+
+
+def profile_decode(runner, n: int, reps: int, token: int = 100) -> dict:
+    """Decodes `n` tokens after a one-token prompt, `reps` times, on an in-process
+    EdgeinferRunner; the repetition with the least forward time: {n_forwards, n_tokens,
+    wall_s_per_token, stage_s_per_token {stage: seconds per forward}}."""
+    eng = runner.eng
+    best: Optional[dict] = None
+    for _ in range(reps):
+        eng.stage_profile(reset=True)
+        wall = runner.tg([token], n)
+        stages = eng.stage_profile(reset=True)
+        run = {"n_forwards": n + 1, "n_tokens": n, "wall_s_per_token": wall / n,
+               "stage_s_per_token": {k: v / (n + 1) for k, v in stages.items()}}
+        if best is None or sum(run["stage_s_per_token"].values()) < sum(best["stage_s_per_token"].values()):
+            best = run
+    return best or {}
+
+
+def stage_rows(stage_s: dict[str, float], stage_bytes: dict[str, int], wall_s: Optional[float] = None,
+               floor_gb_s: Optional[float] = None) -> list[dict]:
+    """One row per stage: {stage, ms_per_token, bytes_per_token, gb_per_s, share_of_floor},
+    the timed stages in their order, then bytes no stage timed ("other"), "outside the forward"
+    (wall - the stages) and "total" (bytes over the wall time when given, else over the stages)."""
+    def row(stage: str, s: Optional[float], b: int) -> dict:
+        gbs = b / s / 1e9 if s and b else None
+        return {"stage": stage, "ms_per_token": None if s is None else s * 1e3, "bytes_per_token": b,
+                "gb_per_s": gbs, "share_of_floor": gbs / floor_gb_s if gbs is not None and floor_gb_s else None}
+
+    rows = [row(k, s, stage_bytes.get(k, 0)) for k, s in stage_s.items()]
+    rest = sum(b for k, b in stage_bytes.items() if k not in stage_s)
+    if rest:
+        rows.append(row("other", None, rest))
+    timed = sum(stage_s.values())
+    if wall_s is not None:
+        rows.append(row("outside the forward", max(wall_s - timed, 0.0), 0))
+    rows.append(row("total", wall_s if wall_s is not None else timed, sum(stage_bytes.values())))
+    return rows
+
+
+def profile_entry(prof: dict, db: DecodeBytes, kv: str, threads: int, floor_gb_s: Optional[float]) -> dict:
+    """The JSON record of one profiled decode: the bytes at the run's mean depth (positions
+    0..n attend to 1..n+1 cells)."""
+    depth = (prof["n_forwards"] + 1) / 2
+    rows = stage_rows(prof["stage_s_per_token"], db.by_stage(depth, kv), prof["wall_s_per_token"], floor_gb_s)
+    return {"threads": threads, "n_tokens": prof["n_tokens"], "mean_depth": depth,
+            "wall_ms_per_token": prof["wall_s_per_token"] * 1e3, "floor_gb_s": floor_gb_s, "stages": rows}
