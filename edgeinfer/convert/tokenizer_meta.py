@@ -59,11 +59,12 @@ def _pre_name(tj: dict, architectures: Any = ()) -> str:
     if digits_ok and byte_level_ok:
         names = [name for name, hf in _HF_FORMS.items()
                  if hf.steps == steps and hf.split_regex == split_regex]
-        archs = set(architectures) if isinstance(architectures, list) else set()
+        archs = ({a for a in architectures if isinstance(a, str)}
+                 if isinstance(architectures, (list, tuple)) else set())
         for name in names:
             if archs & set(_HF_FORMS[name].architectures):
                 return name
-        if names:
+        if names:   # the plain entry of that form
             return next((n for n in names if not _HF_FORMS[n].architectures), names[0])
     raise ConversionError(
         f"tokenizer.json: pre-tokenizer {json.dumps(pre)[:300]} has no llama.cpp equivalent "
