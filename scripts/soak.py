@@ -373,7 +373,7 @@ async def wait_idle(session, url: str, timeout_s: float) -> dict | None:
 
 # ------------------------------------------------------------------ the run
 
-HEADER = (f"{'t(s)':>7} {'sent':>5} {'ok':>5} {'4xx':>4} {'busy':>4} {'disc':>4} {'5xx':>4} {'lost':>4} "
+HEADER = (f"{'t(s)':>7} {'reqs':>5} {'ok':>5} {'4xx':>4} {'busy':>4} {'disc':>4} {'5xx':>4} {'lost':>4} "
           f"{'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} {'RSS MiB':>8}")
 
 
@@ -498,13 +498,26 @@ async def soak(args) -> dict:
         "tpot_ms": {p: _ms(percentile(stream_tpot, q)) for p, q in (("p50", 0.5), ("p99", 0.99))},
         "rss": {"baseline": base, "end": last, "growth": None if growth is None else round(growth, 4),
                 "peak_sampled": max((iv["rss_max"] or 0 for iv in intervals), default=None),
-                "peak_os": peak_os},
+                "peak_os": peak_os, "plan_predicted": None if args.url else plan_prediction(args)},
         "idle_after": idle, "intervals": intervals, "failures": failures[:20],
     }
 
 
 def _ms(v):
     return None if v is None else round(v * 1e3, 1)
+
+
+def plan_prediction(args) -> int | None:
+    """What `edgeinfer plan` predicts for the server this script started (its peak RSS)."""
+    from edgeinfer.errors import EdgeInferError
+    from edgeinfer.hub import DEFAULT_MODEL
+    from edgeinfer.tools import plan as P
+
+    try:
+        m = P.model_shape(args.model or DEFAULT_MODEL)
+    except (EdgeInferError, OSError):   # the soak's verdict does not depend on it
+        return None
+    return P.plan_one(m, args.ctx, args.slots, n_threads=args.threads, process="serve").total
 
 
 def _peak_rss(server) -> int | None:
