@@ -17,7 +17,7 @@ require("gguf", "the gguf package is a test dependency")
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
-from tests.support.llama_oracle import compare_logits, first_divergence, llama_greedy, llama_logits, text_ids  # noqa: E402
+from tests.support.llama_oracle import compare_logits, greedy_disagreements, llama_logits, text_ids  # noqa: E402
 from tests.support.reference_forward import reference_logits  # noqa: E402
 from tests.support.texts import PROMPTS  # noqa: E402
 
@@ -55,19 +55,31 @@ def test_logits_at_least_as_accurate_as_llama_cpp(engine, smollm2_path, texts):
     assert np.mean(ours_all) <= 1.25 * np.mean(theirs_all)
 
 
+# llama.cpp's and edgeinfer's logits of the same Q4_1 file differ (llama.cpp rounds the
+# activations to 8 bits before each dot product): the gap between two tokens moves by up to
+# 0.44 between the runtimes (measured over the 5 prompts x 32 steps below). A step where
+# llama.cpp's argmax leads our token by more than this is a wrong token, not a near tie.
+TIE_GAP = 0.6
+
+
 def test_greedy_generation_matches_llama_cpp(engine, smollm2_path):
+    """32 greedy tokens per prompt, every one llama.cpp's argmax on the same history except
+    where llama.cpp's own logits call it a near tie (tests/support/llama_oracle.py,
+    greedy_disagreements); and most steps are judged (a tie bar that excused everything
+    would pass any output)."""
     n = 32
-    matches, report = 0, []
+    judged = 0
     for prompt in PROMPTS:
         ids = engine.tokenize(prompt)
         ours = engine.generate(ids, max_tokens=n, temperature=0.0, ignore_eos=True).tokens
-        theirs = llama_greedy(smollm2_path, ids, n)
-        div = first_divergence(ours, theirs)
-        matches += div is None
-        report.append(f"{prompt[:30]!r}: first divergence at {div}")
-        # Near-ties may flip later on; a different first token is a bug.
-        assert div is None or div > 0, report[-1]
-    print(f"\ngreedy 32 tokens: {matches}/{len(PROMPTS)} identical to llama.cpp\n" + "\n".join(report))
+        assert len(ours) == n
+        bad = greedy_disagreements(smollm2_path, ids, ours, TIE_GAP)
+        assert not bad, (prompt, bad)
+        rows = llama_logits(smollm2_path, ids + ours[:-1])[len(ids) - 1:]
+        top2 = np.sort(rows, axis=-1)[:, -2:]
+        judged += int(np.sum(top2[:, 1] - top2[:, 0] > TIE_GAP))
+    print(f"\ngreedy: {judged} of {n * len(PROMPTS)} steps beyond a near tie")
+    assert judged >= n * len(PROMPTS) // 2, judged
 
 
 def test_q8_0_kv_arena_costs_little_accuracy(engine, smollm2_path, texts):

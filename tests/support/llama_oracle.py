@@ -168,6 +168,28 @@ def greedy_differences(path, seq, generate, offsets=(0, 50, 100, 150, 200), n_pr
     return diffs
 
 
+def greedy_disagreements(path, prompt_ids, tokens, tie_gap: float) -> list[tuple[int, int, int, float]]:
+    """Steps where greedy ``tokens`` (generated after ``prompt_ids``) are not llama.cpp's choice
+    on ``path``, beyond near ties: (step, ours, llama.cpp's argmax, llama.cpp's logit gap between
+    the two) wherever that gap exceeds ``tie_gap``.
+
+    llama.cpp is teacher-forced on the prompt and our tokens, so every step is judged on the
+    same history: a near tie taken the other way does not end the comparison (a free-running
+    llama.cpp would continue a different text from there), and llama.cpp's own step-by-step
+    and batched rows, which round differently, cannot disagree about which history is meant."""
+    prompt_ids, tokens = [int(i) for i in prompt_ids], [int(t) for t in tokens]
+    if not tokens:
+        return []
+    rows = llama_logits(path, prompt_ids + tokens[:-1])[len(prompt_ids) - 1:]
+    out = []
+    for i, (row, tok) in enumerate(zip(rows, tokens)):
+        best = int(np.argmax(row))
+        gap = float(row[best] - row[tok])
+        if gap > tie_gap:
+            out.append((i, tok, best, gap))
+    return out
+
+
 def compare_logits(exact, other) -> dict:
     """Summary of ``other`` against ``exact``: mean/max KL(exact||other) and top-1 agreement."""
     kl = kl_divergence(exact, other)
