@@ -14,13 +14,13 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from tests.support.llama_vocabs import test_vectors, vocab_path
-from tests.support.strict import require
 
+from edgeinfer.errors import InvalidTokenError, TokenizerError
 from edgeinfer.gguf.reader import GGUFFile
 from edgeinfer.text.pretokenizers import PRE_TOKENIZERS
 from edgeinfer.text.tokenizer import StreamDecoder, Tokenizer, TokenType
-from edgeinfer.errors import InvalidTokenError, TokenizerError
+from tests.support.llama_vocabs import test_vectors, vocab_path
+from tests.support.strict import require
 
 # ---------------------------------------------------------------------------------------------
 # corpus

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 
 import pytest
+
+from edgeinfer.text.unicode_classes import CLASSES
 from tests.support.llama_vocabs import unicode_flags, vocab_path
 from tests.support.strict import require
 from tests.test_tokenizer import VOCAB_FILES, oracle_vocab, vocab_file_tokenizer
-
-from edgeinfer.text.unicode_classes import CLASSES
 
 hypothesis = require("hypothesis", "hypothesis draws the fuzz texts")
 st = hypothesis.strategies

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import tarfile
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 
 from .llama_cpp_convert import SDIST, converter_dir
@@ -67,7 +68,7 @@ def unicode_flags() -> list[int]:
     ranges = [(int(a, 16), int(b, 16))
               for a, b in re.findall(r"\{0x([0-9A-Fa-f]+), 0x([0-9A-Fa-f]+)\}", ranges_src)]
     flags = [0x1] * 0x110000
-    for (start, f), (end, _) in zip(ranges, ranges[1:]):
+    for (start, f), (end, _) in pairwise(ranges):
         flags[start:end] = [f] * (min(end, 0x110000) - start)
     ws_src = text[text.index("unicode_set_whitespace"):text.index("unicode_map_lowercase")]
     for cp in re.findall(r"0x([0-9A-Fa-f]+)", ws_src):
