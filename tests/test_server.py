@@ -2,6 +2,7 @@
 auth, graceful shutdown. Servers bind 127.0.0.1 on a free port; generations stay short."""
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -79,14 +80,32 @@ def wait_ready(url: str, timeout: float = 60.0) -> int | None:
     return status
 
 
-def wait_idle(engine, timeout=10.0) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        snap = engine.scheduler.snapshot()
-        if snap["slots_busy"] == 0 and snap["queue_length"] == 0:
-            return snap
-        time.sleep(0.01)
-    return engine.scheduler.snapshot()
+def wait_idle(engine, timeout: float = 60.0) -> dict:
+    """Waits for every slot to be free by leasing them all (a lease wakes on the scheduler's
+    own "slot freed" notification), then the snapshot. The timeout is a guard against a slot
+    that is never freed, not a speed check."""
+    freed = threading.Event()
+
+    def lease_all() -> None:
+        with contextlib.ExitStack() as held:
+            for _ in range(engine.n_slots):
+                held.enter_context(engine.lease())
+        freed.set()
+
+    threading.Thread(target=lease_all, daemon=True).start()   # daemon: a stuck slot must not hang the run
+    assert freed.wait(timeout), f"a slot stayed busy: {engine.snapshot()}"
+    return engine.snapshot()
+
+
+def wait_in_flight(url: str, n: int, timeout: float = 60.0) -> None:
+    """Polls /metrics of a server in another process until `n` generation requests are in
+    flight (a bound against a hang, not a speed check)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, _, text = request(url + "/metrics")
+        if f"edgeinfer_requests_in_flight {float(n)}" in text:
+            return
+    raise AssertionError(f"never {n} request(s) in flight")
 
 
 # --------------------------------------------------------------------------- the OpenAI client
@@ -306,36 +325,40 @@ def test_api_key(engine):
 
 # --------------------------------------------------------------------------- the bounded queue
 
-@pytest.mark.slow
 def test_queue_overflow_gives_429_while_health_stays_200(smollm2_path):
+    """One slot (held by a lease) and a queue of one: the first request waits in the queue,
+    the next is refused with 429 and Retry-After, /health stays 200; once the slot is free
+    the waiting request is served."""
     eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=1, max_queue=1)
-    with ServerThread(eng) as srv:
-        body = {"prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
-        with ThreadPoolExecutor(5) as ex:
-            futs = [ex.submit(request, srv.url + "/v1/completions", "POST", body) for _ in range(5)]
-            time.sleep(0.3)
-            health = request(srv.url + "/health")
-            results = [f.result() for f in futs]
-        assert health[0] == 200
-        statuses = sorted(r[0] for r in results)
-        assert statuses.count(200) >= 2 and statuses.count(429) >= 1, statuses
-        for st, hdrs, out in results:
-            if st == 429:
-                assert int(hdrs["Retry-After"]) >= 1 and out["error"]["code"] == "queue_full"
-        assert request(srv.url + "/v1/completions", "POST", {**body, "max_tokens": 2})[0] == 200
+    with ServerThread(eng) as srv, ThreadPoolExecutor(1) as ex:
+        body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        with eng.lease():
+            waiting = ex.submit(request, srv.url + "/v1/completions", "POST", body)
+            assert srv.state.wait_until(lambda s: s.in_flight == 1, 60)     # queued behind the lease
+            st, hdrs, out = request(srv.url + "/v1/completions", "POST", body)
+            assert st == 429 and out["error"]["code"] == "queue_full" and int(hdrs["Retry-After"]) >= 1
+            st, _, health = request(srv.url + "/health")
+            assert st == 200 and health["queue_length"] == 1 and health["slots_busy"] == 1
+        st, _, out = waiting.result()
+        assert st == 200 and out["usage"]["completion_tokens"] == 4
     eng.close()
 
 
 # --------------------------------------------------------------------------- shutdown
 
 def test_stop_finishes_in_flight_requests(smollm2_path):
-    eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=2)
+    """A request in flight when stop() begins draining is answered in full: a lease holds it
+    in the queue until the server is seen draining."""
+    eng = edgeinfer.load(smollm2_path, n_ctx=64, n_threads=2, n_slots=1)
     srv = ServerThread(eng).start()
     body = {"prompt": PROMPTS[2], "max_tokens": 20, "temperature": 0, "ignore_eos": True}
-    with ThreadPoolExecutor(1) as ex:
-        fut = ex.submit(request, srv.url + "/v1/completions", "POST", body)
-        time.sleep(0.2)
-        srv.stop(timeout_s=30)
+    with ThreadPoolExecutor(2) as ex:
+        with eng.lease():
+            fut = ex.submit(request, srv.url + "/v1/completions", "POST", body)
+            assert srv.state.wait_until(lambda s: s.in_flight == 1, 60)
+            stopping = ex.submit(srv.stop, 60)
+            assert srv.state.wait_until(lambda s: s.draining, 60)
+        stopping.result()
         st, _, out = fut.result()
     assert st == 200 and out["usage"]["completion_tokens"] == 20
     eng.close()
@@ -384,14 +407,14 @@ def test_cli_serve_and_sigterm(smollm2_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
     try:
         assert wait_ready(url) == 200
-        body = {"prompt": "Hello", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+        body = {"prompt": "Hello", "max_tokens": 48, "temperature": 0, "ignore_eos": True}
         result = {}
         t = threading.Thread(target=lambda: result.update(r=request(url + "/v1/completions", "POST", body)))
         t.start()
-        time.sleep(0.15)
+        wait_in_flight(url, 1)
         proc.send_signal(signal.SIGTERM)
         t.join(60)
-        assert result["r"][0] == 200 and result["r"][2]["usage"]["completion_tokens"] == 16
+        assert result["r"][0] == 200 and result["r"][2]["usage"]["completion_tokens"] == 48
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:

@@ -11,10 +11,11 @@ import hashlib
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -45,13 +46,42 @@ class ServerState:
         self.registry = registry
         self.api_key = api_key
         self.max_body = max_body
-        self.draining = False
+        self._changed = threading.Condition()
+        self._draining = False
+        self._in_flight = 0
         self.metrics = Metrics(gauges=self.gauges)
         for m in registry:
             self.metrics.add_model(m.name)
         self.created = int(time.time())
-        self.in_flight = 0
         self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeinfer-tok")
+
+    # in_flight and draining wake wait_until: an embedding app or a test waits on them, not on a clock
+    @property
+    def in_flight(self) -> int:
+        """HTTP generation requests submitted to an engine and not yet answered."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, n: int) -> None:
+        with self._changed:
+            self._in_flight = n
+            self._changed.notify_all()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, on: bool) -> None:
+        with self._changed:
+            self._draining = on
+            self._changed.notify_all()
+
+    def wait_until(self, predicate: Callable[["ServerState"], bool], timeout_s: float) -> bool:
+        """Blocks until `predicate(state)` holds after a change of in_flight or draining (or
+        at once); False when `timeout_s` passes first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout_s)
 
     @property
     def engine(self):
