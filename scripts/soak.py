@@ -19,7 +19,11 @@ of the streams, and the server's RSS (read with psutil from its pid). At the end
 * a lost request: neither a complete response nor the expected refusal (its 4xx, or a 429 /
   503 with Retry-After); a stream that ended without its final event and [DONE] is lost;
 * RSS growth after warm-up above --max-rss-growth (3%): the median RSS of the last interval
-  over the median of the first interval after --warmup;
+  over the median of the first interval after --warmup. With --rss anon (the default) the
+  judged RSS is the server's anonymous memory (RssAnon + RssShmem: what it allocated, where a
+  leak shows); its file-backed pages (RssFile: libraries, the model's file mapping, whose
+  token-embedding rows fault in as new tokens are seen, up to the file's size, and stay
+  reclaimable) are reported beside it. --rss total judges VmRSS, both together;
 * the server exiting during the run, or not becoming ready;
 * a slot or queue entry still held once every request is over (/health, after the drain).
 
@@ -67,6 +71,7 @@ MALFORMED = [
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "model": "no-such-model"}).encode(), 404),
     (b'\xff\xfe\x00 not utf-8', 400),
 ]
+RSS_KINDS = ("rss", "anon", "file")   # VmRSS; RssAnon + RssShmem; RssFile (bytes)
 WORDS = ("river", "stone", "light", "paper", "garden", "window", "music", "thunder", "orange", "silver",
          "forest", "market", "engine", "harbor", "candle", "winter", "letter", "mountain", "bridge", "story")
 # (each is one token in SmolLM2's vocabulary: a prompt of k words is about k tokens)
@@ -155,8 +160,9 @@ def percentile(xs: list[float], p: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def interval_row(index: int, t0: float, t1: float, results: list[Result], rss: list[int]) -> dict:
-    """One interval's figures: requests started in [t0, t1) by outcome, stream latencies, RSS."""
+def interval_row(index: int, t0: float, t1: float, results: list[Result], rss: list[dict]) -> dict:
+    """One interval's figures: requests started in [t0, t1) by outcome, stream latencies, and
+    the medians of the RSS samples (dicts of total / anon / file bytes) and the largest total."""
     mine = [r for r in results if t0 <= r.t_start < t1]
     ttft = [r.ttft_s for r in mine if r.ttft_s is not None]
     tpot = [r.tpot_s for r in mine if r.tpot_s is not None]
@@ -167,21 +173,25 @@ def interval_row(index: int, t0: float, t1: float, results: list[Result], rss: l
             **{o: sum(r.outcome == o for r in mine) for o in OUTCOMES},
             "ttft_ms_p50": ms(percentile(ttft, 0.5)), "ttft_ms_p99": ms(percentile(ttft, 0.99)),
             "tpot_ms_p50": ms(percentile(tpot, 0.5)), "tpot_ms_p99": ms(percentile(tpot, 0.99)),
-            "rss_median": int(statistics.median(rss)) if rss else None, "rss_max": max(rss) if rss else None}
+            **{f"{k}_median": int(statistics.median(x[k] for x in rss)) if rss else None for k in RSS_KINDS},
+            "rss_max": max(x["rss"] for x in rss) if rss else None}
 
 
-def rss_growth(intervals: list[dict], warmup_s: float) -> tuple[float | None, int | None, int | None]:
-    """(growth, baseline, end): the last interval's median RSS over the first interval's
-    wholly after the warm-up; None when fewer than two intervals lie after it."""
-    after = [iv for iv in intervals if iv["t0"] >= warmup_s and iv["rss_median"]]
+def rss_growth(intervals: list[dict], warmup_s: float,
+               kind: str = "rss") -> tuple[float | None, int | None, int | None]:
+    """(growth, baseline, end) of the `kind` RSS: the last interval's median over the first
+    interval's wholly after the warm-up; None when fewer than two intervals lie after it."""
+    key = f"{kind}_median"
+    after = [iv for iv in intervals if iv["t0"] >= warmup_s and iv.get(key)]
     if len(after) < 2:
         return None, None, None
-    base, end = after[0]["rss_median"], after[-1]["rss_median"]
+    base, end = after[0][key], after[-1][key]
     return end / base - 1, base, end
 
 
 def judge(results: list[Result], intervals: list[dict], warmup_s: float, max_growth: float,
-          server_exit: int | None = None, rss_required: bool = True, idle: dict | None = None) -> Verdict:
+          server_exit: int | None = None, rss_required: bool = True, idle: dict | None = None,
+          rss_kind: str = "anon") -> Verdict:
     """Pass or fail, with every reason: 5xx, lost requests, RSS growth, a server that exited,
     slots or queue still held once every request is over (`idle`: /health after the drain)."""
     reasons = []
@@ -191,12 +201,13 @@ def judge(results: list[Result], intervals: list[dict], warmup_s: float, max_gro
             first = bad[0]
             reasons.append(f"{len(bad)} {what}; first: {first.kind} at {first.t_start:.1f} s, "
                            f"HTTP {first.status}: {first.detail}")
-    growth, base, end = rss_growth(intervals, warmup_s)
+    growth, base, end = rss_growth(intervals, warmup_s, rss_kind)
     if growth is None:
         if rss_required:
             reasons.append(f"RSS not judged: fewer than two intervals after the {warmup_s:g} s warm-up")
     elif growth > max_growth:
-        reasons.append(f"RSS grew {growth:.1%} after warm-up ({base / 2**20:.1f} -> {end / 2**20:.1f} MiB), "
+        what = "RSS" if rss_kind == "rss" else f"RSS ({rss_kind})"
+        reasons.append(f"{what} grew {growth:.1%} after warm-up ({base / 2**20:.1f} -> {end / 2**20:.1f} MiB), "
                        f"more than {max_growth:.0%}")
     if server_exit is not None:
         reasons.append(f"the server exited with status {server_exit} during the run")
@@ -374,16 +385,17 @@ async def wait_idle(session, url: str, timeout_s: float) -> dict | None:
 # ------------------------------------------------------------------ the run
 
 HEADER = (f"{'t(s)':>7} {'reqs':>5} {'ok':>5} {'4xx':>4} {'busy':>4} {'disc':>4} {'5xx':>4} {'lost':>4} "
-          f"{'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} {'RSS MiB':>8}")
+          f"{'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} {'RSS MiB':>8} {'anon':>7} {'file':>6}")
 
 
 def format_row(iv: dict) -> str:
     def f(v):
         return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
-    rss = "-" if iv["rss_median"] is None else f"{iv['rss_median'] / 2**20:.1f}"
+    rss, anon, file = ("-" if iv[f"{k}_median"] is None else f"{iv[f'{k}_median'] / 2**20:.1f}"
+                       for k in RSS_KINDS)
     return (f"{iv['t1']:>7.0f} {iv['requests']:>5} {iv[OK]:>5} {iv[REFUSED]:>4} {iv[BUSY]:>4} {iv[DISCONNECTED]:>4} "
             f"{iv[SERVER_ERROR]:>4} {iv[LOST]:>4} {f(iv['ttft_ms_p50']):>9} {f(iv['ttft_ms_p99']):>7} "
-            f"{f(iv['tpot_ms_p50']):>9} {f(iv['tpot_ms_p99']):>7} {rss:>8}")
+            f"{f(iv['tpot_ms_p50']):>9} {f(iv['tpot_ms_p99']):>7} {rss:>8} {anon:>7} {file:>6}")
 
 
 async def soak(args) -> dict:
@@ -420,7 +432,7 @@ async def soak(args) -> dict:
             t0 = time.monotonic()
             tasks: set[asyncio.Task] = set()
             skipped = 0
-            rss: list[int] = []
+            rss: list[dict] = []
             next_arrival = t0 + rng.expovariate(args.rate)
             next_rss = t0
             iv_end = t0 + args.interval
@@ -444,7 +456,7 @@ async def soak(args) -> dict:
                 if now >= next_rss:
                     if server is not None:
                         with contextlib.suppress(psutil.Error):
-                            rss.append(server.memory_info().rss)
+                            rss.append(rss_sample(server))
                     next_rss += 1.0
                 if now >= next_arrival and sent < max_requests:
                     kind = rng.choices(kinds, weights)[0]
@@ -478,11 +490,13 @@ async def soak(args) -> dict:
                 proc.kill()
                 proc.wait()
     # the last interval's rows may have missed requests that finished in the drain: recount
+    memory_keys = [f"{k}_median" for k in RSS_KINDS] + ["rss_max"]
     intervals = [{**interval_row(iv["interval"], iv["t0"], iv["t1"], results, []),
-                  "rss_median": iv["rss_median"], "rss_max": iv["rss_max"]} for iv in intervals]
+                  **{k: iv[k] for k in memory_keys}} for iv in intervals]
+    rss_kind = "rss" if args.rss == "total" else "anon"
     verdict = judge(results, intervals, args.warmup, args.max_rss_growth, server_exit,
-                    rss_required=server is not None, idle=idle)
-    growth, base, last = rss_growth(intervals, args.warmup)
+                    rss_required=server is not None, idle=idle, rss_kind=rss_kind)
+    growth_of = {k: rss_growth(intervals, args.warmup, k) for k in RSS_KINDS}
     stream_ttft = [r.ttft_s for r in results if r.ttft_s is not None]
     stream_tpot = [r.tpot_s for r in results if r.tpot_s is not None]
     failures = [asdict(r) for r in results if r.outcome in (SERVER_ERROR, LOST)]
@@ -496,7 +510,9 @@ async def soak(args) -> dict:
                         if any(r.kind == k and r.outcome == o for r in results)} for k in kinds},
         "ttft_ms": {p: _ms(percentile(stream_ttft, q)) for p, q in (("p50", 0.5), ("p99", 0.99))},
         "tpot_ms": {p: _ms(percentile(stream_tpot, q)) for p, q in (("p50", 0.5), ("p99", 0.99))},
-        "rss": {"baseline": base, "end": last, "growth": None if growth is None else round(growth, 4),
+        "rss": {"judged": "VmRSS" if rss_kind == "rss" else "RssAnon + RssShmem",
+                **{f"{k}_after_warmup": {"baseline": b, "end": e, "growth": None if g is None else round(g, 4)}
+                   for k, (g, b, e) in growth_of.items()},
                 "peak_sampled": max((iv["rss_max"] or 0 for iv in intervals), default=None),
                 "peak_os": peak_os, "plan_predicted": None if args.url else plan_prediction(args)},
         "idle_after": idle, "intervals": intervals, "failures": failures[:20],
@@ -518,6 +534,19 @@ def plan_prediction(args) -> int | None:
     except (EdgeInferError, OSError):   # the soak's verdict does not depend on it
         return None
     return P.plan_one(m, args.ctx, args.slots, n_threads=args.threads, process="serve").total
+
+
+def rss_sample(server) -> dict:
+    """The server's RSS now: total, anonymous (+ shared memory) and file-backed bytes, from
+    /proc/PID/status on Linux (elsewhere the total alone, for all three)."""
+    try:
+        with open(f"/proc/{server.pid}/status") as f:
+            kb = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f if ":" in line)
+                  if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+        return {"rss": kb["VmRSS"], "anon": kb["RssAnon"] + kb.get("RssShmem", 0), "file": kb["RssFile"]}
+    except (OSError, KeyError, ValueError):
+        total = server.memory_info().rss
+        return {"rss": total, "anon": total, "file": total}
 
 
 def _peak_rss(server) -> int | None:
@@ -542,6 +571,8 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds before the RSS baseline (default: 10%% of the duration, at least one interval)")
     ap.add_argument("--max-rss-growth", type=float, default=0.03, help="RSS growth allowed after warm-up")
+    ap.add_argument("--rss", choices=("anon", "total"), default="anon",
+                    help="the RSS judged: anonymous memory (where a leak shows), or VmRSS with file pages")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=2048)

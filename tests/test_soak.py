@@ -19,9 +19,10 @@ _spec.loader.exec_module(soak)
 MiB = 2**20
 
 
-def _intervals(rss_medians: list[float], seconds: float = 60.0) -> list[dict]:
-    return [{"t0": i * seconds, "t1": (i + 1) * seconds, "rss_median": int(r * MiB), "rss_max": int(r * MiB)}
-            for i, r in enumerate(rss_medians)]
+def _intervals(anon_medians: list[float], seconds: float = 60.0, file: float = 60.0) -> list[dict]:
+    return [{"t0": i * seconds, "t1": (i + 1) * seconds, "anon_median": int(a * MiB), "file_median": int(file * MiB),
+             "rss_median": int((a + file) * MiB), "rss_max": int((a + file) * MiB)}
+            for i, a in enumerate(anon_medians)]
 
 
 def _ok(n: int) -> list:
@@ -91,7 +92,13 @@ def test_rss_growth_after_warm_up_fails_the_run():
     # the warm-up interval's growth does not count; after it, under 3% passes and 4% fails
     assert soak.judge(_ok(5), _intervals([200, 300, 306, 308]), 60, 0.03, idle=IDLE).passed
     v = soak.judge(_ok(5), _intervals([300, 300, 306, 312]), 60, 0.03, idle=IDLE)
-    assert not v.passed and v.reasons == ["RSS grew 4.0% after warm-up (300.0 -> 312.0 MiB), more than 3%"]
+    assert not v.passed and v.reasons == ["RSS (anon) grew 4.0% after warm-up (300.0 -> 312.0 MiB), more than 3%"]
+    # file-backed pages (the model's mapping) are judged only with --rss total
+    grown_file = _intervals([300, 300, 301]) + _intervals([301], file=90)[:1]
+    grown_file[-1].update(t0=180.0, t1=240.0)
+    assert soak.judge(_ok(5), grown_file, 60, 0.03, idle=IDLE).passed
+    v = soak.judge(_ok(5), grown_file, 60, 0.03, idle=IDLE, rss_kind="rss")
+    assert v.reasons == ["RSS grew 8.6% after warm-up (360.0 -> 391.0 MiB), more than 3%"]
     v = soak.judge(_ok(5), _intervals([300, 300]), 60, 0.03, idle=IDLE)   # one interval after warm-up
     assert not v.passed and "RSS not judged" in v.reasons[0]
 

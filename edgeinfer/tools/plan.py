@@ -21,8 +21,9 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
 * overhead: the interpreter and the libraries the process imports (``PROCESS_BASELINE``,
   measured: ``engine`` for a script that calls ``edgeinfer.load``, ``serve`` for
   ``edgeinfer serve`` with its HTTP stack), the Python objects of the metadata and tokenizer
-  (``TOKENIZER_BYTES_PER_TOKEN`` per vocabulary entry), one logits row per slot, and up to
-  2 MiB per big arena (packed weights, K, V), which the runtime places on 2 MiB pages.
+  (``TOKENIZER_BYTES_PER_TOKEN`` per vocabulary entry), for ``serve`` the structured-output
+  token table (``GRAMMAR_BYTES_PER_TOKEN``), one logits row per slot, and up to 2 MiB per big
+  arena (packed weights, K, V), which the runtime places on 2 MiB pages.
 
 ``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
 ``Engine.info()["scratch_bytes"]``) to well within 5%, and its total with the peak RSS of a
@@ -59,12 +60,15 @@ ATTN_CHUNK = 256                 # EI_ATTN_CHUNK (native/src/attention.h)
 Q8A_BLOCK_BYTES = 40             # sizeof(ei_q8a): float d, float s, int8 q[32]
 # RSS of a process that has imported what it needs, before any model (x86_64, CPython 3.11):
 # `import edgeinfer.engine` (numpy, jinja2, the native library) and, for `edgeinfer serve`,
-# `edgeinfer.cli.main` and `edgeinfer.server` on top (aiohttp, prometheus-client, typer)
-PROCESS_BASELINE = {"engine": 45 * 2**20, "serve": 72 * 2**20}
+# `edgeinfer.cli.main`, `edgeinfer.server` and llguidance on top (aiohttp, prometheus-client, typer)
+PROCESS_BASELINE = {"engine": 45 * 2**20, "serve": 75 * 2**20}
 PROCESS_OVERHEAD = PROCESS_BASELINE["serve"]   # what `serve` counts once, however many models
 # Python objects of the GGUF metadata and the tokenizer, per vocabulary entry (token strings,
 # merges, id maps): SmolLM2's BPE (49152 tokens) measured 19.7 MiB
 TOKENIZER_BYTES_PER_TOKEN = 420
+# llguidance's token table, per vocabulary entry: built by a server's first constrained request
+# (response_format, a schema or grammar, a forced tool call) and kept; SmolLM2: 21.9 MiB
+GRAMMAR_BYTES_PER_TOKEN = 470
 
 
 @dataclass
@@ -166,12 +170,13 @@ def mapped_bytes(m: ModelShape) -> int:
 
 def overhead_bytes(m: ModelShape, slots: int, process: str = "serve") -> int:
     """Process overhead: interpreter and libraries (`process`: "engine" or "serve"), the
-    tokenizer and metadata objects, logits rows, and the last, partly used 2 MiB page of each
-    of the three big arenas."""
+    tokenizer and metadata objects, with "serve" the structured-output token table (any request
+    may ask for it), logits rows, and the last, partly used 2 MiB page of each of the three
+    big arenas."""
     if process not in PROCESS_BASELINE:
         raise ValueError(f"process must be one of {sorted(PROCESS_BASELINE)}, got {process!r}")
-    return (PROCESS_BASELINE[process] + m.n_vocab * TOKENIZER_BYTES_PER_TOKEN + slots * m.n_vocab * 4
-            + 3 * HUGE_PAGE)
+    per_token = TOKENIZER_BYTES_PER_TOKEN + (GRAMMAR_BYTES_PER_TOKEN if process == "serve" else 0)
+    return PROCESS_BASELINE[process] + m.n_vocab * per_token + slots * m.n_vocab * 4 + 3 * HUGE_PAGE
 
 
 @dataclass
