@@ -4,7 +4,7 @@
  *
  *   memory_floor WEIGHT_BYTES KV_BYTES MAX_THREADS ROUNDS
  *
- * Each round, for each configuration (threads 1..MAX_THREADS x independent
+ * Each round, for each configuration (threads 1, 2, 4, ... and MAX_THREADS x independent
  * streams per thread x software prefetch on/off): read the weights twice (after
  * the KV, as at depth; after the weights, as a shallow decode rereads them), then
  * the KV (which the weights pushed out of the cache). 64-byte loads; AVX-512,
@@ -214,13 +214,16 @@ int main(int argc, char **argv) {
 
     static const int streams_tried[] = {1, 4, 8};
     enum { N_STREAMS = sizeof streams_tried / sizeof streams_tried[0] };
-    const int n_cfg = max_threads * N_STREAMS * 2;
+    int counts[32], n_counts = 0; /* 1, 2, 4, ... below max_threads, then max_threads */
+    for (int t = 1; t < max_threads; t *= 2) counts[n_counts++] = t;
+    counts[n_counts++] = max_threads;
+    const int n_cfg = n_counts * N_STREAMS * 2;
     double *best_w = malloc(sizeof(double) * n_cfg), *best_k = malloc(sizeof(double) * n_cfg);
     if (!best_w || !best_k) return 1;
     for (int c = 0; c < n_cfg; c++) best_w[c] = best_k[c] = 1e30;
     for (int r = 0; r < rounds; r++)
         for (int c = 0; c < n_cfg; c++) { /* round-robin: the machine's noise hits every configuration alike */
-            const int t = 1 + c / (N_STREAMS * 2), s = streams_tried[(c / 2) % N_STREAMS], pf = c % 2;
+            const int t = counts[c / (N_STREAMS * 2)], s = streams_tried[(c / 2) % N_STREAMS], pf = c % 2;
             for (int rep = 0; rep < 2; rep++) {
                 const double tw = timed_read(wb, w, t, s, pf);
                 best_w[c] = tw < best_w[c] ? tw : best_w[c];
@@ -233,7 +236,7 @@ int main(int argc, char **argv) {
             }
         }
     for (int c = 0; c < n_cfg; c++)
-        printf("config %d %d %d %.9f %.9f\n", 1 + c / (N_STREAMS * 2), streams_tried[(c / 2) % N_STREAMS], c % 2,
+        printf("config %d %d %d %.9f %.9f\n", counts[c / (N_STREAMS * 2)], streams_tried[(c / 2) % N_STREAMS], c % 2,
                best_w[c], best_k[c]);
     pool.quit = 1;
     pthread_barrier_wait(&pool.start);

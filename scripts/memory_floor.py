@@ -10,7 +10,7 @@ tensor table, the KV shape from its metadata (edgeinfer/tools/decode_bytes.py: e
 once, the tied output head included, one row of the token embedding; the K/V of the context).
 
 The probe (memory_floor.c, built with the system C compiler: no -march, the ISA picked at
-run time) reads the weight bytes with every configuration of 1..N threads, 1/4/8
+run time) reads the weight bytes with every configuration of 1, 2, 4, ... and N threads, 1/4/8
 independent streams per thread and software prefetch on/off, round-robin, best of --rounds
 each, then the KV bytes at --depth after them. The floor is the fastest configuration's
 weight read rate. Prints the bytes, the floor in GB/s, the bandwidth-bound decode ceiling
@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("model", nargs="?", default="default")
     ap.add_argument("--depth", type=int, default=1500, help="context cells a decoded token attends to")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="the most threads tried (1..N are all tried)")
+                    help="the most threads tried (1, 2, 4, ... and N are tried)")
     ap.add_argument("--kv", default="f16", help="KV arena type: f16 or q8_0")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--decode", type=float, action="append", default=[], metavar="TOK_S",
@@ -115,7 +115,7 @@ def main() -> int:
         print(f"read loop: {p.get('isa')}, huge pages {p.get('hugepages', 0):.0%} granted; best of {a.rounds} "
               f"rounds: {best['threads']} thread(s), {best['streams']} stream(s) each, prefetch "
               f"{'on' if best['prefetch'] else 'off'}")
-        for t in range(1, a.threads + 1):
+        for t in sorted({c["threads"] for c in p["configs"]}):
             bt = min(c["weights_s"] for c in p["configs"] if c["threads"] == t)
             print(f"  {t} thread(s): weights at {w / bt / 1e9:.1f} GB/s")
         print(f"floor {floor:.1f} GB/s: weights stream in {tw * 1e3:.2f} ms, KV in {tk * 1e3:.2f} ms "

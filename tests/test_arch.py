@@ -130,6 +130,8 @@ def test_an_entry_needing_a_missing_op_is_refused():
 def test_every_role_has_its_c_enum():
     ids = {}
     for arch in ARCHS.values():
+        if not arch.native:          # converted and referenced only: C does not see it yet
+            continue
         for t in arch.tensors:
             for r in t.c_roles:      # fused tensors feed their parts' roles
                 ids[r] = getattr(lib, "EI_T_" + r.upper())

@@ -10,15 +10,15 @@ entry in ARCHS.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple, Protocol
 
 from ..errors import UnsupportedArchitectureError
 
-__all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "FamilySwitches", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
-           "FLAGS", "LONGROPE_ROLES", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
+__all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "RecurrentDims", "FamilySwitches", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
+           "FLAGS", "LONGROPE_ROLES", "LAYER_KINDS", "NATIVE_LAYER_KINDS", "layer_kinds", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
 
 # The ops the native forward pass implements (native/src/forward.c, native/cuda/forward.cu).
 # A family that needs another one needs a kernel first (docs/architecture.md).
@@ -79,6 +79,7 @@ QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
 #: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
 FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs", "has_longrope",
          "has_qk_norm", "has_post_norms")   # per-head Q/K norms, post-norms: Qwen3, Gemma 3
+FLAGS += ("has_per_layer_inputs", "stores_kv")   # Gemma 4: per-layer inputs; a layer's own K/V
 #: LongRoPE's two sets of per-frequency divisors; the native model gets one of them as its
 #: rope_freqs, chosen by the context size (llama.cpp: long when n_ctx > the original context).
 LONGROPE_ROLES = ("rope_factors_short", "rope_factors_long")
@@ -98,6 +99,25 @@ class HeadDims:
     @property
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
+
+
+class RecurrentDims:
+    """The Gated DeltaNet sizes derived from the stored ones (value and key heads share
+    ssm_head_dim, as llama.cpp requires): one definition for ModelConfig, HParams and the
+    reference's ForwardParams."""
+    ssm_head_dim: int
+    ssm_k_heads: int
+    ssm_v_heads: int
+
+    @property
+    def ssm_inner(self) -> int:
+        """Width of the value (and output gate) rows: value heads x head dim."""
+        return self.ssm_v_heads * self.ssm_head_dim
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the convolution: q and k (key heads x head dim each), then v."""
+        return 2 * self.ssm_k_heads * self.ssm_head_dim + self.ssm_inner
 
 
 class FamilySwitches:
@@ -121,6 +141,10 @@ class FamilySwitches:
     @property
     def no_rope_layer_step(self) -> int:
         return self.family.no_rope_step
+
+    @property
+    def has_attn_gate(self) -> bool:
+        return self.family.attn_gate
 
 
 class Dims(Protocol):
@@ -153,6 +177,10 @@ class Tensor:
     # A fused tensor: the C roles its rows are cut into, in order, with each part's row count
     # (Phi-3's attn_qkv -> attn_q, attn_k, attn_v). Empty: the tensor is its own C role.
     split: tuple[tuple[str, Callable[[Dims], int]], ...] = ()
+    # The layer kinds (LAYER_KINDS) that hold this tensor; empty: every layer (hybrids only)
+    kinds: tuple[str, ...] = ()
+    # The checkpoint's shape when it is not GGML's reversed (a conv kernel's [C, 1, K])
+    hf_shape: Callable[[Dims], tuple[int, ...]] | None = None
 
     @property
     def per_layer(self) -> bool:
@@ -206,6 +234,12 @@ class Arch:
     # ---- SmolLM3: layer l skips RoPE iff (l + 1) % no_rope_step == 0 (0: every layer rotates);
     # a family constant, as llama.cpp hard-codes it (no GGUF key)
     no_rope_step: int = 0
+    # ---- Qwen3.5: sigmoid output gate of attention (attn_q's second half per head); norms
+    # norm_shift leaves alone (its gated RMSNorm scales by w)
+    attn_gate: bool = False
+    unshifted_norms: tuple[str, ...] = ()
+    # False: the converter and the reference know the family, the native runtimes not yet
+    native: bool = True
 
     def __post_init__(self):
         for what, value, known in (("norm", self.norm, NORMS), ("act", self.act, ACTIVATIONS),
@@ -243,12 +277,15 @@ class Arch:
         raise KeyError(f"{self.name} has no tensor role {role!r}")
 
     def weights(self, h: Dims) -> list[Weight]:
-        """Every tensor a model with hyperparameters `h` has: globals, then layer by layer."""
+        """Every tensor a model with hyperparameters `h` has: globals, then layer by layer
+        (a hybrid's layers by their kinds, its MTP blocks after the trunk)."""
         out = [Weight(t.gguf, t, -1, t.shape(h)) for t in self.tensors
                if not t.per_layer and _present(t, h)]
-        for i in range(h.n_layer):
-            out += [Weight(t.gguf.format(i=i), t, i, t.shape(h)) for t in self.tensors
-                    if t.per_layer and _present(t, h)]
+        kinds = layer_kinds(h)
+        for i, kind in enumerate(kinds):
+            hl = h.layer_dims(i) if hasattr(h, "layer_dims") else h   # Gemma 4: sizes per layer
+            out += [Weight(t.gguf.format(i=i), t, i, t.shape(hl)) for t in self.tensors
+                    if t.per_layer and _present(t, hl) and (not t.kinds or kind in t.kinds)]
         return out
 
     def match_hf(self, hf: str) -> tuple[Tensor, int] | None:
@@ -267,6 +304,20 @@ class Arch:
 
 def _present(t: Tensor, h: Dims) -> bool:
     return t.when is None or bool(getattr(h, t.when))
+
+
+#: Kinds of layer a hybrid interleaves: full attention, a recurrent (Gated DeltaNet) layer,
+#: and the multi-token-prediction block stored after the trunk (Qwen3.5's `mtp.*`).
+LAYER_KINDS = ("attention", "recurrent", "mtp", "shortconv")   # shortconv: LFM2's gated short convolution
+#: The native runtimes' kind of each layer kind they run (ei_layer_kind of edgeinfer.h).
+NATIVE_LAYER_KINDS: Mapping[str, int] = MappingProxyType({"attention": 0, "shortconv": 1, "recurrent": 2})
+
+
+def layer_kinds(h) -> tuple[str, ...]:
+    """The kind of every stored layer of `h`: its `layer_kinds` when it has them (hybrids:
+    the trunk, then the MTP blocks), else n_layer attention layers."""
+    kinds = getattr(h, "layer_kinds", None)
+    return tuple(kinds) if kinds else ("attention",) * h.n_layer
 
 
 # ---------------------------------------------------------------------------- the families
@@ -343,6 +394,96 @@ PHI3 = (
     *_decoder("ffn_down"),
 )
 
+#: Qwen3.5 (llama.cpp's qwen35): Gated DeltaNet layers ("recurrent": a causal depthwise conv
+#: over q|k|v, L2-normed q/k, the gated delta rule over a ssm_head_dim^2 state per value head,
+#: a gated RMSNorm, ssm_out) and gated attention layers (attn_q holds each head's query then
+#: its output gate, 2 * q_dim rows; per-head Q/K norms; partial neox RoPE), both followed by
+#: the SwiGLU FFN; an MTP block after the trunk. Value heads are stored in llama.cpp's tiled
+#: order: value head h reads key head h % ssm_k_heads.
+_LA = _L + "linear_attn."
+_ATTN_MTP = ("attention", "mtp")
+QWEN35 = (
+    *_decoder("token_embd", "output_norm", "output"),
+    Tensor("attn_norm", "blk.{i}.attn_norm.weight", lambda h: (h.n_embd,), _L + "input_layernorm.weight"),
+    Tensor("attn_q", "blk.{i}.attn_q.weight", lambda h: (h.n_embd, 2 * h.q_dim), _L + "self_attn.q_proj.weight",
+           kinds=_ATTN_MTP),
+    *(replace(t, kinds=_ATTN_MTP) for t in _decoder("attn_k", "attn_v", "attn_output") + QK_NORMS),
+    Tensor("ssm_qkv", "blk.{i}.attn_qkv.weight", lambda h: (h.n_embd, h.ssm_conv_dim), _LA + "in_proj_qkv.weight",
+           kinds=("recurrent",)),
+    Tensor("ssm_gate", "blk.{i}.attn_gate.weight", lambda h: (h.n_embd, h.ssm_inner), _LA + "in_proj_z.weight",
+           kinds=("recurrent",)),
+    Tensor("ssm_conv1d", "blk.{i}.ssm_conv1d.weight", lambda h: (h.ssm_conv_kernel, h.ssm_conv_dim),
+           _LA + "conv1d.weight", kinds=("recurrent",),
+           hf_shape=lambda h: (h.ssm_conv_dim, 1, h.ssm_conv_kernel)),
+    Tensor("ssm_dt", "blk.{i}.ssm_dt.bias", lambda h: (h.ssm_v_heads,), _LA + "dt_bias", kinds=("recurrent",)),
+    Tensor("ssm_a", "blk.{i}.ssm_a", lambda h: (h.ssm_v_heads,), _LA + "A_log", kinds=("recurrent",)),
+    Tensor("ssm_beta", "blk.{i}.ssm_beta.weight", lambda h: (h.n_embd, h.ssm_v_heads), _LA + "in_proj_b.weight",
+           kinds=("recurrent",)),
+    Tensor("ssm_alpha", "blk.{i}.ssm_alpha.weight", lambda h: (h.n_embd, h.ssm_v_heads), _LA + "in_proj_a.weight",
+           kinds=("recurrent",)),
+    Tensor("ssm_norm", "blk.{i}.ssm_norm.weight", lambda h: (h.ssm_head_dim,), _LA + "norm.weight",
+           kinds=("recurrent",)),
+    Tensor("ssm_out", "blk.{i}.ssm_out.weight", lambda h: (h.ssm_inner, h.n_embd), _LA + "out_proj.weight",
+           kinds=("recurrent",)),
+    Tensor("ffn_norm", "blk.{i}.post_attention_norm.weight", lambda h: (h.n_embd,),
+           _L + "post_attention_layernorm.weight"),
+    *_decoder("ffn_gate", "ffn_up", "ffn_down"),
+    # the MTP block's own tensors (HF mtp.fc, mtp.pre_fc_norm_*, mtp.norm; the converter
+    # names mtp.* as the layers after the trunk, as llama.cpp's does)
+    Tensor("nextn_eh_proj", "blk.{i}.nextn.eh_proj.weight", lambda h: (2 * h.n_embd, h.n_embd),
+           _L + "mtp_fc.weight", kinds=("mtp",)),
+    Tensor("nextn_enorm", "blk.{i}.nextn.enorm.weight", lambda h: (h.n_embd,), _L + "mtp_pre_fc_norm_embedding.weight",
+           kinds=("mtp",)),
+    Tensor("nextn_hnorm", "blk.{i}.nextn.hnorm.weight", lambda h: (h.n_embd,), _L + "mtp_pre_fc_norm_hidden.weight",
+           kinds=("mtp",)),
+    Tensor("nextn_shared_head_norm", "blk.{i}.nextn.shared_head_norm.weight", lambda h: (h.n_embd,),
+           _L + "mtp_norm.weight", kinds=("mtp",)),
+)
+
+#: GGUF keys of the hybrids' recurrent layers (llama.cpp's LLM_KV_SSM_*, recurrent_layers, nextn)
+HYBRID_KEYS: Mapping[str, str] = MappingProxyType({
+    **GGUF_KEYS,
+    "ssm_conv_kernel": "ssm.conv_kernel",
+    "ssm_head_dim": "ssm.state_size",
+    "ssm_k_heads": "ssm.group_count",
+    "ssm_v_heads": "ssm.time_step_rank",
+    "ssm_inner": "ssm.inner_size",
+    "recurrent_layers": "attention.recurrent_layers",
+    "full_attention_interval": "full_attention_interval",
+    "n_mtp": "nextn_predict_layers",
+    "rope_sections": "rope.dimension_sections",
+})
+
+
+def _gemma4_tensors() -> tuple[Tensor, ...]:
+    """Gemma 3's tensors (shapes per layer: edgeinfer/arch/gemma4.py's layer_dims) with K, V and
+    the K norm only in layers that store KV, the full layers' proportional-RoPE rope_freqs, the
+    per-layer inputs and each block's output scale (llama.cpp's names)."""
+    kv_roles = ("attn_k", "attn_v", "attn_k_norm")
+    out = [replace(t, when="stores_kv") if t.role in kv_roles else t
+           for t in GEMMA3 if t.role != "rope_freqs"]
+    return tuple(out) + (
+        Tensor("rope_freqs", "rope_freqs.weight", lambda h: (h.head_dim // 2,), when="has_rope_freqs"),
+        Tensor("per_layer_token_embd", "per_layer_token_embd.weight",
+               lambda h: (h.n_embd_per_layer * h.n_layer, h.n_vocab), "model.embed_tokens_per_layer.weight",
+               when="has_per_layer_inputs"),
+        Tensor("per_layer_model_proj", "per_layer_model_proj.weight",
+               lambda h: (h.n_embd, h.n_embd_per_layer * h.n_layer), "model.per_layer_model_projection.weight",
+               when="has_per_layer_inputs"),
+        Tensor("per_layer_proj_norm", "per_layer_proj_norm.weight", lambda h: (h.n_embd_per_layer,),
+               "model.per_layer_projection_norm.weight", when="has_per_layer_inputs"),
+        Tensor("per_layer_inp_gate", "blk.{i}.inp_gate.weight", lambda h: (h.n_embd, h.n_embd_per_layer),
+               _L + "per_layer_input_gate.weight", when="has_per_layer_inputs"),
+        Tensor("per_layer_proj", "blk.{i}.proj.weight", lambda h: (h.n_embd_per_layer, h.n_embd),
+               _L + "per_layer_projection.weight", when="has_per_layer_inputs"),
+        Tensor("per_layer_post_norm", "blk.{i}.post_norm.weight", lambda h: (h.n_embd,),
+               _L + "post_per_layer_input_norm.weight", when="has_per_layer_inputs"),
+        Tensor("layer_out_scale", "blk.{i}.layer_output_scale.weight", lambda h: (1,), _L + "layer_scalar"),
+    )
+
+
+GEMMA4 = _gemma4_tensors()
+
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", DECODER,
                   hf_classes={"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}),
@@ -361,6 +502,23 @@ ARCHS: dict[str, Arch] = {
     # SmolLM3: llama with every fourth layer unrotated (config.json's no_rope_layers)
     "smollm3": Arch("smollm3", DECODER, hf_classes={"SmolLM3ForCausalLM": "smollm3"}, no_rope_step=4,
                     hf_keys={**HF_KEYS, "no_rope_layers": "no_rope_layers"}),
+    # Qwen3.5: Gated DeltaNet + gated attention hybrid; (1 + w) norms but the gated one
+    "qwen35": Arch("qwen35", QWEN35, hf_classes={"Qwen3_5ForCausalLM": "qwen3_5_text",
+                                                 "Qwen3_5ForConditionalGeneration": "qwen3_5"},
+                   rope="neox", qkv_bias=False, qk_norm=True, attn_gate=True, norm_shift=1.0,
+                   unshifted_norms=("ssm_norm",), keys=HYBRID_KEYS, native=False,
+                   hf_keys={**HF_KEYS, "partial_rotary": "partial_rotary_factor"}),
+    # Gemma 4 (edgeinfer/arch/gemma4.py): Gemma 3's ops plus per-layer inputs, KV-shared layers,
+    # two head sizes, v norms, layer scales; converted and run by the reference, not yet natively
+    "gemma4": Arch("gemma4", GEMMA4, hf_classes={"Gemma4ForCausalLM": "gemma4_text",
+                                                 "Gemma4ForConditionalGeneration": "gemma4"},
+                   rope="neox", qkv_bias=False, act="gelu_tanh", qk_norm=True, post_norms=True,
+                   embd_scale_sqrt=True, swa_pattern=0, rope_theta_local=10000.0, native=False,
+                   keys={**GGUF_KEYS, "n_embd_per_layer": "embedding_length_per_layer_input",
+                         "n_kv_shared": "attention.shared_kv_layers",
+                         "head_dim_swa": "attention.key_length_swa", "value_dim_swa": "attention.value_length_swa",
+                         "rope_dim_swa": "rope.dimension_count_swa"},
+                   hf_keys={**HF_KEYS, "act": "hidden_activation"}),
 }
 
 

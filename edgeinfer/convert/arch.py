@@ -16,14 +16,14 @@ from typing import Callable
 import numpy as np
 
 from ..arch import Arch, HeadDims, arch_for_hf
-from ..arch.table import FamilySwitches
+from ..arch.table import LAYER_KINDS, FamilySwitches, RecurrentDims
 from ..errors import ConversionError
 
 __all__ = ["HParams", "TensorMap"]
 
 
 @dataclass
-class HParams(HeadDims, FamilySwitches):
+class HParams(HeadDims, RecurrentDims, FamilySwitches):
     arch: Arch
     hf_class: str           # the config.json "architectures" entry converted
     n_layer: int
@@ -48,6 +48,16 @@ class HParams(HeadDims, FamilySwitches):
     # context (the short factors') from config.json
     partial_rotary: float = 1.0
     n_ctx_orig: int = 0
+    # ---- Qwen3.5's Gated DeltaNet layers (0 / empty: none): conv kernel, head dim, key and
+    # value heads, each stored layer's kind (trunk then MTP blocks), MTP blocks, M-RoPE sections
+    ssm_conv_kernel: int = 0
+    ssm_head_dim: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    layer_kinds: tuple[str, ...] = ()
+    n_mtp: int = 0
+    rope_sections: tuple[int, ...] = ()
+    full_attention_interval: int = 4   # written as llama.cpp does; recurrent_layers decides
 
     # the names the table's shapes and flags use (edgeinfer.arch.table.Dims, FamilySwitches)
     @property
@@ -71,9 +81,11 @@ class HParams(HeadDims, FamilySwitches):
         return self.rope_scaling["rope_type"] == "llama3"
 
     @classmethod
-    def from_config(cls, config: dict) -> "HParams":
+    def from_config(cls, config: dict, keep_mtp: bool = True) -> "HParams":
         arch, hf_class = arch_for_hf(config)
         keys = arch.hf_keys
+        if isinstance(config.get("text_config"), dict):   # a multimodal checkpoint: its text model
+            config = {**config, **config["text_config"]}
 
         def need(hparam: str, kind=int):
             key = keys[hparam]
@@ -133,6 +145,8 @@ class HParams(HeadDims, FamilySwitches):
             qkv_bias = bool(config.get(keys["has_qkv_bias"], False))
         _check_no_rope_layers(config, arch, need("n_layer"))
         extra = _swa_hparams(config, arch, n_layer=need("n_layer"), head_dim=head_dim, rp_local=rp_local)
+        if arch.keys.get("ssm_head_dim"):
+            extra.update(_deltanet_hparams(config, need("n_layer"), rp, keep_mtp))
         return cls(
             arch=arch, hf_class=hf_class, n_layer=need("n_layer"), n_embd=n_embd,
             n_ff=need("n_ff"), n_head=n_head, n_head_kv=n_head_kv,
@@ -168,6 +182,18 @@ class HParams(HeadDims, FamilySwitches):
             kv.append((key("attn_scale"), self.attn_scale, "FLOAT32"))
         if self.final_softcap:
             kv.append((key("final_softcap"), self.final_softcap, "FLOAT32"))
+        if self.layer_kinds:        # as llama.cpp's converter writes a Qwen3.5
+            kv += [(key("rope_sections"), [*self.rope_sections, 0][:4], "INT32"),
+                   (key("ssm_conv_kernel"), self.ssm_conv_kernel, "UINT32"),
+                   (key("ssm_head_dim"), self.ssm_head_dim, "UINT32"),
+                   (key("ssm_k_heads"), self.ssm_k_heads, "UINT32"),
+                   (key("ssm_v_heads"), self.ssm_v_heads, "UINT32"),
+                   (key("ssm_inner"), self.ssm_inner, "UINT32"),
+                   (key("recurrent_layers"), [k == "recurrent" for k in self.layer_kinds], "BOOL"),
+                   (key("full_attention_interval"), self.full_attention_interval, "UINT32")]
+            kv[0] = (key("n_layer"), self.n_layer + self.n_mtp, "UINT32")   # the MTP blocks are layers
+            if self.n_mtp:
+                kv.append((key("n_mtp"), self.n_mtp, "UINT32"))
         if self.rope_scaling["rope_type"] == "linear":
             kv += [(key("rope_scaling"), "linear", "STRING"),
                    (key("rope_scaling_factor"), float(self.rope_scaling["factor"]), "FLOAT32")]
@@ -275,6 +301,46 @@ def _swa_hparams(config: dict, arch: Arch, n_layer: int, head_dim: int, rp_local
     return out
 
 
+_HF_LAYER_TYPES = {"linear_attention": "recurrent", "full_attention": "attention"}
+
+
+def _deltanet_hparams(config: dict, n_layer: int, rope: dict, keep_mtp: bool) -> dict:
+    """Qwen3.5's Gated DeltaNet sizes, layer kinds (config.json's layer_types, else every
+    full_attention_interval-th layer attends), MTP blocks and M-RoPE sections."""
+    def need(key: str) -> int:
+        v = config.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ConversionError(f"config.json: {key!r} = {v!r} must be a positive integer")
+        return v
+
+    dk, dv = need("linear_key_head_dim"), need("linear_value_head_dim")
+    if dk != dv:
+        raise ConversionError(f"config.json: linear_key_head_dim ({dk}) != linear_value_head_dim ({dv}) "
+                              f"is not supported (llama.cpp's qwen35 stores one state size)")
+    nk, nv = need("linear_num_key_heads"), need("linear_num_value_heads")
+    if nv % nk:
+        raise ConversionError(f"config.json: linear_num_value_heads ({nv}) is not a multiple of "
+                              f"linear_num_key_heads ({nk})")
+    types = config.get("layer_types")
+    if types is None:
+        every = config.get("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layer)]
+    if not isinstance(types, list) or len(types) != n_layer:
+        raise ConversionError(f"config.json: layer_types must list {n_layer} layers (num_hidden_layers)")
+    bad = [t for t in types if t not in _HF_LAYER_TYPES]
+    if bad:
+        raise ConversionError(f"config.json: layer_types entry {bad[0]!r} is not supported "
+                              f"(supported: {', '.join(_HF_LAYER_TYPES)})")
+    n_mtp = int(config.get("mtp_num_hidden_layers") or 0) if keep_mtp else 0
+    sections = rope.get("mrope_section", config.get("mrope_section")) or [11, 11, 10]
+    kinds = tuple(_HF_LAYER_TYPES[t] for t in types) + ("mtp",) * n_mtp
+    assert set(kinds) <= set(LAYER_KINDS)
+    return dict(ssm_conv_kernel=need("linear_conv_kernel_dim"), ssm_head_dim=dk, ssm_k_heads=nk,
+                ssm_v_heads=nv, layer_kinds=kinds, n_mtp=n_mtp,
+                full_attention_interval=int(config.get("full_attention_interval", 4)),
+                rope_sections=tuple(int(x) for x in sections))
+
+
 def _check_no_rope_layers(config: dict, arch: Arch, n_layer: int) -> None:
     """config.json's per-layer RoPE switches (1: rotate) must be the family's fixed step, the
     only layout the GGUF (which has no key for it) and the runtimes can express."""
@@ -319,7 +385,7 @@ class TensorMap:
             raise ConversionError(f"tensor {hf!r} is not part of the {self.hp.hf_class} "
                                   f"architecture as edgeinfer converts it")
         t, i = found
-        if i >= self.hp.n_layer:
+        if i >= self.hp.n_layer + self.hp.n_mtp:
             raise ConversionError(f"tensor {hf!r} belongs to layer {i}, but config.json "
                                   f"has {arch.hf_keys['n_layer']} = {self.hp.n_layer}")
         if t.when is not None and not getattr(self.hp, t.when):
@@ -329,12 +395,37 @@ class TensorMap:
                                   f"{arch.hf_keys[t.when]}")
         return t.gguf.format(i=i) if t.per_layer else t.gguf
 
+    def canonical_name(self, hf: str) -> str | None:
+        """The table's name of a checkpoint tensor; None for one the GGUF does not hold.
+        Qwen3.5: a multimodal checkpoint's language model is the decoder (its vision tower is
+        left out), and the MTP block's tensors (mtp.*) are the layers after the trunk."""
+        if not self.hp.layer_kinds:
+            return hf
+        if hf.startswith("model.visual.") or hf.startswith("visual."):
+            return None
+        hf = re.sub(r"^model\.language_model\.", "model.", hf)
+        m = re.fullmatch(r"(?:model\.)?mtp\.(?:layers\.(\d+)\.(.+)|(\w+)\.weight)", hf)
+        if m is None:
+            return hf
+        if not self.hp.n_mtp:
+            return None
+        if m.group(1) is not None:
+            return f"model.layers.{self.hp.n_layer + int(m.group(1))}.{m.group(2)}"
+        return f"model.layers.{self.hp.n_layer}.mtp_{m.group(3)}.weight"
+
     def expected(self) -> dict[str, tuple[int, ...]]:
-        """Every HF tensor the architecture needs -> its PyTorch shape (GGML's, reversed)."""
-        return {w.hf: tuple(reversed(w.shape)) for w in self.hp.arch.weights(self.hp)
-                if w.hf is not None}
+        """Every HF tensor the architecture needs -> its PyTorch shape (GGML's reversed,
+        unless the table gives the checkpoint's)."""
+        return {w.hf: (w.tensor.hf_shape(self.hp) if w.tensor.hf_shape else tuple(reversed(w.shape)))
+                for w in self.hp.arch.weights(self.hp) if w.hf is not None}
+
+    def ggml_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every HF tensor the architecture needs -> its GGUF (GGML order) shape."""
+        return {w.hf: w.shape for w in self.hp.arch.weights(self.hp) if w.hf is not None}
 
     def transform(self, hf: str) -> Callable[[np.ndarray], np.ndarray] | None:
+        if self.hp.layer_kinds:
+            return self._deltanet_transform(hf)
         shift = self.hp.arch.norm_shift
         if shift:   # Gemma's norms scale by (1 + w): stored shifted, as llama.cpp's converter does
             found = self.hp.arch.match_hf(hf)
@@ -349,3 +440,42 @@ class TensorMap:
         if role in ("attn_k", "attn_k_bias"):
             return lambda w: _permute_rows(w, self.hp.n_head_kv)
         return None
+
+    def _deltanet_transform(self, hf: str) -> Callable[[np.ndarray], np.ndarray] | None:
+        """Qwen3.5 as llama.cpp's converter stores it: (1 + w) norms but the gated one,
+        A = -exp(A_log), the conv kernel [C, K], and value heads (their rows of q|k|v's v part,
+        the gate, beta, alpha, A, dt and the conv's v channels; out_proj's columns) from HF's
+        grouped order (head g * r + j of key head g) to the tiled order (j * n_k + g)."""
+        hp, arch = self.hp, self.hp.arch
+        found = arch.match_hf(hf)
+        if found is None:
+            return None
+        role = found[0].role
+        shift = role.endswith("norm") and role not in arch.unshifted_norms
+        kd = hp.ssm_k_heads * hp.ssm_head_dim
+
+        def tiled(w: np.ndarray, axis: int, unit: int) -> np.ndarray:
+            w = np.moveaxis(w, axis, 0)
+            nk, per = hp.ssm_k_heads, hp.ssm_v_heads // hp.ssm_k_heads
+            w = w.reshape(nk, per, unit, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+            return np.moveaxis(w, 0, axis)
+
+        def f(w: np.ndarray) -> np.ndarray:
+            w = np.asarray(w, dtype=np.float32) if (shift or role in ("ssm_a", "ssm_conv1d")) else w
+            if role == "ssm_conv1d":
+                w = w.reshape(w.shape[0], w.shape[-1])
+            if hp.ssm_v_heads != hp.ssm_k_heads:
+                if role in ("ssm_qkv", "ssm_conv1d"):
+                    w = np.concatenate([w[:2 * kd], tiled(w[2 * kd:], 0, hp.ssm_head_dim)])
+                elif role == "ssm_gate":
+                    w = tiled(w, 0, hp.ssm_head_dim)
+                elif role in ("ssm_beta", "ssm_alpha", "ssm_a", "ssm_dt"):
+                    w = tiled(w, 0, 1)
+                elif role == "ssm_out":
+                    w = tiled(w, 1, hp.ssm_head_dim)
+            if role == "ssm_a":
+                w = -np.exp(w)
+            if shift:
+                w = w + np.float32(arch.norm_shift)
+            return w
+        return f

@@ -11,7 +11,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -158,6 +158,11 @@ class Checkpoint:
                     f"save_pretrained(..., safe_serialization=True))") if bins else ""
             raise ConversionError(f"{self.dir}: no *.safetensors weights{hint}")
         return paths
+
+    def rename(self, canonical: Callable[[str], str | None]) -> None:
+        """Names every tensor by `canonical` (None: not converted), for a family whose
+        checkpoints nest or relocate the decoder's tensors (Qwen3.5's language_model, mtp)."""
+        self.tensors = {c: t for n, t in self.tensors.items() if (c := canonical(n)) is not None}
 
     # ------------------------------------------------------------------ access
     def __contains__(self, name: str) -> bool:

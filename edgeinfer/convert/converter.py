@@ -79,8 +79,8 @@ def plan(ckpt: Checkpoint, hp: HParams, tmap: TensorMap) -> list[_Item]:
         g = tmap.gguf_name(name)        # raises for tensors the architecture does not have
         if g is not None and name not in expected:
             raise ConversionError(f"{ckpt.dir}: unexpected tensor {name!r}")
-    items = [_Item(tmap.gguf_name(n), n, tuple(reversed(expected[n])))
-             for n in _sorted_names(hp, expected, tmap)]
+    ggml = tmap.ggml_shapes()
+    items = [_Item(tmap.gguf_name(n), n, ggml[n]) for n in _sorted_names(hp, expected, tmap)]
     for k, (name, data) in enumerate(hp.computed_tensors()):
         items.insert(1 + k, _Item(name, None, (data.shape[0],), data=data))
     return items
@@ -91,20 +91,21 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                        n_threads: int = 0, progress: bool | Callable = False,
                        name: str | None = None, target_bpw: float | None = None,
                        calibration: str | None = None, calibration_tokens: int = 512,
-                       sensitivity: "Sensitivity | None" = None) -> ConvertResult:
+                       sensitivity: "Sensitivity | None" = None, keep_mtp: bool = True) -> ConvertResult:
     """Converts a Hugging Face checkpoint directory to one GGUF file (atomically).
 
     file_type "auto" chooses every 2-D weight's type by its measured sensitivity on
     `calibration` (a text file; default: the text shipped with the package, at most
     `calibration_tokens` tokens) so that the tensor data stays within `target_bpw` bits per
     weight; a `sensitivity` from an earlier call (ConvertResult.sensitivity) skips the
-    measurement."""
+    measurement. keep_mtp=False leaves out a checkpoint's multi-token-prediction block."""
     t0 = time.perf_counter()
     ft = parse_file_type(file_type)
     keeps = parse_keep(keep)
     ckpt = Checkpoint(checkpoint_dir)
-    hp = HParams.from_config(ckpt.config)
+    hp = HParams.from_config(ckpt.config, keep_mtp=keep_mtp)
     tmap = TensorMap(hp)
+    ckpt.rename(tmap.canonical_name)
     items = plan(ckpt, hp, tmap)
     adapter = None
     if lora_dir is not None:
@@ -161,8 +162,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
             if vt == "STRING" and isinstance(val, list):
                 w.add_kv(key, val, GGUFValueType.ARRAY, GGUFValueType.STRING)
             elif isinstance(val, list):
-                w.add_kv(key, np.asarray(val, dtype={"FLOAT32": np.float32,
-                                                     "INT32": np.int32}[vt]))
+                w.add_kv(key, np.asarray(val, dtype={"FLOAT32": np.float32, "INT32": np.int32,
+                                                     "BOOL": np.bool_}[vt]))
             else:
                 w.add_kv(key, val, GGUFValueType[vt])
         for it in items:
