@@ -46,7 +46,7 @@ int main(void) {
     if (ei_model_create(&c, &m) != EI_OK) { printf("create: %s\n", err); return 1; }
     for (int role = 0; role < 128; role++) {
         int64_t ne0, ne1;
-        if (role == EI_T_FAKE_NORM || !ei_role_find(role) || ei_role_expect(&c, role, &ne0, &ne1) != EI_REQUIRED)
+        if (role == EI_T_FAKE_NORM || !ei_role_find(role) || ei_role_expect(&c, role, ei_role_find(role)->per_layer ? 0 : -1, &ne0, &ne1) != EI_REQUIRED)
             continue;
         const ei_role_desc *d = ei_role_find(role);
         if (ei_model_set_tensor(m, d->per_layer ? 0 : -1, role, buf, EI_TYPE_F32, ne0, ne1) != EI_OK) {
@@ -69,7 +69,7 @@ int main(void) {
     std::vector<ei_cuda_tensor> ts;
     for (int role = 0; role < 128; role++) {
         int64_t ne0, ne1;
-        if (role == EI_T_FAKE_NORM || !ei_role_find(role) || ei_role_expect(&c, role, &ne0, &ne1) != EI_REQUIRED)
+        if (role == EI_T_FAKE_NORM || !ei_role_find(role) || ei_role_expect(&c, role, ei_role_find(role)->per_layer ? 0 : -1, &ne0, &ne1) != EI_REQUIRED)
             continue;
         ts.push_back({ei_role_find(role)->per_layer ? 0 : -1, role, EI_TYPE_F32, ne0, ne1, buf});
     }

@@ -83,6 +83,8 @@ FLAGS += ("has_per_layer_inputs", "stores_kv")   # Gemma 4: per-layer inputs; a 
 #: LongRoPE's two sets of per-frequency divisors; the native model gets one of them as its
 #: rope_freqs, chosen by the context size (llama.cpp: long when n_ctx > the original context).
 LONGROPE_ROLES = ("rope_factors_short", "rope_factors_long")
+#: The native runtimes' kind of each layer kind they run (ei_layer_kind of edgeinfer.h).
+NATIVE_LAYER_KINDS: Mapping[str, int] = MappingProxyType({"attention": 0, "shortconv": 1, "recurrent": 2})
 
 
 class HeadDims:

@@ -31,6 +31,9 @@ class KVPlan:
     max_batch: int              # most tokens in one forward step
     kv_type: str = "f16"
     slack: int = 0
+    # recurrent models: copies of a slot's recurrent state kept at once (prompt ends, drafts);
+    # when full the runtime lets the one after the fewest positions go (SequenceStates mirrors it)
+    n_snapshots: int = 16
 
     @property
     def cells(self) -> int:
@@ -54,6 +57,7 @@ class Capabilities:
     max_topk: int = 0           # largest k of forward_topk; 0: logits always come back to the host
     n_threads: int = 0          # CPU worker threads (0 on a GPU)
     kv_bytes: int = 0
+    state_bytes: int = 0        # recurrent layers' per-slot states and their kept copies
     scratch_bytes: int = 0
     packed_bytes: int = 0       # repacked weight copies (CPU)
     device_bytes: int = 0       # weights held in device memory (GPU)
@@ -62,6 +66,7 @@ class Capabilities:
     copy_prefix: bool = False       # Runtime.copy_prefix: a slot takes another's first n positions
     recurrent_state: bool = False   # fixed-size per-slot states of recurrent layers beside the cells
     state_snapshots: bool = False   # Batch.keep_rows + Runtime.restore_state / drop_states
+    max_snapshots: int = 0          # kept states per slot; past it the one after the fewest positions goes
 
 
 NO_ROWS = np.empty(0, dtype=np.int32)

@@ -86,11 +86,12 @@ class Role(NamedTuple):
     ne1: str
     when: str | None  # the config flag the role is present iff; None: ALWAYS or OPTIONAL
     optional: bool
+    layer_kind: str | None = None   # present only on layers of this kind (ei_layer_kind, lower case)
 
     def shape(self, dims: dict[str, int]) -> tuple[int, ...]:
         """Its GGML shape for the dimensions `dims` (1-D for vectors, as the GGUF file holds them)."""
         value = {"1": 1, **dims}
-        ne = (value[self.ne0],) if self.vector else (value[self.ne0], value[self.ne1])
+        ne = (value[self.ne0],) if self.vector and self.ne1 == "1" else (value[self.ne0], value[self.ne1])
         return ne
 
 
@@ -98,10 +99,12 @@ def layout_roles(path: Path | str) -> list[Role]:
     """The roles of the native layout, in list order."""
     out = []
     for name, id_, field, kind, scope, ne0, ne1, presence in xmacro_rows(Path(path), "EI_ROLE"):
-        flag = re.fullmatch(r"IF\((\w+)\)", presence)
+        flag = re.fullmatch(r"(?:ATTN_)?IF\((\w+)\)", presence)
+        on = re.fullmatch(r"ON\((\w+)\)", presence)
         if kind not in ("VECTOR", "MATRIX") or scope not in ("GLOBAL", "LAYER") or not (
-                flag or presence in ("ALWAYS", "OPTIONAL")):
+                flag or on or presence in ("ALWAYS", "OPTIONAL", "ATTN")):
             raise ValueError(f"{path}: bad EI_ROLE({name}, ...): {kind}, {scope}, {presence}")
+        layer_kind = on.group(1).lower() if on else "attention" if presence.startswith("ATTN") else None
         out.append(Role(name.lower(), int(id_), field, kind == "VECTOR", scope == "LAYER", ne0, ne1,
-                        flag.group(1) if flag else None, presence == "OPTIONAL"))
+                        flag.group(1) if flag else None, presence == "OPTIONAL", layer_kind))
     return out

@@ -60,6 +60,7 @@ class NativeRuntime:
         p.kv_type = KV_TYPES[plan.kv_type]
         p.isa = ISA_NAMES[isa]
         p.drop_packed_source = int(drop_packed_source)
+        p.n_snapshots = plan.n_snapshots
         out = ffi.new("ei_runtime **")
         check(lib.ei_runtime_create(model.handle, p, out), "runtime_create")
         self.handle = ffi.gc(out[0], lib.ei_runtime_free)
@@ -71,15 +72,19 @@ class NativeRuntime:
             kv_bytes=int(lib.ei_runtime_kv_bytes(self.handle)),
             scratch_bytes=int(lib.ei_runtime_scratch_bytes(self.handle)),
             packed_bytes=int(lib.ei_runtime_packed_bytes(self.handle)), profile_stages=PROFILE_STAGES,
-            copy_prefix=True)
+            copy_prefix=True, state_bytes=int(lib.ei_runtime_state_bytes(self.handle)),
+            recurrent_state=model.cfg.is_hybrid, state_snapshots=model.cfg.is_hybrid,
+            max_snapshots=plan.n_snapshots if model.cfg.is_hybrid else 0)
 
     def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
         n_out = batch.n_out
         if logits is None:
             logits = np.empty((n_out, self.caps.n_vocab), dtype=np.float32)
         out_ptr = ffi.from_buffer("float[]", logits) if n_out else ffi.NULL
+        n_keep = len(batch.keep_rows)
         check(lib.ei_forward(self.handle, len(batch), _i32(batch.tokens), _i32(batch.slots), _i32(batch.pos),
-                             _i32(batch.cells), n_out, _i32(batch.out_rows) if n_out else ffi.NULL, out_ptr),
+                             _i32(batch.cells), n_out, _i32(batch.out_rows) if n_out else ffi.NULL, out_ptr,
+                             n_keep, _i32(batch.keep_rows) if n_keep else ffi.NULL),
               "forward")
         return logits[:n_out]
 
@@ -94,6 +99,13 @@ class NativeRuntime:
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         check(lib.ei_runtime_copy_prefix(self.handle, src, dst, n), "copy_prefix")
+
+    def restore_state(self, slot: int, n: int) -> None:
+        check(lib.ei_runtime_restore_state(self.handle, slot, n), "restore_state")
+
+    def drop_states(self, slot: int, ns: list[int]) -> None:
+        for n in ns:
+            check(lib.ei_runtime_drop_state(self.handle, slot, n), "drop_state")
 
     def profile(self, reset: bool = False) -> dict[str, float]:
         buf = ffi.new("double[]", len(PROFILE_STAGES))

@@ -28,6 +28,7 @@ class SequenceStates:
         self.can_rewind = caps.state_snapshots or not caps.recurrent_state
         self.keeps_states = caps.recurrent_state and caps.state_snapshots   # Batch.keep_rows wanted
         self.can_copy = caps.copy_prefix
+        self.max_kept = caps.max_snapshots   # 0: no bound
         self._kept: list[set[int]] = [set() for _ in range(ring.n_slots)]   # positions seen, per slot
 
     def clear(self, slot: int) -> None:
@@ -71,8 +72,12 @@ class SequenceStates:
         return True
 
     def kept(self, slot: int, n: int) -> None:
-        """Records that the runtime kept the slot's state after n positions (a keep row ran)."""
-        self._kept[slot].add(n)
+        """Records that the runtime kept the slot's state after n positions (a keep row ran); past
+        caps.max_snapshots the runtime keeps the latest ones, and so does this record."""
+        kept = self._kept[slot]
+        kept.add(n)
+        while self.max_kept and len(kept) > self.max_kept:
+            kept.remove(min(kept))
 
     def drop_above(self, slot: int, n: int) -> None:
         """Frees the slot's kept states past n positions (speculation's, once verified); the

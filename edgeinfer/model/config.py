@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..arch import Arch, HeadDims, Weight, get_arch
-from ..arch.table import QKV_BIAS_ROLES, FamilySwitches
+from ..arch.table import NATIVE_LAYER_KINDS, QKV_BIAS_ROLES, FamilySwitches
 from ..arch.reference import is_local_layer as _is_local
 from ..errors import GGUFError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
@@ -62,6 +62,10 @@ class ModelConfig(HeadDims, FamilySwitches):
     has_longrope: bool = False
     rope_ctx_orig: int = 0
     rope_attn_factor: float = 1.0
+    # hybrids (LFM2): the kind of every layer (table LAYER_KINDS; empty: all attention) and the
+    # taps of the recurrent layers' causal conv (LFM2's shortconv.l_cache)
+    layer_kinds: tuple[str, ...] = ()
+    conv_kernel: int = 0
     tensor_types: dict[str, int] = field(default_factory=dict, repr=False)
     family: Arch | None = field(default=None, repr=False, compare=False)   # the table entry of `arch`
 
@@ -73,6 +77,16 @@ class ModelConfig(HeadDims, FamilySwitches):
     @property
     def has_output(self) -> bool:
         return not self.tied_output
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Has layers with a recurrent state beside (or instead of) attention."""
+        return any(k != "attention" for k in self.layer_kinds)
+
+    @property
+    def layer_kind(self) -> list[int]:
+        """The native config's ei_layer_kind of each layer."""
+        return [NATIVE_LAYER_KINDS[k] for k in self.layer_kinds]
 
     @property
     def act_gelu(self) -> bool:

@@ -89,6 +89,13 @@ ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n);
 /* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n: the GeGLU of Gemma's feed-forward block. */
 ei_status ei_kernel_geglu(int isa, float *gate, const float *up, int64_t n);
 
+/* Causal depthwise conv1d with state over n_tok tokens of ch channels, taps w[k][c] (tap-major):
+ * y[t][c] = sum_{k < K} w[k][c] * in(t - (K - 1) + k)[c], where in(s) is x[s] for s >= 0 and
+ * state[K - 1 + s] (the K - 1 inputs before the first token, oldest first, [K - 1][ch]) for
+ * s < 0; afterwards state holds the last K - 1 inputs. K in [2, 16]. */
+ei_status ei_kernel_conv1d(int isa, const float *w, int K, int64_t ch, float *state, const float *x,
+                           int64_t n_tok, float *y);
+
 /* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
 /* Which families exist is Python's business (edgeinfer/arch/table.py); C sees only the
  * hyperparameters and the features the forward pass switches on. */
@@ -122,7 +129,19 @@ typedef struct {
     float rope_attn_factor;
     /* > 0: layer l skips RoPE iff (l + 1) % no_rope_layer_step == 0 (SmolLM3: 4); 0: every layer rotates */
     int32_t no_rope_layer_step;
+    /* ---- hybrid models (LFM2, Qwen3.5): recurrent layers beside attention ---- */
+    int32_t conv_kernel;      /* taps of the recurrent layers' causal depthwise conv (LFM2's L_cache); 0: none */
+    uint8_t layer_kind[1024]; /* ei_layer_kind of layer l < n_layer (all 0: attention only) */
 } ei_model_config;
+
+/* What a layer's mixing block is. Attention layers hold KV cells in the ring; the others hold a
+ * fixed-size recurrent state per slot (their conv window; a delta-rule layer also its matrix). */
+typedef enum {
+    EI_LAYER_ATTENTION = 0,
+    EI_LAYER_SHORTCONV = 1,   /* LFM2: in_proj -> B, C, x; C * conv(B * x); out_proj */
+    EI_LAYER_DELTANET = 2,    /* Qwen3.5's Gated DeltaNet */
+    EI_LAYER_KIND_COUNT = 3
+} ei_layer_kind;
 
 typedef struct ei_model ei_model;
 
@@ -148,6 +167,9 @@ typedef struct {
                               positions (pos - slide_window, pos] only; the ring's cells beyond
                               n_sink + slide_window are slack that a batch may write ahead into
                               (speculative verify on a ring that slides). 0: every cell <= pos */
+    int32_t n_snapshots;   /* recurrent models: copies of a slot's recurrent state kept at once
+                              (keep_rows of ei_forward); when full, the one after the fewest
+                              positions goes first. Ignored without recurrent layers. */
 } ei_runtime_params;
 
 typedef struct ei_runtime ei_runtime;
@@ -155,6 +177,8 @@ typedef struct ei_runtime ei_runtime;
 ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_runtime **out);
 void ei_runtime_free(ei_runtime *rt);
 size_t ei_runtime_kv_bytes(const ei_runtime *rt);
+/* Bytes of the recurrent layers' states: each slot's live state and its n_snapshots copies. */
+size_t ei_runtime_state_bytes(const ei_runtime *rt);
 size_t ei_runtime_scratch_bytes(const ei_runtime *rt);
 /* Bytes of the row-interleaved weight copies made for this CPU's kernels. */
 size_t ei_runtime_packed_bytes(const ei_runtime *rt);
@@ -166,24 +190,37 @@ typedef enum {
     EI_PROF_FFN_UP, EI_PROF_FFN_ACT, EI_PROF_FFN_DOWN, EI_PROF_HEAD, EI_PROF_COUNT
 } ei_prof_stage;
 int ei_runtime_profile(ei_runtime *rt, double *out, int n, int reset);
-/* Empties a slot's cells. */
+/* Empties a slot's cells; its recurrent state starts from zero, its kept copies are dropped. */
 ei_status ei_runtime_clear_slot(ei_runtime *rt, int slot);
-/* Forgets a slot's cells holding positions >= pos (for prefix reuse). */
+/* Forgets a slot's cells holding positions >= pos (for prefix reuse) and the recurrent states it
+ * kept after more than pos positions. A live recurrent state past pos cannot be rewound: the
+ * slot takes no token until ei_runtime_restore_state (pos 0: it starts from zero). */
 ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos);
 /* Makes slot dst hold what slot src holds at positions [0, n) and nothing else (a shared
  * prompt, copied rather than computed again). src must not have wrapped past position n:
- * those positions sit in cells [0, n). src == dst keeps [0, n), as forget_from does. */
+ * those positions sit in cells [0, n). src == dst keeps [0, n), as forget_from does.
+ * Recurrent layers: dst's state becomes the one src kept after n positions (or src's live
+ * state when it has seen exactly n), and dst keeps that copy; EI_ERR_STATE when src has neither. */
 ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n);
+/* Recurrent layers: the slot's live state becomes the copy it kept after n positions (a keep row
+ * of ei_forward); EI_ERR_STATE when none is kept there. The live state having seen n: no-op. */
+ei_status ei_runtime_restore_state(ei_runtime *rt, int slot, int32_t n);
+/* Frees the copy of the slot's recurrent state kept after n positions (none kept: no-op). */
+ei_status ei_runtime_drop_state(ei_runtime *rt, int slot, int32_t n);
 
 /* One step for a batch of tokens, possibly from several slots.
  * Token i (< n_tokens) of slot slots[i] sits at position pos[i] and its K/V
  * are written into cell cells[i] of that slot; it attends to every cell of
  * its slot whose position is <= pos[i] (its own included).
  * Logits are computed for the tokens listed in out_rows (n_out of them) and
- * written to logits[j * n_vocab ...] for j < n_out. */
+ * written to logits[j * n_vocab ...] for j < n_out.
+ * Recurrent layers: a slot's tokens come in position order, the first at the position its live
+ * state has seen (EI_ERR_STATE otherwise); after each row listed in keep_rows (n_keep of them)
+ * a copy of that slot's recurrent state is kept, named by pos + 1 (ei_runtime_restore_state). */
 ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens,
                      const int32_t *slots, const int32_t *pos, const int32_t *cells,
-                     int32_t n_out, const int32_t *out_rows, float *logits);
+                     int32_t n_out, const int32_t *out_rows, float *logits,
+                     int32_t n_keep, const int32_t *keep_rows);
 
 /* ==== Quantization for the converter (native/src/quantize.c; owner: convert) ==== */
 /* Bytes of one row of n_cols elements of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,

@@ -65,7 +65,7 @@ static inline const ei_role_desc *ei_role_find(int role) {
     }
 }
 
-/* 1-D roles (norm weights, biases, RoPE factors): one row, kept in f32. */
+/* Roles kept in f32 and read element-wise (norm weights, biases, RoPE factors, conv taps). */
 static inline int ei_role_is_vector(int role) {
     const ei_role_desc *d = ei_role_find(role);
     return d && d->vector;
@@ -81,16 +81,50 @@ static inline ei_weight *ei_weight_slot(ei_globals *g, ei_layer *layers, int n_l
 
 typedef enum { EI_MUST_BE_ABSENT = 0, EI_MAY_BE_ABSENT = 1, EI_REQUIRED = 2 } ei_presence;
 
+/* The kind of layer l (ei_layer_kind); global roles (l < 0) count as attention. */
+static inline int ei_layer_kind_of(const ei_model_config *c, int l) {
+    return l < 0 ? EI_LAYER_ATTENTION : c->layer_kind[l];
+}
+
+/* Layer l keeps a recurrent state per slot rather than KV cells. */
+static inline int ei_layer_is_recurrent(const ei_model_config *c, int l) {
+    return ei_layer_kind_of(c, l) != EI_LAYER_ATTENTION;
+}
+
+/* Channels of layer l's causal conv window (0: no window). */
+static inline int64_t ei_layer_conv_channels(const ei_model_config *c, int l) {
+    switch (ei_layer_kind_of(c, l)) {
+    case EI_LAYER_SHORTCONV: return c->n_embd;
+    default: return 0;
+    }
+}
+
+/* Floats of layer l's recurrent state per slot: its conv window, the last conv_kernel - 1 inputs
+ * of each channel ([conv_kernel - 1][channels], oldest first), then any matrix of its kind. */
+static inline int64_t ei_layer_state_floats(const ei_model_config *c, int l) {
+    const int64_t window = c->conv_kernel > 1 ? (int64_t)(c->conv_kernel - 1) * ei_layer_conv_channels(c, l) : 0;
+    switch (ei_layer_kind_of(c, l)) {
+    case EI_LAYER_SHORTCONV: return window;
+    default: return 0;
+    }
+}
+
 #define EI_PRESENCE_ALWAYS EI_REQUIRED
 #define EI_PRESENCE_OPTIONAL EI_MAY_BE_ABSENT
 #define EI_PRESENCE_IF(flag) (c->flag ? EI_REQUIRED : EI_MUST_BE_ABSENT)
+#define EI_PRESENCE_ATTN (ei_layer_kind_of(c, layer) == EI_LAYER_ATTENTION ? EI_REQUIRED : EI_MUST_BE_ABSENT)
+#define EI_PRESENCE_ATTN_IF(flag) \
+    (ei_layer_kind_of(c, layer) == EI_LAYER_ATTENTION && c->flag ? EI_REQUIRED : EI_MUST_BE_ABSENT)
+#define EI_PRESENCE_ON(KIND) (ei_layer_kind_of(c, layer) == EI_LAYER_##KIND ? EI_REQUIRED : EI_MUST_BE_ABSENT)
 
-/* Whether a model of config c has `role`, and its shape there. */
-static inline ei_presence ei_role_expect(const ei_model_config *c, int role, int64_t *ne0_out, int64_t *ne1_out) {
+/* Whether a model of config c has `role` at `layer` (-1 for global roles), and its shape there. */
+static inline ei_presence ei_role_expect(const ei_model_config *c, int role, int layer, int64_t *ne0_out,
+                                         int64_t *ne1_out) {
     const int64_t n_embd = c->n_embd, n_ff = c->n_ff, n_vocab = c->n_vocab, head_dim = c->head_dim;
     const int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_head_kv * c->head_dim;
-    const int64_t rope_half = c->rope_dim / 2;
+    const int64_t rope_half = c->rope_dim / 2, conv_kernel = c->conv_kernel, n_embd_x3 = 3 * n_embd;
     (void)n_embd, (void)n_ff, (void)n_vocab, (void)head_dim, (void)q_dim, (void)kv_dim, (void)rope_half;
+    (void)conv_kernel, (void)n_embd_x3, (void)layer;
     switch (role) {
 #define EI_ROLE(NAME, id, field, kind, scope, ne0, ne1, presence) \
     case id: *ne0_out = ne0; *ne1_out = ne1; return EI_PRESENCE_##presence;
@@ -146,6 +180,16 @@ static inline ei_status ei_config_check(const ei_model_config *c, char *msg, siz
         EI_FAIL_(EI_ERR_INVALID_ARG, "no_rope_layer_step=%d must be >= 0", c->no_rope_layer_step);
     if (!(c->rope_attn_factor >= 0) || c->rope_attn_factor > 1e3f)
         EI_FAIL_(EI_ERR_INVALID_ARG, "rope_attn_factor=%g must be in [0, 1000]", (double)c->rope_attn_factor);
+    int recurrent = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (c->layer_kind[l] >= EI_LAYER_KIND_COUNT)
+            EI_FAIL_(EI_ERR_INVALID_ARG, "layer_kind[%d]=%d is not an ei_layer_kind", l, c->layer_kind[l]);
+        recurrent |= c->layer_kind[l] != EI_LAYER_ATTENTION;
+    }
+    for (int l = c->n_layer; l < (int)sizeof c->layer_kind; l++)
+        if (c->layer_kind[l]) EI_FAIL_(EI_ERR_INVALID_ARG, "layer_kind[%d] set beyond n_layer=%d", l, c->n_layer);
+    if (recurrent ? c->conv_kernel < 2 || c->conv_kernel > 16 : c->conv_kernel != 0)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "conv_kernel=%d must be in [2, 16] with recurrent layers, else 0", c->conv_kernel);
     return EI_OK;
 }
 
@@ -159,7 +203,7 @@ static inline ei_status ei_weight_check(const ei_model_config *c, const ei_weigh
     for (; d->name[k] && k + 1 < sizeof name; k++) name[k] = (char)(d->name[k] | (d->name[k] >= 'A' && d->name[k] <= 'Z' ? 0x20 : 0));
     name[k] = 0;
     int64_t ne0, ne1;
-    const ei_presence need = ei_role_expect(c, role, &ne0, &ne1);
+    const ei_presence need = ei_role_expect(c, role, layer, &ne0, &ne1);
     if (!w->data) {
         if (need == EI_REQUIRED) EI_FAIL_(EI_ERR_INVALID_ARG, "missing tensor %s (layer %d)", name, layer);
         return EI_OK;
@@ -170,7 +214,7 @@ static inline ei_status ei_weight_check(const ei_model_config *c, const ei_weigh
         EI_FAIL_(EI_ERR_INVALID_ARG, "tensor %s (layer %d) has shape [%lld, %lld], expected [%lld, %lld]", name,
                  layer, (long long)w->ne0, (long long)w->ne1, (long long)ne0, (long long)ne1);
     if (d->vector && w->type != EI_TYPE_F32)
-        EI_FAIL_(EI_ERR_UNSUPPORTED, "tensor %s (layer %d) must be F32 (norms and biases), got type %d", name,
+        EI_FAIL_(EI_ERR_UNSUPPORTED, "tensor %s (layer %d) must be F32 (norms, biases, conv taps), got type %d", name,
                  layer, w->type);
     return EI_OK;
 }

@@ -6,7 +6,9 @@
 
 #include "attention.h"
 #include "common.h"
+#include "recurrent.h"
 #include "runtime.h"
+#include "state.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -150,7 +152,10 @@ static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *sl
     const ei_model_config *c = &rt->m->cfg;
     kv_task k = {rt, layer, n_tok, slots, pos, cells};
     par_for(rt, c->n_head + c->n_head_kv, n_tok > 1, store_kv_head, &k);
-    if (layer) return;
+}
+
+/* The ring's bookkeeping for the batch's cells, once per step (before any layer reads it). */
+static void record_cells(ei_runtime *rt, int64_t n_tok, const int32_t *slots, const int32_t *pos, const int32_t *cells) {
     for (int64_t t = 0; t < n_tok; t++) {
         size_t cell = (size_t)slots[t] * rt->p.n_ctx + cells[t];
         rt->cell_pos[cell] = pos[t];
@@ -296,41 +301,55 @@ static ei_status check_batch(const ei_runtime *rt, int32_t n_tokens, const int32
     return EI_OK;
 }
 
+/* The attention block on the normed rows rt->xn; its output (before any post-norm) replaces them. */
+static void attention_block(ei_runtime *rt, int l, int64_t T, const int32_t *slots, const int32_t *pos,
+                            const int32_t *cells, double *t) {
+    const ei_model_config *c = &rt->m->cfg;
+    const ei_layer *L = &rt->m->layers[l];
+    const int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
+    const void **pk = rt->packed + (size_t)l * EI_PACKED_PER_LAYER;
+    ei_mm_job qkv[3] = {{&L->wq, rt->q, pk[EI_PK_Q]}, {&L->wk, rt->kc, pk[EI_PK_K]}, {&L->wv, rt->vc, pk[EI_PK_V]}};
+    ei_parallel_matmul(rt, qkv, 3, rt->xn, T);
+    add_bias(rt->q, &L->bq, T, qd);
+    add_bias(rt->kc, &L->bk, T, kvd);
+    add_bias(rt->vc, &L->bv, T, kvd);
+    qk_norm(rt, L, T);
+    lap(rt, EI_PROF_QKV, t);
+    store_kv(rt, l, T, slots, pos, cells);
+    lap(rt, EI_PROF_ROPE_KV, t);
+
+    attention(rt, l, T, slots, pos);
+    lap(rt, EI_PROF_ATTENTION, t);
+
+    ei_mm_job o = {&L->wo, rt->xn, pk[EI_PK_O]};
+    ei_parallel_matmul(rt, &o, 1, rt->att, T);
+}
+
 ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                      const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
-                     float *logits) {
+                     float *logits, int32_t n_keep, const int32_t *keep_rows) {
     if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "forward: null runtime");
     ei_status st = check_batch(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits);
     if (st != EI_OK) return st;
+    if ((st = ei_state_begin(rt, n_tokens, slots, pos, n_keep, keep_rows)) != EI_OK) return st;
     const ei_model *m = rt->m;
     const ei_model_config *c = &m->cfg;
     int64_t T = n_tokens, d = c->n_embd;
-    int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
 
     double t = now_s();
     if ((st = embed(rt, tokens, T)) != EI_OK) return st;
     rope_tables(rt, pos, T);
+    record_cells(rt, T, slots, pos, cells);
     lap(rt, EI_PROF_EMBED, &t);
     for (int l = 0; l < c->n_layer; l++) {
         const ei_layer *L = &m->layers[l];
         rmsnorm_rows(rt, rt->xn, rt->x, &L->attn_norm, T);
         lap(rt, EI_PROF_NORM, &t);
         const void **pk = rt->packed + (size_t)l * EI_PACKED_PER_LAYER;
-        ei_mm_job qkv[3] = {{&L->wq, rt->q, pk[EI_PK_Q]}, {&L->wk, rt->kc, pk[EI_PK_K]}, {&L->wv, rt->vc, pk[EI_PK_V]}};
-        ei_parallel_matmul(rt, qkv, 3, rt->xn, T);
-        add_bias(rt->q, &L->bq, T, qd);
-        add_bias(rt->kc, &L->bk, T, kvd);
-        add_bias(rt->vc, &L->bv, T, kvd);
-        qk_norm(rt, L, T);
-        lap(rt, EI_PROF_QKV, &t);
-        store_kv(rt, l, T, slots, pos, cells);
-        lap(rt, EI_PROF_ROPE_KV, &t);
-
-        attention(rt, l, T, slots, pos);
-        lap(rt, EI_PROF_ATTENTION, &t);
-
-        ei_mm_job o = {&L->wo, rt->xn, pk[EI_PK_O]};
-        ei_parallel_matmul(rt, &o, 1, rt->att, T);
+        switch (ei_layer_kind_of(c, l)) {
+        case EI_LAYER_SHORTCONV: ei_shortconv_layer(rt, l, T, slots); break;
+        default: attention_block(rt, l, T, slots, pos, cells, &t); break;
+        }
         post_norm(rt, rt->xn, &L->attn_post_norm, T);
         add_into(rt->x, rt->xn, T * d);
         lap(rt, EI_PROF_ATTN_OUT, &t);
@@ -349,6 +368,7 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
         add_into(rt->x, rt->xn, T * d);
         lap(rt, EI_PROF_FFN_DOWN, &t);
     }
+    ei_state_end(rt, n_tokens, slots, pos);
     if (n_out == 0) return EI_OK;
     for (int32_t j = 0; j < n_out; j++)
         rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->globals.output_norm.data, d, c->rms_eps);

@@ -173,6 +173,7 @@ static void fill_scalar(ei_kernels *k) {
     k->quantize_act = ei_quantize_act_scalar;
     k->swiglu = ei_swiglu_scalar;
     k->geglu = ei_geglu_scalar;
+    k->conv1d = ei_conv1d_scalar;
     k->to_f16 = ei_to_f16_scalar;
     k->name = "scalar";
 }
@@ -201,6 +202,7 @@ static void fill_avx2(ei_kernels *k) {
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, 256, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
     k->geglu = ei_geglu_avx2;
+    k->conv1d = ei_conv1d_avx2;
     k->to_f16 = ei_to_f16_f16c;
     k->name = "avx2";
 }
@@ -228,6 +230,7 @@ static void fill_avx512(ei_kernels *k) {
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
     k->geglu = ei_geglu_avx512;
+    k->conv1d = ei_conv1d_avx512;
     k->name = "avx512";
 }
 #endif
@@ -259,6 +262,7 @@ static void fill_neon(ei_kernels *k, int dotprod) {
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
     k->geglu = ei_geglu_neon;
+    k->conv1d = ei_conv1d_neon;
     k->to_f16 = ei_to_f16_neon;
     k->name = dotprod ? "neon+dotprod" : "neon";
 }

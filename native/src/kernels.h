@@ -54,6 +54,18 @@ void ei_to_f16_f16c(const float *x, int64_t n, uint16_t *out);
 void ei_to_f16_neon(const float *x, int64_t n, uint16_t *out);
 #endif
 
+/* Causal depthwise conv1d with state (conv1d.c; ei_kernel_conv1d's contract, taps [K][ch]) */
+enum { EI_CONV_MAX_K = 16 };
+typedef void (*ei_conv1d_fn)(const float *w, int K, int64_t ch, float *state, const float *x, int64_t n_tok, float *y);
+void ei_conv1d_scalar(const float *w, int K, int64_t ch, float *state, const float *x, int64_t n_tok, float *y);
+#if defined(__x86_64__)
+void ei_conv1d_avx2(const float *w, int K, int64_t ch, float *state, const float *x, int64_t n_tok, float *y);
+void ei_conv1d_avx512(const float *w, int K, int64_t ch, float *state, const float *x, int64_t n_tok, float *y);
+#endif
+#if defined(__aarch64__)
+void ei_conv1d_neon(const float *w, int K, int64_t ch, float *state, const float *x, int64_t n_tok, float *y);
+#endif
+
 /* gate = silu(gate) * up (swiglu.c; the scalar loop is the reference) */
 typedef void (*ei_swiglu_fn)(float *gate, const float *up, int64_t n);
 void ei_swiglu_scalar(float *gate, const float *up, int64_t n);
@@ -98,6 +110,7 @@ typedef struct ei_kernels {
     ei_attn_kernel attend[2][EI_ATTN_CANDIDATES];
     ei_swiglu_fn swiglu;
     ei_swiglu_fn geglu;   /* same signature: gate = gelu_tanh(gate) * up */
+    ei_conv1d_fn conv1d;
     ei_to_f16_fn to_f16;
 } ei_kernels;
 

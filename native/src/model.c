@@ -27,7 +27,7 @@ ei_status ei_model_set_tensor(ei_model *m, int layer, int role, const void *data
     ei_weight *w = ei_weight_slot(&m->globals, m->layers, m->cfg.n_layer, layer, role);
     if (!w) return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: no tensor role %d for layer %d", role, layer);
     int64_t want0, want1;
-    if (ei_role_expect(&m->cfg, role, &want0, &want1) == EI_MUST_BE_ABSENT)
+    if (ei_role_expect(&m->cfg, role, layer, &want0, &want1) == EI_MUST_BE_ABSENT)
         return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: role %d for a model configured without it", role);
     if (ne0 < 1 || ne1 < 1 || ne0 > (int64_t)1 << 32 || ne1 > (int64_t)1 << 32)
         return ei_fail(EI_ERR_INVALID_ARG, "set_tensor: bad shape [%lld, %lld]", (long long)ne0, (long long)ne1);

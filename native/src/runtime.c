@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "packed.h"
+#include "state.h"
 
 enum { MAX_THREADS = 256, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
 
@@ -46,10 +47,19 @@ static void *alloc_huge_zeroed(size_t bytes, size_t *total) {
     return p;
 }
 
+static const ei_weight *packable_ffn(const ei_layer *L, int k) {
+    return k == EI_PK_GATE ? &L->w_gate : k == EI_PK_UP ? &L->w_up : &L->w_down;
+}
+
 static const ei_weight *packable(const ei_model *m, int i) {
     const int n = m->cfg.n_layer * EI_PACKED_PER_LAYER;
     if (i == n) return ei_model_output(m);
     const ei_layer *L = &m->layers[i / EI_PACKED_PER_LAYER];
+    if (ei_layer_kind_of(&m->cfg, i / EI_PACKED_PER_LAYER) == EI_LAYER_SHORTCONV) {   /* q's and o's places */
+        static const ei_weight none = {0};
+        const int k = i % EI_PACKED_PER_LAYER;
+        return k == EI_PK_Q ? &L->shortconv_in : k == EI_PK_O ? &L->shortconv_out : k >= EI_PK_GATE ? packable_ffn(L, k) : &none;
+    }
     switch (i % EI_PACKED_PER_LAYER) {
     case EI_PK_Q: return &L->wq;
     case EI_PK_K: return &L->wk;
@@ -151,8 +161,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     size_t kv_rows = 0;
     for (int l = 0; rt->layer_off && l < c->n_layer; l++) {
         rt->layer_off[l] = kv_rows * rt->kv_row_bytes;
-        const size_t cells = ei_layer_in_local_ring(rt, l) ? (size_t)rt->local_cells : (size_t)prm.n_ctx;
-        kv_rows += (size_t)prm.n_slots * c->n_head_kv * cells;
+        kv_rows += (size_t)prm.n_slots * c->n_head_kv * ei_layer_cells(rt, l);   /* none for recurrent layers */
     }
     if (rt->local_cells) {
         rt->local_cell_pos = alloc_zeroed((size_t)prm.n_slots * rt->local_cells * sizeof(int32_t), &scratch);
@@ -211,6 +220,12 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     }
     rt->kv_bytes = kv_total;
     rt->scratch_bytes = scratch;
+    const ei_status st_state = ei_state_create(rt, &rt->state_bytes);
+    if (st_state != EI_OK) {
+        ei_runtime_free(rt);
+        return st_state == EI_ERR_OUT_OF_MEMORY ? ei_fail(st_state, "runtime_create: cannot allocate the recurrent states")
+                                                : st_state;
+    }
 
     if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
         !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->attn_done || !rt->rope_cos ||
@@ -251,6 +266,7 @@ void ei_runtime_free(ei_runtime *rt) {
                     rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local,
                     rt->layer_off, rt->local_cell_pos, rt->local_used};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    ei_state_free(rt);
     free(rt);
 }
 
@@ -290,6 +306,7 @@ ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) {
         }
         rt->local_used[slot] = used;
     }
+    ei_state_forget(rt, slot, pos);
     return EI_OK;
 }
 
@@ -303,11 +320,16 @@ ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n) {
     for (int32_t c = 0; c < n; c++)   /* cell c must hold position c: the prefix never wrapped */
         if (c >= rt->n_used[src] || sp[c] != c)
             return ei_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", src, c, c);
-    if (src == dst) return ei_runtime_forget_from(rt, dst, n);
+    if (src == dst) {
+        const ei_status st = ei_runtime_forget_from(rt, dst, n);
+        return st == EI_OK ? ei_runtime_restore_state(rt, dst, n) : st;
+    }
+    const ei_status st = ei_state_copy(rt, src, dst, n);
+    if (st != EI_OK) return st;
     const ei_model_config *cfg = &rt->m->cfg;
     size_t bytes = (size_t)n * rt->kv_row_bytes;
     for (int l = 0; l < cfg->n_layer; l++)
-        for (int h = 0; h < cfg->n_head_kv; h++) {
+        for (int h = 0; h < cfg->n_head_kv && !ei_layer_is_recurrent(cfg, l); h++) {
             memcpy(rt->k + ei_kv_offset(rt, dst, l, h), rt->k + ei_kv_offset(rt, src, l, h), bytes);
             memcpy(rt->v + ei_kv_offset(rt, dst, l, h), rt->v + ei_kv_offset(rt, src, l, h), bytes);
         }

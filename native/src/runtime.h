@@ -50,6 +50,20 @@ struct ei_runtime {
     size_t scratch_bytes;
     double prof[EI_PROF_COUNT];   /* seconds per stage */
 
+    /* Recurrent layers' states (state.c), allocated once; NULL without recurrent layers. Per
+     * slot state_floats floats, layer l's block at state_off[l] (ei_layer_state_floats): the
+     * live state in `state` [slot], kept copies in `snap` [slot][n_snapshots]. */
+    float *state, *snap;
+    int64_t state_floats;
+    int64_t *state_off;    /* [n_layer] */
+    int32_t *state_seen;   /* [slot]: positions the live state has seen; -1: none until restored */
+    int32_t *snap_n;       /* [slot][n_snapshots]: positions a kept copy has seen; -1: free */
+    int32_t *keep_snap;    /* [max_batch]: the kept copy a row of this forward fills, -1: none */
+    float *rec_a, *rec_b;  /* recurrent layers' scratch: [max_batch][3 n_embd], [2][max_batch][n_embd] */
+    float **conv_taps;     /* [n_layer]: a recurrent layer's conv taps, tap-major [conv_kernel][channels] */
+    float *taps_arena;
+    size_t state_bytes;
+
     /* Row-interleaved copies of the weights the kernels can use packed (packed.h);
      * NULL where a weight stays in its GGUF layout. One arena holds them all. */
     const void **packed;  /* [n_layer * EI_PACKED_PER_LAYER + 1]; the last is the output head */
@@ -65,9 +79,15 @@ static inline int ei_layer_in_local_ring(const struct ei_runtime *rt, int layer)
     return rt->local_cells > 0 && ei_layer_is_local(&rt->m->cfg, layer);
 }
 
+/* KV cells per slot of a layer: none for a recurrent layer, its window's for a local ring. */
+static inline size_t ei_layer_cells(const struct ei_runtime *rt, int layer) {
+    if (ei_layer_is_recurrent(&rt->m->cfg, layer)) return 0;
+    return ei_layer_in_local_ring(rt, layer) ? (size_t)rt->local_cells : (size_t)rt->p.n_ctx;
+}
+
 static inline size_t ei_kv_offset(const struct ei_runtime *rt, int slot, int layer, int kvh) {
     const ei_model_config *c = &rt->m->cfg;
-    const size_t cells = ei_layer_in_local_ring(rt, layer) ? (size_t)rt->local_cells : (size_t)rt->p.n_ctx;
+    const size_t cells = ei_layer_cells(rt, layer);
     return rt->layer_off[layer] + (((size_t)slot * c->n_head_kv + kvh) * cells) * rt->kv_row_bytes;
 }
 

@@ -457,10 +457,10 @@ static int run_forward(int isa, float *logits) {
     int32_t slots[10] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1};
     int32_t pos[10] = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3};
     int32_t rows1[2] = {5, 9};
-    ok = ok && ei_forward(rt, 10, tok, slots, pos, pos, 2, rows1, logits) == EI_OK;
+    ok = ok && ei_forward(rt, 10, tok, slots, pos, pos, 2, rows1, logits, 0, NULL) == EI_OK;
     /* step 2: one decode token for slot 0 */
     int32_t t2 = 50, s2 = 0, p2 = 6, r2 = 0;
-    ok = ok && ei_forward(rt, 1, &t2, &s2, &p2, &p2, 1, &r2, logits + 2 * VOCAB) == EI_OK;
+    ok = ok && ei_forward(rt, 1, &t2, &s2, &p2, &p2, 1, &r2, logits + 2 * VOCAB, 0, NULL) == EI_OK;
     if (!ok) printf("forward at isa %s failed: %s\n", ei_isa_name(isa), ei_last_error());
     ei_runtime_free(rt);
     ei_model_free(m);
