@@ -1,11 +1,14 @@
 """`edgeinfer serve` with several models (a request's `model` picks one; the fallback route)
 and the rest of the OpenAI surface: n > 1, stop (at most 4), seed, user, max_tokens omitted.
 
-Two models here are SmolLM2 Q4_1 loaded twice, once with an f16 KV arena and once with q8_0:
+Most tests serve SmolLM2 Q4_1 loaded twice, once with an f16 KV arena and once with q8_0:
 one file that is always there, and two engines whose log-probabilities differ, so a reply
-shows which one served it."""
+shows which one served it. Two genuinely different models (SmolLM2 and a tiny Gemma 3:
+another vocabulary, tokenizer and chat template) share a server in
+test_two_families_each_request_gets_its_own_tokenizer_and_template."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -34,6 +37,24 @@ def engines(smollm2_path):
     yield a, b
     a.close()
     b.close()
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """A tiny random-weight Gemma 3 (SentencePiece vocabulary of a few hundred pieces, Gemma's
+    turn template), converted by our converter: (its GGUF, its Hugging Face checkpoint)."""
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
+    require("sentencepiece", "the tiny Gemma 3 has a SentencePiece vocabulary")
+    from tests.support import tiny_checkpoints
+
+    from edgeinfer.convert import convert_checkpoint
+
+    root = tmp_path_factory.mktemp("gemma3")
+    checkpoint = tiny_checkpoints.build("gemma3", root / "hf")
+    path = root / "gemma3.gguf"
+    convert_checkpoint(str(checkpoint), str(path), "f32")
+    return path, checkpoint
 
 
 def metric(url: str, name: str, **labels) -> float:
@@ -77,6 +98,57 @@ def test_two_models_each_request_gets_its_own(engines):
         assert e.value.code == "model_not_found" and "'f16', 'q8'" in str(e.value)
         assert metric(srv.url, "edgeinfer_slots_total", model="f16") == 3
         assert metric(srv.url, "edgeinfer_slots_total", model="q8") == 1
+
+
+@pytest.mark.oracle
+def test_two_families_each_request_gets_its_own_tokenizer_and_template(engines, gemma3):
+    """SmolLM2 (byte-level BPE, ChatML with a default system prompt) and a tiny Gemma 3
+    (SentencePiece, <start_of_turn> turns) behind one server: `model` picks the tokenizer, the
+    chat template and the weights. Oracles: for Gemma 3's prompts, its checkpoint's chat
+    template rendered by Jinja2 and tokenized by llama.cpp; for the replies, each model's own
+    Engine; the two vocabularies really differ (ids valid in one are refused by the other)."""
+    jinja2 = require("jinja2", "Jinja2 renders the checkpoint's chat template")
+    require("llama_cpp", "llama.cpp tokenizes the Gemma 3 oracle prompts")
+    from tests.support.llama_oracle import llama_tokenize
+
+    smol, _ = engines
+    path, checkpoint = gemma3
+    gemma = edgeinfer.load(path, n_ctx=N_CTX, n_threads=2, n_slots=2)
+    hf_config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    try:
+        with ServerThread(models={"smollm2": smol, "gemma3": gemma}) as srv:
+            c = client_of(srv)
+            meta = {m.id: m.meta for m in c.models.list().data}
+            assert meta["gemma3"]["arch"] == "gemma3" and meta["gemma3"]["n_vocab"] == gemma.config.n_vocab
+            assert meta["smollm2"]["n_vocab"] != meta["gemma3"]["n_vocab"]
+            usage = {}
+            for name, eng in (("smollm2", smol), ("gemma3", gemma)):
+                r = c.completions.create(model=name, prompt=PROMPT, max_tokens=6, temperature=0,
+                                         extra_body={"ignore_eos": True})
+                assert r.model == name
+                assert r.choices[0].text == eng.generate(PROMPT, max_tokens=6, temperature=0, ignore_eos=True).text
+                assert r.usage.prompt_tokens == len(eng.tokenize(PROMPT))
+                chat = c.chat.completions.create(model=name, messages=msgs, max_tokens=6, temperature=0,
+                                                 extra_body={"ignore_eos": True})
+                assert chat.choices[0].message.content == eng.chat(msgs, max_tokens=6, temperature=0,
+                                                                   ignore_eos=True).text
+                assert chat.usage.prompt_tokens == len(eng.chat_ids(msgs))
+                usage[name] = (r.usage.prompt_tokens, chat.usage.prompt_tokens)
+            assert usage["smollm2"] != usage["gemma3"]
+            # Gemma's own prompts, as its checkpoint templates them and llama.cpp tokenizes them
+            rendered = jinja2.Environment().from_string(hf_config["chat_template"]).render(
+                messages=msgs, bos_token=hf_config["bos_token"], add_generation_prompt=True)
+            assert usage["gemma3"][0] == len(llama_tokenize(path, PROMPT))
+            assert usage["gemma3"][1] == len(llama_tokenize(path, rendered, add_bos=False, special=True))
+            # Token ids belong to one vocabulary: past Gemma's, refused by it and not by SmolLM2.
+            ids = [meta["gemma3"]["n_vocab"] + 5]
+            with pytest.raises(openai.BadRequestError) as e:
+                c.completions.create(model="gemma3", prompt=ids, max_tokens=1)
+            assert e.value.code == "invalid_token"
+            assert c.completions.create(model="smollm2", prompt=ids, max_tokens=1).usage.prompt_tokens == 1
+    finally:
+        gemma.close()
 
 
 def test_fallback_fires_when_the_queue_is_full_and_is_counted(engines):
