@@ -311,8 +311,6 @@ def _present(t: Tensor, h: Dims) -> bool:
 #: Kinds of layer a hybrid interleaves: full attention, a recurrent (Gated DeltaNet) layer,
 #: and the multi-token-prediction block stored after the trunk (Qwen3.5's `mtp.*`).
 LAYER_KINDS = ("attention", "recurrent", "mtp", "shortconv")   # shortconv: LFM2's gated short convolution
-#: The native runtimes' kind of each layer kind they run (ei_layer_kind of edgeinfer.h).
-NATIVE_LAYER_KINDS: Mapping[str, int] = MappingProxyType({"attention": 0, "shortconv": 1, "recurrent": 2})
 
 
 def layer_kinds(h) -> tuple[str, ...]:
@@ -486,6 +484,36 @@ def _gemma4_tensors() -> tuple[Tensor, ...]:
 
 GEMMA4 = _gemma4_tensors()
 
+#: LFM2 (llama.cpp's lfm2): gated short-convolution layers (in_proj -> B, C, x; C * conv(B * x)
+#: with a conv_kernel-tap causal depthwise conv; out_proj) and GQA attention layers with per-head
+#: Q/K norms, each followed by the SwiGLU FFN. GGUF: head_count_kv per layer, 0 on conv layers;
+#: the final norm is token_embd_norm (llama.cpp's name).
+_LFM_ATTN = ("attention",)
+_LFM_CONV = ("shortconv",)
+LFM2 = (
+    *_decoder("token_embd"),
+    Tensor("output_norm", "token_embd_norm.weight", lambda h: (h.n_embd,), "model.embedding_norm.weight"),
+    *_decoder("output"),
+    Tensor("attn_norm", "blk.{i}.attn_norm.weight", lambda h: (h.n_embd,), _L + "operator_norm.weight"),
+    *(replace(t, kinds=_LFM_ATTN) for t in _decoder("attn_q", "attn_k", "attn_v")),
+    Tensor("attn_output", "blk.{i}.attn_output.weight", lambda h: (h.q_dim, h.n_embd), _L + "self_attn.out_proj.weight",
+           kinds=_LFM_ATTN),
+    Tensor("attn_q_norm", "blk.{i}.attn_q_norm.weight", lambda h: (h.head_dim,), _L + "self_attn.q_layernorm.weight",
+           when="has_qk_norm", kinds=_LFM_ATTN),
+    Tensor("attn_k_norm", "blk.{i}.attn_k_norm.weight", lambda h: (h.head_dim,), _L + "self_attn.k_layernorm.weight",
+           when="has_qk_norm", kinds=_LFM_ATTN),
+    Tensor("shortconv_conv", "blk.{i}.shortconv.conv.weight", lambda h: (h.conv_kernel, h.n_embd),
+           _L + "conv.conv.weight", kinds=_LFM_CONV, hf_shape=lambda h: (h.n_embd, 1, h.conv_kernel)),
+    Tensor("shortconv_in", "blk.{i}.shortconv.in_proj.weight", lambda h: (h.n_embd, 3 * h.n_embd),
+           _L + "conv.in_proj.weight", kinds=_LFM_CONV),
+    Tensor("shortconv_out", "blk.{i}.shortconv.out_proj.weight", lambda h: (h.n_embd, h.n_embd),
+           _L + "conv.out_proj.weight", kinds=_LFM_CONV),
+    Tensor("ffn_norm", "blk.{i}.ffn_norm.weight", lambda h: (h.n_embd,), _L + "ffn_norm.weight"),
+    Tensor("ffn_gate", "blk.{i}.ffn_gate.weight", lambda h: (h.n_embd, h.n_ff), _L + "feed_forward.w1.weight"),
+    Tensor("ffn_up", "blk.{i}.ffn_up.weight", lambda h: (h.n_embd, h.n_ff), _L + "feed_forward.w3.weight"),
+    Tensor("ffn_down", "blk.{i}.ffn_down.weight", lambda h: (h.n_ff, h.n_embd), _L + "feed_forward.w2.weight"),
+)
+
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", DECODER,
                   hf_classes={"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}),
@@ -510,6 +538,11 @@ ARCHS: dict[str, Arch] = {
                    rope="neox", qkv_bias=False, qk_norm=True, attn_gate=True, norm_shift=1.0,
                    unshifted_norms=("ssm_norm",), keys=HYBRID_KEYS, native=False,
                    hf_keys={**HF_KEYS, "partial_rotary": "partial_rotary_factor"}),
+    # LFM2 / LFM2.5: short-conv + GQA hybrid (layer kinds from head_count_kv per layer)
+    "lfm2": Arch("lfm2", LFM2, hf_classes={"Lfm2ForCausalLM": "lfm2"}, rope="neox", qkv_bias=False, qk_norm=True,
+                 keys={**GGUF_KEYS, "conv_kernel": "shortconv.l_cache"},
+                 hf_keys={**HF_KEYS, "rms_eps": "norm_eps", "conv_kernel": "conv_L_cache",
+                          "layer_types": "layer_types"}),
     # Gemma 4 (edgeinfer/arch/gemma4.py): Gemma 3's ops plus per-layer inputs, KV-shared layers,
     # two head sizes, v norms, layer scales; converted and run by the reference, not yet natively
     "gemma4": Arch("gemma4", GEMMA4, hf_classes={"Gemma4ForCausalLM": "gemma4_text",

@@ -15,7 +15,9 @@ from ..errors import ConversionError
 from ..gguf.types import GGMLType, GGUFValueType
 from ..gguf.writer import GGUFWriter
 from ..progress import bar, status
+from ..arch import arch_for_hf
 from .arch import HParams, TensorMap
+from .gemma4 import Gemma4HParams
 from .checkpoint import Checkpoint
 from .lora import LoraAdapter
 from .quantize import quantize, row_nbytes
@@ -103,7 +105,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     ft = parse_file_type(file_type)
     keeps = parse_keep(keep)
     ckpt = Checkpoint(checkpoint_dir)
-    hp = HParams.from_config(ckpt.config, keep_mtp=keep_mtp)
+    family = Gemma4HParams if arch_for_hf(ckpt.config)[0].name == "gemma4" else HParams   # its own sizes per layer
+    hp = family.from_config(ckpt.config, keep_mtp=keep_mtp)
     tmap = TensorMap(hp)
     ckpt.rename(tmap.canonical_name)
     items = plan(ckpt, hp, tmap)
@@ -162,7 +165,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
             if vt == "STRING" and isinstance(val, list):
                 w.add_kv(key, val, GGUFValueType.ARRAY, GGUFValueType.STRING)
             elif isinstance(val, list):
-                w.add_kv(key, np.asarray(val, dtype={"FLOAT32": np.float32, "INT32": np.int32,
+                w.add_kv(key, np.asarray(val, dtype={"FLOAT32": np.float32, "INT32": np.int32, "UINT32": np.uint32,
                                                      "BOOL": np.bool_}[vt]))
             else:
                 w.add_kv(key, val, GGUFValueType[vt])
