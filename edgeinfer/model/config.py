@@ -157,7 +157,8 @@ class ModelConfig(HeadDims, FamilySwitches):
         n_embd = get_int("n_embd", hi=MAX_EMBD)
         n_ff = get_int("n_ff", hi=MAX_FF)
         n_head = get_int("n_head", hi=MAX_HEADS)
-        n_head_kv = get_int("n_head_kv", n_head, hi=MAX_HEADS)
+        hybrid = _hybrid_layers(a, f, key, n_layer)
+        n_head_kv = hybrid.pop("n_head_kv", None) or get_int("n_head_kv", n_head, hi=MAX_HEADS)
         if n_head % n_head_kv:
             raise GGUFError(f"{f.path}: {key('n_head')} ({n_head}) is not a multiple "
                             f"of {key('n_head_kv')} ({n_head_kv})")
@@ -242,7 +243,7 @@ class ModelConfig(HeadDims, FamilySwitches):
             has_rope_freqs=_has(a, "rope_freqs", tensors),
             has_longrope=_has(a, "rope_factors_long", tensors) or _has(a, "rope_factors_short", tensors),
             rope_ctx_orig=rope_ctx_orig, rope_attn_factor=rope_attn_factor,
-            family=a, **extra,
+            family=a, **extra, **hybrid,
         )
         cfg._check_tensors(f)
         return cfg
@@ -276,6 +277,28 @@ class ModelConfig(HeadDims, FamilySwitches):
                         f"{self.n_layer})")
             raise GGUFError(f"{f.path}: unexpected tensor(s) {shown}{more} not used by the "
                             f"{self.arch} architecture as edgeinfer implements it{hint}")
+
+
+def _hybrid_layers(a: Arch, f: GGUFFile, key, n_layer: int) -> dict:
+    """A short-conv hybrid's layer kinds (LFM2, as llama.cpp reads them: a layer with
+    head_count_kv 0 is a conv layer), its attention layers' KV head count and its conv taps;
+    {} for a family without short-conv layers."""
+    if not any("shortconv" in t.kinds for t in a.tensors):
+        return {}
+    full = key("n_head_kv")
+    kv = f.get(full)
+    kv = kv.tolist() if hasattr(kv, "tolist") else kv
+    kv = [int(v) if isinstance(v, int) else v for v in kv] if isinstance(kv, list) else [kv] * n_layer
+    if len(kv) != n_layer or any(not isinstance(v, int) or not 0 <= v <= MAX_HEADS for v in kv):
+        raise GGUFError(f"{f.path}: {full} = {kv} must be {n_layer} head counts (0: a conv layer)")
+    heads = {v for v in kv if v}
+    if len(heads) != 1:
+        raise GGUFError(f"{f.path}: {full} = {kv}: the attention layers must share one nonzero KV head count")
+    conv = f.get(key("conv_kernel"), kind=int)
+    if not 2 <= conv <= 16:
+        raise GGUFError(f"{f.path}: {key('conv_kernel')} = {conv} is out of range [2, 16]")
+    return {"n_head_kv": heads.pop(), "conv_kernel": int(conv),
+            "layer_kinds": tuple("attention" if v else "shortconv" for v in kv)}
 
 
 def _has(a: Arch, role: str, tensors) -> bool:

@@ -147,6 +147,14 @@ def _spm_model(path: Path, vocab_size: int = 420, gemma: bool = False) -> None:
     (path / "tokenizer.vocab").unlink()
 
 
+#: LFM2 layouts: (heads, KV heads, layer_types): conv and attention layers interleaved as LFM2's
+#: (conv first), GQA 2:1 and 4:1, and a layout with attention last.
+LFM2_LAYOUTS = {
+    "lfm2": (4, 2, ["conv", "conv", "full_attention", "conv", "full_attention", "conv"]),
+    "lfm2_gqa4": (4, 1, ["conv", "full_attention", "conv", "conv", "conv", "full_attention"]),
+}
+
+
 def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float32") -> Path:
     """Builds checkpoint `kind` (llama, llama_tied, mistral, qwen2, llama_256, llama32, phi3,
     phi4, smollm3, ...: the module's list) in `out`."""
@@ -245,6 +253,19 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         assert cfg.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
         model = tf.SmolLM3ForCausalLM(cfg)
         tcfg = {"bos_token": specials[0], "eos_token": specials[3], "chat_template": CHATML}
+    elif kind in LFM2_LAYOUTS:
+        specials = ["<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        tok = _bpe_tokenizer("llama3", 400, specials)
+        n_vocab = tok.get_vocab_size()
+        heads, kv_heads, layer_types = LFM2_LAYOUTS[kind]
+        cfg = tf.Lfm2Config(vocab_size=n_vocab, pad_token_id=0, bos_token_id=1, eos_token_id=4,
+                            tie_word_embeddings=True, layer_types=layer_types, conv_L_cache=3,
+                            block_auto_adjust_ff_dim=False, norm_eps=1e-5,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                            **{**common, "num_hidden_layers": len(layer_types), "num_attention_heads": heads,
+                               "num_key_value_heads": kv_heads})
+        model = tf.Lfm2ForCausalLM(cfg)
+        tcfg = {"bos_token": specials[1], "eos_token": specials[4], "chat_template": CHATML}
     elif kind in ("phi3", "phi4"):
         # LongRoPE: long factors once a sequence passes original_max_position_embeddings (32)
         partial = 1.0 if kind == "phi3" else 0.75
