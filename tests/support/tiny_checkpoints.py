@@ -40,6 +40,8 @@ LLAMA3_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
+             r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # The Llama 3.2 Instruct template without its tool-calling branches (a system header carrying
 # the dates, then one header per message, each closed by <|eot_id|>).
@@ -111,8 +113,8 @@ def _bpe_tokenizer(style: str, vocab_size: int, specials: list[str]):
     if style == "smollm":
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), bl])
-    elif style in ("llama3", "qwen2"):
-        rx = LLAMA3_RX if style == "llama3" else QWEN2_RX
+    elif style in ("llama3", "qwen2", "qwen35"):
+        rx = {"llama3": LLAMA3_RX, "qwen2": QWEN2_RX, "qwen35": QWEN35_RX}[style]
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(rx), behavior="isolated", invert=False), bl])
     else:
@@ -161,6 +163,8 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
     import torch
     import transformers as tf
 
+    if kind in QWEN35_KINDS:
+        return build_qwen35(kind, out, seed, dtype)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -522,3 +526,84 @@ def memorize(model_dir: str | os.PathLike, n_tokens: int = 256, steps: int = 300
     model.eval()
     model.save_pretrained(model_dir, safe_serialization=True)
     return [int(i) for i in seq]
+
+
+#: Qwen3.5 checkpoints: (layer_types, tied head, linear key heads, linear value heads, key dim,
+#: value dim, attention heads, kv heads, head_dim). "qwen35": 3 delta-net : 1 attention, value
+#: heads grouped 2 per key head (llama.cpp reorders them), padded vocabulary, tied head;
+#: "qwen35_b": another layer pattern, one value head per key head, wider keys, untied head.
+QWEN35_KINDS = {
+    "qwen35": (["linear_attention"] * 3 + ["full_attention"], True, 2, 4, 16, 16, 4, 2, 32),
+    "qwen35_b": (["linear_attention", "full_attention", "linear_attention", "linear_attention",
+                  "linear_attention", "full_attention"], False, 2, 2, 32, 32, 8, 2, 16),
+}
+
+
+def build_qwen35(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float32") -> Path:
+    """A tiny Qwen3_5ForCausalLM (Gated DeltaNet + gated attention) with non-trivial norms,
+    decays (A_log), dt_bias and conv kernels."""
+    import torch
+    import transformers as tf
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    types, tied, nk, nv, dk, dv, nh, nkv, hd = QWEN35_KINDS[kind]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    tok = _bpe_tokenizer("qwen35", 380, specials)
+    n_vocab = tok.get_vocab_size() + 8          # padded vocabulary, like real models
+    rope_dim = int(hd * 0.25)
+    cfg = tf.Qwen3_5TextConfig(
+        vocab_size=n_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=len(types),
+        num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, layer_types=types,
+        linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk,
+        linear_value_head_dim=dv, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+        max_position_embeddings=512, initializer_range=0.05, tie_word_embeddings=tied,
+        bos_token_id=None, eos_token_id=2, pad_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [rope_dim // 2 - 2, 1, 1], "mrope_interleaved": True})
+    model = tf.Qwen3_5ForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("A_log"):
+                p.copy_(torch.log(torch.empty_like(p).uniform_(0.5, 4.0)))
+            elif n.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            elif "conv1d" in n:
+                p.copy_(0.3 * torch.randn_like(p))
+            elif p.ndim == 1:     # zero-centred norms (1 + w) except the gated norm (w)
+                base = 1.0 if n.endswith("linear_attn.norm.weight") else 0.0
+                p.copy_(base + 0.2 * torch.randn_like(p))
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(out, safe_serialization=True)
+    _add_qwen35_mtp(out, cfg, dtype)
+    tok.save(str(out / "tokenizer.json"))
+    tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": QWEN3_TEMPLATE,
+            "add_bos_token": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=1), encoding="utf-8")
+    return out
+
+
+def _add_qwen35_mtp(out: Path, cfg, dtype: str) -> None:
+    """The multi-token-prediction head real Qwen3.5 checkpoints carry (transformers ignores
+    `mtp.*`): fc over [embedding; hidden], its two pre-norms, a full-attention block, a norm."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    sd = load_file(str(path))
+    src = next(i for i, t in enumerate(cfg.layer_types) if t == "full_attention")
+    d = cfg.hidden_size
+    g = torch.Generator().manual_seed(11)
+    mtp = {"mtp.fc.weight": 0.05 * torch.randn(d, 2 * d, generator=g)}
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{n}.weight"] = 0.2 * torch.randn(d, generator=g)
+    pre = f"model.layers.{src}."
+    for k, v in sd.items():
+        if k.startswith(pre):
+            mtp["mtp.layers.0." + k[len(pre):]] = v + 0.01 * torch.randn(v.shape, generator=g)
+    sd.update({k: v.to(getattr(torch, dtype)).contiguous() for k, v in mtp.items()})
+    save_file(sd, str(path), metadata={"format": "pt"})
+    conf = json.loads((out / "config.json").read_text())
+    conf["mtp_num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(conf, indent=2))
