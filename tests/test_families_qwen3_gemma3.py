@@ -22,7 +22,8 @@ require("llama_cpp")
 require("gguf", "the gguf package is a test dependency")
 
 from tests.support import tiny_checkpoints  # noqa: E402
-from tests.support.llama_oracle import greedy_differences, kl_divergence, llama_logits, llama_tokenize  # noqa: E402
+from tests.support.llama_oracle import (  # noqa: E402
+    Q8_0_TIE_GAP, greedy_differences, kl_divergence, llama_logits, llama_tokenize, top1_agreement, top1_errors)
 
 import edgeinfer  # noqa: E402
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
@@ -130,6 +131,22 @@ def test_q8_0_kl_against_llama_cpp(tiny):
         kl = float(kl_divergence(llama_logits(path, ids), ours).mean())
         print(f"\n{fam} Q8_0: mean KL(llama.cpp || edgeinfer) {kl:.5f}")
         assert kl <= 0.01, (fam, kl)
+
+
+def test_q8_0_top1_against_llama_cpp_on_trained_models(trained):
+    """Random weights' near-flat logits leave the top token to rounding, so a KL bar alone
+    passes a broken model there; the trained models' logits have real top-2 gaps: teacher-forced
+    on their sequence, llama.cpp and edgeinfer pick the same top token at every position
+    whose llama.cpp top-2 gap is beyond a near tie, and at >= 99 % of all of them."""
+    for fam in FAMILIES:
+        path, seq = trained[fam]
+        with engine(path) as e:
+            ours = e.logits(seq)
+        theirs = llama_logits(path, seq)
+        top1 = top1_agreement(theirs, ours)
+        wrong = top1_errors(theirs, ours, tie_gap=Q8_0_TIE_GAP)
+        print(f"\n{fam} trained Q8_0: top-1 {top1:.4f}, beyond ties wrong at {wrong}")
+        assert not wrong and top1 >= 0.99, (fam, top1, wrong)
 
 
 @pytest.fixture(scope="module")

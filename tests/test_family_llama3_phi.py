@@ -4,9 +4,10 @@ random-weight transformers model (tests/support/tiny_checkpoints.py):
 
 * our F32 GGUF's logits against transformers: at most 1.5x llama.cpp's own difference on the
   same file, and within 1e-3 where llama.cpp is;
-* Q8_0: mean KL(llama.cpp || edgeinfer) <= 0.01; greedy tokens identical to llama.cpp's for 32
-  tokens, on the same models trained to continue a sequence (a trained model's logits are
-  peaked; random weights' near-flat ones leave near ties to rounding);
+* Q8_0: mean KL(llama.cpp || edgeinfer) <= 0.01; on the same models trained to continue a
+  sequence (a trained model's logits are peaked; random weights' near-flat ones leave near ties
+  to rounding), top-1 agreement beyond near ties and greedy tokens identical to llama.cpp's
+  for 32 tokens;
 * files we write load in llama.cpp (above), and llama.cpp's converter output loads in
   edgeinfer with the same logits, the same computed RoPE tensors;
 * LongRoPE: short factors for a context within the original one, long beyond (as llama.cpp
@@ -114,16 +115,45 @@ def test_q8_0_kl_vs_llama_cpp(fam):
         assert kl <= 0.01, (k, kl)
 
 
-def test_greedy_32_tokens_identical_to_llama_cpp(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Each tiny model trained to continue a sequence (tiny_checkpoints.memorize: random
+    weights' flat logits would leave near ties to the two runtimes' rounding), as a Q8_0
+    file, with the sequence."""
+    root = tmp_path_factory.mktemp("trained_b")
+    out = {}
+    for k in FAMILIES:
+        d = tiny_checkpoints.build(k, root / k)
+        seq = tiny_checkpoints.memorize(d)
+        path = root / f"{k}.q8_0.gguf"
+        convert_checkpoint(str(d), str(path), "q8_0")
+        out[k] = (path, seq)
+    return out
+
+
+def test_q8_0_top1_vs_llama_cpp_on_trained_models(trained):
+    """A KL bar on near-flat random logits passes a broken model; the trained models' logits
+    have real top-2 gaps: teacher-forced on their sequence, llama.cpp and edgeinfer pick the
+    same top token wherever llama.cpp's top-2 gap is beyond a near tie, and at >= 99 % of all
+    positions."""
+    from tests.support.llama_oracle import Q8_0_TIE_GAP, llama_logits, top1_agreement, top1_errors
+    for k in FAMILIES:
+        path, seq = trained[k]
+        with edgeinfer.load(str(path), n_ctx=1024, n_threads=2) as e:
+            ours = e.logits(seq)
+        theirs = llama_logits(path, seq)
+        top1 = top1_agreement(theirs, ours)
+        wrong = top1_errors(theirs, ours, tie_gap=Q8_0_TIE_GAP)
+        print(f"{k} trained Q8_0: top-1 {top1:.4f}, beyond ties wrong at {wrong}")
+        assert not wrong and top1 >= 0.99, (k, top1, wrong)
+
+
+def test_greedy_32_tokens_identical_to_llama_cpp(trained):
     """32 greedy tokens on the Q8_0 file, identical to llama.cpp's, from five pieces of the
-    sequence each tiny model was trained on (tiny_checkpoints.memorize: random weights' flat
-    logits would leave near ties to the two runtimes' rounding)."""
+    sequence each tiny model was trained on."""
     from tests.support.llama_oracle import greedy_differences
     for k in FAMILIES:
-        d = tiny_checkpoints.build(k, tmp_path / k)
-        seq = tiny_checkpoints.memorize(d)
-        path = tmp_path / f"{k}.q8_0.gguf"
-        convert_checkpoint(str(d), str(path), "q8_0")
+        path, seq = trained[k]
         with edgeinfer.load(str(path), n_ctx=1024, n_threads=2) as e:
             diffs = greedy_differences(
                 path, seq, lambda p, n: e.generate(p, max_tokens=n, temperature=0.0, ignore_eos=True).tokens)
