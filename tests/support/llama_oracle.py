@@ -144,6 +144,23 @@ def top1_agreement(a_logits, b_logits) -> float:
     return float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
 
 
+# Q8_0 files: where llama.cpp's top-2 logits are closer than this, the two runtimes' rounding
+# (llama.cpp rounds activations to 8 bits) may order them either way.
+Q8_0_TIE_GAP = 0.05
+
+
+def top1_errors(ref_logits, other_logits, tie_gap: float) -> list[int]:
+    """Positions where ``other``'s argmax is not ``ref``'s and ``ref`` puts it more than
+    ``tie_gap`` below its own top logit (a wrong top token, not a near tie)."""
+    ref = np.asarray(ref_logits, dtype=np.float64)
+    other = np.asarray(other_logits)
+    if ref.shape != other.shape:
+        raise ValueError(f"shape mismatch {ref.shape} vs {other.shape}")
+    picked = np.argmax(other, axis=-1)
+    gap = ref.max(axis=-1) - np.take_along_axis(ref, picked[:, None], axis=-1)[:, 0]
+    return [int(i) for i in np.flatnonzero(gap > tie_gap)]
+
+
 def first_divergence(a, b) -> int | None:
     """Index of the first differing token of two sequences (None if equal, incl. length)."""
     a = list(a)
