@@ -14,6 +14,7 @@ tokenizer_config.json or chat_template.jinja / chat_template.json.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..errors import ConversionError
@@ -23,6 +24,9 @@ from .checkpoint import Checkpoint, read_json
 __all__ = ["SUPPORTED_PRE_TOKENIZERS", "tokenizer_metadata"]
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+#: Gemma 4's channel, tool and quote tokens: always rendered, so a chat parser sees them (llama.cpp)
+GEMMA4_VISIBLE = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                            "<tool_response|>", '<|"|>'})
 
 # what the converter can name: the table entries that say how tokenizer.json spells them
 _HF_FORMS = {name: pre.hf for name, pre in PRE_TOKENIZERS.items() if pre.hf is not None}
@@ -182,10 +186,11 @@ def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, s
             raise ConversionError(f"{tj_path}: tokenizer model {m.get('type')!r} is not "
                                   f"supported (byte-level BPE tokenizer.json, or a "
                                   f"SentencePiece tokenizer.model)")
-        if m.get("byte_fallback"):
+        gemma4 = m.get("byte_fallback") and "gemma4" in str(ckpt.config.get("model_type", ""))
+        if m.get("byte_fallback") and not gemma4:
             raise ConversionError(f"{tj_path}: SentencePiece-style BPE (byte_fallback) needs "
                                   f"the checkpoint's tokenizer.model")
-        pre = _pre_name(tj, ckpt.config.get("architectures", ()))
+        pre = None if gemma4 else _pre_name(tj, ckpt.config.get("architectures", ()))
         vocab = m["vocab"]
         size = max([*vocab.values(), *(a["id"] for a in tj.get("added_tokens", []))]) + 1
         tokens = [None] * size
@@ -204,10 +209,20 @@ def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, s
             merges.append(mg if isinstance(mg, str) else " ".join(mg))
         scores = None
         model = "gpt2"
-        kv.append(("tokenizer.ggml.pre", pre, "STRING"))
-        kv.append(("tokenizer.ggml.merges", merges, "STRING"))
+        if gemma4:      # metaspace BPE with <0xXX> byte fallback, as llama.cpp's converter writes it
+            model, scores, default_bos = "gemma4", [-1000.0] * len(tokens), True
+            for i, t in enumerate(tokens):
+                if re.fullmatch(r"<0x[0-9A-F]{2}>", t) and t in vocab:
+                    types[i] = BYTE
+                elif t in GEMMA4_VISIBLE:
+                    types[i] = USER_DEFINED
+            kv.append(("tokenizer.ggml.merges", merges, "STRING"))
+            kv.append(("tokenizer.ggml.add_space_prefix", False, "BOOL"))
+        else:
+            kv.append(("tokenizer.ggml.pre", pre, "STRING"))
+            kv.append(("tokenizer.ggml.merges", merges, "STRING"))
+            default_bos = False
         special_ids = {}
-        default_bos = False
     else:
         raise ConversionError(f"{ckpt.dir}: no tokenizer (tokenizer.json or tokenizer.model)")
 
