@@ -318,6 +318,8 @@ def test_top_k_sorts_only_k_logits(monkeypatch):
     {"repeat_penalty": 0.0},
     {"repeat_penalty": -1.0},
     {"presence_penalty": float("inf")},
+    {"repeat_penalty": 1e-300},      # positive, but 0 in float32, where penalties apply
+    {"frequency_penalty": 1e39},     # finite, but inf in float32
     {"penalty_last_n": -2},
     {"seed": -1},
     {"seed": 1.5},

@@ -56,6 +56,15 @@ def _check_real(name: str, x: Any, lo: float | None = None, hi: float | None = N
     return v
 
 
+def _check_f32(name: str, v: float) -> float:
+    """A value the penalties apply in float32 must keep its meaning there: finite, and not
+    a nonzero that rounds to 0 (a repeat_penalty of 1e-300 would divide by zero)."""
+    f = np.float32(v)
+    if not np.isfinite(f) or (v != 0.0 and f == 0.0):
+        raise SamplingParamsError(f"{name}={v!r} is outside float32's range")
+    return v
+
+
 def _check_int(name: str, x: Any, lo: int | None = None) -> int:
     if not _is_int(x):
         raise SamplingParamsError(f"{name} must be an integer, got {x!r}")
@@ -83,9 +92,10 @@ def _check_chain(temperature, top_k, top_p, min_p, repeat_penalty, presence_pena
         top_k=_check_int("top_k", top_k, lo=0),
         top_p=_check_real("top_p", top_p, lo=0.0, hi=1.0, lo_open=True),
         min_p=_check_real("min_p", min_p, lo=0.0, hi=1.0),
-        repeat_penalty=_check_real("repeat_penalty", repeat_penalty, lo=0.0, lo_open=True),
-        presence_penalty=_check_real("presence_penalty", presence_penalty),
-        frequency_penalty=_check_real("frequency_penalty", frequency_penalty),
+        repeat_penalty=_check_f32("repeat_penalty",
+                                  _check_real("repeat_penalty", repeat_penalty, lo=0.0, lo_open=True)),
+        presence_penalty=_check_f32("presence_penalty", _check_real("presence_penalty", presence_penalty)),
+        frequency_penalty=_check_f32("frequency_penalty", _check_real("frequency_penalty", frequency_penalty)),
         penalty_last_n=_check_int("penalty_last_n", penalty_last_n, lo=-1),
         seed=_check_seed(seed),
     )
