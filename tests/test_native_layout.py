@@ -146,7 +146,8 @@ def test_every_table_role_is_in_the_list_with_its_shape():
     """The architecture table (Python) and the layout (C) agree on each role's kind, scope,
     presence flag and shape, for every family."""
     roles = {r.name: r for r in layout_roles(INCLUDE / LAYOUT_DEF)}
-    dims = dict(n_embd=64, q_dim=96, kv_dim=32, n_ff=160, n_vocab=300, head_dim=16, rope_dim=12, rope_half=6)
+    dims = dict(n_embd=64, q_dim=96, kv_dim=32, n_ff=160, n_vocab=300, head_dim=16, rope_dim=12, rope_half=6,
+                conv_kernel=3, n_embd_x3=192)
 
     class H:   # the table's Dims, with every flag on
         n_layer = 2
