@@ -416,6 +416,8 @@ def test_bench_profile_and_floor(smollm2_path):
     assert {"embed", "norm", "qkv", "rope_kv", "attention", "attn_out", "ffn_up", "ffn_act", "ffn_down",
             "head", "outside the forward", "total"} <= set(stages)
     assert all(stages[k]["ms_per_token"] > 0 for k in ("qkv", "attention", "ffn_up", "ffn_down", "head"))
+    timed = sum(r["ms_per_token"] for r in prof["stages"][:10])   # the runtime's stages run inside the timed steps
+    assert timed <= prof["wall_ms_per_token"] and prof["mean_depth"] == cfg.tg_prompt + (4 + 1) / 2
     sizes: dict[str, int] = {}
     for t in gguf.GGUFReader(str(smollm2_path)).tensors:
         base = t.name.split(".")[2] if t.name.startswith("blk.") else t.name.split(".")[0]

@@ -59,7 +59,7 @@ present; a value is null only where noted.
     ratios: [{threads, engine, peer, pp, tg, tg_depth (null), ttft, tpot,
               peak_rss (null)}]   # edgeinfer / peer; > 1 = edgeinfer higher
     skipped: [{engine, spec, reason}]   # peers that could not run (e.g. ort-genai absent)
-    profile: null without --profile, else [{threads, n_tokens, mean_depth, wall_ms_per_token,
+    profile: null without --profile, else [{threads, prompt_len, n_tokens, mean_depth, wall_ms_per_token,
               floor_gb_s, stages: [{stage, ms_per_token, bytes_per_token, gb_per_s,
               share_of_floor}]}]   # one per thread count; see stage_profile.py
     Spread: {median, min, max, stdev, values [..]}
@@ -477,12 +477,14 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
 
 
 def _profile(cfg: BenchConfig, path: str, threads: int, n_ctx: int, moved: DecodeBytes) -> dict:
-    """A stage-by-stage profile of an in-process edgeinfer decode (stage_profile.py)."""
+    """A stage-by-stage profile of an in-process edgeinfer decode (stage_profile.py) after a
+    prompt of tg_prompt tokens (its own seed: the other measurements' ids stay as without it)."""
     r = make_runner("edgeinfer", None, path, threads, n_ctx, cfg.batch, cfg.isa, cfg.kv, cfg.device)
     try:
+        prompt = _random_ids(np.random.default_rng(cfg.seed + 1), cfg.tg_prompt, r.n_vocab or 32000)
         if cfg.warmup:
-            r.tg([_TOKEN_LOW], min(cfg.tg, 8))
-        prof = profile_decode(r, cfg.tg, cfg.reps, token=_TOKEN_LOW)
+            r.tg(prompt, min(cfg.tg, 8))
+        prof = profile_decode(r, prompt, cfg.tg, cfg.reps)
     finally:
         r.close()
     return profile_entry(prof, moved, cfg.kv, threads, cfg.floor_gb_s)
@@ -684,7 +686,8 @@ def format_profile(entry: dict) -> str:
         if floor:
             cells.append("-" if r["share_of_floor"] is None else f"{r['share_of_floor']:.0%}")
         body.append(cells)
-    title = (f"decode profile, {entry['threads']} thread(s): {entry['n_tokens']} tokens after a one-token prompt "
+    title = (f"decode profile, {entry['threads']} thread(s): {entry['n_tokens']} tokens after a "
+             f"{entry['prompt_len']}-token prompt "
              f"(mean depth {entry['mean_depth']:.0f}), {entry['wall_ms_per_token']:.2f} ms/token"
              + (f"; floor {floor:.1f} GB/s" if floor else ""))
     return title + "\n\n" + _md_table(header, body)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -76,9 +76,12 @@ class EdgeinferRunner(Runner):
             self._feed(lease, ids, want_logits=True)
             return time.perf_counter() - t0
 
-    def tg(self, prefix: list[int], n: int) -> float:
+    def tg(self, prefix: list[int], n: int, on_start: Optional[Callable[[], None]] = None) -> float:
+        """`on_start` runs once the prefix is in, right before the timed steps."""
         with self.eng.lease() as lease:
             tok = int(np.argmax(self._feed(lease, prefix, want_logits=True)[0]))
+            if on_start:
+                on_start()
             t0 = time.perf_counter()
             for _ in range(n):
                 tok = int(np.argmax(lease.feed([tok], self._last_row, self._logits)[0]))

@@ -1,7 +1,7 @@
 """`edgeinfer bench --profile`: where a decoded token's time goes, stage by stage, in GB/s.
 
-The runtime times every stage of its forward pass (``Engine.stage_profile``); a decode of
-``n`` tokens after a one-token prompt makes n + 1 one-token forwards, all profiled. Each
+The runtime times every stage of its forward pass (``Engine.stage_profile``); the profile
+covers the ``n`` one-token forwards of a decode after a prompt, as bench's tg runs it. Each
 stage's bytes per token come from the file's tensor table (``decode_bytes.py``: the matrices
 it reads, the KV read at the run's mean depth for attention, the K/V row written for
 rope_kv), so bytes / time is the bandwidth that stage drew, comparable with the memory floor
@@ -17,18 +17,17 @@ from .decode_bytes import DecodeBytes
 __all__ = ["profile_decode", "profile_entry", "stage_rows"]
 
 
-def profile_decode(runner, n: int, reps: int, token: int = 100) -> dict:
-    """Decodes `n` tokens after a one-token prompt, `reps` times, on an in-process
-    EdgeinferRunner; the repetition with the least forward time: {n_forwards, n_tokens,
-    wall_s_per_token, stage_s_per_token {stage: seconds per forward}}."""
+def profile_decode(runner, prompt: list[int], n: int, reps: int) -> dict:
+    """Decodes `n` tokens after `prompt`, `reps` times, on an in-process EdgeinferRunner; the
+    repetition with the least forward time: {prompt_len, n_tokens, wall_s_per_token,
+    stage_s_per_token {stage: seconds per token}}."""
     eng = runner.eng
     best: Optional[dict] = None
     for _ in range(reps):
-        eng.stage_profile(reset=True)
-        wall = runner.tg([token], n)
+        wall = runner.tg(prompt, n, on_start=lambda: eng.stage_profile(reset=True))
         stages = eng.stage_profile(reset=True)
-        run = {"n_forwards": n + 1, "n_tokens": n, "wall_s_per_token": wall / n,
-               "stage_s_per_token": {k: v / (n + 1) for k, v in stages.items()}}
+        run = {"prompt_len": len(prompt), "n_tokens": n, "wall_s_per_token": wall / n,
+               "stage_s_per_token": {k: v / n for k, v in stages.items()}}
         if best is None or sum(run["stage_s_per_token"].values()) < sum(best["stage_s_per_token"].values()):
             best = run
     return best or {}
@@ -56,9 +55,9 @@ def stage_rows(stage_s: dict[str, float], stage_bytes: dict[str, int], wall_s: O
 
 
 def profile_entry(prof: dict, db: DecodeBytes, kv: str, threads: int, floor_gb_s: Optional[float]) -> dict:
-    """The JSON record of one profiled decode: the bytes at the run's mean depth (positions
-    0..n attend to 1..n+1 cells)."""
-    depth = (prof["n_forwards"] + 1) / 2
+    """The JSON record of one profiled decode: the bytes at the run's mean depth (the tokens
+    at positions p..p+n-1 after a p-token prompt attend to p+1..p+n cells)."""
+    depth = prof["prompt_len"] + (prof["n_tokens"] + 1) / 2
     rows = stage_rows(prof["stage_s_per_token"], db.by_stage(depth, kv), prof["wall_s_per_token"], floor_gb_s)
-    return {"threads": threads, "n_tokens": prof["n_tokens"], "mean_depth": depth,
+    return {"threads": threads, "prompt_len": prof["prompt_len"], "n_tokens": prof["n_tokens"], "mean_depth": depth,
             "wall_ms_per_token": prof["wall_s_per_token"] * 1e3, "floor_gb_s": floor_gb_s, "stages": rows}
