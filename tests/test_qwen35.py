@@ -105,3 +105,43 @@ def test_loading_is_refused_until_the_runtimes_have_the_layers(tiny, tmp_path):
     path = convert_checkpoint(str(tiny["qwen35"]), str(tmp_path / "a.gguf"), "f32").path
     with pytest.raises(UnsupportedArchitectureError, match="qwen35"):
         ModelConfig.from_gguf(GGUFFile(path))
+
+
+def _hf_logits(model_dir, ids) -> np.ndarray:
+    torch = require("torch")
+    tf = require("transformers")
+    m = tf.Qwen3_5ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
+    with torch.no_grad():
+        return m(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_matches_transformers(tiny, kind, tmp_path):
+    """The float64 reference on our F32 file (and on llama.cpp's: the layouts agree) against
+    transformers in float64, whose prefill runs its own chunked delta rule."""
+    from tests.support.reference_forward import ReferenceModel
+
+    path = convert_checkpoint(str(tiny[kind]), str(tmp_path / "a.gguf"), "f32").path
+    want = _hf_logits(tiny[kind], IDS)
+    got = ReferenceModel(path).logits(IDS)
+    # the file's float32 weights bound the agreement
+    assert np.abs(got - want).max() < 2e-5 * max(1.0, np.abs(want).max())
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_chunked_delta_rule_equals_the_recurrence():
+    """The UT-transform chunked form (with state carried across chunks of 5) against the
+    token-by-token recurrence, float64, value heads sharing key heads."""
+    from edgeinfer.arch.deltanet import chunked_gated_delta_rule, gated_delta_rule, l2norm
+
+    rng = np.random.default_rng(0)
+    n, h, d = 23, 3, 8
+    q, k = l2norm(rng.normal(size=(n, h, d))), l2norm(rng.normal(size=(n, h, d)))
+    v = rng.normal(size=(n, h, d))
+    g = -np.abs(rng.normal(size=(n, h)))
+    beta = 1 / (1 + np.exp(-rng.normal(size=(n, h))))
+    s0 = rng.normal(size=(h, d, d))
+    o1, s1 = gated_delta_rule(q, k, v, g, beta, s0)
+    o2, s2 = chunked_gated_delta_rule(q, k, v, g, beta, s0, chunk=5)
+    np.testing.assert_allclose(o2, o1, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(s2, s1, rtol=1e-10, atol=1e-10)

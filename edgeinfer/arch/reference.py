@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import GGUFError
-from .table import Arch, HeadDims, get_arch
+from .deltanet import deltanet_layer
+from .table import Arch, HeadDims, RecurrentDims, get_arch
 
 __all__ = ["ForwardParams", "Reference", "Layer", "Positions", "is_local_layer", "rms_norm", "rotate",
            "apply_rope", "ACTIVATIONS"]
@@ -43,7 +44,7 @@ def is_local_layer(layer: int, swa_window: int, swa_pattern: int) -> bool:
 
 
 @dataclass(frozen=True)
-class ForwardParams(HeadDims):
+class ForwardParams(HeadDims, RecurrentDims):
     """The hyperparameters the forward pass reads (GGUF metadata of one model)."""
     arch: Arch
     n_layer: int
@@ -63,6 +64,12 @@ class ForwardParams(HeadDims):
     rope_theta_local: float = 10000.0
     attn_scale: float = 0.0           # 0: 1 / sqrt(head_dim)
     final_softcap: float = 0.0        # 0: none
+    # Qwen3.5: the trunk's layer kinds ("recurrent": Gated DeltaNet, edgeinfer/arch/deltanet.py)
+    # and the DeltaNet sizes
+    layer_kinds: tuple[str, ...] = ()
+    ssm_head_dim: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> "ForwardParams":
@@ -87,6 +94,13 @@ class ForwardParams(HeadDims):
             local = {i for i, f in enumerate(pattern) if f and window}
         else:
             local = {i for i in range(n_layer) if is_local_layer(i, window, int(pattern))}
+        hybrid = {}
+        if "ssm_head_dim" in arch.keys:     # block_count counts the MTP blocks after the trunk
+            n_layer -= int(get("n_mtp", 0))
+            flags = get("recurrent_layers")
+            hybrid = dict(layer_kinds=tuple("recurrent" if f else "attention" for f in flags[:n_layer]),
+                          ssm_head_dim=int(get("ssm_head_dim")), ssm_k_heads=int(get("ssm_k_heads")),
+                          ssm_v_heads=int(get("ssm_v_heads")))
         return cls(
             arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=int(get("n_ff")), n_head=n_head, n_head_kv=n_head_kv,
             head_dim=head_dim, rope_dim=int(get("rope_dim", head_dim)),
@@ -97,6 +111,7 @@ class ForwardParams(HeadDims):
             swa_window=window, local_layers=frozenset(local),
             rope_theta_local=float(get("rope_theta_local", arch.rope_theta_local)),
             attn_scale=float(get("attn_scale", 0.0)), final_softcap=float(get("final_softcap", 0.0)),
+            **hybrid,
         )
 
 
@@ -289,7 +304,11 @@ class Layer:
         cos, sin = self.rope_tables(positions)
         t: dict = {}
         a, t["an"], t["ar"] = rms_norm(x, w["attn_norm"], eps)
-        q = self.linear(a, "attn_q").reshape(n, nh, hd).transpose(1, 0, 2)
+        if p.layer_kinds and p.layer_kinds[self.index] == "recurrent":
+            return self._ffn(x + deltanet_layer(a, w, p), t, trace)
+        q = self.linear(a, "attn_q").reshape(n, nh, -1)
+        gate = q[:, :, hd:].reshape(n, nh * hd) if a_.attn_gate else None   # each head: query, then gate
+        q = q[:, :, :hd].transpose(1, 0, 2)
         k = self.linear(a, "attn_k").reshape(n, nkv, hd).transpose(1, 0, 2)
         v = self.linear(a, "attn_v").reshape(n, nkv, hd).transpose(1, 0, 2)
         if a_.qk_norm:      # each head's RMSNorm before RoPE (Qwen3, Gemma 3)
@@ -305,10 +324,19 @@ class Layer:
         pr = np.exp(s)
         pr /= pr.sum(-1, keepdims=True)
         o = (pr @ vx).transpose(1, 0, 2).reshape(n, nh * hd)
+        if gate is not None:
+            o = o / (1.0 + np.exp(-gate))
         ao = self.linear(o, "attn_output")
         if a_.post_norms:
             ao, t["pan"], t["panr"] = rms_norm(ao, w["attn_post_norm"], eps)
-        xm = x + ao
+        if trace is not None:
+            trace.update(a=a, qr=qr, kx=kx, vx=vx, pr=pr, o=o)
+        return self._ffn(x + ao, t, trace)
+
+    def _ffn(self, xm: np.ndarray, t: dict, trace: dict | None) -> np.ndarray:
+        """The FFN half of the block on the residual after the token mixer."""
+        ref, p, w = self.ref, self.ref.params, self.w
+        a_, eps = p.arch, p.rms_eps
         b, t["bn"], t["br"] = rms_norm(xm, w["ffn_norm"], eps)
         gate = self.linear(b, "ffn_gate")
         up = self.linear(b, "ffn_up")
@@ -317,6 +345,6 @@ class Layer:
         if a_.post_norms:
             fo, t["pfn"], t["pfnr"] = rms_norm(fo, w["ffn_post_norm"], eps)
         if trace is not None:
-            trace.update(t, a=a, qr=qr, kx=kx, vx=vx, pr=pr, o=o, b=b, gate=gate, up=up, m=m)
+            trace.update(t, b=b, gate=gate, up=up, m=m)
         return xm + fo
 
