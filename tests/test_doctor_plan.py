@@ -52,7 +52,7 @@ def test_plan_matches_engine_allocation(smollm2_path, ctx, slots, max_batch, kv)
 @pytest.mark.parametrize("ctx,slots,max_batch,kv", [(512, 1, 256, "f16"), (2048, 2, 64, "f16"),
                                                     (1024, 4, 128, "q8_0")])
 def test_plan_predicts_the_peak_rss_of_a_real_load(smollm2_path, ctx, slots, max_batch, kv):
-    """plan's total against the kernel's peak RSS (ru_maxrss) of a fresh process that loads the
+    """plan's total against the kernel's peak RSS (VmHWM) of a fresh process that loads the
     model with this config, prefills every slot to its context and decodes
     (tests/support/peak_rss.py): within 10%."""
     root = Path(__file__).resolve().parents[1]

@@ -23,6 +23,7 @@ from ..engine import (ConstraintError, DoneEvent, ErrorEvent, QueueFullError, Sa
                       TokenEvent, TokenLogprob, ToolError, call_finish, check_logit_bias, grammar_spec)
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
+from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
 from .protocol import (APIError, DetokenizeBody, GenRequest, TokenizeBody, bad, parse, parse_chat,
@@ -130,6 +131,10 @@ class ServerState:
                     ("spec_steps", "edgeinfer_spec_verify_steps", "Verify steps that carried draft tokens."),
                     ("spec_mean_k", "edgeinfer_spec_mean_k", "Mean draft tokens per verify step (the k chosen).")):
                 g[name] = ({m: snap[key] for m, snap in snaps.items()}, help_)
+            admitting = self.status == "ready"
+            g["edgeinfer_slots_free"] = ({m: free_slots(snap, admitting) for m, snap in snaps.items()},
+                                         "Slots a new request gets at once; 0 while not admitting (a router's "
+                                         "load signal, with edgeinfer_queue_length).")
         return g
 
     def lookup(self, name: str | None) -> ServedModel:

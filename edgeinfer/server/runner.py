@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +13,7 @@ from aiohttp import web
 
 from ..errors import EdgeInferError
 from .app import DEFAULT_MAX_BODY, ServerState, create_app
+from .lifecycle import drain, install_signals
 from .registry import Registry, ServedModel
 
 log = logging.getLogger("edgeinfer.server")
@@ -37,22 +36,6 @@ async def _start(state: ServerState, sock: socket.socket) -> web.AppRunner:
     site = web.SockSite(runner, sock)
     await site.start()
     return runner
-
-
-async def _drain(state: ServerState, runner: web.AppRunner, timeout_s: float, close_engine: bool) -> None:
-    """Stops admitting; lets in-flight requests finish up to `timeout_s`; then cancels the rest
-    (closing the connections cancels their handlers, which cancel their sequences)."""
-    state.draining = True
-    deadline = time.monotonic() + timeout_s
-    while state.in_flight > 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    if state.in_flight:
-        log.warning("drain timeout: cancelling %d request(s)", state.in_flight)
-    await runner.cleanup()
-    state.tok_pool.shutdown(wait=False)
-    if close_engine:
-        for eng in state.engines().values():
-            await asyncio.get_running_loop().run_in_executor(None, eng.close)
 
 
 class ServerThread:
@@ -108,7 +91,7 @@ class ServerThread:
         if not self._thread.is_alive():
             return
         t = self.drain_timeout_s if timeout_s is None else timeout_s
-        fut = asyncio.run_coroutine_threadsafe(_drain(self.state, self._runner, t, close_engine=False),
+        fut = asyncio.run_coroutine_threadsafe(drain(self.state, self._runner, t, close_engine=False),
                                                self._loop)
         try:
             fut.result(timeout=t + 30)
@@ -164,12 +147,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
         runner = await _start(state, sock)
         url = f"http://{host}:{sock.getsockname()[1]}"
         log.warning("edgeinfer serve: listening on %s (loading %s)", url, listing)
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread
-                pass
+        stop, hurry = asyncio.Event(), asyncio.Event()
+        install_signals(loop, stop, hurry)
 
         def _load(source: str):
             spec = dict(speculative=speculative, draft=draft) if source == models[0][1] else {}
@@ -205,7 +184,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
         await stop.wait()
         log.warning("shutting down: finishing in-flight requests (up to %.0f s)", drain_timeout_s)
         load_task.cancel()
-        await _drain(state, runner, drain_timeout_s, close_engine=True)
+        await drain(state, runner, drain_timeout_s, close_engine=True, hurry=hurry)
         log.warning("stopped")
         if load_error:
             source, e = load_error[0]

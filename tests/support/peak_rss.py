@@ -3,7 +3,7 @@
 `python -m tests.support.peak_rss MODEL --ctx C --slots S --max-batch B --kv KV --threads T`
 loads MODEL the way `edgeinfer run` does (edgeinfer.load, nothing else imported), fills every
 slot with a prompt of nearly `ctx` tokens (together they walk the vocabulary), prefilled together, decodes a few tokens on each,
-and prints one JSON line: the kernel's peak RSS of this process (getrusage ru_maxrss), the
+and prints one JSON line: the kernel's peak RSS of this process (VmHWM), the
 engine's own figures (info()) and the tokens run. tests/test_doctor_plan.py compares plan's
 prediction with it; a fresh process, so that nothing another test loaded counts.
 """
@@ -15,6 +15,20 @@ import resource
 import threading
 
 DECODE_TOKENS = 8
+
+
+def peak_rss() -> int:
+    """This process's peak RSS in bytes: VmHWM, the high-water mark of its own address space.
+    Not getrusage's ru_maxrss, which keeps the larger mark of the image exec replaced: the
+    parent's, copied (or shared) by fork, when pytest is the parent."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
 
 
 def run(model: str, ctx: int, slots: int, max_batch: int, kv: str, threads: int) -> dict:
@@ -49,7 +63,7 @@ def run(model: str, ctx: int, slots: int, max_batch: int, kv: str, threads: int)
         if errors:
             raise RuntimeError(errors[0])
         info = eng.info()
-        return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        return {"peak_rss": peak_rss(),
                 "prompt_tokens": n_prompt, "completion_tokens": [r.stats.completion_tokens for r in results],
                 "n_threads": info["n_threads"], "kv_bytes": info["kv_bytes"],
                 "scratch_bytes": info["scratch_bytes"], "packed_weight_bytes": info["packed_weight_bytes"]}
