@@ -130,7 +130,7 @@ def test_q8_0_kl_against_llama_cpp(tiny):
             ours = e.logits(ids)
         kl = float(kl_divergence(llama_logits(path, ids), ours).mean())
         print(f"\n{fam} Q8_0: mean KL(llama.cpp || edgeinfer) {kl:.5f}")
-        assert kl <= 0.01, (fam, kl)
+        assert kl <= 1e-3, (fam, kl)     # measured: 1e-5 (qwen3), 6e-5 (gemma3)
 
 
 def test_q8_0_top1_against_llama_cpp_on_trained_models(trained):

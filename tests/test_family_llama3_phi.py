@@ -4,7 +4,7 @@ random-weight transformers model (tests/support/tiny_checkpoints.py):
 
 * our F32 GGUF's logits against transformers: at most 1.5x llama.cpp's own difference on the
   same file, and within 1e-3 where llama.cpp is;
-* Q8_0: mean KL(llama.cpp || edgeinfer) <= 0.01; on the same models trained to continue a
+* Q8_0: mean KL(llama.cpp || edgeinfer) <= 1e-3; on the same models trained to continue a
   sequence (a trained model's logits are peaked; random weights' near-flat ones leave near ties
   to rounding), top-1 agreement beyond near ties and greedy tokens identical to llama.cpp's
   for 32 tokens;
@@ -112,7 +112,7 @@ def test_q8_0_kl_vs_llama_cpp(fam):
         theirs = llama_logits(path, ids)          # n_ctx 1024 here too: the same factors
         kl = float(kl_divergence(theirs, ours).mean())
         print(f"{k} Q8_0: mean KL(llama.cpp || edgeinfer) {kl:.2e}")
-        assert kl <= 0.01, (k, kl)
+        assert kl <= 1e-3, (k, kl)       # measured: 1.2e-5 to 1.4e-5
 
 
 @pytest.fixture(scope="module")
