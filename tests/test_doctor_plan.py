@@ -58,7 +58,7 @@ def test_plan_predicts_the_peak_rss_of_a_real_load(smollm2_path, ctx, slots, max
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-m", "tests.support.peak_rss", str(smollm2_path), "--ctx", str(ctx),
                           "--slots", str(slots), "--max-batch", str(max_batch), "--kv", kv, "--threads", "2"],
-                         cwd=root, capture_output=True, text=True, timeout=1800)
+                         cwd=root, capture_output=True, text=True, timeout=1800, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["completion_tokens"] == [8] * slots and got["prompt_tokens"] >= ctx - 8

@@ -44,8 +44,8 @@ def test_a_clean_run_passes():
 def test_a_lost_request_or_a_5xx_fails_the_run():
     lost = soak.Result("chat_stream", soak.LOST, 7.5, 200, detail="the stream ended without [DONE]")
     v = soak.judge(_ok(10) + [lost], FLAT, 60, 0.03, idle=IDLE)
-    assert not v.passed and v.reasons == ["1 lost request(s); first: chat_stream at 7.5 s, HTTP 200: "
-                                          "the stream ended without [DONE]"]
+    assert not v.passed and v.reasons == [("1 lost request(s); first: chat_stream at 7.5 s, HTTP 200: "
+                                           "the stream ended without [DONE]")]
     v = soak.judge(_ok(3) + [soak.Result("complete", soak.SERVER_ERROR, 1.0, 500, detail="boom")] * 2,
                    FLAT, 60, 0.03, idle=IDLE)
     assert not v.passed and v.reasons[0].startswith("2 5xx response(s)")
@@ -136,7 +136,7 @@ def test_a_short_soak_against_a_real_server(smollm2_path, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--model", str(smollm2_path),
                         "--duration", "20", "--rate", "1", "--interval", "10", "--warmup", "0",
                         "--max-rss-growth", "0.5", "--slots", "2", "--ctx", "512", "--json-out", str(out)],
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=900, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     d = json.loads(out.read_text())
     assert d["passed"] and d["outcomes"]["5xx"] == 0 and d["outcomes"]["lost"] == 0
