@@ -3,10 +3,12 @@ trade in. The server and the tools import these names from here, never a submodu
 from .constraint import ConstraintError, check_logit_bias, grammar_spec
 from .engine import Engine
 from .generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
+from .reasoning import EFFORT_BUDGETS, ReasoningSpec
 from .request import QueueFullError, SchedulerClosedError
 from .sampling import SamplingParams
 from .tool_calls import ToolError, call_finish
 
-__all__ = ["ConstraintError", "DoneEvent", "Engine", "ErrorEvent", "QueueFullError", "SamplingParams",
+__all__ = ["ConstraintError", "DoneEvent", "EFFORT_BUDGETS", "Engine", "ErrorEvent", "QueueFullError",
+           "ReasoningSpec", "SamplingParams",
            "SchedulerClosedError", "TokenEvent", "TokenLogprob", "ToolError", "call_finish", "check_logit_bias",
            "grammar_spec"]

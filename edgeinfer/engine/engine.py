@@ -16,6 +16,7 @@ from ..text.tokenizer import Tokenizer
 from .constraint import check_logit_bias, grammar_spec
 from .generation import Completion, Generation
 from .kv import KVRing, slack_cells
+from .reasoning import ReasoningSpec, reasoning_format
 from .runner import Runner
 from .sampling import SamplingParams
 from .tool_calls import ToolPlan, plan_tools
@@ -221,7 +222,10 @@ class Engine:
     def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None, *,
              chat_template_kwargs: dict | None = None, enable_thinking: bool | None = None,
              **params: Any) -> Completion:
-        """A chat reply. With `tools` (OpenAI's function list) and `tool_choice` ("auto", "none",
+        """A chat reply. On a template with a thinking block (Qwen3's <think>), the block's text is
+        in `Completion.reasoning_content`, apart from `text`; `reasoning_budget=N` closes the
+        block after N tokens (the engine writes its closing marker) and the answer follows.
+        With `tools` (OpenAI's function list) and `tool_choice` ("auto", "none",
         "required", {"type": "function", "function": {"name": ...}}), a reply that calls
         functions has them in `Completion.tool_calls` and finish_reason "tool_calls".
         chat_template_kwargs are extra variables of the chat template; enable_thinking (Qwen3's
@@ -236,13 +240,29 @@ class Engine:
         """As `chat`, streamed: iterates over the reply's text (with tools, a call's raw text);
         once it ends, `Generation.tool_calls` holds the calls it made (None: none)."""
         kw = _template_kwargs(chat_template_kwargs, enable_thinking)
+        params = dict(params)
+        budget = params.pop("reasoning_budget", None)
         if tools is None:
-            return self.stream(self.chat_ids(messages, **kw), **params)
+            ids = self._prompt_ids(self.chat_ids(messages, **kw))
+            return self._generation(ids, {**params, "reasoning": self.reasoning_spec(ids, budget)})
         plan = self.tool_plan(messages, tools, tool_choice)
         ids = self._prompt_ids(self.chat_ids(plan.messages, **{**kw, **plan.render_extra}))
         if plan.spec is not None:   # the grammar ends a forced call; a stop string must not cut it
             params = {**params, "grammar": plan.spec, "stop": []}
-        return self._generation(ids, params, parse_calls=plan.parse)
+        return self._generation(ids, {**params, "reasoning": self.reasoning_spec(ids, budget)},
+                                parse_calls=plan.parse)
+
+    def reasoning_spec(self, prompt_ids: Sequence[int], budget: int | None = None) -> ReasoningSpec | None:
+        """The thinking block of a reply to the chat prompt `prompt_ids` (SamplingParams'
+        `reasoning`): None when the template has none; `budget`: the most tokens it may hold."""
+        fmt = reasoning_format(self.template.source)
+        if fmt is None:
+            return None
+        try:
+            return ReasoningSpec.for_prompt(fmt, self.tokenize(fmt.start, add_special=False),
+                                            self.tokenize(fmt.end, add_special=False), prompt_ids, budget)
+        except ValueError as e:
+            raise SamplingParamsError(str(e)) from None
 
     def tool_plan(self, messages: list[dict], tools: Any, tool_choice: Any = None) -> ToolPlan:
         """How a chat with `tools` is prompted (`plan.messages`, `plan.render_extra` for

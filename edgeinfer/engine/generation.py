@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
+from .reasoning import ReasoningSplitter, ThinkingBudget
 from .sampling import SamplingParams
 from .tool_calls import call_finish
 from ..text.tokenizer import StreamDecoder, Tokenizer
@@ -66,6 +67,7 @@ class Completion:
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list["TokenLogprob"] | None = None
     tool_calls: list[dict] | None = None    # Engine.chat with tools: the calls the reply made
+    reasoning_content: str | None = None    # Engine.chat on a template with thinking: the block's text
 
 
 # --------------------------------------------------------------------------- events
@@ -83,6 +85,7 @@ class TokenEvent:
     text: str = ""                  # text released by this token (may be "" while held back);
                                     # filled in by TextStream, on the consumer side
     logprob: TokenLogprob | None = None
+    reasoning: str = ""             # thinking-block text released by this token (then not in `text`)
 
 
 @dataclass
@@ -90,6 +93,8 @@ class DoneEvent:
     finish_reason: str              # "stop" | "length" | "cancelled"
     text: str                       # tail released at the end (held-back bytes / partial stop)
     stats: GenerationStats
+    reasoning: str = ""             # thinking-block part of the tail
+    stop_sequence: str | None = None   # the stop string that ended it, if one did
 
 
 @dataclass
@@ -134,6 +139,8 @@ class SequenceState:
         if params.grammar is not None:
             from .constraint import Constraint
             self.constraint = Constraint(params.grammar, tokenizer)
+        # a thinking block with a budget: the closing marker's ids are forced once it is spent
+        self.thinking = ThinkingBudget(params.reasoning) if params.reasoning is not None else None
         self.bias_ids = self.bias_vals = None
         if params.logit_bias:
             self.bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
@@ -157,6 +164,9 @@ class SequenceState:
     def on_logits(self, logits: np.ndarray, has_room: bool) -> tuple[list, int | None]:
         """Samples one token. Returns (events, token to feed next or None when finished)."""
         t = time.perf_counter()
+        forced = self.thinking.forced() if self.thinking is not None else None
+        if forced is not None:
+            return self._advance(forced, t, has_room, logits)
         x = logits
         if self.bias_ids is not None or self.constraint is not None:
             x = np.array(logits, dtype=np.float32, copy=True)
@@ -175,6 +185,9 @@ class SequenceState:
         `top_k_needed` of them, sorted as Sampler.sample_candidates wants). Only when
         `top_k_needed` is not None: there are no logprobs without the whole row."""
         t = time.perf_counter()
+        forced = self.thinking.forced() if self.thinking is not None else None
+        if forced is not None:
+            return self._advance(forced, t, has_room, None)
         return self._advance(self.sampler.sample_candidates(ids, vals), t, has_room, None)
 
     def _advance(self, tok: int, t_logits: float, has_room: bool,
@@ -189,6 +202,8 @@ class SequenceState:
         lp = token_logprob(logits, tok, self.n_logprobs) if self.n_logprobs is not None else None
         self.tokens.append(tok)
         self.history.append(tok)
+        if self.thinking is not None:
+            self.thinking.push(tok)
         now = time.perf_counter()
         if self.t_first is None:
             self.t_first = now
@@ -233,6 +248,8 @@ class TextStream:
         self.seq = seq
         self.decoder = StreamDecoder(tokenizer)
         self.stops = seq.params.stop_matcher()
+        reasoning = seq.params.reasoning
+        self.splitter = ReasoningSplitter(reasoning) if reasoning is not None else None
         self.on_stop = on_stop
         self.n_tokens = 0
         self.done = False
@@ -244,19 +261,27 @@ class TextStream:
                 break
             if isinstance(ev, TokenEvent):
                 self.n_tokens += 1
-                ev.text, stopped = self.stops.feed(self.decoder.push(ev.token))
+                text, stopped = self.stops.feed(self.decoder.push(ev.token))
+                ev.reasoning, ev.text = self._split(text, final=stopped)
                 out.append(ev)
                 if stopped:
                     self.done = True
-                    out.append(DoneEvent("stop", "", self.seq.final_stats(self.n_tokens)))
+                    out.append(DoneEvent("stop", "", self.seq.final_stats(self.n_tokens),
+                                         stop_sequence=self.stops.stop_string))
                     self.on_stop()
             else:
                 self.done = True
                 if isinstance(ev, DoneEvent) and ev.finish_reason != "cancelled":
                     tail, _ = self.stops.feed(self.decoder.flush())
-                    ev.text = tail + self.stops.flush()
+                    ev.reasoning, ev.text = self._split(tail + self.stops.flush(), final=True)
                 out.append(ev)
         return out
+
+    def _split(self, text: str, final: bool) -> tuple[str, str]:
+        """(reasoning, content) of released text; all content without a thinking block."""
+        if self.splitter is None:
+            return "", text
+        return self.splitter.feed(text, final=final)
 
 
 # --------------------------------------------------------------------------- consumer
@@ -276,6 +301,7 @@ class Generation:
         # a chat with tools: the reply's text is read back into tool_calls once it ends
         self._parse_calls = parse_calls
         self._text: list[str] = []
+        self._reasoning: list[str] | None = [] if params.reasoning is not None else None
         self.tool_calls: list[dict] | None = None
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if n_logprobs is not None else None
@@ -303,6 +329,8 @@ class Generation:
                     raise StopIteration
                 self._pending.extend(self._events.get())
             ev = self._pending.popleft()
+            if self._reasoning is not None and isinstance(ev, (TokenEvent, DoneEvent)) and ev.reasoning:
+                self._reasoning.append(ev.reasoning)
             if isinstance(ev, TokenEvent):
                 self.tokens.append(ev.token)
                 self.stats.completion_tokens = len(self.tokens)
@@ -323,6 +351,12 @@ class Generation:
                 self._done = True
                 raise ev.error
 
+    @property
+    def reasoning_content(self) -> str | None:
+        """The thinking block's text so far (None: the prompt's template has no thinking);
+        iterating gives the answer only."""
+        return None if self._reasoning is None else "".join(self._reasoning)
+
     def close(self) -> None:
         if not self._done and self._req is not None:
             self._req.cancel()
@@ -338,5 +372,6 @@ class Generation:
         """Runs to the end and returns the whole completion."""
         text = "".join(self)
         return Completion(text=text, tokens=list(self.tokens), finish_reason=self.finish_reason or "stop",
-                          stats=self.stats, logprobs=self.logprobs, tool_calls=self.tool_calls)
+                          stats=self.stats, logprobs=self.logprobs, tool_calls=self.tool_calls,
+                          reasoning_content=self.reasoning_content)
 

@@ -345,6 +345,8 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None
     # a constraint.GrammarSpec: the output follows a JSON Schema / regex / grammar
     grammar: Any = None
+    # a reasoning.ReasoningSpec: the thinking block to split from the answer, and its budget
+    reasoning: Any = None
 
     def __post_init__(self) -> None:
         p = _check_chain(self.temperature, self.top_k, self.top_p, self.min_p,
@@ -369,6 +371,12 @@ class SamplingParams:
                 object.__setattr__(self, "grammar", GrammarSpec(**self.grammar))   # from to_dict()
             if not isinstance(self.grammar, GrammarSpec):
                 raise SamplingParamsError("grammar must be a GrammarSpec (constraint.grammar_spec builds one)")
+        if self.reasoning is not None:
+            from .reasoning import ReasoningSpec
+            if isinstance(self.reasoning, Mapping):    # from to_dict()
+                object.__setattr__(self, "reasoning", ReasoningSpec.from_dict(self.reasoning))
+            if not isinstance(self.reasoning, ReasoningSpec):
+                raise SamplingParamsError("reasoning must be a ReasoningSpec (Engine.reasoning_spec builds one)")
 
     @property
     def greedy(self) -> bool:

@@ -1,4 +1,5 @@
-"""The aiohttp application: OpenAI routes over the engine's continuous-batching scheduler.
+"""The aiohttp application: OpenAI (and Anthropic Messages) routes over the engine's
+continuous-batching scheduler.
 
 Handlers never run the model: they validate, tokenize (on one helper thread), submit to
 the engine (`Engine.submit`) and relay its events. A client that goes away cancels its request
@@ -23,6 +24,7 @@ from ..engine import (ConstraintError, DoneEvent, ErrorEvent, QueueFullError, Sa
                       TokenEvent, TokenLogprob, ToolError, call_finish, check_logit_bias, grammar_spec)
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
+from . import anthropic
 from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
@@ -167,11 +169,13 @@ def _json(data: Any, status: int = 200, headers: dict | None = None) -> web.Resp
                         content_type="application/json", headers=headers)
 
 
-def error_response(e: APIError) -> web.Response:
-    return _json(e.body(), status=e.status, headers=e.headers)
+def error_response(e: APIError, path: str = "") -> web.Response:
+    body = anthropic.error_body(e) if path in ANTHROPIC_PATHS else e.body()
+    return _json(body, status=e.status, headers=e.headers)
 
 
 PUBLIC_PATHS = frozenset(op.path for op in OPERATIONS if op.public)   # answered without the API key
+ANTHROPIC_PATHS = frozenset(op.path for op in OPERATIONS if op.anthropic)   # errors in Anthropic's shape
 _HTTP_ERRORS = {404: ("not found", "not_found"), 405: ("method not allowed", "method_not_allowed"),
                 413: ("request body too large", "request_too_large")}
 
@@ -185,7 +189,9 @@ async def _middleware(request: web.Request, handler):
     try:
         if state.api_key is not None and request.path not in PUBLIC_PATHS:
             auth = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {state.api_key}".encode()):
+            key = request.headers.get("x-api-key", "")      # the Anthropic client's header
+            if not (hmac.compare_digest(auth.encode(), f"Bearer {state.api_key}".encode())
+                    or hmac.compare_digest(key.encode(), state.api_key.encode())):
                 raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
                                type="authentication_error", code="invalid_api_key",
                                headers={"WWW-Authenticate": "Bearer"})
@@ -194,20 +200,21 @@ async def _middleware(request: web.Request, handler):
         return resp
     except APIError as e:
         status = e.status
-        return error_response(e)
+        return error_response(e, request.path)
     except web.HTTPException as e:
         status = e.status
         msg, code = _HTTP_ERRORS.get(e.status, (e.reason, None))
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
         return error_response(APIError(e.status, f"{msg}: {request.method} {request.path}",
-                                       code=code, headers=headers))
+                                       code=code, headers=headers), request.path)
     except asyncio.CancelledError:
         status = 499        # client closed the connection
         raise
     except Exception as e:  # pragma: no cover - a bug: answer 500, keep serving
         log.exception("unhandled error on %s", request.path)
         status = 500
-        return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
+        return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"),
+                              request.path)
     finally:
         state.metrics.count_request(route, status)
 
@@ -333,10 +340,40 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completion")
 
 
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's Messages API: the chat route's engine calls, Anthropic's shapes."""
+    return await _generate(request, "messages")
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt tokens /v1/messages would use for the same body (its prompt_tokens)."""
+    state: ServerState = request.app[STATE_KEY]
+    state.check_draining()
+    body = await _read_json(request, state)
+    name = body.get("model") if isinstance(body, dict) else None
+    eng = state.lookup(name if isinstance(name, str) else None).require()
+    req = anthropic.parse_count_tokens(body)
+    ids, _ = await asyncio.get_running_loop().run_in_executor(state.tok_pool, _prompt_ids, eng, req)
+    return _json({"input_tokens": len(ids)})
+
+
 def _prompt(eng, req: GenRequest):
     """The prompt ids, the max_tokens to generate with, checked by the engine, and the tool
     plan (None without tools); 400 naming the field when the template fails, the prompt is
     empty or does not fit the context."""
+    param = "messages" if req.kind == "chat" else "prompt"
+    ids, plan = _prompt_ids(eng, req)
+    try:
+        return ids, eng.check_prompt(ids, req.max_tokens), plan
+    except ContextOverflowError as e:
+        raise bad(str(e), param if req.max_tokens is None else "max_tokens",
+                  "context_length_exceeded") from None
+    except ValueError as e:
+        raise bad(str(e), param, "empty_prompt") from None
+
+
+def _prompt_ids(eng, req: GenRequest):
+    """The prompt ids and the tool plan (None without tools), unchecked against the context."""
     param = "messages" if req.kind == "chat" else "prompt"
     plan = None
     try:
@@ -354,13 +391,7 @@ def _prompt(eng, req: GenRequest):
         raise bad(f"the chat template failed: {e}", "messages", "template_error") from None
     except ContextOverflowError as e:   # messages too large for any rendered prompt
         raise bad(str(e), param, "context_length_exceeded") from None
-    try:
-        return ids, eng.check_prompt(ids, req.max_tokens), plan
-    except ContextOverflowError as e:
-        raise bad(str(e), param if req.max_tokens is None else "max_tokens",
-                  "context_length_exceeded") from None
-    except ValueError as e:
-        raise bad(str(e), param, "empty_prompt") from None
+    return ids, plan
 
 
 def _sibling_seeds(seed: int | None, n: int) -> list[int | None]:
@@ -381,7 +412,10 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     name = body.get("model") if isinstance(body, dict) else None
     served = state.lookup(name if isinstance(name, str) else None)   # a non-string: 400 from parse
     eng = served.require()
-    req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
+    if kind == "messages":
+        req = anthropic.parse_messages(body)
+    else:
+        req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     loop = asyncio.get_running_loop()
     route = state.registry.route(served)
     if req.prompt_ids is not None:   # token ids belong to one vocabulary: no fallback across vocabularies
@@ -401,7 +435,7 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
     for i, (target, reason) in enumerate(route):
         eng = target.require()
         ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
-        params = _params(eng, req, plan, max_tokens)
+        params = _params(eng, req, plan, max_tokens, ids)
         state.check_draining()             # draining may have started while tokenizing
         queue: asyncio.Queue = asyncio.Queue()
         try:
@@ -422,7 +456,11 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
         break
     state.in_flight += 1
     try:
-        ctx = _Ctx(state, target, req, len(ids), kind, plan)
+        ctx = _Ctx(state, target, req, len(ids), kind, plan, reasoning=params[0].reasoning is not None)
+        if kind == "messages" and req.stream:
+            return await anthropic.stream_reply(request, queue, ctx, _engine_error)
+        if kind == "messages":
+            return _json(await anthropic.reply(queue, ctx, _engine_error))
         if req.stream:
             return await _stream(request, queue, ctx)
         return await _collect(queue, ctx)
@@ -430,9 +468,10 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
         state.in_flight -= 1
 
 
-def _params(eng, req: GenRequest, plan, max_tokens: int | None) -> list[SamplingParams]:
+def _params(eng, req: GenRequest, plan, max_tokens: int | None, ids: list[int]) -> list[SamplingParams]:
     """The sampling parameters of each choice on `eng`: structured output (response_format,
-    a forced tool call) and logit_bias checked against this model; 400 naming the field."""
+    a forced tool call) and logit_bias checked against this model, a chat's thinking block
+    (split from the answer, its budget); 400 naming the field."""
     sampling = dict(req.sampling)
     given = next(iter(req.constraint), None)      # the field to name in a 400
     if plan is not None and plan.spec is not None:   # a forced call: its grammar, which ends it
@@ -450,8 +489,10 @@ def _params(eng, req: GenRequest, plan, max_tokens: int | None) -> list[Sampling
         sampling["logit_bias"] = check_logit_bias(sampling.get("logit_bias"), eng.config.n_vocab)
     except SamplingParamsError as e:
         raise bad(str(e), "logit_bias", "invalid_value") from None
+    reasoning = eng.reasoning_spec(ids, req.reasoning_budget) if req.kind == "chat" else None
     try:
-        return [SamplingParams.from_dict({**sampling, "seed": seed}, max_tokens=max_tokens, grammar=spec)
+        return [SamplingParams.from_dict({**sampling, "seed": seed}, max_tokens=max_tokens, grammar=spec,
+                                         reasoning=reasoning)
                 for seed in _sibling_seeds(sampling.get("seed"), req.n)]
     except SamplingParamsError as e:
         raise bad(str(e), code="invalid_value") from None
@@ -477,11 +518,12 @@ async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenReq
 
 class _Ctx:
     def __init__(self, state: ServerState, served: ServedModel, req: GenRequest, n_prompt: int, kind: str,
-                 plan=None):
+                 plan=None, reasoning: bool = False):
         self.state, self.served, self.req, self.n_prompt, self.kind = state, served, req, n_prompt, kind
+        self.reasoning = reasoning          # a thinking block is split from the answer
         self.plan = plan if plan is not None and plan.active else None   # tool calls to read back
         self.eng = served.engine
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = served.name           # the model that serves it (the fallback's, when it fell back)
         self.text_offset = [0] * req.n
@@ -531,11 +573,14 @@ def _engine_error(ev: ErrorEvent) -> APIError:
 async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
     n = ctx.req.n
     parts: list[list[str]] = [[] for _ in range(n)]
+    thoughts: list[list[str]] = [[] for _ in range(n)]
     lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
     done: dict[int, DoneEvent] = {}
     while len(done) < n:
         index, events = await queue.get()
         for ev in events:
+            if isinstance(ev, (TokenEvent, DoneEvent)):
+                thoughts[index].append(ev.reasoning)
             if isinstance(ev, TokenEvent):
                 parts[index].append(ev.text)
                 if ev.logprob is not None:
@@ -554,6 +599,8 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
             msg = {"role": "assistant", "content": None if calls else text, "refusal": None}
             if calls:
                 msg["tool_calls"] = calls
+            if ctx.reasoning:
+                msg["reasoning_content"] = "".join(thoughts[i]) or None
             choices.append({"index": i, "message": msg, "logprobs": ctx.logprobs(lps[i], i),
                             "finish_reason": call_finish(done[i].finish_reason, calls)})
         else:
@@ -602,6 +649,12 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
     streamers = [ctx.plan.streamer() if ctx.plan is not None else None for _ in range(n)]
     held: list[list[str] | None] = [[] if ctx.plan is not None and st is None else None for st in streamers]
 
+    def reasoning_delta(index: int, ev) -> list[bytes]:
+        if not ev.reasoning:
+            return []
+        return [_sse({**base, "choices": [{"index": index, "delta": {"reasoning_content": ev.reasoning},
+                                           "logprobs": None, "finish_reason": None}]})]
+
     def call_deltas(index: int, deltas: list[dict]) -> list[bytes]:
         return [_sse({**base, "choices": [{"index": index, "delta": {"tool_calls": [d]}, "logprobs": None,
                                            "finish_reason": None}]}) for d in deltas]
@@ -629,6 +682,8 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
             failed = False
             for ev in events:
                 st, hd = streamers[index], held[index]
+                if isinstance(ev, (TokenEvent, DoneEvent)):
+                    out.extend(reasoning_delta(index, ev))
                 if isinstance(ev, TokenEvent) and st is not None:
                     out.extend(call_deltas(index, st.feed(ev.text)))
                 elif isinstance(ev, TokenEvent) and hd is not None:

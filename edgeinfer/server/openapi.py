@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from . import responses as R
-from .protocol import ChatBody, CompletionBody, DetokenizeBody, TokenizeBody
+from .protocol import ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, MessagesBody, TokenizeBody
 
 __all__ = ["Operation", "OPERATIONS", "document"]
 
@@ -38,6 +38,11 @@ class Operation:
     stream: type[BaseModel] | None = None       # the events of a 200 text/event-stream reply
     errors: dict[str, str] = field(default_factory=dict)
     public: bool = False                        # answered without the API key
+    anthropic: bool = False                     # Anthropic's error and stream shapes, not OpenAI's
+
+    @property
+    def error_model(self) -> type[BaseModel]:
+        return R.AnthropicErrorResponse if self.anthropic else R.ErrorResponse
 
 
 OPERATIONS = (
@@ -62,6 +67,11 @@ OPERATIONS = (
               ok=R.Detokenized, errors={"400": "a bad field or a token id outside the vocabulary",
                                         "413": "the body exceeds the server's limit",
                                         "503": "loading, failed or shutting down"}),
+    Operation("POST", "/v1/messages", "messages", "Anthropic Messages", body=MessagesBody,
+              ok=R.AnthropicMessageOut, stream=R.AnthropicStreamEvent, errors=GENERATION_ERRORS, anthropic=True),
+    Operation("POST", "/v1/messages/count_tokens", "count_tokens", "Anthropic token count of a Messages request",
+              body=CountTokensBody, ok=R.InputTokens, anthropic=True,
+              errors={k: v for k, v in GENERATION_ERRORS.items() if k != "429"}),
 )
 
 _REF = "#/components/schemas/{model}"
@@ -71,13 +81,16 @@ def _ref(model: type[BaseModel]) -> dict:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
-def _event(chunk: type[BaseModel]) -> dict:
-    """One server-sent event: a JSON chunk, an error object, or the closing [DONE]."""
+def _event(op: Operation) -> dict:
+    """One server-sent event: a JSON chunk, an error object, or (OpenAI) the closing [DONE];
+    Anthropic's events name their type in `event`."""
+    json_data = {"contentMediaType": "application/json",
+                 "contentSchema": {"anyOf": [_ref(op.stream), _ref(op.error_model)]}}
+    if op.anthropic:
+        return {"type": "object", "required": ["event", "data"],
+                "properties": {"event": {"type": "string"}, "data": {"type": "string", **json_data}}}
     return {"type": "object", "required": ["data"],
-            "properties": {"data": {"type": "string", "anyOf": [
-                {"const": "[DONE]"},
-                {"contentMediaType": "application/json",
-                 "contentSchema": {"anyOf": [_ref(chunk), _ref(R.ErrorResponse)]}}]}}}
+            "properties": {"data": {"type": "string", "anyOf": [{"const": "[DONE]"}, json_data]}}}
 
 
 def _operation(op: Operation, auth: bool) -> dict:
@@ -87,8 +100,8 @@ def _operation(op: Operation, auth: bool) -> dict:
     for media in op.ok_text:
         ok[media] = {"schema": {"type": "object"} if media == "application/json" else {"type": "string"}}
     if op.stream is not None:
-        ok[STREAM] = {"schema": _event(op.stream)}
-    error = {"application/json": {"schema": _ref(R.ErrorResponse)}}
+        ok[STREAM] = {"schema": _event(op)}
+    error = {"application/json": {"schema": _ref(op.error_model)}}
     errors = {**COMMON_ERRORS, **op.errors}
     if auth and not op.public:
         errors["401"] = "a missing or wrong API key"
@@ -108,7 +121,7 @@ def _operation(op: Operation, auth: bool) -> dict:
 @cache
 def _schemas() -> dict:
     models = [op.body for op in OPERATIONS if op.body] + [m for op in OPERATIONS for m in (op.ok, op.stream) if m]
-    models.append(R.ErrorResponse)
+    models += [R.ErrorResponse, R.AnthropicErrorResponse]
     _, defs = models_json_schema([(m, "validation") for m in dict.fromkeys(models)], ref_template=_REF)
     return defs["$defs"]
 
@@ -120,7 +133,7 @@ def document(auth: bool = False) -> dict:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, auth)
     doc = {"openapi": "3.1.0",
            "info": {"title": "edgeinfer", "version": version("edgeinfer"),
-                    "description": "OpenAI-compatible HTTP API of `edgeinfer serve`."},
+                    "description": "OpenAI-compatible (and Anthropic Messages) HTTP API of `edgeinfer serve`."},
            "paths": paths, "components": {"schemas": _schemas()}}
     if auth:
         doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}

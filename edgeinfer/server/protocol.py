@@ -1,5 +1,6 @@
-"""OpenAI request bodies as pydantic models, and the error object: every bad field gives a
-400 naming it. Fields a client sends that we do not know are ignored, as OpenAI's are.
+"""OpenAI (and Anthropic Messages) request bodies as pydantic models, and the error object:
+every bad field gives a 400 naming it. Fields a client sends that we do not know are ignored,
+as OpenAI's are.
 
 Sampling defaults are OpenAI's (temperature 1, top_p 1, no top-k, no min-p); the
 extensions `top_k`, `min_p`, `repeat_penalty` and `ignore_eos` are accepted as well.
@@ -7,13 +8,15 @@ extensions `top_k`, `min_p`, `repeat_penalty` and `ignore_eos` are accepted as w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from ..engine import EFFORT_BUDGETS
+
 __all__ = ["APIError", "bad", "GenRequest", "parse_chat", "parse_completion", "parse",
-           "TokenizeBody", "DetokenizeBody"]
+           "TokenizeBody", "DetokenizeBody", "MessagesBody", "CountTokensBody"]
 
 
 class APIError(Exception):
@@ -95,6 +98,7 @@ class Message(_Body):
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None          # a tool result answers this call
     name: str | None = None
+    reasoning_content: str | None = None     # an assistant's earlier thinking: the template keeps or drops it
 
 
 class StreamOptions(_Body):
@@ -144,6 +148,9 @@ class ChatBody(_GenBody):
     # extra variables for the chat template (vLLM / llama-server style), e.g. Qwen3's thinking switch
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: bool | None = None
+    # thinking budget of templates with a thinking block: OpenAI's effort, or (extension) tokens
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_budget: int | None = Field(None, ge=0)
 
 
 class CompletionBody(_GenBody):
@@ -217,6 +224,7 @@ class GenRequest:
     tools: list[dict] | None = None         # chat: functions the model may call
     tool_choice: Any = None
     template_kwargs: dict = field(default_factory=dict)   # chat: extra chat-template variables
+    reasoning_budget: int | None = None     # chat: most tokens of the thinking block (None: no bound)
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -248,8 +256,11 @@ def parse_chat(body: Any) -> GenRequest:
     req = _request("chat", b)
     req.messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content,
                      **({"tool_calls": [c.model_dump() for c in m.tool_calls]} if m.tool_calls else {}),
-                     **{k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None}}
+                     **{k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name),
+                                          ("reasoning_content", m.reasoning_content)) if v is not None}}
                     for m in b.messages]
+    req.reasoning_budget = (b.reasoning_budget if b.reasoning_budget is not None
+                            else EFFORT_BUDGETS[b.reasoning_effort] if b.reasoning_effort else None)
     req.max_tokens = b.max_completion_tokens or b.max_tokens
     if b.top_logprobs is not None and not b.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
@@ -299,3 +310,77 @@ def parse_completion(body: Any, n_vocab: int) -> GenRequest:
     if b.best_of not in (None, 1):
         raise bad("'best_of' must be 1", "best_of", "unsupported_value")
     return req
+
+
+# --------------------------------------------------------------------------- Anthropic Messages
+
+class AnthropicText(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicToolUse(_Body):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
+
+
+class AnthropicToolResult(_Body):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[AnthropicText] = ""
+    is_error: bool | None = None
+
+
+class AnthropicThinking(_Body):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+_AnthropicBlock = Annotated[Union[AnthropicText, AnthropicToolUse, AnthropicToolResult, AnthropicThinking],
+                            Field(discriminator="type")]
+
+
+class AnthropicMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[_AnthropicBlock]
+
+
+class AnthropicTool(_Body):
+    name: str
+    description: str | None = None
+    input_schema: dict
+
+
+class AnthropicToolChoice(_Body):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None                       # type "tool": the one to call
+    disable_parallel_tool_use: bool | None = None
+
+
+class AnthropicThinkingParam(_Body):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=0)
+
+
+class CountTokensBody(_Body):
+    """POST /v1/messages/count_tokens: what /v1/messages would prompt the model with."""
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[AnthropicText] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinkingParam | None = None
+
+
+class MessagesBody(CountTokensBody):
+    """POST /v1/messages (Anthropic's Messages API)."""
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    stream: bool | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    metadata: dict | None = None

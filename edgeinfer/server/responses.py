@@ -3,12 +3,13 @@
 The handlers answer plain JSON; tests/test_openapi.py checks every answer against these."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 __all__ = ["ErrorResponse", "Health", "ModelObject", "ModelList", "Tokens", "Detokenized",
-           "ChatCompletion", "ChatCompletionChunk", "Completion", "CompletionChunk"]
+           "ChatCompletion", "ChatCompletionChunk", "Completion", "CompletionChunk",
+           "AnthropicErrorResponse", "AnthropicMessageOut", "AnthropicStreamEvent", "InputTokens"]
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
@@ -123,6 +124,7 @@ class AssistantMessage(_Out):
     content: str | None
     refusal: None
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None     # templates with a thinking block: its text
 
 
 class ChatChoice(_Out):
@@ -176,6 +178,7 @@ class ChatDelta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(_Out):
@@ -204,3 +207,125 @@ class CompletionChunk(_Reply):
     object: Literal["text_completion"]
     choices: list[CompletionChunkChoice]
     usage: Usage | None = None
+
+
+# --------------------------------------------------------------------------- Anthropic Messages
+
+class AnthropicErrorDetail(_Out):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(_Out):
+    """Every error of the /v1/messages routes, and an error event in their streams: Anthropic's shape."""
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class AnthropicUsage(_Out):
+    input_tokens: int
+    output_tokens: int
+
+
+class TextBlockOut(_Out):
+    type: Literal["text"]
+    text: str
+
+
+class ThinkingBlockOut(_Out):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class ToolUseBlockOut(_Out):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
+
+
+ContentBlockOut = Annotated[Union[TextBlockOut, ThinkingBlockOut, ToolUseBlockOut], Field(discriminator="type")]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal", "pause_turn"]
+
+
+class AnthropicMessageOut(_Out):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[ContentBlockOut]
+    stop_reason: StopReason | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class InputTokens(_Out):
+    """POST /v1/messages/count_tokens."""
+    input_tokens: int
+
+
+class MessageStart(_Out):
+    type: Literal["message_start"]
+    message: AnthropicMessageOut
+
+
+class ContentBlockStart(_Out):
+    type: Literal["content_block_start"]
+    index: int
+    content_block: ContentBlockOut
+
+
+class TextDelta(_Out):
+    type: Literal["text_delta"]
+    text: str
+
+
+class ThinkingDelta(_Out):
+    type: Literal["thinking_delta"]
+    thinking: str
+
+
+class InputJsonDelta(_Out):
+    type: Literal["input_json_delta"]
+    partial_json: str
+
+
+class ContentBlockDelta(_Out):
+    type: Literal["content_block_delta"]
+    index: int
+    delta: Annotated[Union[TextDelta, ThinkingDelta, InputJsonDelta], Field(discriminator="type")]
+
+
+class ContentBlockStop(_Out):
+    type: Literal["content_block_stop"]
+    index: int
+
+
+class MessageDeltaBody(_Out):
+    stop_reason: StopReason | None
+    stop_sequence: str | None
+
+
+class OutputUsage(_Out):
+    output_tokens: int
+
+
+class MessageDelta(_Out):
+    type: Literal["message_delta"]
+    delta: MessageDeltaBody
+    usage: OutputUsage
+
+
+class MessageStop(_Out):
+    type: Literal["message_stop"]
+
+
+class Ping(_Out):
+    type: Literal["ping"]
+
+
+class AnthropicStreamEvent(RootModel):
+    """One event of a streamed /v1/messages reply (its SSE `event:` field names the type)."""
+    root: Annotated[Union[MessageStart, ContentBlockStart, ContentBlockDelta, ContentBlockStop, MessageDelta,
+                          MessageStop, Ping, AnthropicErrorResponse], Field(discriminator="type")]

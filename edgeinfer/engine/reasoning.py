@@ -1,0 +1,163 @@
+"""Reasoning output: the thinking block of chat templates that have one, kept apart from the answer.
+
+A family's markers are data (`FORMATS`): a template that writes both markers of a format
+has that format. Per request a `ReasoningSpec` says where the block stands when generation
+starts (a generation prompt may open it, as Qwen3.5's does) and what it may spend.
+
+Two sides use it, as for every sequence:
+- the stepping thread (`ThinkingBudget`, token ids): counts the tokens inside the block and,
+  once the budget is spent, queues the closing marker's ids, which the sequence then takes
+  instead of sampling (decoding continues with the answer);
+- the consumer side (`ReasoningSplitter`, text): cuts the released text into reasoning and
+  content, never showing part of a marker.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = ["ReasoningFormat", "ReasoningSpec", "FORMATS", "reasoning_format", "ThinkingBudget",
+           "ReasoningSplitter", "EFFORT_BUDGETS"]
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """The markers around a family's thinking block."""
+    name: str
+    start: str
+    end: str
+
+
+#: Known thinking blocks, the first whose markers the template writes wins.
+FORMATS: tuple[ReasoningFormat, ...] = (
+    ReasoningFormat("think", "<think>", "</think>"),     # Qwen3, Qwen3.5, DeepSeek-R1, SmolLM3
+)
+
+#: OpenAI's reasoning_effort as a thinking budget in tokens (None: unbounded).
+EFFORT_BUDGETS: dict[str, int | None] = {"none": 0, "minimal": 64, "low": 512, "medium": 2048, "high": None}
+
+
+def reasoning_format(template_source: str) -> ReasoningFormat | None:
+    """The thinking block a chat template writes, or None when it has none."""
+    for fmt in FORMATS:
+        if fmt.start in template_source and fmt.end in template_source:
+            return fmt
+    return None
+
+
+@dataclass(frozen=True)
+class ReasoningSpec:
+    """One sequence's thinking block: its markers (text and token ids), whether the prompt
+    left it open, and the most tokens it may hold (None: no bound)."""
+    fmt: ReasoningFormat
+    start_ids: tuple[int, ...]
+    end_ids: tuple[int, ...]
+    open_at_start: bool
+    budget: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ReasoningSpec":
+        """The inverse of dataclasses.asdict (SamplingParams.to_dict)."""
+        return cls(ReasoningFormat(**d["fmt"]), tuple(d["start_ids"]), tuple(d["end_ids"]),
+                   bool(d["open_at_start"]), d.get("budget"))
+
+    @classmethod
+    def for_prompt(cls, fmt: ReasoningFormat, start_ids: Sequence[int], end_ids: Sequence[int],
+                   prompt_ids: Sequence[int], budget: int | None = None) -> "ReasoningSpec":
+        """The spec of a prompt: open when its last start marker comes after its last end marker."""
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"the thinking budget must be an int >= 0 (tokens), got {budget!r}")
+        return cls(fmt, tuple(start_ids), tuple(end_ids),
+                   _last(prompt_ids, start_ids) > _last(prompt_ids, end_ids), budget)
+
+
+def _last(ids: Sequence[int], marker: Sequence[int]) -> int:
+    """Where the last occurrence of `marker` in `ids` starts (-1: none)."""
+    n = len(marker)
+    for i in range(len(ids) - n, -1, -1):
+        if list(ids[i:i + n]) == list(marker):
+            return i
+    return -1
+
+
+class ThinkingBudget:
+    """(stepping thread) Follows the block over the generated ids; `forced()` gives the ids
+    the sequence must take next: the closing marker once the budget is spent."""
+
+    def __init__(self, spec: ReasoningSpec):
+        self.spec = spec
+        self.inside = spec.open_at_start
+        self.spent = 0                  # tokens inside the open block
+        self._tail: deque[int] = deque(maxlen=max(len(spec.start_ids), len(spec.end_ids)))
+        self._forced: deque[int] = deque()
+        self._check()
+
+    def forced(self) -> int | None:
+        return self._forced.popleft() if self._forced else None
+
+    def push(self, token: int) -> None:
+        self._tail.append(token)
+        if not self.inside:
+            if self._ends_with(self.spec.start_ids):
+                self.inside, self.spent = True, 0
+        elif self._ends_with(self.spec.end_ids):
+            self.inside = False
+            self._forced.clear()
+        elif not self._forced:
+            self.spent += 1
+        self._check()
+
+    def _ends_with(self, marker: tuple[int, ...]) -> bool:
+        n = len(marker)
+        return n > 0 and len(self._tail) >= n and tuple(self._tail)[-n:] == marker
+
+    def _check(self) -> None:
+        budget = self.spec.budget
+        if self.inside and budget is not None and self.spent >= budget and not self._forced:
+            self._forced.extend(self.spec.end_ids)
+
+
+class ReasoningSplitter:
+    """(consumer side) `feed(text) -> (reasoning, content)`: the text released so far, split
+    at the markers; a suffix that may be the start of a marker is held until the next piece
+    decides it, and `final=True` releases it. Whitespace right after a marker is dropped (the
+    template's own separator), so the answer does not start with blank lines."""
+
+    def __init__(self, spec: ReasoningSpec):
+        self.fmt = spec.fmt
+        self.inside = spec.open_at_start
+        self._held = ""
+        self._strip = spec.open_at_start
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        buf = self._held + text
+        parts = {True: [], False: []}
+        while True:
+            marker = self.fmt.end if self.inside else self.fmt.start
+            i = buf.find(marker)
+            if i < 0:
+                break
+            self._emit(parts, buf[:i])
+            buf = buf[i + len(marker):]
+            self.inside = not self.inside
+            self._strip = True
+        hold = 0 if final else _partial(buf, self.fmt.end if self.inside else self.fmt.start)
+        self._held = buf[len(buf) - hold:] if hold else ""
+        self._emit(parts, buf[:len(buf) - hold])
+        return "".join(parts[True]), "".join(parts[False])
+
+    def _emit(self, parts: dict, text: str) -> None:
+        if self._strip:
+            text = text.lstrip()
+            self._strip = not text
+        if text:
+            parts[self.inside].append(text)
+
+
+def _partial(buf: str, marker: str) -> int:
+    """Length of the longest suffix of `buf` that is a proper prefix of `marker`."""
+    for k in range(min(len(marker) - 1, len(buf)), 0, -1):
+        if buf.endswith(marker[:k]):
+            return k
+    return 0
