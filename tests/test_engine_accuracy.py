@@ -2,7 +2,8 @@
 
 Judged as the issue asks: KL(exact || edgeinfer) must be at most 1.25x
 KL(exact || llama.cpp) on the same tokens, and edgeinfer must agree with
-llama.cpp directly (top-1 >= 90%, mean KL <= 0.02).
+llama.cpp directly (top-1 >= 93%, mean KL <= 0.008); greedy tokens are
+llama.cpp's argmax on the same history wherever it is not a near tie.
 """
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ def test_logits_at_least_as_accurate_as_llama_cpp(engine, smollm2_path, texts):
               f"llama.cpp-vs-edgeinfer KL {direct['kl_mean']:.5f} top1 {direct['top1']:.3f}")
         ours_all.append(o["kl_mean"])
         theirs_all.append(t["kl_mean"])
-        assert direct["top1"] >= 0.90
-        assert direct["kl_mean"] <= 0.02
+        # measured on SmolLM2 Q4_1: direct top-1 0.962-0.964, KL 0.0033-0.0041; against the
+        # exact math our top-1 is within 0.011 of llama.cpp's
+        assert direct["top1"] >= 0.93 and direct["kl_mean"] <= 0.008, (name, direct)
+        assert o["top1"] >= t["top1"] - 0.03, (name, o, t)
     assert np.mean(ours_all) <= 1.25 * np.mean(theirs_all)
 
 
