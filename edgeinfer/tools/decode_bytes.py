@@ -56,15 +56,15 @@ class DecodeBytes:
     def weight_bytes(self) -> int:
         return sum(self.weights.values())
 
-    def kv_read(self, depth: int, kv: str = "f16") -> int:
+    def kv_read(self, depth: float, kv: str = "f16") -> int:
         """Every layer's K and V for `depth` cells (a sliding-window layer reads fewer: an upper bound)."""
         return int(round(self.n_layer * self.kv_row_elems * depth * KV_TYPES[kv]))
 
-    def per_token(self, depth: int, kv: str = "f16") -> int:
+    def per_token(self, depth: float, kv: str = "f16") -> int:
         """Bytes a token decoded with `depth` cells of context reads: weights + KV."""
         return self.weight_bytes + self.kv_read(depth, kv)
 
-    def by_stage(self, depth: int, kv: str = "f16") -> dict[str, int]:
+    def by_stage(self, depth: float, kv: str = "f16") -> dict[str, int]:
         """Bytes per token by profile stage at that depth: the weights, the KV read (attention)
         and the K/V row written (rope_kv)."""
         out = dict(self.weights)
