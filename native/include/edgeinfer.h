@@ -96,6 +96,22 @@ ei_status ei_kernel_geglu(int isa, float *gate, const float *up, int64_t n);
 ei_status ei_kernel_conv1d(int isa, const float *w, int K, int64_t ch, float *state, const float *x,
                            int64_t n_tok, float *y);
 
+/* Qwen3.5's gated delta rule over n_tok tokens and n_heads value heads (value head h reads key
+ * head h % n_k_heads): q, k [n_tok][n_k_heads][dk] (q already scaled), v [n_tok][n_heads][dv],
+ * g (log decays, <= 0) and beta [n_tok][n_heads], state [n_heads][dk][dv], o [n_tok][n_heads][dv]:
+ *   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q.
+ * chunk 0: token by token (decode); chunk > 0: by chunks of that many tokens (prefill). */
+ei_status ei_kernel_delta_rule(int isa, int chunk, const float *q, const float *k, const float *v, const float *g,
+                               const float *beta, int64_t n_tok, int n_heads, int n_k_heads, int dk, int dv,
+                               float *state, float *o);
+
+/* x[r] *= scale / sqrt(sum x[r]^2 + eps) for n_rows rows of d floats (delta-net q and k). */
+ei_status ei_kernel_l2norm(int isa, float *x, int64_t n_rows, int64_t d, float eps, float scale);
+
+/* x[r] = x[r] / sqrt(mean x[r]^2 + eps) * w * silu(gate[r]) for n_rows rows of d floats. */
+ei_status ei_kernel_gated_rms_norm(int isa, float *x, const float *w, const float *gate, int64_t n_rows, int64_t d,
+                                   float eps);
+
 /* ---- Model: weights live in memory the caller owns (the GGUF mmap) ---- */
 /* Which families exist is Python's business (edgeinfer/arch/table.py); C sees only the
  * hyperparameters and the features the forward pass switches on. */

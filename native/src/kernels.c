@@ -166,6 +166,11 @@ int64_t ei_row_bytes(int type, int64_t n) {
 #define DEQ_SCALAR(T, name) SET_DEQ(T, name, scalar)
 #define DOT_SCALAR(T, name) SET_DOT(T, name, scalar)
 
+/* deltanet.h's four kernels of one ISA */
+#define DELTANET(k, sfx)                                                                              \
+    k->delta_step = ei_delta_step_##sfx, k->delta_chunked = ei_delta_chunked_##sfx, k->l2norm = ei_l2norm_##sfx, \
+    k->gated_norm = ei_gated_norm_##sfx;
+
 /* The references: every type, F16 and Q8_0 attention through ei_attn_pick's fallback. */
 static void fill_scalar(ei_kernels *k) {
     FLOAT_TYPES(DEQ_SCALAR) QUANT_TYPES(DEQ_SCALAR)
@@ -174,6 +179,7 @@ static void fill_scalar(ei_kernels *k) {
     k->swiglu = ei_swiglu_scalar;
     k->geglu = ei_geglu_scalar;
     k->conv1d = ei_conv1d_scalar;
+    DELTANET(k, scalar)
     k->to_f16 = ei_to_f16_scalar;
     k->name = "scalar";
 }
@@ -203,6 +209,7 @@ static void fill_avx2(ei_kernels *k) {
     k->swiglu = ei_swiglu_avx2;
     k->geglu = ei_geglu_avx2;
     k->conv1d = ei_conv1d_avx2;
+    DELTANET(k, avx2)
     k->to_f16 = ei_to_f16_f16c;
     k->name = "avx2";
 }
@@ -231,6 +238,7 @@ static void fill_avx512(ei_kernels *k) {
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
     k->geglu = ei_geglu_avx512;
     k->conv1d = ei_conv1d_avx512;
+    DELTANET(k, avx512)
     k->name = "avx512";
 }
 #endif
@@ -263,6 +271,7 @@ static void fill_neon(ei_kernels *k, int dotprod) {
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
     k->geglu = ei_geglu_neon;
     k->conv1d = ei_conv1d_neon;
+    DELTANET(k, neon)
     k->to_f16 = ei_to_f16_neon;
     k->name = dotprod ? "neon+dotprod" : "neon";
 }

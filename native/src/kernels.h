@@ -4,6 +4,7 @@
 #define EI_KERNELS_H
 #include <stdint.h>
 #include "edgeinfer.h"
+#include "deltanet.h"
 
 /* 8-bit activation block: x[i] ~= d * q[i]; s = d * sum(q) (for weight types with a min/offset). */
 #define EI_QA_BLOCK 32
@@ -111,6 +112,9 @@ typedef struct ei_kernels {
     ei_swiglu_fn swiglu;
     ei_swiglu_fn geglu;   /* same signature: gate = gelu_tanh(gate) * up */
     ei_conv1d_fn conv1d;
+    ei_delta_fn delta_step, delta_chunked;   /* deltanet.h */
+    ei_l2norm_fn l2norm;
+    ei_gated_norm_fn gated_norm;
     ei_to_f16_fn to_f16;
 } ei_kernels;
 

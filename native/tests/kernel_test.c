@@ -377,6 +377,36 @@ static void test_attention(int isa, const char *pname) {
     }
 }
 
+/* The Gated DeltaNet kernels at this ISA vs scalar (deltanet.c): the delta rule token by token
+ * and by chunks of 16 and 64 (tiled value heads, dv not a vector multiple), L2 norm, gated RMSNorm. */
+static void test_deltanet(int isa, const char *pname) {
+    enum { N = 70, NHV = 4, NHK = 2, DK = 32, DV = 20 };
+    static float q[N * NHK * DK], k[N * NHK * DK], v[N * NHV * DV], g[N * NHV], b[N * NHV];
+    static float s0[NHV * DK * DV], s1[NHV * DK * DV], o0[N * NHV * DV], o1[N * NHV * DV];
+    for (int i = 0; i < N * NHK * DK; i++) q[i] = rnd_unit() * 0.2f, k[i] = rnd_unit() * 0.2f;
+    for (int i = 0; i < N * NHV * DV; i++) v[i] = rnd_unit();
+    for (int i = 0; i < N * NHV; i++) g[i] = -0.3f * (rnd_unit() + 1.0f), b[i] = 0.5f + 0.4f * rnd_unit();
+    static const int chunks[] = {0, 16, 64};
+    for (int ci = 0; ci < 3; ci++) {
+        for (int i = 0; i < NHV * DK * DV; i++) s0[i] = s1[i] = 0.1f * rnd_unit();
+        int ok = ei_kernel_delta_rule(EI_ISA_SCALAR, chunks[ci], q, k, v, g, b, N, NHV, NHK, DK, DV, s0, o0) == EI_OK &&
+                 ei_kernel_delta_rule(isa, chunks[ci], q, k, v, g, b, N, NHV, NHK, DK, DV, s1, o1) == EI_OK;
+        double e = ok ? nmse(o1, o0, N * NHV * DV) + nmse(s1, s0, NHV * DK * DV) : INFINITY;
+        char what[48];
+        snprintf(what, sizeof what, "delta rule chunk %d", chunks[ci]);
+        check(e <= 1e-10, "%s [%s]: NMSE %.3g vs scalar", what, pname, e);
+    }
+    memcpy(o1, v, sizeof(float) * N * NHV * DV);
+    memcpy(o0, v, sizeof(float) * N * NHV * DV);
+    int ok = ei_kernel_l2norm(EI_ISA_SCALAR, o0, N * NHV, DV, 1e-6f, 0.5f) == EI_OK &&
+             ei_kernel_l2norm(isa, o1, N * NHV, DV, 1e-6f, 0.5f) == EI_OK;
+    check(ok && nmse(o1, o0, N * NHV * DV) <= 1e-12, "%s [%s]: NMSE %.3g vs scalar", "l2norm", pname, nmse(o1, o0, N * NHV * DV));
+    ok = ei_kernel_gated_rms_norm(EI_ISA_SCALAR, o0, q, v, N * NHV, DV, 1e-6f) == EI_OK &&
+         ei_kernel_gated_rms_norm(isa, o1, q, v, N * NHV, DV, 1e-6f) == EI_OK;
+    check(ok && nmse(o1, o0, N * NHV * DV) <= 1e-10, "%s [%s]: NMSE %.3g vs scalar", "gated rms norm", pname,
+          nmse(o1, o0, N * NHV * DV));
+}
+
 /* ---------------- tiny end-to-end forward ---------------- */
 
 enum { L_N = 2, D = 64, NH = 4, NKV = 2, HD = 16, FF = 128, VOCAB = 96 };
@@ -620,6 +650,7 @@ int main(int argc, char **argv) {
         test_packed_k(&paths[pi]);
         test_public_api(paths[pi].isa, paths[pi].name);
         test_attention(paths[pi].isa, paths[pi].name);
+        test_deltanet(paths[pi].isa, paths[pi].name);
         printf("  %-14s kernels: %s\n", paths[pi].name, n_fail == before ? "ok" : "FAILED");
     }
     test_forward(ref);
