@@ -55,7 +55,8 @@ def _chat_body(b: CountTokensBody) -> dict:
     if isinstance(b, MessagesBody):
         chat.update({k: v for k, v in (("max_tokens", b.max_tokens), ("stream", b.stream),
                                        ("temperature", b.temperature), ("top_p", b.top_p),
-                                       ("top_k", b.top_k)) if v is not None})
+                                       ("top_k", b.top_k), ("seed", b.seed), ("ignore_eos", b.ignore_eos),
+                                       ("logit_bias", b.logit_bias)) if v is not None})
     if b.tools:
         chat["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                            "parameters": t.input_schema}} for t in b.tools]

@@ -384,3 +384,7 @@ class MessagesBody(CountTokensBody):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     metadata: dict | None = None
+    # the chat route's extensions
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict | None = None
