@@ -1,7 +1,22 @@
-"""LFM2 (short-conv + GQA hybrid) end to end: llama.cpp's F32 file of a tiny random checkpoint
-against transformers (no worse than llama.cpp itself), the conv kernel of every ISA against
-numpy, and the recurrent state through prefix reuse against a fresh engine."""
+"""LFM2 (short-conv + GQA hybrid) from checkpoint to tokens, on tiny random checkpoints of two
+layouts (tests/support/tiny_checkpoints.py: GQA 2:1 and 4:1, conv and attention interleaved):
+
+* our converter writes what llama.cpp's writes (the gguf package reads both: the same lfm2 keys
+  and value types, the same tensors), also for a config.json whose feed-forward width the
+  checkpoint adjusts (block_auto_adjust_ff_dim); each runtime loads the other's file;
+* the float64 reference (edgeinfer/arch/reference.py) against transformers;
+* F32 logits against transformers: no worse than llama.cpp's own difference on its file;
+* Q8_0 and Q4_K_M against llama.cpp on the same file (KL, top-1 beyond near ties), and 32 greedy
+  tokens identical to llama.cpp's on a trained tiny model;
+* the recurrent state: prefix reuse, an n = 2 sibling, speculative rollback and a sliding ring
+  each give a fresh engine's greedy tokens; a skipped restore is caught;
+* bad input: an unknown layer_types entry, a conv weight that disagrees with shortconv.l_cache.
+"""
 from __future__ import annotations
+
+import json
+import random
+import shutil
 
 import numpy as np
 import pytest
@@ -11,20 +26,96 @@ from tests.support.strict import require
 torch = require("torch")
 tf = require("transformers")
 llama_cpp = require("llama_cpp")
+gguf = require("gguf")
 
+import edgeinfer  # noqa: E402
 from edgeinfer._native import ffi, lib  # noqa: E402
+from edgeinfer.convert import convert_checkpoint  # noqa: E402
+from edgeinfer.engine.generation import Generation  # noqa: E402
+from edgeinfer.engine.sampling import SamplingParams  # noqa: E402
+from edgeinfer.errors import ConversionError, GGUFError  # noqa: E402
+from tests.support import tiny_checkpoints as tc  # noqa: E402
+from tests.support.llama_cpp_convert import convert as llama_cpp_convert  # noqa: E402
+from tests.support.llama_oracle import (Q8_0_TIE_GAP, greedy_differences, kl_divergence,  # noqa: E402
+                                        llama_logits, top1_errors)
+
+pytestmark = [pytest.mark.oracle]
+torch.set_num_threads(1)
 
 IDS = list(range(5, 45))
+LAYOUTS = ("lfm2", "lfm2_gqa4")
 
 
-@pytest.fixture(scope="module", params=["lfm2", "lfm2_gqa4"])
+@pytest.fixture(scope="module", params=LAYOUTS)
 def lfm2(request, tmp_path_factory):
-    from tests.support import tiny_checkpoints as tc
-    from tests.support.llama_cpp_convert import convert
-
+    """(checkpoint, {our f32 / q8_0 / q4_k_m files, llama.cpp's converter's f32 file: "lcpp"})."""
     d = tmp_path_factory.mktemp(request.param)
     src = tc.build(request.param, d / "hf")
-    return src, convert(src, d / "f32.gguf", "f32", d / "tmp", pre="lfm2")
+    files = {ft: d / f"{ft}.gguf" for ft in ("f32", "q8_0", "q4_k_m")}
+    for ft, path in files.items():
+        convert_checkpoint(str(src), str(path), ft)
+    files["lcpp"] = llama_cpp_convert(src, d / "lcpp.gguf", "f32", d / "tmp", pre="lfm2")
+    return src, files
+
+
+def _read(path):
+    r = gguf.GGUFReader(str(path))
+    kv = {k: (f.contents(), [gguf.GGUFValueType(t).name for t in f.types])
+          for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    return kv, {t.name: (tuple(int(x) for x in t.shape), t.tensor_type.name, np.array(t.data)) for t in r.tensors}
+
+
+def _assert_files_alike(ours, theirs):
+    kv_a, t_a = _read(ours)
+    kv_b, t_b = _read(theirs)
+    assert sorted(t_a) == sorted(t_b)
+    for name, (shape, ttype, data) in t_b.items():
+        assert t_a[name][:2] == (shape, ttype), name
+        np.testing.assert_array_equal(t_a[name][2], data, err_msg=name)
+    for k in [k for k in kv_b if k.startswith("lfm2.")] + ["general.architecture", "tokenizer.ggml.pre",
+                                                          "tokenizer.ggml.tokens", "tokenizer.ggml.merges"]:
+        (a, ta), (b, tb) = kv_a.get(k, (None, None)), kv_b[k]
+        assert ta == tb, (k, ta, tb)
+        assert a == (pytest.approx(b, rel=1e-6) if isinstance(b, float) else b), k
+    assert not [k for k in kv_a if k.startswith("lfm2.") and k not in kv_b]
+
+
+def test_converter_writes_what_llama_cpp_writes(lfm2):
+    _, files = lfm2
+    _assert_files_alike(files["f32"], files["lcpp"])
+
+
+def test_adjusted_feed_forward_width_as_llama_cpp_writes_it(lfm2, tmp_path):
+    """block_auto_adjust_ff_dim: the blocks are 2/3 of intermediate_size, times the multiplier,
+    rounded up to block_multiple_of (240 -> 160 here, the width the tensors have)."""
+    src, _ = lfm2
+    d = tmp_path / "adjusted"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(intermediate_size=240, block_auto_adjust_ff_dim=True, block_multiple_of=32,
+               block_ffn_dim_multiplier=1.0)
+    (d / "config.json").write_text(json.dumps(cfg))
+    ours = convert_checkpoint(str(d), str(tmp_path / "ei.gguf"), "f32").path
+    theirs = llama_cpp_convert(d, tmp_path / "lcpp.gguf", "f32", tmp_path / "tmp", pre="lfm2")
+    _assert_files_alike(ours, theirs)
+    assert _read(ours)[0]["lfm2.feed_forward_length"][0] == 160
+
+
+def test_llama_cpp_runs_our_file_as_its_own(lfm2):
+    _, files = lfm2
+    np.testing.assert_array_equal(llama_logits(files["f32"], IDS), llama_logits(files["lcpp"], IDS))
+
+
+def test_reference_matches_transformers(lfm2):
+    from tests.support.reference_forward import ReferenceModel
+
+    src, files = lfm2
+    m = tf.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float64).eval()
+    with torch.no_grad():
+        want = m(torch.tensor([IDS])).logits[0].numpy()
+    got = ReferenceModel(files["f32"]).logits(IDS)
+    # the file's float32 weights bound the agreement
+    assert np.abs(got - want).max() < 2e-5 * max(1.0, np.abs(want).max())
 
 
 def _transformers_logits(src) -> np.ndarray:
@@ -33,35 +124,166 @@ def _transformers_logits(src) -> np.ndarray:
         return m(torch.tensor([IDS])).logits[0].numpy()
 
 
-def _llama_logits(gguf) -> np.ndarray:
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=128, logits_all=True, verbose=False, n_threads=2)
-    llm.eval(IDS)
-    return np.array(llm.scores[:len(IDS)], dtype=np.float32)
-
-
 def test_f32_logits_match_transformers_as_llama_cpp_does(lfm2):
-    import edgeinfer
-
-    src, gguf = lfm2
+    src, files = lfm2
     ref = _transformers_logits(src)
-    ours = np.abs(edgeinfer.load(str(gguf), n_ctx=128).logits(IDS) - ref).max()
-    theirs = np.abs(_llama_logits(gguf) - ref).max()
+    ours = np.abs(edgeinfer.load(str(files["lcpp"]), n_ctx=128).logits(IDS) - ref).max()
+    theirs = np.abs(llama_logits(files["lcpp"], IDS) - ref).max()
     assert ours <= max(1.5 * theirs, 1e-3), (ours, theirs)
+
+
+@pytest.mark.parametrize("ft", ["q8_0", "q4_k_m"])
+def test_quantized_kl_and_top1_vs_llama_cpp(lfm2, ft):
+    """Mean KL(llama.cpp || edgeinfer) <= 0.01 on the same file; no top token that llama.cpp
+    puts beyond a near tie below its own (the tiny rows of 64 send Q4_K_M's K-quants to their
+    fallbacks, as in llama.cpp)."""
+    _, files = lfm2
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, 300, 80)]
+    with edgeinfer.load(str(files[ft]), n_ctx=256, n_threads=2) as e:
+        ours = e.logits(ids)
+    theirs = llama_logits(files[ft], ids)
+    kl = float(kl_divergence(theirs, ours).mean())
+    wrong = top1_errors(theirs, ours, Q8_0_TIE_GAP)
+    print(f"\nlfm2 {ft}: mean KL(llama.cpp || edgeinfer) {kl:.2e}, "
+          f"top-1 {np.mean(theirs.argmax(-1) == ours.argmax(-1)):.3f}, wrong beyond a tie {wrong}")
+    assert kl <= 0.01 and not wrong, (kl, wrong)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The lfm2 layout trained to continue a sequence (tiny_checkpoints.memorize), as Q8_0."""
+    d = tmp_path_factory.mktemp("lfm2_trained")
+    src = tc.build("lfm2", d / "hf")
+    seq = tc.memorize(src)
+    path = d / "q8_0.gguf"
+    convert_checkpoint(str(src), str(path), "q8_0")
+    return path, seq
+
+
+def test_greedy_32_tokens_identical_to_llama_cpp(trained):
+    path, seq = trained
+    with edgeinfer.load(str(path), n_ctx=1024, n_threads=2) as e:
+        diffs = greedy_differences(
+            path, seq, lambda p, n: e.generate(p, max_tokens=n, temperature=0.0, ignore_eos=True).tokens)
+    assert not diffs, diffs
+
+
+# ----------------------------------------------------------------- the recurrent state
+N_NEW = 16
+GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True)
+
+
+def _fresh(path, prompt, n_ctx: int = 128, **load) -> list[int]:
+    with edgeinfer.load(str(path), n_ctx=n_ctx, n_threads=2, **load) as e:
+        return e.generate(prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True).tokens
 
 
 def test_prefix_reuse_gives_a_fresh_engines_tokens(lfm2):
     """The second prompt extends the first: the engine resumes from the state kept at the
     first prompt's end, and must give a fresh engine's greedy tokens."""
-    import edgeinfer
-
-    _, gguf = lfm2
+    _, files = lfm2
     first, second = IDS[:20], IDS[:20] + [7, 9, 11, 13]
-    fresh = edgeinfer.load(str(gguf), n_ctx=128).generate(second, max_tokens=12, temperature=0).text
-    eng = edgeinfer.load(str(gguf), n_ctx=128)
-    eng.generate(first, max_tokens=6, temperature=0)
-    assert eng.generate(second, max_tokens=12, temperature=0).text == fresh
+    with edgeinfer.load(str(files["lcpp"]), n_ctx=128) as eng:
+        eng.generate(first, max_tokens=6, temperature=0)
+        got = eng.generate(second, max_tokens=N_NEW, temperature=0, ignore_eos=True)
+    assert got.stats.cached_tokens > 0
+    assert got.tokens == _fresh(files["lcpp"], second)
 
 
+def test_an_n2_sibling_gives_a_fresh_engines_tokens(trained):
+    """Two requests for one prompt at once (n = 2): the second takes the first's cells and
+    kept state, and both must give a fresh engine's tokens."""
+    path, seq = trained
+    prompt = [int(i) for i in seq[:12]]
+    want = _fresh(path, prompt)
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2, n_slots=2) as eng:
+        gens = [Generation(eng.scheduler, prompt, GREEDY) for _ in range(2)]
+        got = [g.result() for g in gens]
+    assert [g.tokens for g in got] == [want, want]
+
+
+class _Proposer:
+    """Drafts a random run of the true continuation, then wrong tokens: a rejection (a rollback
+    of the cells and the recurrent state) at every step."""
+
+    def __init__(self, prompt: list[int], want: list[int], seed: int = 7):
+        self.prompt, self.want, self.rng = prompt, want, random.Random(seed)
+
+    def propose(self, history, k):
+        done = len(history) - len(self.prompt)
+        good = self.want[done:done + self.rng.randint(0, k - 1)]
+        return good + [self.rng.randrange(3, 300) for _ in range(k - len(good))]
+
+
+def test_speculative_rejections_give_a_fresh_engines_tokens(lfm2):
+    _, files = lfm2
+    prompt = IDS[:24]
+    want = _fresh(files["lcpp"], prompt)
+    with edgeinfer.load(str(files["lcpp"]), n_ctx=128, n_threads=2, speculative="lookup") as eng:
+        eng.scheduler.lookup = _Proposer(prompt, want)
+        got = eng.generate(prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True)
+    assert got.stats.spec_accepted < got.stats.spec_proposed, got.stats   # drafts were rolled back
+    assert got.stats.spec_accepted > 0
+    assert got.tokens == want
+
+
+def test_a_slid_ring_keeps_the_conv_state(lfm2):
+    """A ring of 32 cells slides under a 24-token prompt and 48 new tokens; the attention layers
+    forget, the conv layers' state runs on. The engine's logits after the slide must be the
+    float64 reference's through the same ring, and the engine then serves a fresh engine's
+    tokens on its next request."""
+    from tests.support.reference_forward import ReferenceModel
+
+    _, files = lfm2
+    cap, sink = 32, 4
+    long = IDS[:24]
+    with edgeinfer.load(str(files["f32"]), n_ctx=cap, n_sink=sink, overflow="slide", n_threads=2) as eng:
+        assert (eng.ring.capacity, eng.ring.n_sink) == (cap, sink)
+        toks = eng.generate(long, max_tokens=48, temperature=0, ignore_eos=True).tokens
+        seq = long + toks[:-1]
+        rows = ReferenceModel(files["f32"]).logits(seq, ring=(cap, sink))[len(long) - 1:]
+        # each token is the reference's top one, or within a near tie of it (F16 KV cells)
+        gaps = rows.max(-1) - rows[np.arange(len(toks)), toks]
+        assert gaps.max() <= Q8_0_TIE_GAP, gaps
+        second = eng.generate(IDS[:10], max_tokens=N_NEW, temperature=0, ignore_eos=True).tokens
+    assert second == _fresh(files["f32"], IDS[:10], n_ctx=cap, n_sink=sink, overflow="slide")
+
+
+# ----------------------------------------------------------------- bad input
+def test_unknown_layer_type_is_named(lfm2, tmp_path):
+    src, _ = lfm2
+    d = tmp_path / "bad"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["layer_types"][1] = "sliding_attention"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match=r"layer_types entry 'sliding_attention'"):
+        convert_checkpoint(str(d), str(tmp_path / "x.gguf"), "f32")
+
+
+def test_conv_taps_disagreeing_with_l_cache_are_named(lfm2, tmp_path):
+    """A file whose shortconv.l_cache says 4 taps while its conv weights hold 3."""
+    _, files = lfm2
+    r = gguf.GGUFReader(str(files["f32"]))
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "lfm2")
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        val = 4 if k == "lfm2.shortconv.l_cache" else f.contents()
+        vt = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(k, val, vt, sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match=r"lfm2\.shortconv\.l_cache"):
+        edgeinfer.load(str(tmp_path / "bad.gguf"), n_ctx=64)
+
+
+# ----------------------------------------------------------------- kernels
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "neon"])
 def test_conv1d_kernel_matches_numpy(isa):
     level = getattr(lib, "EI_ISA_" + isa.upper())

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import GGUFError
 from .deltanet import deltanet_layer
+from .shortconv import shortconv_layer
 from .table import Arch, HeadDims, RecurrentDims, get_arch
 
 __all__ = ["ForwardParams", "Reference", "Layer", "Positions", "is_local_layer", "rms_norm", "rotate",
@@ -83,7 +84,7 @@ class ForwardParams(HeadDims, RecurrentDims):
             return v
 
         n_layer, n_embd, n_head = int(get("n_layer")), int(get("n_embd")), int(get("n_head"))
-        n_head_kv = int(get("n_head_kv", n_head))
+        n_head_kv = get("n_head_kv", n_head)
         head_dim = int(get("head_dim", n_embd // n_head))
         if float(get("attn_softcap", 0.0)):
             raise GGUFError(f"{arch.key('attn_softcap')}: attention logit softcapping is not implemented")
@@ -95,6 +96,10 @@ class ForwardParams(HeadDims, RecurrentDims):
         else:
             local = {i for i in range(n_layer) if is_local_layer(i, window, int(pattern))}
         hybrid = {}
+        if "conv_kernel" in arch.keys:      # LFM2: head_count_kv per layer, 0 on a short-conv layer
+            kv = [int(v) for v in (n_head_kv if isinstance(n_head_kv, (list, tuple)) else [n_head_kv] * n_layer)]
+            n_head_kv = max(kv)
+            hybrid = dict(layer_kinds=tuple("attention" if v else "shortconv" for v in kv))
         if "ssm_head_dim" in arch.keys:     # block_count counts the MTP blocks after the trunk
             n_layer -= int(get("n_mtp", 0))
             flags = get("recurrent_layers")
@@ -102,7 +107,7 @@ class ForwardParams(HeadDims, RecurrentDims):
                           ssm_head_dim=int(get("ssm_head_dim")), ssm_k_heads=int(get("ssm_k_heads")),
                           ssm_v_heads=int(get("ssm_v_heads")))
         return cls(
-            arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=int(get("n_ff")), n_head=n_head, n_head_kv=n_head_kv,
+            arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=int(get("n_ff")), n_head=n_head, n_head_kv=int(n_head_kv),
             head_dim=head_dim, rope_dim=int(get("rope_dim", head_dim)),
             rope_theta=float(get("rope_theta", 10000.0)), rms_eps=float(get("rms_eps")),
             rope_freq_scale=1.0 / factor if factor else 1.0,
@@ -306,6 +311,8 @@ class Layer:
         a, t["an"], t["ar"] = rms_norm(x, w["attn_norm"], eps)
         if p.layer_kinds and p.layer_kinds[self.index] == "recurrent":
             return self._ffn(x + deltanet_layer(a, w, p), t, trace)
+        if p.layer_kinds and p.layer_kinds[self.index] == "shortconv":
+            return self._ffn(x + shortconv_layer(a, w)[0], t, trace)
         q = self.linear(a, "attn_q").reshape(n, nh, -1)
         gate = q[:, :, hd:].reshape(n, nh * hd) if a_.attn_gate else None   # each head: query, then gate
         q = q[:, :, :hd].transpose(1, 0, 2)

@@ -182,7 +182,7 @@ class HParams(HeadDims, RecurrentDims, FamilySwitches):
             kv.append((key("attn_scale"), self.attn_scale, "FLOAT32"))
         if self.final_softcap:
             kv.append((key("final_softcap"), self.final_softcap, "FLOAT32"))
-        if self.layer_kinds:        # as llama.cpp's converter writes a Qwen3.5
+        if self.ssm_head_dim:       # as llama.cpp's converter writes a Qwen3.5
             kv += [(key("rope_sections"), [*self.rope_sections, 0][:4], "INT32"),
                    (key("ssm_conv_kernel"), self.ssm_conv_kernel, "UINT32"),
                    (key("ssm_head_dim"), self.ssm_head_dim, "UINT32"),
@@ -424,7 +424,7 @@ class TensorMap:
         return {w.hf: w.shape for w in self.hp.arch.weights(self.hp) if w.hf is not None}
 
     def transform(self, hf: str) -> Callable[[np.ndarray], np.ndarray] | None:
-        if self.hp.layer_kinds:
+        if self.hp.ssm_head_dim:
             return self._deltanet_transform(hf)
         shift = self.hp.arch.norm_shift
         if shift:   # Gemma's norms scale by (1 + w): stored shifted, as llama.cpp's converter does

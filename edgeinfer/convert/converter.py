@@ -18,6 +18,7 @@ from ..progress import bar, status
 from ..arch import arch_for_hf
 from .arch import HParams, TensorMap
 from .gemma4 import Gemma4HParams
+from .lfm2 import Lfm2HParams
 from .checkpoint import Checkpoint
 from .lora import LoraAdapter
 from .quantize import quantize, row_nbytes
@@ -105,7 +106,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     ft = parse_file_type(file_type)
     keeps = parse_keep(keep)
     ckpt = Checkpoint(checkpoint_dir)
-    family = Gemma4HParams if arch_for_hf(ckpt.config)[0].name == "gemma4" else HParams   # its own sizes per layer
+    family = {"gemma4": Gemma4HParams, "lfm2": Lfm2HParams}.get(   # their own sizes per layer
+        arch_for_hf(ckpt.config)[0].name, HParams)
     hp = family.from_config(ckpt.config, keep_mtp=keep_mtp)
     tmap = TensorMap(hp)
     ckpt.rename(tmap.canonical_name)

@@ -1,6 +1,7 @@
 """Output types and the per-tensor type recipe (llama.cpp's rules for its file types).
 
-Rules, for a 2-D weight (1-D tensors -- norms, biases, rope factors -- are always F32):
+Rules, for a 2-D weight (1-D tensors -- norms, biases, rope factors -- and recurrent layers'
+conv taps are always F32):
 * the output head (or, with tied embeddings, token_embd) is Q6_K for every quantized type
   except Q8_0 (which keeps Q8_0), or Q8_0 when its rows are not a multiple of 256;
 * q4_k_m / q5_k_m: attn_v and ffn_down are Q6_K on the first and last eighth of the layers
@@ -46,6 +47,9 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("q6_k", T.Q6_K, 18),
 )}
 _FLOAT = {T.F32, T.F16, T.BF16}
+# recurrent layers' conv taps (a few per channel) stay F32 in every file type, as llama.cpp
+# keeps them; the runtimes read them as F32
+_CONV_TAPS = re.compile(r"\.(ssm_conv1d|shortconv\.conv)\.weight$")
 _FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 _TYPE_NAMES = {t.name.lower(): t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0,
                                            T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)}
@@ -98,7 +102,7 @@ class Recipe:
 
     def choose(self, name: str, shape: tuple[int, ...]) -> T:
         """The GGML type of GGUF tensor `name` with GGML shape `shape` (ne0 first)."""
-        if len(shape) < 2:
+        if len(shape) < 2 or _CONV_TAPS.search(name):
             return T.F32
         nx = shape[0]
         kept = self.override(name, shape)
