@@ -2,7 +2,7 @@
 
 Two engines in one process disturb each other: their thread pools, allocators and caches
 share the process, and on some hosts that costs one engine more than the other (see
-docs/performance.md, run F). ``ProcessRunner`` keeps bench's interleaved schedule but runs
+docs/performance-log.md, run F). ``ProcessRunner`` keeps bench's interleaved schedule but runs
 each engine in a child of its own, driven over a pipe: one JSON line per call, one JSON line
 back. Timings are taken inside the child, exactly as the in-process runners take them.
 """
