@@ -152,28 +152,32 @@ def test_router_loses_no_request_when_a_server_is_killed_mid_load(servers):
         assert r.choices[0].message.content
 
 
-def _stream(url: str, started: threading.Event, out: dict) -> None:
+def _stream(url: str, started: threading.Event, out: dict, max_tokens: int = 200) -> None:
     """A streamed chat request: `started` once its first token arrives (it holds a slot), then
-    read to the end into `out` (content, finish_reason, usage, whether [DONE] came)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 200,
+    read to the end into `out` (content, finish_reason, usage, whether [DONE] came, whether the
+    server cut it)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    pieces, out["done"] = [], False
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
-        out["status"] = r.status_code
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                out["done"] = True
-                continue
-            chunk = json.loads(line[6:])
-            for c in chunk.get("choices", []):
-                pieces.append(c["delta"].get("content") or "")
-                if c["delta"].get("content"):
-                    started.set()
-                out["finish_reason"] = c["finish_reason"] or out.get("finish_reason")
-            if chunk.get("usage"):
-                out["usage"] = chunk["usage"]
+    pieces, out["done"], out["cut"] = [], False, False
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+            out["status"] = r.status_code
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    out["done"] = True
+                    continue
+                chunk = json.loads(line[6:])
+                for c in chunk.get("choices", []):
+                    pieces.append(c["delta"].get("content") or "")
+                    if c["delta"].get("content"):
+                        started.set()
+                    out["finish_reason"] = c["finish_reason"] or out.get("finish_reason")
+                if chunk.get("usage"):
+                    out["usage"] = chunk["usage"]
+    except httpx.RemoteProtocolError:
+        out["cut"] = True                  # the server closed the stream before its end
     out["content"] = "".join(pieces)
 
 
@@ -208,9 +212,31 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(servers):
     exit_status = srv.proc.wait(timeout=300)
     print(f"\ndrain: 2 in-flight streams finished; SIGTERM to exit {time.monotonic() - t_term:.2f} s")
     for o in outs:
-        assert o["status"] == 200 and o["done"] and o["finish_reason"] == "length", o
+        assert o["status"] == 200 and o["done"] and not o["cut"] and o["finish_reason"] == "length", o
         assert o["usage"]["completion_tokens"] == 200 and o["content"]
     assert exit_status == 0
+
+
+def test_a_second_sigterm_ends_the_drain(smollm2_path):
+    """A second signal during the drain stops waiting: a stream of 4000 tokens (a sliding
+    context) still in flight is cut (no [DONE]), the server says it cancelled it and exits 0
+    without waiting out --drain-timeout."""
+    srv = Server(smollm2_path, "--overflow", "slide", "--drain-timeout", "600")
+    try:
+        srv.wait_for_log("ready:")
+        out, started = {}, threading.Event()
+        stream = threading.Thread(target=_stream, args=(srv.url, started, out, 4000))
+        stream.start()
+        assert started.wait(120), out
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.wait_for_log("shutting down")
+        srv.proc.send_signal(signal.SIGTERM)
+        assert "cancelling 1 request(s)" in srv.wait_for_log("drain ended")
+        assert srv.proc.wait(timeout=60) == 0
+        stream.join(60)
+        assert out["cut"] and not out["done"] and "usage" not in out, out
+    finally:
+        srv.stop()
 
 
 # --------------------------------------------------------------------------- the deploy/ files

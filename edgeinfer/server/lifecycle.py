@@ -4,7 +4,8 @@ On SIGTERM (a supervisor, `docker stop`, Kubernetes after its preStop hook) the 
 new requests get 503 with Retry-After, /ready answers 503 while /health stays 200, and the
 requests already in flight run to their end, up to the drain timeout; then it closes and the
 process exits 0. A router (LiteLLM, a Kubernetes Service) moves the 503'd requests to another
-server. A second signal during the drain stops waiting (an operator's second Ctrl-C).
+server. A second signal during the drain stops waiting (an operator's second Ctrl-C); what is
+still running then gets aiohttp's shutdown grace (about two seconds) and is cut.
 """
 from __future__ import annotations
 
