@@ -15,6 +15,7 @@ from tests.test_server import request
 
 anthropic = require("anthropic", "the anthropic client is the /v1/messages oracle")
 openai = require("openai", "the openai client is the chat route's oracle")
+jsonschema = require("jsonschema", "jsonschema validates the stream events")
 
 GREEDY = {"temperature": 0.0}
 SYSTEM = "You are a helpful assistant. Be brief."
@@ -86,6 +87,11 @@ def test_stream_events_come_in_anthropic_order(server):
     assert st == 200 and hdrs["Content-Type"].startswith("text/event-stream")
     events = [dict(line.split(": ", 1) for line in e.split("\n")) for e in body.split("\n\n") if e]
     names = [e["event"] for e in events]
+    _, _, doc = request(server.url + "/openapi.json")     # each event as the document gives it
+    event = doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    schema = {**event["properties"]["data"]["contentSchema"], "components": doc["components"]}
+    for e in events:
+        jsonschema.validate(json.loads(e["data"]), schema)
     assert all(json.loads(e["data"])["type"] == e["event"] for e in events)
     assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert set(names[3:-3]) == {"content_block_delta"}
