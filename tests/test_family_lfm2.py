@@ -220,6 +220,7 @@ def test_speculative_rejections_give_a_fresh_engines_tokens(lfm2):
     prompt = IDS[:24]
     want = _fresh(files["lcpp"], prompt)
     with edgeinfer.load(str(files["lcpp"]), n_ctx=128, n_threads=2, speculative="lookup") as eng:
+        eng.scheduler.policy.fixed_k = 4   # the adaptive k would not draft for so small a model
         eng.scheduler.lookup = _Proposer(prompt, want)
         got = eng.generate(prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True)
     assert got.stats.spec_accepted < got.stats.spec_proposed, got.stats   # drafts were rolled back
