@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .base import Backend, Batch, Capabilities, KVPlan, Runtime
 
-__all__ = ["Backend", "Batch", "Capabilities", "KVPlan", "Runtime", "select_backend", "DEVICES"]
+__all__ = ["Backend", "Batch", "Capabilities", "KVPlan", "Runtime", "select_backend", "backend_for_model", "DEVICES"]
 
 DEVICES = ("cpu", "auto", "cuda")
 
@@ -22,3 +22,18 @@ def select_backend(device: str = "cpu", *, n_threads: int | None = None, isa: st
 
     kind, dev = select_device(device)   # device='cuda' without a usable GPU raises EdgeInferError
     return CudaBackend(dev) if kind == "cuda" else CpuBackend(n_threads, isa)
+
+
+def backend_for_model(backend: Backend, device: str, cfg, *, n_threads: int | None = None,
+                      isa: str = "best") -> Backend:
+    """`backend`, or for device="auto" the CPU (with one log line saying why) where the chosen
+    backend cannot run the model (CUDA: a hybrid's recurrent layers)."""
+    why = getattr(backend, "unsupported", lambda _cfg: None)(cfg)
+    if device != "auto" or not why:
+        return backend
+    import logging
+
+    from .cpu import CpuBackend
+
+    logging.getLogger("edgeinfer").info("device='auto': using the CPU (%s)", why)
+    return CpuBackend(n_threads, isa)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .._native import check as _check
-from ..errors import EdgeInferError
+from ..errors import EdgeInferError, UnsupportedArchitectureError
 from .base import Batch, Capabilities, KVPlan, require_kv_type
 from .cdefs import cdef_from_header
 
@@ -163,7 +163,19 @@ class CudaBackend:
     def describe(self) -> str:
         return self.device.describe()
 
+    @staticmethod
+    def unsupported(cfg) -> str | None:
+        """Why the CUDA forward cannot run `cfg`, or None: it has attention layers only."""
+        kinds = sorted(set(getattr(cfg, "layer_kinds", ()) or ()) - {"attention"})
+        if kinds:
+            return (f"the CUDA forward has no {' / '.join(kinds)} layers yet ({cfg.arch}); "
+                    f"run it with device='cpu'")
+        return None
+
     def create_runtime(self, gguf, cfg, plan: KVPlan) -> "CudaRuntime":
+        why = self.unsupported(cfg)
+        if why:
+            raise UnsupportedArchitectureError(why)
         require_kv_type(self, plan)
         # Weights go to the device; on integrated memory the host pages are dropped.
         return CudaRuntime(gguf, cfg, plan, device=self.device, drop_host_pages=self.device.integrated)
