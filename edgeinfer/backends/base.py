@@ -67,6 +67,7 @@ class Capabilities:
     recurrent_state: bool = False   # fixed-size per-slot states of recurrent layers beside the cells
     state_snapshots: bool = False   # Batch.keep_rows + Runtime.restore_state / drop_states
     max_snapshots: int = 0          # kept states per slot; past it the one after the fewest positions goes
+    state_io: bool = False          # Runtime.slot_state_size / save_slot / load_slot (the prompt cache)
 
 
 NO_ROWS = np.empty(0, dtype=np.int32)
@@ -136,6 +137,18 @@ class Runtime(Protocol):
 
     def drop_states(self, slot: int, ns: list[int]) -> None:
         """(caps.state_snapshots) Frees the states the slot kept after each of `ns` positions."""
+
+    def slot_state_size(self, n: int) -> int:
+        """(caps.state_io) Bytes of save_slot's buffer for n positions; its layout depends only on
+        the model, the KV type and n."""
+
+    def save_slot(self, slot: int, n: int) -> bytes:
+        """(caps.state_io) The slot's positions [0, n): their KV cells as the arena holds them and,
+        with caps.recurrent_state, the state after n positions. StateError where the slot does
+        not hold them unwrapped (or kept no state at n)."""
+
+    def load_slot(self, slot: int, n: int, data: bytes) -> None:
+        """(caps.state_io) The slot holds exactly save_slot's positions [0, n) again."""
 
     def profile(self, reset: bool = False) -> dict[str, float]:
         """Seconds per forward stage (caps.profile_stages) so far; {} where not measured."""

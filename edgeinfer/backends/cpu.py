@@ -74,7 +74,7 @@ class NativeRuntime:
             packed_bytes=int(lib.ei_runtime_packed_bytes(self.handle)), profile_stages=PROFILE_STAGES,
             copy_prefix=True, state_bytes=int(lib.ei_runtime_state_bytes(self.handle)),
             recurrent_state=model.cfg.is_hybrid, state_snapshots=model.cfg.is_hybrid,
-            max_snapshots=plan.n_snapshots if model.cfg.is_hybrid else 0)
+            max_snapshots=plan.n_snapshots if model.cfg.is_hybrid else 0, state_io=True)
 
     def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
         n_out = batch.n_out
@@ -106,6 +106,17 @@ class NativeRuntime:
     def drop_states(self, slot: int, ns: list[int]) -> None:
         for n in ns:
             check(lib.ei_runtime_drop_state(self.handle, slot, n), "drop_state")
+
+    def slot_state_size(self, n: int) -> int:
+        return int(lib.ei_runtime_slot_state_size(self.handle, n))
+
+    def save_slot(self, slot: int, n: int) -> bytes:
+        buf = bytearray(self.slot_state_size(n))
+        check(lib.ei_runtime_save_slot(self.handle, slot, n, ffi.from_buffer(buf), len(buf)), "save_slot")
+        return bytes(buf)
+
+    def load_slot(self, slot: int, n: int, data: bytes) -> None:
+        check(lib.ei_runtime_load_slot(self.handle, slot, n, ffi.from_buffer(data), len(data)), "load_slot")
 
     def profile(self, reset: bool = False) -> dict[str, float]:
         buf = ffi.new("double[]", len(PROFILE_STAGES))

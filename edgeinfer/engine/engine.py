@@ -17,6 +17,7 @@ from .constraint import check_logit_bias, grammar_spec
 from .generation import Completion, Generation
 from .kv import KVRing, slack_cells
 from .reasoning import ReasoningSpec, reasoning_format
+from .prompt_cache import PromptCache, model_identity
 from .runner import Runner
 from .sampling import SamplingParams
 from .tool_calls import ToolPlan, plan_tools
@@ -39,7 +40,8 @@ class Engine:
 
     def __init__(self, path: Path, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer,
                  template: ChatTemplate, runner: Runner, ring: KVRing, max_queue: int = 256,
-                 draft: DraftModel | None = None, speculative: str | None = None, spec_max_slots: int = 2):
+                 draft: DraftModel | None = None, speculative: str | None = None, spec_max_slots: int = 2,
+                 prompt_cache: PromptCache | None = None):
         self.path = path
         self.gguf = gguf
         self.config = cfg
@@ -52,7 +54,7 @@ class Engine:
         ratio = draft.runner.caps.packed_bytes / max(1, runner.caps.packed_bytes) if draft else 1.0
         self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue, draft=draft,
                                    speculative=speculative, spec_max_slots=spec_max_slots,
-                                   draft_cost_ratio=ratio if ratio > 0 else 1.0)
+                                   draft_cost_ratio=ratio if ratio > 0 else 1.0, prompt_cache=prompt_cache)
 
     @property
     def ring(self) -> KVRing:
@@ -115,10 +117,13 @@ class Engine:
     def load(cls, path: str | Path, n_ctx: int = 2048, n_threads: int | None = None, device: str = "cpu",
              n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
              isa: str = "best", max_queue: int = 256, kv_type: str = "f16", draft: str | Path | None = None,
-             speculative: str | None = None, spec_max_slots: int = 2) -> "Engine":
+             speculative: str | None = None, spec_max_slots: int = 2,
+             prompt_cache: str | Path | None = None, prompt_cache_bytes: int = 4 << 30) -> "Engine":
         """`draft`: a smaller GGUF sharing the vocabulary, for speculative="draft" (its own KV
         ring of n_slots x n_ctx cells). `speculative`: the default of generate/stream/chat
-        (None, "lookup" or "draft"); `spec_max_slots`: no speculation while more sequences decode."""
+        (None, "lookup" or "draft"); `spec_max_slots`: no speculation while more sequences decode.
+        `prompt_cache`: a directory where prompt prefixes' slot states outlive the process (at most
+        `prompt_cache_bytes` there, least recently used out; engine/prompt_cache.py)."""
         from ..hub import resolve_model
 
         check_mode(speculative)
@@ -144,8 +149,12 @@ class Engine:
         drafter = None
         if draft is not None:
             drafter = _load_draft(backend, Path(resolve_model(str(draft))), gguf, plan)
+        cache = None
+        if prompt_cache is not None:
+            cache = PromptCache(prompt_cache, model_identity(path, gguf.data_offset), kv_type,
+                                max_bytes=prompt_cache_bytes)
         return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
-                   draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots)
+                   draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots, prompt_cache=cache)
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:

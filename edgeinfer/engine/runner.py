@@ -47,6 +47,15 @@ class Runner:
         with self.lock:
             self.runtime.copy_prefix(src, dst, n)
 
+    def save_slot(self, slot: int, n: int) -> bytes:
+        """(caps.state_io) The slot's state for positions [0, n), as bytes."""
+        with self.lock:
+            return self.runtime.save_slot(slot, n)
+
+    def load_slot(self, slot: int, n: int, data: bytes) -> None:
+        with self.lock:
+            self.runtime.load_slot(slot, n, data)
+
     def restore_state(self, slot: int, n: int) -> None:
         with self.lock:
             self.runtime.restore_state(slot, n)

@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ..backends.base import NO_ROWS, Batch
+from ..errors import EdgeInferError
 from .constraint import MaskJob
 from .delivery import Delivery
 from .draft import DraftModel
 from .generation import ErrorEvent, SequenceState
 from .kv import KVRing
 from .output import OutputProcessor
+from .prompt_cache import PromptCache
 from .request import QueueFullError, Request, SchedulerClosedError, Sink
 from .runner import Runner
 from .sampling import SamplingParams
@@ -86,7 +88,7 @@ class Scheduler:
     def __init__(self, runner: Runner, ring: KVRing, tokenizer: "Tokenizer", max_queue: int = 256,
                  max_batch: int | None = None, idle_exit_s: float = 2.0, draft: DraftModel | None = None,
                  speculative: str | None = None, spec_max_slots: int = 2, spec_max_k: int = 8,
-                 draft_cost_ratio: float = 1.0):
+                 draft_cost_ratio: float = 1.0, prompt_cache: PromptCache | None = None):
         self.runner = runner
         self.ring = ring
         self.states = SequenceStates(ring, runner)
@@ -117,6 +119,9 @@ class Scheduler:
             raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         self.policy = SpecPolicy(max_k=spec_max_k, max_slots=spec_max_slots, draft_ratio=draft_cost_ratio)
         self.output = OutputProcessor(self.states, self.policy)
+        self.prompt_cache = prompt_cache if self.states.can_save else None
+        if prompt_cache is not None and self.prompt_cache is None:
+            log.warning("prompt cache off: the %s runtime cannot save a slot's state", runner.caps.device)
 
     # ------------------------------------------------------------------ public
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
@@ -311,14 +316,61 @@ class Scheduler:
             keep = min(best_n, len(ids) - 1)
             src, shared = self._running_prefix(ids)
             with self.runner.lock:
+                self._spill(slot, max(keep, shared))
                 if shared > keep and states.copy_prefix(src, slot, shared):
                     keep = shared       # a sibling's prompt: copied, not recomputed
+                elif (loaded := self._load_cached(slot, ids, keep)) is not None:
+                    keep = loaded       # a prefix from the prompt cache (RAM or disk)
                 else:
                     keep = states.rollback(slot, keep)
             req.slot = slot
             req.n_fed = keep
             req.seq.admitted(keep)
             self._active.append(req)
+
+    def _load_cached(self, slot: int, ids: list[int], keep: int) -> int | None:
+        """(under both locks) Loads the prompt cache's longest prefix of the prompt into the slot
+        when it is longer than the `keep` the slot or a sibling offers; how many positions the
+        slot then holds, or None (the slot is untouched)."""
+        cache = self.prompt_cache
+        if cache is None:
+            return None
+        entry = cache.lookup(ids, len(ids) - 1)   # the last prompt token's logits are needed
+        if entry is None or len(entry.tokens) <= keep:
+            return None
+        try:
+            self.states.load(slot, list(entry.tokens), entry.payload)
+        except EdgeInferError:
+            log.warning("prompt cache: a prefix of %d tokens did not load; computing it", len(entry.tokens),
+                        exc_info=True)
+            self.states.clear(slot)
+            return 0
+        return len(entry.tokens)
+
+    def _spill(self, slot: int, keep: int) -> None:
+        """(under both locks) Before the slot forgets what it holds past `keep`, the prompt
+        cache's RAM tier keeps it (a conversation that comes back later resumes from there)."""
+        cache, st = self.prompt_cache, self.ring.slots[slot]
+        if cache is None or st.n_past <= keep or st.n_past < cache.min_tokens or st.wrapped:
+            return
+        if cache.holds(st.tokens):
+            return
+        payload = self.states.save(slot, st.n_past)
+        if payload is not None:
+            cache.remember(st.tokens, payload)
+
+    def _store_prompts(self, reqs: list[Request]) -> None:
+        """(under the runner's lock) Each prompt that has just been prefilled goes to the prompt
+        cache, but for its last token (whose logits a later request needs computed)."""
+        cache = self.prompt_cache
+        for r in reqs:
+            ids = r.seq.prompt_ids
+            n = len(ids) - 1
+            if n < cache.min_tokens or r.slot is None or cache.holds(ids[:n]):
+                continue
+            payload = self.states.save(r.slot, n)
+            if payload is not None:
+                cache.store(ids[:n], payload)
 
     def _running_prefix(self, ids: list[int]) -> tuple[int, int]:
         """(under lock) The running slot holding the longest prefix of `ids` already computed
@@ -422,6 +474,7 @@ class Scheduler:
 
     def _step(self, reqs: list[Request]) -> None:
         """Plans, executes and processes one step over the active requests."""
+        prefilling = [r for r in reqs if r.prefilling] if self.prompt_cache is not None else []
         plan = self.schedule(reqs)
         if plan is None:
             return
@@ -435,6 +488,8 @@ class Scheduler:
             self.policy.costs.observe_step(plan.n_tokens, time.perf_counter() - t0)
             for slot, n in plan.kept:
                 self.states.kept(slot, n)
+            if prefilling:
+                self._store_prompts([r for r in prefilling if not r.prefilling])
             self.steps += 1
             self.last_batch_tokens = plan.n_tokens
         for r in plan.prefilled:     # the draft model's prefill goes with the model's (TTFT, not decode)

@@ -28,6 +28,7 @@ class SequenceStates:
         self.can_rewind = caps.state_snapshots or not caps.recurrent_state
         self.keeps_states = caps.recurrent_state and caps.state_snapshots   # Batch.keep_rows wanted
         self.can_copy = caps.copy_prefix
+        self.can_save = caps.state_io
         self.max_kept = caps.max_snapshots   # 0: no bound
         self._kept: list[set[int]] = [set() for _ in range(ring.n_slots)]   # positions seen, per slot
 
@@ -70,6 +71,23 @@ class SequenceStates:
         if self.recurrent:
             self._kept[dst] = {n}
         return True
+
+    def save(self, slot: int, n: int) -> bytes | None:
+        """The slot's state for its first n positions (the prompt cache's payload); None where the
+        runtime cannot save, the slot wrapped or holds no exact state at n."""
+        st = self.ring.slots[slot]
+        if not self.can_save or st.wrapped or not 0 < n <= st.n_past or self.resume_point(slot, n) != n:
+            return None
+        return self.runner.save_slot(slot, n)
+
+    def load(self, slot: int, tokens: list[int], payload: bytes) -> None:
+        """The slot holds exactly `tokens` again, from a payload save() made (here or by an
+        earlier process of the same model)."""
+        self.runner.load_slot(slot, len(tokens), payload)
+        self.ring.truncate(slot, 0)
+        self.ring.reserve(slot, list(tokens))   # positions [0, n) in cells [0, n): the layout load_slot wrote
+        if self.recurrent:
+            self._kept[slot] = {len(tokens)}
 
     def kept(self, slot: int, n: int) -> None:
         """Records that the runtime kept the slot's state after n positions (a keep row ran); past

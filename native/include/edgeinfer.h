@@ -224,6 +224,18 @@ ei_status ei_runtime_restore_state(ei_runtime *rt, int slot, int32_t n);
 /* Frees the copy of the slot's recurrent state kept after n positions (none kept: no-op). */
 ei_status ei_runtime_drop_state(ei_runtime *rt, int slot, int32_t n);
 
+/* ---- A slot's state on the host (native/src/slot_io.c; owner: the prompt cache) ----
+ * Positions [0, n) of a slot as one buffer: every KV-storing layer's cells as the arena holds
+ * them (f16 or q8_0; a sliding-window layer's last swa_window positions) and, with recurrent
+ * layers, the state after n positions. Its layout depends only on the model, the KV type and n.
+ * Save: the slot must hold [0, n) unwrapped (EI_ERR_STATE otherwise; recurrent layers: a state kept
+ * at n or a live state that has seen n). Load: the slot holds exactly [0, n) afterwards (and keeps
+ * the recurrent state at n). size must equal ei_runtime_slot_state_size(rt, n). */
+size_t ei_runtime_slot_state_size(const ei_runtime *rt, int32_t n);
+ei_status ei_runtime_save_slot(ei_runtime *rt, int slot, int32_t n, void *buf, size_t size);
+ei_status ei_runtime_load_slot(ei_runtime *rt, int slot, int32_t n, const void *buf, size_t size);
+/* ---- end of a slot's state on the host ---- */
+
 /* One step for a batch of tokens, possibly from several slots.
  * Token i (< n_tokens) of slot slots[i] sits at position pos[i] and its K/V
  * are written into cell cells[i] of that slot; it attends to every cell of

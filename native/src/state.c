@@ -163,18 +163,26 @@ ei_status ei_runtime_drop_state(ei_runtime *rt, int slot, int32_t n) {
     return EI_OK;
 }
 
+const float *ei_state_at(const ei_runtime *rt, int slot, int32_t n) {
+    const int k = find_kept(rt, slot, n);
+    return k >= 0 ? snap_at(rt, slot, k) : rt->state_seen[slot] == n ? rt->state + (size_t)slot * rt->state_floats : NULL;
+}
+
+void ei_state_put(ei_runtime *rt, int slot, int32_t n, const float *from) {
+    const size_t bytes = (size_t)rt->state_floats * sizeof(float);
+    ei_state_forget(rt, slot, 0);
+    if (n == 0) return;
+    memcpy(rt->state + (size_t)slot * rt->state_floats, from, bytes);
+    rt->state_seen[slot] = n;
+    const int k = place_kept(rt, slot, n);   /* kept too: a rollback of the slot may come back to n */
+    if (k >= 0) memcpy(snap_at(rt, slot, k), from, bytes);
+}
+
 ei_status ei_state_copy(ei_runtime *rt, int src, int dst, int32_t n) {
     if (!rt->state) return EI_OK;
-    const size_t bytes = (size_t)rt->state_floats * sizeof(float);
-    const int k = find_kept(rt, src, n);
-    const float *from = k >= 0 ? snap_at(rt, src, k) : rt->state_seen[src] == n ? rt->state + (size_t)src * rt->state_floats : NULL;
+    const float *from = ei_state_at(rt, src, n);
     if (n > 0 && !from) return ei_fail(EI_ERR_STATE, "slot %d kept no recurrent state after %d positions", src, n);
-    ei_state_forget(rt, dst, 0);
-    if (n == 0) return EI_OK;
-    memcpy(rt->state + (size_t)dst * rt->state_floats, from, bytes);
-    rt->state_seen[dst] = n;
-    const int kd = place_kept(rt, dst, n);   /* dst keeps it too: a rollback of dst may come back to n */
-    if (kd >= 0) memcpy(snap_at(rt, dst, kd), from, bytes);
+    ei_state_put(rt, dst, n, from);
     return EI_OK;
 }
 

@@ -34,4 +34,8 @@ void ei_state_end(ei_runtime *rt, int32_t n_tokens, const int32_t *slots, const 
 /* forget_from's and copy_prefix's part for the states (slots already checked). */
 void ei_state_forget(ei_runtime *rt, int slot, int32_t pos);
 ei_status ei_state_copy(ei_runtime *rt, int src, int dst, int32_t n);
+/* The slot's state after n positions: a kept copy, or the live state when it has seen n; NULL: neither. */
+const float *ei_state_at(const ei_runtime *rt, int slot, int32_t n);
+/* The slot's live state becomes `from` (state_floats floats) after n positions, and the slot keeps a copy. */
+void ei_state_put(ei_runtime *rt, int slot, int32_t n, const float *from);
 #endif
