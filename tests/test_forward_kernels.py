@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.support.isa import each_level, on_cpu
 from tests.support.strict import require
 
 from edgeinfer._native import ffi, lib
 
-ISAS = [i for i in (lib.EI_ISA_SCALAR, lib.EI_ISA_AVX2, lib.EI_ISA_AVX512) if lib.ei_isa_supported(i)]
+ISAS = on_cpu()   # every level this CPU has, scalar first
 
 
 def attend(isa, q, k, v, cell_pos, pos, kv_type=lib.EI_TYPE_F16):
@@ -48,7 +49,7 @@ def test_attention_matches_exact_math(n_cells, hd, g):
     ref = reference(q, k, v, cell_pos, pos)
     scalar = attend(lib.EI_ISA_SCALAR, q, k, v, cell_pos, pos)
     assert np.abs(scalar - ref).max() < 1e-5
-    for isa in ISAS:
+    for isa in each_level(ISAS):
         out = attend(isa, q, k, v, cell_pos, pos)
         assert np.isfinite(out).all()
         nmse = np.sum((out - scalar) ** 2) / np.sum(scalar.astype(np.float64) ** 2)
@@ -120,7 +121,7 @@ def test_attention_over_q8_0_kv(n_cells, hd, g):
     model = q8_attention_model(q, k_raw, v_raw, cell_pos, pos)
     nmse_exact = np.sum((model - exact) ** 2) / np.sum(exact ** 2)
     assert nmse_exact < 1e-3, nmse_exact          # the price of an 8-bit query, as in llama.cpp
-    for isa in ISAS:
+    for isa in each_level(ISAS):
         out = attend(isa, q, k_raw, v_raw, cell_pos, pos, kv_type=lib.EI_TYPE_Q8_0)
         assert np.abs(out - model).max() < 1e-4, isa
 
@@ -134,7 +135,7 @@ def test_attention_q8_0_tiny_weights_stay_finite():
     k_raw, _ = q8_0_rows(np.stack([np.full(hd, 1.0), np.full(hd, -1.0), np.full(hd, -0.5)]))
     v_raw, v = q8_0_rows(np.stack([np.zeros(hd), np.linspace(-1, 1, hd), np.linspace(1, -1, hd)]))
     cell_pos = np.arange(3, dtype=np.int32)
-    for isa in ISAS:
+    for isa in each_level(ISAS):
         out = attend(isa, q, k_raw, v_raw, cell_pos, 2, kv_type=lib.EI_TYPE_Q8_0)
         assert np.isfinite(out).all() and np.abs(out).max() < 1e-20, (isa, out)
 
@@ -169,7 +170,7 @@ def test_gated_activations_simd_match_scalar_and_exact(n):
         up = rng.standard_normal(n).astype(np.float32)
         exact = act(gate.astype(np.float64)) * up
         outs = {}
-        for isa in ISAS:
+        for isa in each_level(ISAS):
             g = gate.copy()
             assert kernel(isa, ffi.from_buffer("float[]", g), ffi.from_buffer("float[]", up), n) == 0
             assert np.isfinite(g).all()

@@ -22,6 +22,7 @@ import zlib
 import cffi
 import numpy as np
 import pytest
+from tests.support.isa import each_level, on_cpu
 from tests.support.strict import missing, require
 
 gguf = require("gguf", "gguf.quants is the kernels' oracle")
@@ -31,7 +32,7 @@ from gguf import GGMLQuantizationType as GT  # noqa: E402
 from edgeinfer._native import ffi, lib  # noqa: E402
 
 SCALAR, AVX2, AVX512 = 0, 1, 2
-ISAS = [i for i in (SCALAR, AVX2, AVX512) if lib.ei_isa_supported(i)]
+ISAS = on_cpu()   # every level this CPU has, scalar first
 SIMD_ISAS = [i for i in ISAS if i != SCALAR]
 
 # name -> (edgeinfer type id, gguf type)
@@ -269,7 +270,7 @@ def test_fp16_helpers(internal):
     nans = (np.uint32(0x7f800000) | rng.integers(1, 1 << 23, 64).astype(np.uint32)).view(np.float32)
     row = np.concatenate([f, nans, -nans, f[:5]]).astype(np.float32)    # length leaves a SIMD tail
     want = np.array([ilib.ei_fp32_to_fp16(float(v)) for v in row], np.uint16)
-    for isa in ISAS:
+    for isa in each_level(ISAS):
         got = np.zeros(row.size, np.uint16)
         ilib.ei_kernel_to_f16(ilib.ei_kernels_get(isa), iffi.cast("float *", iffi.from_buffer(row)), row.size,
                               iffi.cast("uint16_t *", iffi.from_buffer(got)))
@@ -293,7 +294,7 @@ def test_dequantize_bit_exact(name):
         for r in range(raw.shape[0]):
             row = np.ascontiguousarray(raw[r])
             ref = dequant_ref(name, row)
-            for isa in ISAS:
+            for isa in each_level(ISAS):
                 out = np.full(n, np.nan, np.float32)
                 assert lib.ei_kernel_dequantize(tid, isa, ffi.from_buffer(row), fptr(out), n) == 0, _err()
                 assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), \
@@ -313,7 +314,7 @@ def test_quantize_act_exact(internal):
         dr, sr, qr = q8a_ref(x)
         assert np.array_equal(q0, qr) and np.array_equal(d0, dr) and np.array_equal(s0, sr)
         assert not np.isnan(d0).any() and not np.isnan(s0).any()
-        for isa in SIMD_ISAS:
+        for isa in each_level(SIMD_ISAS):
             d, s, q = quantize_act(internal, isa, x)
             assert np.array_equal(q, q0) and np.array_equal(d.view(np.uint32), d0.view(np.uint32))
             assert np.array_equal(s.view(np.uint32), s0.view(np.uint32))
@@ -352,12 +353,12 @@ def test_dot(name):
                     assert v0 == 0.0
                 scalar.append(v0)
                 raw_ref.append(float(w @ x.astype(np.float64)))
-                for isa in SIMD_ISAS:
+                for isa in each_level(SIMD_ISAS):
                     v = kdot(name, isa, row, x)
                     assert np.isfinite(v)
                     assert abs(v - v0) <= 4 * tol, f"{name} n={n} row={r} isa={isa}: {v} vs {v0}"
                     simd[isa].append(v)
-    for isa in SIMD_ISAS:
+    for isa in each_level(SIMD_ISAS):
         e = nmse(simd[isa], scalar)
         assert e <= 1e-6, f"{name} isa={isa}: NMSE {e:.3g}"
     # 8-bit activations cost a little accuracy against the raw x; document the bound.
@@ -380,7 +381,7 @@ def test_matmul_rows_batch_invariant(internal, name):
     n_rows, n_tok = 11, 5
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     x = rng.standard_normal((n_tok, n)).astype(np.float32)
-    for isa in ISAS:
+    for isa in each_level(ISAS):
         if name in FLOAT_TYPES:
             act, stride = x, n * 4
         else:
@@ -426,7 +427,7 @@ def test_kernel_matmul(matmul_terminates, name):
     n, n_rows = 512, 37
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     tid = TYPES[name][0]
-    for isa in ISAS:
+    for isa in each_level(ISAS):
         for n_tok in (1, 4, 7):
             x = rng.standard_normal((n_tok, n)).astype(np.float32)
             for thr in (1, 2, 3):
@@ -445,7 +446,7 @@ def test_k_quants_take_the_packed_path(internal):
     _, ilib = internal
     for name in sorted(K_TYPES):
         tid = TYPES[name][0]
-        for isa in ISAS:
+        for isa in each_level(ISAS):
             k = ilib.ei_kernels_get(isa)
             got = ilib.ei_packed_bytes(k, tid, 40, 768)
             assert (got > 0) == (isa != SCALAR), (name, isa, got)
@@ -466,7 +467,7 @@ def test_kernel_matmul_packed_rows(name):
     tid = TYPES[name][0]
     n_tok = 21
     x = rng.standard_normal((n_tok, n)).astype(np.float32)
-    for isa in ISAS:
+    for isa in each_level(ISAS):
         ref = np.array([[kdot(name, isa, np.ascontiguousarray(raw[r]), x[t]) for r in range(n_rows)]
                         for t in range(n_tok)], np.float64)
         for thr in (1, 2, 3, 4):
