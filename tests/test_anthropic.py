@@ -136,6 +136,7 @@ def test_tool_use_round_trip(client, oai):
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": use.id, "type": "function", "function": {"name": use.name, "arguments": json.dumps(use.input)}}]},
         {"role": "tool", "tool_call_id": use.id, "content": result}], 30, tools=OPENAI_TOOLS)
+    assert answer.usage.input_tokens == want.usage.prompt_tokens      # the call and its result in the prompt
     assert blocks(answer) == openai_blocks(want.choices[0].message)    # (the model calls it again)
 
 
