@@ -82,6 +82,9 @@ def serve_cmd(
     = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="Draft model (a smaller GGUF with the "
                                                  "same vocabulary) for --speculative draft.")] = None,
+    prompt_cache: Annotated[Optional[str], typer.Option("--prompt-cache", help="Directory where prompt prefixes' "
+                                                 "KV cells outlive the process (the default model); the slot "
+                                                 "routes' files live there.")] = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     serve = import_extra("edgeinfer.server", "server").serve
@@ -125,7 +128,7 @@ def serve_cmd(
               fallback_ttft_s=None if fallback_ttft_ms is None else fallback_ttft_ms / 1000, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
               max_queue=max_queue, max_body=max_body, drain_timeout_s=drain_timeout, overflow=overflow,
               max_batch=max(max_batch, slots), kv_type=kv, wait_for_model=wait_for_model,
-              speculative=speculative, draft=draft)
+              speculative=speculative, draft=draft, prompt_cache=prompt_cache)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(1) from None

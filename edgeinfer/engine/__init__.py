@@ -4,11 +4,14 @@ from .constraint import ConstraintError, check_logit_bias, grammar_spec
 from .engine import Engine
 from .generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
 from .reasoning import EFFORT_BUDGETS, ReasoningSpec
+from .prompt_cache import CacheFileError
 from .request import QueueFullError, SchedulerClosedError
+from .scheduler import SlotBusyError, SlotFilesUnsupportedError
 from .sampling import SamplingParams
 from .tool_calls import ToolError, call_finish
 
-__all__ = ["ConstraintError", "DoneEvent", "EFFORT_BUDGETS", "Engine", "ErrorEvent", "QueueFullError",
+__all__ = ["CacheFileError", "ConstraintError", "DoneEvent", "EFFORT_BUDGETS", "Engine", "ErrorEvent", "QueueFullError",
+           "SlotBusyError", "SlotFilesUnsupportedError",
            "ReasoningSpec", "SamplingParams",
            "SchedulerClosedError", "TokenEvent", "TokenLogprob", "ToolError", "call_finish", "check_logit_bias",
            "grammar_spec"]

@@ -101,6 +101,22 @@ class Engine:
         measurement without prefix reuse)."""
         self.scheduler.forget_free_slots()
 
+    def save_slot(self, slot: int, filename: str) -> tuple[int, int]:
+        """llama.cpp's slot save: what the free slot holds to `filename`, a plain name inside the
+        prompt cache directory; (positions saved, bytes written). CacheFileError for a bad name or
+        an empty slot, SlotBusyError for a busy one, SlotFilesUnsupportedError without a cache."""
+        return self.scheduler.save_slot(slot, filename)
+
+    def restore_slot(self, slot: int, filename: str) -> tuple[int, int]:
+        """The free slot holds what `filename` saved (same model and KV type, intact, else
+        CacheFileError); (positions restored, bytes read). A request whose prompt starts with
+        them reuses them."""
+        return self.scheduler.restore_slot(slot, filename)
+
+    def erase_slot(self, slot: int) -> int:
+        """Empties the free slot; the positions it held."""
+        return self.scheduler.erase_slot(slot)
+
     def fix_speculation(self, k: int | None) -> None:
         """Speculating requests propose exactly k tokens every step (a measurement knob), or
         (None) as many as the adaptive policy finds worth it."""

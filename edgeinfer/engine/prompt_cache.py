@@ -178,19 +178,30 @@ class PromptCache:
                 payload = self._ram.get(best_ram)
                 if payload is not None:
                     self._ram.move_to_end(best_ram)
-                    return Entry(best_ram, payload)
+            if payload is not None:
+                self._touch(_file_name(best_ram))
+                return Entry(best_ram, payload)
         if best_disk is None:
             return None
         name = best_disk[1]
         entry = self.read(self.dir / name)
-        with self._lock:
-            if entry is None:
+        if entry is None:
+            with self._lock:
                 self._disk.pop(name, None)
-            elif name in self._disk:
-                self._disk.move_to_end(name)
-        if entry is not None:
-            os.utime(self.dir / name)   # the LRU order survives a restart
+        else:
+            self._touch(name)
         return entry
+
+    def _touch(self, name: str) -> None:
+        """Marks a file most recently used, here and (its mtime) for the next process."""
+        with self._lock:
+            if name not in self._disk:
+                return
+            self._disk.move_to_end(name)
+        try:
+            os.utime(self.dir / name)
+        except FileNotFoundError:
+            pass
 
     @staticmethod
     def _best(keys, ids: list[int], limit: int) -> tuple[int, ...] | None:
@@ -236,7 +247,7 @@ class PromptCache:
             except queue.Empty:
                 return
             try:
-                name = hashlib.sha256(np.asarray(key, dtype=np.int32).tobytes()).hexdigest()[:32] + SUFFIX
+                name = _file_name(key)
                 self.write(self.dir / name, key, payload)
                 with self._lock:
                     self._disk[name] = (key, HEADER.size + 4 * len(key) + len(payload))
@@ -283,6 +294,10 @@ class PromptCache:
         if not path.is_file():
             raise CacheFileError(f"no slot file {name!r} in the prompt cache directory")
         path.unlink()
+
+
+def _file_name(tokens: tuple[int, ...]) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()[:32] + SUFFIX
 
 
 def _is_prefix(tokens: tuple[int, ...], ids: list[int], limit: int) -> bool:

@@ -42,7 +42,7 @@ from .draft import DraftModel
 from .generation import ErrorEvent, SequenceState
 from .kv import KVRing
 from .output import OutputProcessor
-from .prompt_cache import PromptCache
+from .prompt_cache import CacheFileError, PromptCache
 from .request import QueueFullError, Request, SchedulerClosedError, Sink
 from .runner import Runner
 from .sampling import SamplingParams
@@ -50,12 +50,22 @@ from .speculative import PromptLookup, SpecPolicy, check_mode
 from .states import SequenceStates
 from .step import StepPlan
 
-__all__ = ["Lease", "QueueFullError", "Request", "Scheduler", "SchedulerClosedError"]
+__all__ = ["Lease", "QueueFullError", "Request", "Scheduler", "SchedulerClosedError", "SlotBusyError",
+           "SlotFilesUnsupportedError"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("edgeinfer")
+
+
+class SlotBusyError(EdgeInferError):
+    """A slot file action on a slot a request or a lease holds (HTTP 409)."""
+
+
+class SlotFilesUnsupportedError(EdgeInferError):
+    """Slot files without a prompt cache directory, or on a runtime that cannot save (HTTP 501)."""
+
 
 _DEFAULT = object()     # submit(speculative=...) not given: the scheduler's default
 
@@ -207,6 +217,50 @@ class Scheduler:
             "spec_steps": out.spec_steps,
             "spec_mean_k": out.spec_proposed / out.spec_steps if out.spec_steps else 0.0,
         }
+
+    # llama.cpp's slot save / restore / erase: a free slot's state to a named file of the prompt cache
+    def save_slot(self, slot: int, name: str) -> tuple[int, int]:
+        """Writes what the free slot holds to the file `name`; (positions saved, bytes written)."""
+        cache = self._slot_files()
+        with self._cv, self.runner.lock:
+            self._check_free(slot)
+            st = self.ring.slots[slot]
+            payload = self.states.save(slot, st.n_past) if st.n_past else None
+            if payload is None:
+                raise CacheFileError(f"slot {slot} holds nothing that can be saved (empty or wrapped)")
+            return st.n_past, cache.save_file(name, st.tokens, payload)
+
+    def restore_slot(self, slot: int, name: str) -> tuple[int, int]:
+        """The free slot holds what the file `name` saved; (positions restored, payload bytes read)."""
+        entry = self._slot_files().load_file(name)
+        if len(entry.tokens) >= self.ring.capacity:
+            raise CacheFileError(f"slot file {name!r} holds {len(entry.tokens)} positions; the context is "
+                                 f"{self.ring.capacity}")
+        with self._cv, self.runner.lock:
+            self._check_free(slot)
+            self.states.load(slot, list(entry.tokens), entry.payload)
+        return len(entry.tokens), len(entry.payload)
+
+    def erase_slot(self, slot: int) -> int:
+        """Empties the free slot; the positions it held."""
+        with self._cv, self.runner.lock:
+            self._check_free(slot)
+            n = self.ring.slots[slot].n_past
+            self.states.clear(slot)
+        return n
+
+    def _slot_files(self) -> PromptCache:
+        if self.prompt_cache is None:
+            raise SlotFilesUnsupportedError("slot files need a prompt cache directory (serve --prompt-cache DIR) "
+                                            "on a runtime that can save a slot's state")
+        return self.prompt_cache
+
+    def _check_free(self, slot: int) -> None:
+        """(under the lock) The slot exists and no request or lease holds it."""
+        if not isinstance(slot, int) or not 0 <= slot < self.n_slots:
+            raise CacheFileError(f"slot id {slot!r} is outside [0, {self.n_slots})")
+        if slot not in self._free:
+            raise SlotBusyError(f"slot {slot} is busy")
 
     def in_flight(self) -> int:
         with self._cv:

@@ -20,15 +20,16 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine import (ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
-                      TokenEvent, TokenLogprob, ToolError, call_finish, check_logit_bias, grammar_spec)
+from ..engine import (CacheFileError, ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
+                      SlotBusyError, SlotFilesUnsupportedError, TokenEvent, TokenLogprob, ToolError, call_finish,
+                      check_logit_bias, grammar_spec)
 from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
 from . import anthropic
 from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
-from .protocol import (APIError, DetokenizeBody, GenRequest, TokenizeBody, bad, parse, parse_chat,
+from .protocol import (APIError, DetokenizeBody, GenRequest, SlotBody, TokenizeBody, bad, parse, parse_chat,
                        parse_completion)
 from .registry import Registry, ServedModel
 
@@ -324,6 +325,40 @@ async def detokenize(request: web.Request) -> web.Response:
     except InvalidTokenError as e:
         raise bad(str(e), "tokens", "invalid_token") from None
     return _json({"content": text})
+
+
+async def slot_action(request: web.Request) -> web.Response:
+    """POST /slots/{id_slot}?action=save|restore|erase (llama.cpp's routes), on the default model."""
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    action = request.query.get("action")
+    if action not in ("save", "restore", "erase"):
+        raise bad("action must be save, restore or erase", "action")
+    try:
+        slot = int(request.match_info["id_slot"])
+    except ValueError:
+        raise bad("id_slot must be an integer", "id_slot") from None
+    body = parse(SlotBody, await _read_json(request, state)) if request.can_read_body else SlotBody()
+    if action != "erase" and not body.filename:
+        raise bad(f"action={action} needs a filename", "filename")
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+    try:
+        if action == "save":
+            n, size = await loop.run_in_executor(None, eng.save_slot, slot, body.filename)
+            out = {"filename": body.filename, "n_saved": n, "n_written": size}
+        elif action == "restore":
+            n, size = await loop.run_in_executor(None, eng.restore_slot, slot, body.filename)
+            out = {"filename": body.filename, "n_restored": n, "n_read": size}
+        else:
+            out = {"n_erased": await loop.run_in_executor(None, eng.erase_slot, slot)}
+    except CacheFileError as e:
+        raise bad(str(e), "filename" if action != "erase" else "id_slot") from None
+    except SlotBusyError as e:
+        raise APIError(409, str(e), code="slot_busy") from None
+    except SlotFilesUnsupportedError as e:
+        raise APIError(501, str(e), type="not_supported_error", code="not_supported") from None
+    return _json({"id_slot": slot, **out, "timings": {f"{action}_ms": (time.perf_counter() - t0) * 1000}})
 
 
 def _piece(eng, token: int) -> str:

@@ -11,7 +11,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from . import responses as R
-from .protocol import ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, MessagesBody, TokenizeBody
+from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, MessagesBody, SlotBody,
+                       TokenizeBody)
 
 __all__ = ["Operation", "OPERATIONS", "document"]
 
@@ -39,6 +40,7 @@ class Operation:
     errors: dict[str, str] = field(default_factory=dict)
     public: bool = False                        # answered without the API key
     anthropic: bool = False                     # Anthropic's error and stream shapes, not OpenAI's
+    params: tuple[dict, ...] = ()               # path and query parameters beyond {model_id}
 
     @property
     def error_model(self) -> type[BaseModel]:
@@ -72,6 +74,17 @@ OPERATIONS = (
     Operation("POST", "/v1/messages/count_tokens", "count_tokens", "Anthropic token count of a Messages request",
               body=CountTokensBody, ok=R.InputTokens, anthropic=True,
               errors={k: v for k, v in GENERATION_ERRORS.items() if k != "429"}),
+    Operation("POST", "/slots/{id_slot}", "slot_action",
+              "llama.cpp's slot save / restore (a file inside --prompt-cache DIR) / erase", body=SlotBody,
+              ok=R.SlotAction,
+              params=({"name": "id_slot", "in": "path", "required": True, "schema": {"type": "integer"}},
+                      {"name": "action", "in": "query", "required": True,
+                       "schema": {"enum": ["save", "restore", "erase"]}}),
+              errors={"400": "a bad action, slot id or filename (a path, '..'), or a file that is missing, "
+                             "corrupt, truncated or from another model",
+                      "409": "the slot is busy", "413": "the body exceeds the server's limit",
+                      "501": "no --prompt-cache directory, or a runtime that cannot save a slot",
+                      "503": "loading, failed or shutting down"}),
 )
 
 _REF = "#/components/schemas/{model}"
@@ -113,6 +126,8 @@ def _operation(op: Operation, auth: bool) -> dict:
         out["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(op.body)}}}
     if "{model_id}" in op.path:
         out["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if op.params:
+        out["parameters"] = [*out.get("parameters", ()), *op.params]
     if auth:
         out["security"] = [] if op.public else [{"apiKey": []}]
     return out

@@ -175,6 +175,11 @@ class DetokenizeBody(_Body):
     tokens: list[int]
 
 
+class SlotBody(_Body):
+    """POST /slots/{id_slot}: the file, a plain name inside --prompt-cache DIR (save, restore)."""
+    filename: str | None = None
+
+
 M = TypeVar("M", bound=BaseModel)
 
 

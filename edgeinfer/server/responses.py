@@ -82,6 +82,18 @@ class Detokenized(_Out):
     content: str
 
 
+class SlotAction(_Out):
+    """POST /slots/{id_slot} (llama.cpp's shape): what the action saved, restored or erased."""
+    id_slot: int
+    filename: str | None = None
+    n_saved: int | None = None
+    n_written: int | None = None
+    n_restored: int | None = None
+    n_read: int | None = None
+    n_erased: int | None = None
+    timings: dict[str, float] = {}
+
+
 class PromptTokensDetails(_Out):
     cached_tokens: int
 

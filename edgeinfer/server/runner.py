@@ -119,14 +119,15 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
           overflow: str = "stop", max_batch: int = 256, kv_type: str = "f16", wait_for_model: bool = False,
           on_ready: Callable[[str], None] | None = None, models: list[tuple[str, str]] | None = None,
           fallback: str | None = None, fallback_ttft_s: float | None = None, speculative: str | None = None,
-          draft: str | None = None) -> None:
+          draft: str | None = None, prompt_cache: str | None = None) -> None:
     """Blocks serving until SIGTERM / SIGINT. Listens at once; the models load in the
     background, one after the other (/ready answers 503 until all are ready). A model that
     fails to load stops the server with an EdgeInferError saying why, so a supervisor sees a
     non-zero exit; with `wait_for_model` the server keeps running instead, /ready answering
     503 with the error. `models`: (name, path or known name) pairs, the first the default;
     without it, the one `model` (None: the default model) under its own name. `speculative`
-    and `draft` (docs/speculative.md) apply to the default model."""
+    and `draft` (docs/speculative.md) apply to the default model, and so does `prompt_cache` (a
+    directory where prompt prefixes outlive the process; the slot routes' files)."""
     from ..engine import Engine
     from ..hub import DEFAULT_MODEL
 
@@ -151,7 +152,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
         install_signals(loop, stop, hurry)
 
         def _load(source: str):
-            spec = dict(speculative=speculative, draft=draft) if source == models[0][1] else {}
+            spec = (dict(speculative=speculative, draft=draft, prompt_cache=prompt_cache)
+                    if source == models[0][1] else {})
             return Engine.load(source, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, overflow=overflow,
                                kv_type=kv_type, max_batch=max_batch, max_queue=max_queue, **spec)
 
