@@ -15,6 +15,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from tests.support.strict import require
 
@@ -163,6 +164,31 @@ def test_logprobs_and_extensions(client):
     c = client.completions.create(model="smollm2", prompt="Water boils at", max_tokens=3, temperature=0,
                                   logprobs=2)
     assert len(c.choices[0].logprobs.tokens) == 3 and len(c.choices[0].logprobs.top_logprobs[0]) == 2
+
+
+def test_server_logprobs_are_log_softmax_of_the_logits(client, engine):
+    """Every logprob the HTTP API reports, top lists included, is log_softmax of the model's
+    logits at that step (teacher-forced through Engine.logits; tests/support/logprob_oracle.py)."""
+    from tests.support.llama_oracle import log_softmax
+    from tests.support.logprob_oracle import ATOL, teacher_forced_rows
+
+    prompt = "The three primary colours are"
+    c = client.completions.create(model="smollm2", prompt=prompt, max_tokens=6, temperature=0.9, seed=3,
+                                  logprobs=3, top_p=0.9,
+                                  extra_body={"repeat_penalty": 1.3, "top_k": 20, "min_p": 0.02})
+    got = c.choices[0].logprobs
+    ids = engine.generate(prompt, max_tokens=6, temperature=0.9, seed=3, top_p=0.9, repeat_penalty=1.3,
+                          top_k=20, min_p=0.02).tokens
+    assert engine.detokenize(ids) == c.choices[0].text     # the same draws, so the same tokens
+    ref = log_softmax(teacher_forced_rows(engine.logits, engine.tokenize(prompt), ids))
+    assert len(got.tokens) == len(ids) == len(ref)
+    for i, t in enumerate(ids):
+        assert got.tokens[i] == engine.detokenize([t])
+        assert abs(got.token_logprobs[i] - ref[i][t]) <= ATOL, (i, got.token_logprobs[i], ref[i][t])
+        top = np.argsort(-ref[i])[:3]
+        want = {engine.detokenize([int(j)]): float(ref[i][j]) for j in top}
+        assert set(got.top_logprobs[i]) == set(want), (i, got.top_logprobs[i], want)
+        assert all(abs(got.top_logprobs[i][k] - want[k]) <= ATOL for k in want)
 
 
 def test_models_tokenize_health_metrics(server, engine):
