@@ -59,7 +59,9 @@ class _LayerView:
 
 
 class Gemma4Dims:
-    """Per-layer sizes from the model's (ModelConfig, the converter's HParams, the reference)."""
+    """Per-layer sizes from the model's (ModelConfig, the converter's HParams, the reference); a
+    model without them (head_dim_swa 0, no n_ff_layers, no KV-shared layers) has the same sizes in
+    every layer."""
     n_layer: int
     n_embd: int
     n_ff: int
@@ -73,7 +75,7 @@ class Gemma4Dims:
     n_embd_per_layer: int
 
     def layer_head_dim(self, i: int) -> int:
-        return self.head_dim_swa if i in self.local_layers else self.head_dim
+        return self.head_dim_swa if i in self.local_layers and self.head_dim_swa else self.head_dim
 
     def layer_n_ff(self, i: int) -> int:
         return self.n_ff_layers[i] if self.n_ff_layers else self.n_ff
@@ -92,9 +94,6 @@ class Gemma4Dims:
         """Some layer stores KV (a layer's own answer: layer_dims(i).stores_kv)."""
         return self.n_kv_shared < self.n_layer
 
-    @property
-    def has_per_layer_inputs(self) -> bool:
-        return self.n_embd_per_layer > 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +130,7 @@ class Gemma4Params(Gemma4Dims):
 
         n_layer = int(get("n_layer"))
         n_ff = get("n_ff")
+        n_ff = n_ff.tolist() if hasattr(n_ff, "tolist") else n_ff   # a GGUF array read as numpy
         n_ff_layers = tuple(int(x) for x in n_ff) if isinstance(n_ff, (list, tuple)) else ()
         pattern = list(get("swa_pattern"))
         if len(pattern) != n_layer:
@@ -148,10 +148,12 @@ class Gemma4Params(Gemma4Dims):
 
 
 class Gemma4Reference:
-    """Gemma 4's forward pass in `dtype` over GGUF-layout weights (names -> arrays)."""
+    """Gemma 4's forward pass in `dtype` over GGUF-layout weights (names -> arrays); `kv_dtype`
+    rounds the stored K and V as a runtime's KV arena holds them (None: not at all)."""
 
-    def __init__(self, params: Gemma4Params, weights: Mapping[str, np.ndarray], dtype=np.float64):
+    def __init__(self, params: Gemma4Params, weights: Mapping[str, np.ndarray], dtype=np.float64, kv_dtype=None):
         self.p, self.w, self.dtype = params, weights, np.dtype(dtype)
+        self.kv_dtype = kv_dtype
         self.act = ACTIVATIONS["gelu_tanh"]
 
     def t(self, name: str) -> np.ndarray:
@@ -220,7 +222,8 @@ class Gemma4Reference:
             v = (a @ w("attn_v").T).reshape(n, nkv, hd).transpose(1, 0, 2)
             k = apply_rope(rms_norm(k, w("attn_k_norm"), eps)[0], cos, sin, True)
             v = rms_norm(v, np.ones(hd, self.dtype), eps)[0]
-            kv[layer] = (k, v)
+            kv[layer] = (k, v) if self.kv_dtype is None else \
+                tuple(a.astype(self.kv_dtype).astype(self.dtype) for a in (k, v))
         k, v = kv[p.kv_source(layer)]
         g = nh // nkv
         s = q @ np.repeat(k, g, axis=0).transpose(0, 2, 1)       # attention scale 1

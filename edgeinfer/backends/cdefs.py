@@ -87,6 +87,7 @@ class Role(NamedTuple):
     when: str | None  # the config flag the role is present iff; None: ALWAYS or OPTIONAL
     optional: bool
     layer_kind: str | None = None   # present only on layers of this kind (ei_layer_kind, lower case)
+    stores_kv: bool = False         # present only on the layers that store KV (not Gemma 4's KV-shared ones)
 
     def shape(self, dims: dict[str, int]) -> tuple[int, ...]:
         """Its GGML shape for the dimensions `dims` (1-D for vectors, as the GGUF file holds them)."""
@@ -99,12 +100,13 @@ def layout_roles(path: Path | str) -> list[Role]:
     """The roles of the native layout, in list order."""
     out = []
     for name, id_, field, kind, scope, ne0, ne1, presence in xmacro_rows(Path(path), "EI_ROLE"):
-        flag = re.fullmatch(r"(?:ATTN_)?IF\((\w+)\)", presence)
+        flag = re.fullmatch(r"(?:ATTN_|KV_)?IF\((\w+)\)", presence)
         on = re.fullmatch(r"ON\((\w+)\)", presence)
         if kind not in ("VECTOR", "MATRIX") or scope not in ("GLOBAL", "LAYER") or not (
-                flag or on or presence in ("ALWAYS", "OPTIONAL", "ATTN")):
+                flag or on or presence in ("ALWAYS", "OPTIONAL", "ATTN", "KV")):
             raise ValueError(f"{path}: bad EI_ROLE({name}, ...): {kind}, {scope}, {presence}")
-        layer_kind = on.group(1).lower() if on else "attention" if presence.startswith("ATTN") else None
+        layer_kind = on.group(1).lower() if on else "attention" if presence.startswith(("ATTN", "KV")) else None
         out.append(Role(name.lower(), int(id_), field, kind == "VECTOR", scope == "LAYER", ne0, ne1,
-                        flag.group(1) if flag else None, presence == "OPTIONAL", layer_kind))
+                        flag.group(1) if flag else None, presence == "OPTIONAL", layer_kind,
+                        presence.startswith("KV")))
     return out
