@@ -67,3 +67,7 @@ class SamplingParamsError(EdgeInferError, ValueError):
 
 class ConversionError(EdgeInferError, ValueError):
     """A checkpoint, adapter or conversion option that `edgeinfer convert` cannot use."""
+
+
+class EmbeddingError(EdgeInferError, ValueError):
+    """An embedding request the engine cannot serve: no input, an empty one, or an unknown pooling."""

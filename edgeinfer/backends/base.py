@@ -67,6 +67,7 @@ class Capabilities:
     recurrent_state: bool = False   # fixed-size per-slot states of recurrent layers beside the cells
     state_snapshots: bool = False   # Batch.keep_rows + Runtime.restore_state / drop_states
     max_snapshots: int = 0          # kept states per slot; past it the one after the fewest positions goes
+    embeddings: bool = False        # Runtime.forward_hidden: final-normed hidden rows (what embeddings pool)
     state_io: bool = False          # Runtime.slot_state_size / save_slot / load_slot (the prompt cache)
 
 
@@ -116,6 +117,10 @@ class Runtime(Protocol):
     def forward_topk(self, batch: Batch, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids int32, vals float32) [batch.n_out, k]: each output row's k largest logits, value
         descending, ties to the lower id. Only when 0 < k <= caps.max_topk."""
+
+    def forward_hidden(self, batch: Batch, out: np.ndarray | None = None) -> np.ndarray:
+        """(caps.embeddings) As forward, but each output row's hidden state after the final norm,
+        [batch.n_out, n_embd] float32, in place of its logits."""
 
     def clear_slot(self, slot: int) -> None:
         """Forgets every cell of the slot."""

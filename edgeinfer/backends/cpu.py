@@ -74,19 +74,26 @@ class NativeRuntime:
             packed_bytes=int(lib.ei_runtime_packed_bytes(self.handle)), profile_stages=PROFILE_STAGES,
             copy_prefix=True, state_bytes=int(lib.ei_runtime_state_bytes(self.handle)),
             recurrent_state=model.cfg.is_hybrid, state_snapshots=model.cfg.is_hybrid,
-            max_snapshots=plan.n_snapshots if model.cfg.is_hybrid else 0, state_io=True)
+            max_snapshots=plan.n_snapshots if model.cfg.is_hybrid else 0, state_io=True, embeddings=True)
 
     def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
+        return self._run(lib.ei_forward, batch, logits, self.caps.n_vocab, "forward")
+
+    def forward_hidden(self, batch: Batch, out: np.ndarray | None = None) -> np.ndarray:
+        return self._run(lib.ei_forward_hidden, batch, out, self.model.cfg.n_embd, "forward_hidden")
+
+    def _run(self, entry, batch: Batch, out: np.ndarray | None, width: int, what: str) -> np.ndarray:
+        """One native forward writing `width` floats per output row into `out`."""
         n_out = batch.n_out
-        if logits is None:
-            logits = np.empty((n_out, self.caps.n_vocab), dtype=np.float32)
-        out_ptr = ffi.from_buffer("float[]", logits) if n_out else ffi.NULL
+        if out is None:
+            out = np.empty((n_out, width), dtype=np.float32)
+        out_ptr = ffi.from_buffer("float[]", out) if n_out else ffi.NULL
         n_keep = len(batch.keep_rows)
-        check(lib.ei_forward(self.handle, len(batch), _i32(batch.tokens), _i32(batch.slots), _i32(batch.pos),
-                             _i32(batch.cells), n_out, _i32(batch.out_rows) if n_out else ffi.NULL, out_ptr,
-                             n_keep, _i32(batch.keep_rows) if n_keep else ffi.NULL),
-              "forward")
-        return logits[:n_out]
+        check(entry(self.handle, len(batch), _i32(batch.tokens), _i32(batch.slots), _i32(batch.pos),
+                    _i32(batch.cells), n_out, _i32(batch.out_rows) if n_out else ffi.NULL, out_ptr,
+                    n_keep, _i32(batch.keep_rows) if n_keep else ffi.NULL),
+              what)
+        return out[:n_out]
 
     def forward_topk(self, batch: Batch, k: int) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError("the CPU backend has no device top-k (caps.max_topk = 0)")

@@ -8,12 +8,13 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 
 from ..backends import Capabilities, KVPlan, select_backend
-from ..errors import ContextOverflowError, InvalidTokenError, SamplingParamsError
+from ..errors import ContextOverflowError, EmbeddingError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, local_ring_cells
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .constraint import check_logit_bias, grammar_spec
+from .embedding import Pooler, check_pooling, file_pooling
 from .generation import Completion, Generation
 from .kv import KVRing, slack_cells
 from .reasoning import ReasoningSpec, reasoning_format
@@ -229,6 +230,37 @@ class Engine:
             for start in range(0, len(ids), step):
                 chunk = ids[start:start + step]
                 lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), out[start:start + len(chunk)])
+        return out
+
+    def embed(self, texts: str | Sequence[str | Sequence[int]], pooling: str | None = None,
+              normalize: bool = True) -> np.ndarray:
+        """Embeddings [len(texts), n_embd] float32 of a text, or of each item of a list (a text or
+        its token ids), as llama.cpp's embedding mode makes them: the hidden states after the
+        final norm pooled by `pooling` ("mean", "cls": the first token, "last"; None: the file's
+        `{arch}.pooling_type`, else mean), with unit Euclidean length when `normalize`.
+        EmbeddingError for no input, an empty one or an unknown pooling; ContextOverflowError
+        for one longer than the context."""
+        if not self.caps.embeddings:
+            raise EmbeddingError(f"the {self.caps.device} backend gives no embeddings")
+        pooling = file_pooling(self.gguf.metadata, self.config.arch) if pooling is None else check_pooling(pooling)
+        items = [texts] if isinstance(texts, str) else list(texts)
+        if not items:
+            raise EmbeddingError("embed() needs at least one input")
+        seqs = [self.tokenize(t) if isinstance(t, str) else self._check_ids(t) for t in items]
+        for i, ids in enumerate(seqs):
+            if not ids:
+                raise EmbeddingError(f"input {i} is empty (no tokens)")
+            if len(ids) > self.n_ctx:
+                raise ContextOverflowError(f"input {i} has {len(ids)} tokens, more than the context of {self.n_ctx}")
+        out = np.empty((len(seqs), self.config.n_embd), dtype=np.float32)
+        step = self.caps.max_batch
+        with self.scheduler.lease_slot() as lease:
+            for i, ids in enumerate(seqs):
+                lease.reset()
+                pooler = Pooler(pooling, self.config.n_embd)
+                for start in range(0, len(ids), step):
+                    pooler.add(lease.feed_hidden(ids[start:start + step]))
+                out[i] = pooler.result(normalize)
         return out
 
     def generate(self, prompt: str | Sequence[int], **params: Any) -> Completion:

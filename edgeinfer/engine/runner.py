@@ -34,6 +34,12 @@ class Runner:
                 return StepOutput(top_ids=ids, top_vals=vals)
             return StepOutput(logits=self.runtime.forward(batch, logits))
 
+    def hidden(self, batch: Batch) -> np.ndarray:
+        """(caps.embeddings) One forward step returning its output rows' final-normed hidden
+        states [n_out, n_embd] instead of logits."""
+        with self.lock:
+            return self.runtime.forward_hidden(batch)
+
     def clear_slot(self, slot: int) -> None:
         with self.lock:
             self.runtime.clear_slot(slot)

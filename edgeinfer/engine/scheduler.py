@@ -90,6 +90,14 @@ class Lease:
             pos, cells = self._ring.reserve(self.slot, tokens)
             return self._runner.run(Batch.of_slot(self.slot, tokens, pos, cells, out_rows), logits).logits
 
+    def feed_hidden(self, tokens: Sequence[int]) -> np.ndarray:
+        """Appends `tokens` (at most caps.max_batch) to the slot; every row's final-normed hidden
+        state [len(tokens), n_embd] (caps.embeddings)."""
+        with self._runner.lock:
+            pos, cells = self._ring.reserve(self.slot, tokens)
+            rows = np.arange(len(tokens), dtype=np.int32)
+            return self._runner.hidden(Batch.of_slot(self.slot, tokens, pos, cells, rows))
+
 
 class Scheduler:
     """The engine loop of one Engine. Started lazily; the thread exits after `idle_exit_s`

@@ -249,6 +249,12 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens,
                      const int32_t *slots, const int32_t *pos, const int32_t *cells,
                      int32_t n_out, const int32_t *out_rows, float *logits,
                      int32_t n_keep, const int32_t *keep_rows);
+/* As ei_forward, but out gets each output row's hidden state after the final norm (n_embd floats,
+ * hidden[j * n_embd ...]) in place of its logits: what embeddings pool. */
+ei_status ei_forward_hidden(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens,
+                            const int32_t *slots, const int32_t *pos, const int32_t *cells,
+                            int32_t n_out, const int32_t *out_rows, float *hidden,
+                            int32_t n_keep, const int32_t *keep_rows);
 
 /* ==== Quantization for the converter (native/src/quantize.c; owner: convert) ==== */
 /* Bytes of one row of n_cols elements of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,

@@ -325,9 +325,10 @@ static void attention_block(ei_runtime *rt, int l, int64_t T, const int32_t *slo
     ei_parallel_matmul(rt, &o, 1, rt->att, T);
 }
 
-ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
-                     const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
-                     float *logits, int32_t n_keep, const int32_t *keep_rows) {
+/* hidden: out gets each output row's final-normed hidden state (n_embd floats) instead of its logits. */
+static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                         const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
+                         float *logits, int hidden, int32_t n_keep, const int32_t *keep_rows) {
     if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "forward: null runtime");
     ei_status st = check_batch(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits);
     if (st != EI_OK) return st;
@@ -370,11 +371,25 @@ ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, co
     }
     ei_state_end(rt, n_tokens, slots, pos);
     if (n_out == 0) return EI_OK;
+    float *normed = hidden ? logits : rt->out_rows;
     for (int32_t j = 0; j < n_out; j++)
-        rmsnorm(rt->out_rows + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->globals.output_norm.data, d, c->rms_eps);
+        rmsnorm(normed + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->globals.output_norm.data, d, c->rms_eps);
+    if (hidden) return EI_OK;
     ei_mm_job head = {ei_model_output(m), logits, rt->packed[(size_t)c->n_layer * EI_PACKED_PER_LAYER]};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
     softcap(logits, (int64_t)n_out * c->n_vocab, c->final_softcap);
     lap(rt, EI_PROF_HEAD, &t);
     return EI_OK;
+}
+
+ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                     const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
+                     float *logits, int32_t n_keep, const int32_t *keep_rows) {
+    return forward(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits, 0, n_keep, keep_rows);
+}
+
+ei_status ei_forward_hidden(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
+                            const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
+                            float *hidden, int32_t n_keep, const int32_t *keep_rows) {
+    return forward(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, hidden, 1, n_keep, keep_rows);
 }
