@@ -8,6 +8,7 @@ the engine (`Engine.submit`) and relay its events. A client that goes away cance
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -23,13 +24,13 @@ from aiohttp import web
 from ..engine import (CacheFileError, ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
                       SlotBusyError, SlotFilesUnsupportedError, TokenEvent, TokenLogprob, ToolError, call_finish,
                       check_logit_bias, grammar_spec)
-from ..errors import (ContextOverflowError, EdgeInferError, InvalidTokenError, SamplingParamsError,
+from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
 from . import anthropic
 from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
-from .protocol import (APIError, DetokenizeBody, GenRequest, SlotBody, TokenizeBody, bad, parse, parse_chat,
+from .protocol import (APIError, DetokenizeBody, EmbeddingsBody, GenRequest, SlotBody, TokenizeBody, bad, parse, parse_chat,
                        parse_completion)
 from .registry import Registry, ServedModel
 
@@ -359,6 +360,40 @@ async def slot_action(request: web.Request) -> web.Response:
     except SlotFilesUnsupportedError as e:
         raise APIError(501, str(e), type="not_supported_error", code="not_supported") from None
     return _json({"id_slot": slot, **out, "timings": {f"{action}_ms": (time.perf_counter() - t0) * 1000}})
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """POST /v1/embeddings (OpenAI's): one unit-length vector per input."""
+    state: ServerState = request.app[STATE_KEY]
+    state.check_draining()
+    body = parse(EmbeddingsBody, await _read_json(request, state))
+    served = state.lookup(body.model)
+    eng = served.require()
+    if not eng.caps.embeddings:
+        raise APIError(501, f"the {eng.caps.device} backend gives no embeddings", type="not_supported_error",
+                       code="not_supported")
+    n_embd = eng.config.n_embd
+    if body.dimensions is not None and body.dimensions != n_embd:
+        raise bad(f"dimensions must be the model's width {n_embd} (no truncation), got {body.dimensions}",
+                  "dimensions", "invalid_value")
+    loop = asyncio.get_running_loop()
+    seqs = await loop.run_in_executor(state.tok_pool, lambda: [eng.tokenize(x) if isinstance(x, str) else x
+                                                               for x in body.items()])
+    state.in_flight += 1
+    try:
+        vectors = await loop.run_in_executor(None, eng.embed, seqs)
+    except ContextOverflowError as e:
+        raise bad(str(e), "input", "context_length_exceeded") from None
+    except (EmbeddingError, InvalidTokenError) as e:
+        raise bad(str(e), "input", "invalid_value") from None
+    finally:
+        state.in_flight -= 1
+    n_tokens = sum(map(len, seqs))
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+             if body.encoding_format == "base64" else v.tolist()} for i, v in enumerate(vectors)]
+    return _json({"object": "list", "data": data, "model": served.name,
+                  "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
 def _piece(eng, token: int) -> str:

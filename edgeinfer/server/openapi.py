@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from . import responses as R
-from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, MessagesBody, SlotBody,
-                       TokenizeBody)
+from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, MessagesBody,
+                       SlotBody, TokenizeBody)
 
 __all__ = ["Operation", "OPERATIONS", "document"]
 
@@ -62,6 +62,12 @@ OPERATIONS = (
               ok=R.ChatCompletion, stream=R.ChatCompletionChunk, errors=GENERATION_ERRORS),
     Operation("POST", "/v1/completions", "completions", "OpenAI text completions", body=CompletionBody,
               ok=R.Completion, stream=R.CompletionChunk, errors=GENERATION_ERRORS),
+    Operation("POST", "/v1/embeddings", "embeddings", "OpenAI embeddings (pooled as the model file says, "
+              "else mean; unit length)", body=EmbeddingsBody, ok=R.EmbeddingList,
+              errors={**{k: v for k, v in GENERATION_ERRORS.items() if k != "429"},
+                      "400": "a bad field, named in `param`: an empty input, one longer than the context, "
+                             "`dimensions` other than the model's",
+                      "501": "the backend gives no embeddings"}),
     Operation("POST", "/tokenize", "tokenize", "Text to token ids (the default model)", body=TokenizeBody,
               ok=R.Tokens, errors={"400": "a bad field", "413": "the body exceeds the server's limit",
                                    "503": "loading, failed or shutting down"}),

@@ -16,7 +16,7 @@ from pydantic_core import PydanticCustomError
 from ..engine import EFFORT_BUDGETS
 
 __all__ = ["APIError", "bad", "GenRequest", "parse_chat", "parse_completion", "parse",
-           "TokenizeBody", "DetokenizeBody", "MessagesBody", "CountTokensBody"]
+           "TokenizeBody", "DetokenizeBody", "MessagesBody", "CountTokensBody", "EmbeddingsBody"]
 
 
 class APIError(Exception):
@@ -178,6 +178,25 @@ class DetokenizeBody(_Body):
 class SlotBody(_Body):
     """POST /slots/{id_slot}: the file, a plain name inside --prompt-cache DIR (save, restore)."""
     filename: str | None = None
+
+
+_MAX_EMBED_INPUTS = 2048   # OpenAI's limit of inputs per request
+
+
+class EmbeddingsBody(_Body):
+    """POST /v1/embeddings (OpenAI's): a string, token ids, or a batch of either."""
+    input: (Annotated[str, Field(min_length=1)]
+            | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=_MAX_EMBED_INPUTS)]
+            | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1, max_length=_MAX_EMBED_INPUTS)])
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)   # only the model's own width: no truncation
+    user: str | None = None
+
+    def items(self) -> list[str | list[int]]:
+        """The inputs, one per embedding."""
+        x = self.input
+        return [x] if isinstance(x, str) or isinstance(x[0], int) else list(x)
 
 
 M = TypeVar("M", bound=BaseModel)

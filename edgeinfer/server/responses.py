@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 __all__ = ["ErrorResponse", "Health", "ModelObject", "ModelList", "Tokens", "Detokenized",
            "ChatCompletion", "ChatCompletionChunk", "Completion", "CompletionChunk",
-           "AnthropicErrorResponse", "AnthropicMessageOut", "AnthropicStreamEvent", "InputTokens"]
+           "AnthropicErrorResponse", "AnthropicMessageOut", "AnthropicStreamEvent", "InputTokens",
+           "EmbeddingList"]
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
@@ -92,6 +93,25 @@ class SlotAction(_Out):
     n_read: int | None = None
     n_erased: int | None = None
     timings: dict[str, float] = {}
+
+
+class EmbeddingUsage(_Out):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Embedding(_Out):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str     # base64: little-endian float32
+
+
+class EmbeddingList(_Out):
+    """POST /v1/embeddings: one vector per input, in input order."""
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
 
 
 class PromptTokensDetails(_Out):
