@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import GGUFError
-from .reference import ACTIVATIONS, apply_rope, rms_norm
+from .ops import ACTIVATIONS, apply_rope, rms_norm
 
 __all__ = ["Gemma4Dims", "Gemma4Params", "Gemma4Reference", "kv_source_layer"]
 

@@ -79,7 +79,7 @@ QKV_BIAS_ROLES = ("attn_q_bias", "attn_k_bias", "attn_v_bias")
 #: The flags a tensor's `when` may name; each is an attribute of the hyperparameters.
 FLAGS = ("has_qkv_bias", "has_output", "has_rope_freqs", "has_longrope",
          "has_qk_norm", "has_post_norms")   # per-head Q/K norms, post-norms: Qwen3, Gemma 3
-FLAGS += ("has_per_layer_inputs", "stores_kv")   # Gemma 4: per-layer inputs; a layer's own K/V
+FLAGS += ("n_embd_per_layer", "stores_kv")   # Gemma 4: per-layer inputs (their width); a layer's own K/V
 #: LongRoPE's two sets of per-frequency divisors; the native model gets one of them as its
 #: rope_freqs, chosen by the context size (llama.cpp: long when n_ctx > the original context).
 LONGROPE_ROLES = ("rope_factors_short", "rope_factors_long")
@@ -147,6 +147,10 @@ class FamilySwitches:
     @property
     def has_attn_gate(self) -> bool:
         return self.family.attn_gate
+
+    @property
+    def has_v_norm(self) -> bool:
+        return self.family.v_norm
 
 
 class Dims(Protocol):
@@ -240,6 +244,8 @@ class Arch:
     # norm_shift leaves alone (its gated RMSNorm scales by w)
     attn_gate: bool = False
     unshifted_norms: tuple[str, ...] = ()
+    # ---- Gemma 4: v heads RMS-normed without a weight before they are stored
+    v_norm: bool = False
     # False: the converter and the reference know the family, the native runtimes not yet
     native: bool = True
 
@@ -463,21 +469,21 @@ def _gemma4_tensors() -> tuple[Tensor, ...]:
     out = [replace(t, when="stores_kv") if t.role in kv_roles else t
            for t in GEMMA3 if t.role != "rope_freqs"]
     return tuple(out) + (
-        Tensor("rope_freqs", "rope_freqs.weight", lambda h: (h.head_dim // 2,), when="has_rope_freqs"),
+        Tensor("rope_freqs", "rope_freqs.weight", lambda h: (h.rope_dim // 2,), when="has_rope_freqs"),
         Tensor("per_layer_token_embd", "per_layer_token_embd.weight",
                lambda h: (h.n_embd_per_layer * h.n_layer, h.n_vocab), "model.embed_tokens_per_layer.weight",
-               when="has_per_layer_inputs"),
+               when="n_embd_per_layer"),
         Tensor("per_layer_model_proj", "per_layer_model_proj.weight",
                lambda h: (h.n_embd, h.n_embd_per_layer * h.n_layer), "model.per_layer_model_projection.weight",
-               when="has_per_layer_inputs"),
+               when="n_embd_per_layer"),
         Tensor("per_layer_proj_norm", "per_layer_proj_norm.weight", lambda h: (h.n_embd_per_layer,),
-               "model.per_layer_projection_norm.weight", when="has_per_layer_inputs"),
+               "model.per_layer_projection_norm.weight", when="n_embd_per_layer"),
         Tensor("per_layer_inp_gate", "blk.{i}.inp_gate.weight", lambda h: (h.n_embd, h.n_embd_per_layer),
-               _L + "per_layer_input_gate.weight", when="has_per_layer_inputs"),
+               _L + "per_layer_input_gate.weight", when="n_embd_per_layer"),
         Tensor("per_layer_proj", "blk.{i}.proj.weight", lambda h: (h.n_embd_per_layer, h.n_embd),
-               _L + "per_layer_projection.weight", when="has_per_layer_inputs"),
+               _L + "per_layer_projection.weight", when="n_embd_per_layer"),
         Tensor("per_layer_post_norm", "blk.{i}.post_norm.weight", lambda h: (h.n_embd,),
-               _L + "post_per_layer_input_norm.weight", when="has_per_layer_inputs"),
+               _L + "post_per_layer_input_norm.weight", when="n_embd_per_layer"),
         Tensor("layer_out_scale", "blk.{i}.layer_output_scale.weight", lambda h: (1,), _L + "layer_scalar"),
     )
 
@@ -536,7 +542,7 @@ ARCHS: dict[str, Arch] = {
     "qwen35": Arch("qwen35", QWEN35, hf_classes={"Qwen3_5ForCausalLM": "qwen3_5_text",
                                                  "Qwen3_5ForConditionalGeneration": "qwen3_5"},
                    rope="neox", qkv_bias=False, qk_norm=True, attn_gate=True, norm_shift=1.0,
-                   unshifted_norms=("ssm_norm",), keys=HYBRID_KEYS, native=False,
+                   unshifted_norms=("ssm_norm",), keys=HYBRID_KEYS,
                    hf_keys={**HF_KEYS, "partial_rotary": "partial_rotary_factor"}),
     # LFM2 / LFM2.5: short-conv + GQA hybrid (layer kinds from head_count_kv per layer)
     "lfm2": Arch("lfm2", LFM2, hf_classes={"Lfm2ForCausalLM": "lfm2"}, rope="neox", qkv_bias=False, qk_norm=True,
@@ -544,11 +550,11 @@ ARCHS: dict[str, Arch] = {
                  hf_keys={**HF_KEYS, "rms_eps": "norm_eps", "conv_kernel": "conv_L_cache",
                           "layer_types": "layer_types"}),
     # Gemma 4 (edgeinfer/arch/gemma4.py): Gemma 3's ops plus per-layer inputs, KV-shared layers,
-    # two head sizes, v norms, layer scales; converted and run by the reference, not yet natively
+    # two head sizes, v norms, layer scales (the CPU runtime: native/src/per_layer.c and per-layer sizes)
     "gemma4": Arch("gemma4", GEMMA4, hf_classes={"Gemma4ForCausalLM": "gemma4_text",
                                                  "Gemma4ForConditionalGeneration": "gemma4"},
-                   rope="neox", qkv_bias=False, act="gelu_tanh", qk_norm=True, post_norms=True,
-                   embd_scale_sqrt=True, swa_pattern=0, rope_theta_local=10000.0, native=False,
+                   rope="neox", qkv_bias=False, act="gelu_tanh", qk_norm=True, post_norms=True, v_norm=True,
+                   embd_scale_sqrt=True, swa_pattern=0, rope_theta_local=10000.0,
                    keys={**GGUF_KEYS, "n_embd_per_layer": "embedding_length_per_layer_input",
                          "n_kv_shared": "attention.shared_kv_layers",
                          "head_dim_swa": "attention.key_length_swa", "value_dim_swa": "attention.value_length_swa",

@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..arch.reference import ForwardParams, Layer, Positions, Reference, rotate
+from ..arch.reference import ForwardParams, Layer, Positions, Reference, reference_for, rotate
 from ..errors import ConversionError
 from ..gguf.types import GGMLType as T
 from .arch import HParams, TensorMap
@@ -237,7 +237,10 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
     costs: dict[str, TensorCost] = {}
     rng = np.random.default_rng(seed)
     meta = {"general.architecture": hp.arch.name, **{k: v for k, v, _ in hp.metadata()}}
-    ref = Reference(ForwardParams.from_metadata(meta), _ConvertedWeights(hp, tmap, load), np.float32)
+    ref = reference_for(meta, _ConvertedWeights(hp, tmap, load), np.float32)
+    if not isinstance(ref, Reference):   # the backward below walks the table-driven Reference's layers
+        raise ConversionError(f"--type auto cannot price {hp.arch.name} weights (its per-layer inputs and "
+                              f"KV-shared layers have no backward here); choose a --type")
     # LongRoPE's factors by the window's length, as transformers chooses them
     pos = {len(w): ref.positions(len(w)) for w in ids}
 

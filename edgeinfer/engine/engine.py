@@ -7,7 +7,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
-from ..backends import Capabilities, KVPlan, select_backend
+from ..backends import Capabilities, KVPlan, backend_for_model, select_backend
 from ..errors import ContextOverflowError, EmbeddingError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, local_ring_cells
@@ -154,6 +154,7 @@ class Engine:
         path = Path(resolve_model(str(path)))
         gguf = GGUFFile(path)
         cfg = ModelConfig.from_gguf(gguf)
+        backend = backend_for_model(backend, device, cfg, n_threads=n_threads, isa=isa)
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         n_sink = min(n_sink, n_ctx // 4)

@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("edgeinfer")
 
-
 class SlotBusyError(EdgeInferError):
     """A slot file action on a slot a request or a lease holds (HTTP 409)."""
 

@@ -7,9 +7,10 @@ import re
 from dataclasses import dataclass, field
 
 from ..arch import Arch, HeadDims, Weight, get_arch
-from ..arch.table import NATIVE_LAYER_KINDS, QKV_BIAS_ROLES, FamilySwitches
+from ..arch.gemma4 import Gemma4Dims, Gemma4Params
+from ..arch.table import NATIVE_LAYER_KINDS, QKV_BIAS_ROLES, FamilySwitches, RecurrentDims
 from ..arch.reference import is_local_layer as _is_local
-from ..errors import GGUFError, UnsupportedTypeError
+from ..errors import GGUFError, UnsupportedArchitectureError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
 
@@ -30,9 +31,9 @@ MAX_CTX = 1 << 24
 
 
 @dataclass
-class ModelConfig(HeadDims, FamilySwitches):
+class ModelConfig(HeadDims, FamilySwitches, Gemma4Dims, RecurrentDims):
     """A model's hyperparameters; the family's own switches (rope_neox, has_qk_norm, ...) come
-    from its table entry (FamilySwitches)."""
+    from its table entry (FamilySwitches), per-layer sizes from Gemma4Dims."""
     arch: str
     n_layer: int
     n_embd: int
@@ -66,6 +67,21 @@ class ModelConfig(HeadDims, FamilySwitches):
     # taps of the recurrent layers' causal conv (LFM2's shortconv.l_cache)
     layer_kinds: tuple[str, ...] = ()
     conv_kernel: int = 0
+    # Qwen3.5's Gated DeltaNet sizes (0: none); its layer_kinds end with the n_mtp MTP blocks the
+    # file keeps after the n_layer trunk layers (loaded and checked, not run by the trunk)
+    ssm_head_dim: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    n_mtp: int = 0
+    # Gemma 4: the sliding layers' head size and rotated dims (0: head_dim, rope_dim), per-layer FFN
+    # widths (empty: n_ff everywhere), per-layer sliding flags (empty: swa_pattern says), the last
+    # n_kv_shared layers reading an earlier layer's KV, per-layer inputs' width
+    head_dim_swa: int = 0
+    rope_dim_swa: int = 0
+    n_ff_layers: tuple[int, ...] = ()
+    swa_layers: tuple[bool, ...] = ()
+    n_kv_shared: int = 0
+    n_embd_per_layer: int = 0
     tensor_types: dict[str, int] = field(default_factory=dict, repr=False)
     family: Arch | None = field(default=None, repr=False, compare=False)   # the table entry of `arch`
 
@@ -85,8 +101,13 @@ class ModelConfig(HeadDims, FamilySwitches):
 
     @property
     def layer_kind(self) -> list[int]:
-        """The native config's ei_layer_kind of each layer."""
-        return [NATIVE_LAYER_KINDS[k] for k in self.layer_kinds]
+        """The native config's ei_layer_kind of each trunk layer."""
+        return [NATIVE_LAYER_KINDS[k] for k in self.layer_kinds[:self.n_layer]]
+
+    @property
+    def ssm_conv_kernel(self) -> int:
+        """The table's name for the delta-net conv's taps (conv_kernel)."""
+        return self.conv_kernel
 
     @property
     def act_gelu(self) -> bool:
@@ -95,11 +116,34 @@ class ModelConfig(HeadDims, FamilySwitches):
 
     def is_local_layer(self, layer: int) -> bool:
         """Is `layer` a sliding-window layer (attends to the last swa_window positions only)?"""
+        if self.swa_layers:
+            return self.swa_window > 0 and self.swa_layers[layer]
         return _is_local(layer, self.swa_window, self.swa_pattern)
 
+    @property
+    def local_layers(self) -> frozenset[int]:
+        return frozenset(i for i in range(self.n_layer) if self.is_local_layer(i))
+
+    @property
+    def layer_full(self) -> list[int]:
+        """The native config's per-layer flag: 1 for a layer a per-layer list keeps global."""
+        return [int(not f) for f in self.swa_layers]
+
+    @property
+    def n_ff_per_layer(self) -> list[int]:
+        """The native config's per-layer FFN widths (empty: n_ff everywhere)."""
+        return list(self.n_ff_layers)
+
     def kv_layer_cells(self, n_ctx: int, max_batch: int) -> list[int]:
-        """KV cells per slot of each layer, as the CPU runtime allocates them."""
-        return kv_layer_cells(self.n_layer, self.swa_window, self.swa_pattern, n_ctx, max_batch)
+        """KV cells per slot each layer stores, as the CPU runtime allocates them (0: a recurrent
+        or KV-shared layer)."""
+        cells = kv_layer_cells(self.n_layer, self.swa_window, self.swa_pattern, n_ctx, max_batch, self.swa_layers)
+        return [c if self.layer_stores_kv(i) and (not self.layer_kinds or self.layer_kinds[i] == "attention") else 0
+                for i, c in enumerate(cells)]
+
+    def kv_layer_elems(self) -> list[int]:
+        """K (or V) elements per cell of each layer: its KV heads times its head size."""
+        return [self.n_head_kv * self.layer_head_dim(i) for i in range(self.n_layer)]
 
     def weights(self) -> list[Weight]:
         """Every tensor this model uses (name, table entry, layer, GGML shape), in the table's
@@ -130,6 +174,9 @@ class ModelConfig(HeadDims, FamilySwitches):
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
         a = get_arch(f.get("general.architecture", kind=str), str(f.path))
+        if not a.native:
+            raise UnsupportedArchitectureError(f"{f.path}: architecture {a.name!r} converts, but the native "
+                                               f"runtimes cannot run it yet")
         key = a.key
 
         def get_int(hparam: str, default=None, lo: int = 1, hi: int = 1 << 62) -> int:
@@ -154,8 +201,11 @@ class ModelConfig(HeadDims, FamilySwitches):
                             f"{expert_count}) are not supported")
 
         n_layer = get_int("n_layer", hi=MAX_LAYERS)
+        deltanet = _deltanet_layers(a, f, key, n_layer) if "ssm_head_dim" in a.keys else {}
+        n_layer -= deltanet.get("n_mtp", 0)
         n_embd = get_int("n_embd", hi=MAX_EMBD)
-        n_ff = get_int("n_ff", hi=MAX_FF)
+        per_layer = _gemma4_hparams(a, f, n_layer) if "n_kv_shared" in a.keys else {}
+        n_ff = per_layer.pop("n_ff", None) or get_int("n_ff", hi=MAX_FF)
         n_head = get_int("n_head", hi=MAX_HEADS)
         hybrid = _hybrid_layers(a, f, key, n_layer)
         n_head_kv = hybrid.pop("n_head_kv", None) or get_int("n_head_kv", n_head, hi=MAX_HEADS)
@@ -243,10 +293,26 @@ class ModelConfig(HeadDims, FamilySwitches):
             has_rope_freqs=_has(a, "rope_freqs", tensors),
             has_longrope=_has(a, "rope_factors_long", tensors) or _has(a, "rope_factors_short", tensors),
             rope_ctx_orig=rope_ctx_orig, rope_attn_factor=rope_attn_factor,
-            family=a, **extra, **hybrid,
+            family=a, **{**extra, **per_layer}, **hybrid, **deltanet,
         )
         cfg._check_tensors(f)
         return cfg
+
+    def _shape_source(self, name: str) -> str:
+        """' (from KEY = value, ...)': the metadata a tensor's expected shape is computed from,
+        found by reading its table shape through a probe that notes the sizes it asks for."""
+        tensor = next(w.tensor for w in self.weights() if w.name == name)
+        asked: list[str] = []
+        cfg = self
+
+        class Probe:
+            def __getattr__(self, attr):
+                asked.append(attr)
+                return getattr(cfg, attr)
+
+        tensor.shape(Probe())
+        keys = [f"{self.family.key(a)} = {getattr(self, a)}" for a in dict.fromkeys(asked) if a in self.family.keys]
+        return f" (from {', '.join(keys)})" if keys else ""
 
     def _check_tensors(self, f: GGUFFile) -> None:
         expected = self.expected_shapes()
@@ -258,7 +324,7 @@ class ModelConfig(HeadDims, FamilySwitches):
                                 f"({self.arch}, {self.n_layer} layers)")
             if t.shape != shape:
                 raise GGUFError(f"{f.path}: tensor {name!r} has shape {list(t.shape)}, "
-                                f"expected {list(shape)}")
+                                f"expected {list(shape)}{self._shape_source(name)}")
             allowed = VECTOR_TYPES if len(shape) == 1 else COMPUTE_TYPES
             if t.type not in allowed:
                 raise UnsupportedTypeError(
@@ -277,6 +343,32 @@ class ModelConfig(HeadDims, FamilySwitches):
                         f"{self.n_layer})")
             raise GGUFError(f"{f.path}: unexpected tensor(s) {shown}{more} not used by the "
                             f"{self.arch} architecture as edgeinfer implements it{hint}")
+
+
+def _deltanet_layers(a: Arch, f: GGUFFile, key, n_blocks: int) -> dict:
+    """Qwen3.5's layer kinds (attention.recurrent_layers: one flag per block, the MTP blocks last),
+    its delta-net sizes, conv taps and MTP block count, each checked against the others."""
+    def get(hparam: str, lo: int, hi: int, default=None) -> int:
+        v = f.get(key(hparam), kind=int) if default is None else f.get(key(hparam), default, kind=int)
+        if not lo <= v <= hi:
+            raise GGUFError(f"{f.path}: {key(hparam)} = {v} is out of range [{lo}, {hi}]")
+        return int(v)
+    n_mtp = get("n_mtp", 0, n_blocks - 1, default=0)
+    dims = {h: get(h, 1, 1 << 12) for h in ("ssm_head_dim", "ssm_k_heads", "ssm_v_heads")}
+    conv = get("ssm_conv_kernel", 2, 16)
+    if dims["ssm_v_heads"] % dims["ssm_k_heads"]:
+        raise GGUFError(f"{f.path}: {key('ssm_v_heads')} = {dims['ssm_v_heads']} is not a multiple of "
+                        f"{key('ssm_k_heads')} = {dims['ssm_k_heads']}")
+    inner = f.get(key("ssm_inner"), None, kind=int)
+    if inner is not None and inner != dims["ssm_v_heads"] * dims["ssm_head_dim"]:
+        raise GGUFError(f"{f.path}: {key('ssm_inner')} = {inner} disagrees with {key('ssm_v_heads')} x "
+                        f"{key('ssm_head_dim')} = {dims['ssm_v_heads'] * dims['ssm_head_dim']}")
+    flags = f.get(key("recurrent_layers"))
+    flags = flags.tolist() if hasattr(flags, "tolist") else flags
+    if not isinstance(flags, list) or len(flags) != n_blocks:
+        raise GGUFError(f"{f.path}: {key('recurrent_layers')} must hold {n_blocks} flags (one per block)")
+    kinds = tuple("recurrent" if v else "attention" for v in flags[:n_blocks - n_mtp]) + ("mtp",) * n_mtp
+    return {**dims, "conv_kernel": conv, "n_mtp": n_mtp, "layer_kinds": kinds}
 
 
 def _hybrid_layers(a: Arch, f: GGUFFile, key, n_layer: int) -> dict:
@@ -301,6 +393,29 @@ def _hybrid_layers(a: Arch, f: GGUFFile, key, n_layer: int) -> dict:
             "layer_kinds": tuple("attention" if v else "shortconv" for v in kv)}
 
 
+def _gemma4_hparams(a: Arch, f: GGUFFile, n_layer: int) -> dict:
+    """Gemma 4's per-layer sizes and layout (edgeinfer/arch/gemma4.py reads its metadata), checked
+    against what the native runtimes hold."""
+    try:
+        p = Gemma4Params.from_metadata(f.metadata)
+    except (TypeError, ValueError) as e:
+        raise GGUFError(f"{f.path}: gemma4 metadata: {e}") from e
+    if not 0 < p.head_dim_swa <= p.head_dim or p.head_dim_swa % 2 or p.rope_dim_swa % 2 or \
+            not 0 < p.rope_dim_swa <= p.head_dim_swa:
+        raise GGUFError(f"{f.path}: {a.key('head_dim_swa')} = {p.head_dim_swa} / {a.key('rope_dim_swa')} = "
+                        f"{p.rope_dim_swa} must be even, rope <= head <= {a.key('head_dim')} = {p.head_dim}")
+    if int(f.get(a.key("value_dim_swa"), p.head_dim_swa)) != p.head_dim_swa:
+        raise GGUFError(f"{f.path}: {a.key('value_dim_swa')} differs from {a.key('head_dim_swa')}; not supported")
+    if not 0 <= p.n_kv_shared < n_layer or p.n_embd_per_layer < 0 or \
+            any(not 0 < w <= MAX_FF for w in p.n_ff_layers) or len(p.n_ff_layers) not in (0, n_layer):
+        raise GGUFError(f"{f.path}: gemma4 layout out of range (n_kv_shared {p.n_kv_shared}, per-layer input "
+                        f"{p.n_embd_per_layer}, {len(p.n_ff_layers)} FFN widths for {n_layer} layers)")
+    return dict(n_ff=p.n_ff, n_ff_layers=p.n_ff_layers, head_dim_swa=p.head_dim_swa, rope_dim_swa=p.rope_dim_swa,
+                swa_window=p.swa_window, swa_pattern=0, swa_layers=tuple(i in p.local_layers for i in range(n_layer)),
+                rope_theta_local=p.rope_theta_local, n_kv_shared=p.n_kv_shared, n_embd_per_layer=p.n_embd_per_layer,
+                attn_scale=float(f.get(a.key("attn_scale"), 1.0)))   # q and k are normed: scale 1
+
+
 def _has(a: Arch, role: str, tensors) -> bool:
     """Whether the file holds the optional global tensor `role` (False: the family has none)."""
     return any(t.role == role for t in a.tensors) and a.tensor(role).gguf in tensors
@@ -317,10 +432,14 @@ def local_ring_cells(swa_window: int, n_ctx: int, max_batch: int) -> int:
     return r if swa_window > 0 and r < n_ctx else 0
 
 
-def kv_layer_cells(n_layer: int, swa_window: int, swa_pattern: int, n_ctx: int, max_batch: int) -> list[int]:
-    """KV cells per slot of each layer: n_ctx, or the local ring for a sliding-window layer."""
+def kv_layer_cells(n_layer: int, swa_window: int, swa_pattern: int, n_ctx: int, max_batch: int,
+                   swa_layers: tuple[bool, ...] = ()) -> list[int]:
+    """KV cells per slot of each layer: n_ctx, or the local ring for a sliding-window layer (the
+    per-layer flags `swa_layers` when given, else the pattern)."""
     r = local_ring_cells(swa_window, n_ctx, max_batch)
-    return [r if r and _is_local(i, swa_window, swa_pattern) else n_ctx for i in range(n_layer)]
+    local = [bool(f) for f in swa_layers] if swa_layers else [_is_local(i, swa_window, swa_pattern)
+                                                              for i in range(n_layer)]
+    return [r if r and local[i] else n_ctx for i in range(n_layer)]
 
 
 def _family_hparams(a: Arch, f: GGUFFile, get_int, get_float, key, n_embd: int, head_dim: int) -> dict:

@@ -41,7 +41,7 @@ def model_tensors(gguf: GGUFFile, cfg: ModelConfig, n_ctx: int) -> Iterator[tupl
     weights = {w.name: w for w in cfg.weights()}
     for name, info in gguf.tensors.items():
         w = weights.get(name)
-        if w is None:
+        if w is None or w.layer >= cfg.n_layer:   # MTP blocks: kept in the file, not run by the trunk
             continue
         t = w.tensor
         if t.role in LONGROPE_ROLES:

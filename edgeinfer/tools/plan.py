@@ -92,6 +92,9 @@ class ModelShape(HeadDims):
     swa_pattern: int = 0
     header_bytes: int = 0    # metadata and tensor infos: the file's bytes before the tensor data
     tied_embd_bytes: int = 0  # the token embedding's bytes when the output head is tied to it, else 0
+    # per layer (Gemma 4): K elements per cell it stores (0: a KV-shared or recurrent layer), sliding flags
+    layer_kv_elems: tuple[int, ...] = ()
+    swa_layers: tuple[bool, ...] = ()
 
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
@@ -114,7 +117,9 @@ def model_shape(path: str | os.PathLike) -> ModelShape:
                       n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_ff=cfg.n_ff, n_vocab=cfg.n_vocab,
                       n_ctx_train=cfg.n_ctx_train, rope_dim=cfg.rope_dim, weights_bytes=weights,
                       file_bytes=p.stat().st_size, path=str(p), swa_window=cfg.swa_window,
-                      swa_pattern=cfg.swa_pattern, header_bytes=header, tied_embd_bytes=tied)
+                      swa_pattern=cfg.swa_pattern, header_bytes=header, tied_embd_bytes=tied,
+                      layer_kv_elems=tuple(e if c else 0 for e, c in zip(cfg.kv_layer_elems(), cfg.kv_layer_cells(1, 1))),
+                      swa_layers=cfg.swa_layers)
 
 
 def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: int = DEFAULT_MAX_BATCH) -> int:
@@ -124,8 +129,9 @@ def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: in
     if kv not in KV_TYPES:
         raise ValueError(f"kv must be one of {sorted(KV_TYPES)}, got {kv!r}")
     per_elem = KV_TYPES[kv]
-    cells = sum(kv_layer_cells(m.n_layer, m.swa_window, m.swa_pattern, ctx, max_batch))
-    return int(round(2 * m.n_head_kv * m.head_dim * cells * per_elem * slots))
+    cells = kv_layer_cells(m.n_layer, m.swa_window, m.swa_pattern, ctx, max_batch, m.swa_layers)
+    elems = m.layer_kv_elems or (m.n_head_kv * m.head_dim,) * m.n_layer
+    return int(round(2 * sum(e * c for e, c in zip(elems, cells)) * per_elem * slots))
 
 
 def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_MAX_BATCH,

@@ -204,6 +204,12 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     char msg[256];
     if (ei_config_check(c, msg, sizeof msg) != EI_OK)
         return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration: %s", msg);
+    int per_layer_sizes = 0;
+    for (int l = 0; l < c->n_layer; l++) per_layer_sizes |= c->n_ff_per_layer[l] != 0;
+    if (c->n_embd_per_layer || c->n_kv_shared || c->has_v_norm || per_layer_sizes ||
+        (c->head_dim_swa && c->head_dim_swa != c->head_dim) || (c->rope_dim_swa && c->rope_dim_swa != c->rope_dim))
+        return eic_fail(EI_ERR_UNSUPPORTED, "the CUDA runtime has no per-layer inputs, KV-shared layers, v norms or "
+                                            "per-layer head sizes and FFN widths yet (Gemma 4)");
     if (c->head_dim > EIC_MAX_HEAD_DIM || c->n_head / c->n_head_kv > EIC_MAX_GROUP)
         return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d and GQA groups <= %d (got %d, %d)",
                         EIC_MAX_HEAD_DIM, EIC_MAX_GROUP, c->head_dim, c->n_head / c->n_head_kv);

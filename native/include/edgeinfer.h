@@ -148,6 +148,20 @@ typedef struct {
     /* ---- hybrid models (LFM2, Qwen3.5): recurrent layers beside attention ---- */
     int32_t conv_kernel;      /* taps of the recurrent layers' causal depthwise conv (LFM2's L_cache); 0: none */
     uint8_t layer_kind[1024]; /* ei_layer_kind of layer l < n_layer (all 0: attention only) */
+    /* ---- Qwen3.5: Gated DeltaNet layers (EI_LAYER_DELTANET) and gated attention ---- */
+    int32_t ssm_head_dim;     /* d_k = d_v of a delta-net head (0: no delta-net layers) */
+    int32_t ssm_k_heads;      /* its q / k heads; value head h reads key head h % ssm_k_heads */
+    int32_t ssm_v_heads;      /* its value heads, each with a ssm_head_dim x ssm_head_dim state per slot */
+    int32_t has_attn_gate;    /* 1: attn_q rows are each head's query then its output gate (sigmoid) */
+    /* ---- Gemma 4: two head sizes, per-layer FFN widths and sliding flags, KV-shared layers, per-layer inputs ---- */
+    int32_t head_dim_swa;     /* head size of the sliding-window layers (0: head_dim) */
+    int32_t rope_dim_swa;     /* dimensions rotated per head in the sliding-window layers (0: rope_dim) */
+    int32_t n_kv_shared;      /* the last n_kv_shared layers store no KV: each attends over the KV of the
+                                 last layer before them of its own kind (sliding or not) */
+    int32_t n_embd_per_layer; /* > 0: per-layer inputs of this width (per_layer_* roles), added after each FFN */
+    int32_t has_v_norm;       /* 1: each v head is RMS-normed (no weight) before it is stored */
+    uint8_t layer_full[1024]; /* 1: layer l < n_layer attends to the whole context though swa_window > 0 */
+    int32_t n_ff_per_layer[1024]; /* FFN width of layer l < n_layer (0: n_ff, which is the widest) */
 } ei_model_config;
 
 /* What a layer's mixing block is. Attention layers hold KV cells in the ring; the others hold a

@@ -91,10 +91,17 @@ static inline int ei_layer_is_recurrent(const ei_model_config *c, int l) {
     return ei_layer_kind_of(c, l) != EI_LAYER_ATTENTION;
 }
 
+/* Qwen3.5's delta-net sizes: the value width (v heads x head size) and the conv's channels (q, k, v). */
+static inline int64_t ei_deltanet_inner(const ei_model_config *c) { return (int64_t)c->ssm_v_heads * c->ssm_head_dim; }
+static inline int64_t ei_deltanet_conv_dim(const ei_model_config *c) {
+    return (int64_t)(2 * c->ssm_k_heads + c->ssm_v_heads) * c->ssm_head_dim;
+}
+
 /* Channels of layer l's causal conv window (0: no window). */
 static inline int64_t ei_layer_conv_channels(const ei_model_config *c, int l) {
     switch (ei_layer_kind_of(c, l)) {
     case EI_LAYER_SHORTCONV: return c->n_embd;
+    case EI_LAYER_DELTANET: return ei_deltanet_conv_dim(c);
     default: return 0;
     }
 }
@@ -105,8 +112,52 @@ static inline int64_t ei_layer_state_floats(const ei_model_config *c, int l) {
     const int64_t window = c->conv_kernel > 1 ? (int64_t)(c->conv_kernel - 1) * ei_layer_conv_channels(c, l) : 0;
     switch (ei_layer_kind_of(c, l)) {
     case EI_LAYER_SHORTCONV: return window;
+    case EI_LAYER_DELTANET: return window + ei_deltanet_inner(c) * c->ssm_head_dim;   /* then [v head][d_k][d_v] */
     default: return 0;
     }
+}
+
+/* Layer l is a sliding-window (local) layer; global iff (l + 1) % swa_pattern == 0, as llama.cpp
+ * and transformers lay out Gemma 3 (5 local : 1 global for a pattern of 6), or layer_full[l] says
+ * so (Gemma 4's per-layer layout). */
+static inline int ei_layer_is_local(const ei_model_config *c, int l) {
+    return c->swa_window > 0 && !(l >= 0 && c->layer_full[l]) && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
+}
+
+/* Layer l rotates q and k; with a no-RoPE step, every step-th layer does not (SmolLM3, as llama.cpp's
+ * n_no_rope_layer_step and transformers' no_rope_layers lay it out). */
+static inline int ei_layer_uses_rope(const ei_model_config *c, int l) {
+    return c->no_rope_layer_step <= 0 || (l + 1) % c->no_rope_layer_step != 0;
+}
+
+/* ---- Gemma 4: per-layer head size and FFN width, KV-shared layers ---- */
+/* Head size of layer l (-1: the model's, the widest). */
+static inline int ei_layer_head_dim(const ei_model_config *c, int l) {
+    return l >= 0 && c->head_dim_swa > 0 && ei_layer_is_local(c, l) ? c->head_dim_swa : c->head_dim;
+}
+
+/* Dimensions layer l rotates per head. */
+static inline int ei_layer_rope_dim(const ei_model_config *c, int l) {
+    return l >= 0 && c->rope_dim_swa > 0 && ei_layer_is_local(c, l) ? c->rope_dim_swa : c->rope_dim;
+}
+
+/* FFN width of layer l (-1: the widest). */
+static inline int ei_layer_n_ff(const ei_model_config *c, int l) {
+    return l >= 0 && c->n_ff_per_layer[l] > 0 ? c->n_ff_per_layer[l] : c->n_ff;
+}
+
+/* Layer l writes K and V of its own (an attention layer before the KV-shared ones). */
+static inline int ei_layer_stores_kv(const ei_model_config *c, int l) {
+    return (l < 0 || c->layer_kind[l] == EI_LAYER_ATTENTION) && l < c->n_layer - c->n_kv_shared;
+}
+
+/* The layer whose KV layer l attends over: itself, or for a KV-shared layer the last layer that stores KV
+ * of its own kind (sliding or not), as transformers' Gemma 4 picks it; -1 when there is none. */
+static inline int ei_layer_kv_source(const ei_model_config *c, int l) {
+    if (ei_layer_stores_kv(c, l)) return l;
+    for (int s = c->n_layer - c->n_kv_shared - 1; s >= 0; s--)
+        if (ei_layer_stores_kv(c, s) && ei_layer_is_local(c, s) == ei_layer_is_local(c, l)) return s;
+    return -1;
 }
 
 #define EI_PRESENCE_ALWAYS EI_REQUIRED
@@ -115,16 +166,23 @@ static inline int64_t ei_layer_state_floats(const ei_model_config *c, int l) {
 #define EI_PRESENCE_ATTN (ei_layer_kind_of(c, layer) == EI_LAYER_ATTENTION ? EI_REQUIRED : EI_MUST_BE_ABSENT)
 #define EI_PRESENCE_ATTN_IF(flag) \
     (ei_layer_kind_of(c, layer) == EI_LAYER_ATTENTION && c->flag ? EI_REQUIRED : EI_MUST_BE_ABSENT)
+#define EI_PRESENCE_KV (ei_layer_stores_kv(c, layer) ? EI_REQUIRED : EI_MUST_BE_ABSENT)
+#define EI_PRESENCE_KV_IF(flag) (ei_layer_stores_kv(c, layer) && c->flag ? EI_REQUIRED : EI_MUST_BE_ABSENT)
 #define EI_PRESENCE_ON(KIND) (ei_layer_kind_of(c, layer) == EI_LAYER_##KIND ? EI_REQUIRED : EI_MUST_BE_ABSENT)
 
 /* Whether a model of config c has `role` at `layer` (-1 for global roles), and its shape there. */
 static inline ei_presence ei_role_expect(const ei_model_config *c, int role, int layer, int64_t *ne0_out,
                                          int64_t *ne1_out) {
-    const int64_t n_embd = c->n_embd, n_ff = c->n_ff, n_vocab = c->n_vocab, head_dim = c->head_dim;
-    const int64_t q_dim = (int64_t)c->n_head * c->head_dim, kv_dim = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t n_embd = c->n_embd, n_ff = ei_layer_n_ff(c, layer), n_vocab = c->n_vocab;
+    const int64_t head_dim = ei_layer_head_dim(c, layer);
+    const int64_t q_dim = (int64_t)c->n_head * head_dim, kv_dim = (int64_t)c->n_head_kv * head_dim;
     const int64_t rope_half = c->rope_dim / 2, conv_kernel = c->conv_kernel, n_embd_x3 = 3 * n_embd;
+    const int64_t n_ple = c->n_embd_per_layer, n_ple_all = n_ple * c->n_layer;
     (void)n_embd, (void)n_ff, (void)n_vocab, (void)head_dim, (void)q_dim, (void)kv_dim, (void)rope_half;
-    (void)conv_kernel, (void)n_embd_x3, (void)layer;
+    (void)conv_kernel, (void)n_embd_x3, (void)layer, (void)n_ple, (void)n_ple_all;
+    const int64_t q_rows = c->has_attn_gate ? 2 * q_dim : q_dim, ssm_head_dim = c->ssm_head_dim;
+    const int64_t ssm_v_heads = c->ssm_v_heads, ssm_inner = ei_deltanet_inner(c), ssm_conv_dim = ei_deltanet_conv_dim(c);
+    (void)q_rows, (void)ssm_head_dim, (void)ssm_v_heads, (void)ssm_inner, (void)ssm_conv_dim;
     switch (role) {
 #define EI_ROLE(NAME, id, field, kind, scope, ne0, ne1, presence) \
     case id: *ne0_out = ne0; *ne1_out = ne1; return EI_PRESENCE_##presence;
@@ -132,18 +190,6 @@ static inline ei_presence ei_role_expect(const ei_model_config *c, int role, int
 #undef EI_ROLE
     default: *ne0_out = *ne1_out = 0; return EI_MUST_BE_ABSENT;
     }
-}
-
-/* Layer l is a sliding-window (local) layer; global iff (l + 1) % swa_pattern == 0, as llama.cpp
- * and transformers lay out Gemma 3 (5 local : 1 global for a pattern of 6). */
-static inline int ei_layer_is_local(const ei_model_config *c, int l) {
-    return c->swa_window > 0 && (c->swa_pattern == 0 || (l + 1) % c->swa_pattern != 0);
-}
-
-/* Layer l rotates q and k; with a no-RoPE step, every step-th layer does not (SmolLM3, as llama.cpp's
- * n_no_rope_layer_step and transformers' no_rope_layers lay it out). */
-static inline int ei_layer_uses_rope(const ei_model_config *c, int l) {
-    return c->no_rope_layer_step <= 0 || (l + 1) % c->no_rope_layer_step != 0;
 }
 
 enum { EI_MAX_LAYERS = 1024, EI_MAX_DIM = 1 << 20, EI_MAX_HEAD_DIM = 1024 };
@@ -188,6 +234,35 @@ static inline ei_status ei_config_check(const ei_model_config *c, char *msg, siz
     }
     for (int l = c->n_layer; l < (int)sizeof c->layer_kind; l++)
         if (c->layer_kind[l]) EI_FAIL_(EI_ERR_INVALID_ARG, "layer_kind[%d] set beyond n_layer=%d", l, c->n_layer);
+    /* Gemma 4: the second head size, per-layer widths and sliding flags, KV-shared layers, per-layer inputs */
+    if (c->head_dim_swa < 0 || c->head_dim_swa % 2 || c->head_dim_swa > c->head_dim)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "head_dim_swa=%d must be even and in [0, head_dim=%d]", c->head_dim_swa, c->head_dim);
+    if (c->rope_dim_swa < 0 || c->rope_dim_swa % 2 || c->rope_dim_swa > (c->head_dim_swa ? c->head_dim_swa : c->head_dim))
+        EI_FAIL_(EI_ERR_INVALID_ARG, "rope_dim_swa=%d must be even and <= the sliding layers' head size", c->rope_dim_swa);
+    if (c->has_v_norm != 0 && c->has_v_norm != 1) EI_FAIL_(EI_ERR_INVALID_ARG, "has_v_norm=%d must be 0 or 1", c->has_v_norm);
+    if (c->n_embd_per_layer < 0 || c->n_embd_per_layer > EI_MAX_DIM / c->n_layer)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "n_embd_per_layer=%d out of range", c->n_embd_per_layer);
+    if (c->n_kv_shared < 0 || c->n_kv_shared >= c->n_layer)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "n_kv_shared=%d must be in [0, n_layer=%d)", c->n_kv_shared, c->n_layer);
+    for (int l = 0; l < (int)(sizeof c->layer_full); l++) {
+        if (l >= c->n_layer ? c->layer_full[l] || c->n_ff_per_layer[l] : c->layer_full[l] > 1)
+            EI_FAIL_(EI_ERR_INVALID_ARG, "layer_full[%d]=%d / n_ff_per_layer[%d]=%d: 0 or 1 below n_layer=%d, else 0", l,
+                     c->layer_full[l], l, c->n_ff_per_layer[l], c->n_layer);
+        if (l < c->n_layer && (c->n_ff_per_layer[l] < 0 || c->n_ff_per_layer[l] > c->n_ff))
+            EI_FAIL_(EI_ERR_INVALID_ARG, "n_ff_per_layer[%d]=%d must be in [0, n_ff=%d]", l, c->n_ff_per_layer[l], c->n_ff);
+        if (l < c->n_layer && !ei_layer_is_recurrent(c, l) && ei_layer_kv_source(c, l) < 0)
+            EI_FAIL_(EI_ERR_INVALID_ARG, "KV-shared layer %d has no earlier layer of its kind that stores KV", l);
+    }
+    int deltanet = 0;
+    for (int l = 0; l < c->n_layer; l++) deltanet |= c->layer_kind[l] == EI_LAYER_DELTANET;
+    if (deltanet ? c->ssm_head_dim < 1 || c->ssm_head_dim > EI_MAX_HEAD_DIM || c->ssm_k_heads < 1 ||
+                       c->ssm_v_heads < c->ssm_k_heads || c->ssm_v_heads % c->ssm_k_heads || c->ssm_v_heads > 1024
+                 : c->ssm_head_dim || c->ssm_k_heads || c->ssm_v_heads)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "ssm_head_dim=%d, ssm_k_heads=%d, ssm_v_heads=%d: delta-net layers need a head size "
+                                     "and v heads a multiple of k heads, other models all 0", c->ssm_head_dim,
+                 c->ssm_k_heads, c->ssm_v_heads);
+    if (c->has_attn_gate != 0 && c->has_attn_gate != 1)
+        EI_FAIL_(EI_ERR_INVALID_ARG, "has_attn_gate=%d must be 0 or 1", c->has_attn_gate);
     if (recurrent ? c->conv_kernel < 2 || c->conv_kernel > 16 : c->conv_kernel != 0)
         EI_FAIL_(EI_ERR_INVALID_ARG, "conv_kernel=%d must be in [2, 16] with recurrent layers, else 0", c->conv_kernel);
     return EI_OK;

@@ -23,7 +23,7 @@ static inline void lap(ei_runtime *rt, int s, double *t) {
     *t = n;
 }
 
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+void ei_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     /* eight partial sums: one serial double chain cost 1.6% of 1B-shape prefill */
     double p[8] = {0};
     int64_t i = 0;
@@ -32,19 +32,22 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
     double ss = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
     for (; i < n; i++) ss += (double)x[i] * x[i];
     float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    if (!w) {   /* no weight: Gemma 4's v norm */
+        for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale;
+        return;
+    }
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
 static void rmsnorm_rows(const ei_runtime *rt, float *out, const float *x, const ei_weight *w, int64_t n_tok) {
     int64_t d = rt->m->cfg.n_embd;
-    for (int64_t t = 0; t < n_tok; t++) rmsnorm(out + t * d, x + t * d, w->data, d, rt->m->cfg.rms_eps);
+    for (int64_t t = 0; t < n_tok; t++) ei_rmsnorm(out + t * d, x + t * d, w->data, d, rt->m->cfg.rms_eps);
 }
 
 /* cos/sin of pos * freq_i (freq_i fixed at creation), in double: positions can be large;
  * both times the attention factor (LongRoPE), as ggml's rope scales them. */
-static void rope_fill(const ei_runtime *rt, const double *freq, float *cos_t, float *sin_t, const int32_t *pos,
-                      int64_t n_tok) {
-    const int half = rt->m->cfg.rope_dim / 2;
+static void rope_fill(const ei_runtime *rt, int half, const double *freq, float *cos_t, float *sin_t,
+                      const int32_t *pos, int64_t n_tok) {
     const float af = rt->m->cfg.rope_attn_factor;
     const double m = af > 0 ? (double)af : 1.0;
     for (int64_t t = 0; t < n_tok; t++) {
@@ -57,20 +60,26 @@ static void rope_fill(const ei_runtime *rt, const double *freq, float *cos_t, fl
 }
 
 static void rope_tables(ei_runtime *rt, const int32_t *pos, int64_t n_tok) {
-    rope_fill(rt, rt->rope_freq, rt->rope_cos, rt->rope_sin, pos, n_tok);
-    if (rt->rope_freq_local) rope_fill(rt, rt->rope_freq_local, rt->rope_cos_l, rt->rope_sin_l, pos, n_tok);
+    const ei_model_config *c = &rt->m->cfg;
+    rope_fill(rt, c->rope_dim / 2, rt->rope_freq, rt->rope_cos, rt->rope_sin, pos, n_tok);
+    if (rt->rope_freq_local)
+        rope_fill(rt, (c->rope_dim_swa > 0 ? c->rope_dim_swa : c->rope_dim) / 2, rt->rope_freq_local, rt->rope_cos_l,
+                  rt->rope_sin_l, pos, n_tok);
 }
 
 /* ---- Qwen3 / Gemma 3 ops: per-head Q/K norms, post-norms, embedding scale, softcap ---- */
 
-/* RMSNorm of every q and k head (head_dim wide) with the layer's q_norm / k_norm, in place. */
-static void qk_norm(const ei_runtime *rt, const ei_layer *L, int64_t n_tok) {
+/* RMSNorm of every q and k head (the layer's head size) with the layer's q_norm / k_norm, and of every
+ * v head without a weight (Gemma 4), in place; a KV-shared layer has only q. */
+static void qk_norm(const ei_runtime *rt, int l, const ei_layer *L, int64_t n_tok) {
     const ei_model_config *c = &rt->m->cfg;
-    if (!c->has_qk_norm) return;
-    const int hd = c->head_dim;
-    for (int64_t i = 0; i < n_tok * c->n_head; i++) rmsnorm(rt->q + i * hd, rt->q + i * hd, L->q_norm.data, hd, c->rms_eps);
-    for (int64_t i = 0; i < n_tok * c->n_head_kv; i++)
-        rmsnorm(rt->kc + i * hd, rt->kc + i * hd, L->k_norm.data, hd, c->rms_eps);
+    const int hd = ei_layer_head_dim(c, l), kv = ei_layer_stores_kv(c, l);
+    for (int64_t i = 0; c->has_qk_norm && i < n_tok * c->n_head; i++)
+        ei_rmsnorm(rt->q + i * hd, rt->q + i * hd, L->q_norm.data, hd, c->rms_eps);
+    for (int64_t i = 0; c->has_qk_norm && kv && i < n_tok * c->n_head_kv; i++)
+        ei_rmsnorm(rt->kc + i * hd, rt->kc + i * hd, L->k_norm.data, hd, c->rms_eps);
+    for (int64_t i = 0; c->has_v_norm && kv && i < n_tok * c->n_head_kv; i++)
+        ei_rmsnorm(rt->vc + i * hd, rt->vc + i * hd, NULL, hd, c->rms_eps);
 }
 
 /* A block's output rows y (n_embd wide) through its post-norm, when the model has them. */
@@ -83,8 +92,7 @@ static void softcap(float *x, int64_t n, float cap) {
     for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
-static void rope_head(const ei_model_config *c, float *v, const float *cs, const float *sn) {
-    int half = c->rope_dim / 2;
+static void rope_head(const ei_model_config *c, int half, float *v, const float *cs, const float *sn) {
     for (int i = 0; i < half; i++) {
         int i0 = c->rope_neox ? i : 2 * i;
         int i1 = c->rope_neox ? i + half : 2 * i + 1;
@@ -125,33 +133,33 @@ static void store_kv_head(void *raw, int64_t item) {
     const kv_task *k = raw;
     ei_runtime *rt = k->rt;
     const ei_model_config *c = &rt->m->cfg;
-    const int hd = c->head_dim, half = c->rope_dim / 2;
+    const int hd = ei_layer_head_dim(c, k->layer), half = ei_layer_rope_dim(c, k->layer) / 2;
     const int local = rt->rope_freq_local && ei_layer_is_local(c, k->layer);   /* local layers: their own base */
     const float *cos_t = local ? rt->rope_cos_l : rt->rope_cos, *sin_t = local ? rt->rope_sin_l : rt->rope_sin;
     const int rope = ei_layer_uses_rope(c, k->layer);
     if (item < c->n_head) {
         for (int64_t t = 0; rope && t < k->n_tok; t++)
-            rope_head(c, rt->q + (t * c->n_head + item) * hd, cos_t + t * half, sin_t + t * half);
+            rope_head(c, half, rt->q + (t * c->n_head + item) * hd, cos_t + t * half, sin_t + t * half);
         return;
     }
     const int h = (int)(item - c->n_head);
     const int32_t R = ei_layer_in_local_ring(rt, k->layer) ? rt->local_cells : 0;
     for (int64_t t = 0; t < k->n_tok; t++) {
         float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
-        if (rope) rope_head(c, kh, cos_t + t * half, sin_t + t * half);
+        if (rope) rope_head(c, half, kh, cos_t + t * half, sin_t + t * half);
         const int32_t cell = R ? k->pos[t] % R : k->cells[t];   /* the local ring: position mod its size */
-        size_t off = ei_kv_offset(rt, k->slots[t], k->layer, h) + (size_t)cell * rt->kv_row_bytes;
+        size_t off = ei_kv_offset(rt, k->slots[t], k->layer, h) + (size_t)cell * ei_layer_kv_row_bytes(rt, k->layer);
         ei_kv_store_row(rt->kt, rt->p.kv_type, kh, hd, rt->k + off);
         ei_kv_store_row(rt->kt, rt->p.kv_type, vh, hd, rt->v + off);
     }
 }
 
-/* RoPE on q and k, then K/V of every token into its ring cell; one head per item. */
+/* RoPE on q and k, then K/V of every token into its ring cell; one head per item (q only in a KV-shared layer). */
 static void store_kv(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *slots, const int32_t *pos,
                      const int32_t *cells) {
     const ei_model_config *c = &rt->m->cfg;
     kv_task k = {rt, layer, n_tok, slots, pos, cells};
-    par_for(rt, c->n_head + c->n_head_kv, n_tok > 1, store_kv_head, &k);
+    par_for(rt, c->n_head + (ei_layer_stores_kv(c, layer) ? c->n_head_kv : 0), n_tok > 1, store_kv_head, &k);
 }
 
 /* The ring's bookkeeping for the batch's cells, once per step (before any layer reads it). */
@@ -201,7 +209,8 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
     attn_task *t = raw;
     ei_runtime *rt = t->rt;
     const ei_model_config *c = &rt->m->cfg;
-    const int hd = c->head_dim, group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
+    const int hd = ei_layer_head_dim(c, t->layer), group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
+    const ei_attn_kernel *kernel = hd == c->head_dim ? &rt->attn : &rt->attn_swa;
     const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
     /* The token's window: a local layer sees its last swa_window positions; a global layer of a
      * ring with slack sees the sinks and its last slide_window positions. */
@@ -233,7 +242,7 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
                 for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo || cp[cc] < keep_below ? cp[cc] : -1;
                 cp = masked;
             }
-            ei_attend_chunk(&rt->attn, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
+            ei_attend_chunk(kernel, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
                             rt->v + off, cp, c0, c1, t->pos[tok], hd, scale, scores, part);
         }
         atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
@@ -301,24 +310,44 @@ static ei_status check_batch(const ei_runtime *rt, int32_t n_tokens, const int32
     return EI_OK;
 }
 
+/* Gated attention (has_attn_gate): attn_q gave each head's query then its gate; the queries close
+ * up into rt->q's [T][q_dim] rows (each moves down, in order) and the gates go to rt->attn_gate. */
+static void split_gates(ei_runtime *rt, int64_t T, int64_t qd, int64_t hd) {
+    if (!rt->m->cfg.has_attn_gate) return;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < qd / hd; h++) {
+            const float *src = rt->q + t * 2 * qd + 2 * h * hd;
+            memcpy(rt->attn_gate + t * qd + h * hd, src + hd, (size_t)hd * sizeof(float));
+            memmove(rt->q + t * qd + h * hd, src, (size_t)hd * sizeof(float));
+        }
+}
+
+/* The attention output times sigmoid(gate), before attn_output. */
+static void apply_gates(ei_runtime *rt, int64_t n) {
+    if (!rt->m->cfg.has_attn_gate) return;
+    for (int64_t i = 0; i < n; i++) rt->att[i] /= 1.0f + expf(-rt->attn_gate[i]);
+}
+
 /* The attention block on the normed rows rt->xn; its output (before any post-norm) replaces them. */
 static void attention_block(ei_runtime *rt, int l, int64_t T, const int32_t *slots, const int32_t *pos,
                             const int32_t *cells, double *t) {
     const ei_model_config *c = &rt->m->cfg;
     const ei_layer *L = &rt->m->layers[l];
-    const int64_t qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t hd = ei_layer_head_dim(c, l), qd = (int64_t)c->n_head * hd, kvd = (int64_t)c->n_head_kv * hd;
     const void **pk = rt->packed + (size_t)l * EI_PACKED_PER_LAYER;
     ei_mm_job qkv[3] = {{&L->wq, rt->q, pk[EI_PK_Q]}, {&L->wk, rt->kc, pk[EI_PK_K]}, {&L->wv, rt->vc, pk[EI_PK_V]}};
-    ei_parallel_matmul(rt, qkv, 3, rt->xn, T);
+    ei_parallel_matmul(rt, qkv, ei_layer_stores_kv(c, l) ? 3 : 1, rt->xn, T);   /* a KV-shared layer: q only */
+    split_gates(rt, T, qd, hd);
     add_bias(rt->q, &L->bq, T, qd);
     add_bias(rt->kc, &L->bk, T, kvd);
     add_bias(rt->vc, &L->bv, T, kvd);
-    qk_norm(rt, L, T);
+    qk_norm(rt, l, L, T);
     lap(rt, EI_PROF_QKV, t);
     store_kv(rt, l, T, slots, pos, cells);
     lap(rt, EI_PROF_ROPE_KV, t);
 
     attention(rt, l, T, slots, pos);
+    apply_gates(rt, T * qd);
     lap(rt, EI_PROF_ATTENTION, t);
 
     ei_mm_job o = {&L->wo, rt->xn, pk[EI_PK_O]};
@@ -338,7 +367,7 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
     int64_t T = n_tokens, d = c->n_embd;
 
     double t = now_s();
-    if ((st = embed(rt, tokens, T)) != EI_OK) return st;
+    if ((st = embed(rt, tokens, T)) != EI_OK || (st = ei_per_layer_inputs(rt, tokens, T)) != EI_OK) return st;
     rope_tables(rt, pos, T);
     record_cells(rt, T, slots, pos, cells);
     lap(rt, EI_PROF_EMBED, &t);
@@ -349,6 +378,7 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
         const void **pk = rt->packed + (size_t)l * EI_PACKED_PER_LAYER;
         switch (ei_layer_kind_of(c, l)) {
         case EI_LAYER_SHORTCONV: ei_shortconv_layer(rt, l, T, slots); break;
+        case EI_LAYER_DELTANET: ei_deltanet_layer(rt, l, T, slots); break;
         default: attention_block(rt, l, T, slots, pos, cells, &t); break;
         }
         post_norm(rt, rt->xn, &L->attn_post_norm, T);
@@ -360,20 +390,21 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
         ei_mm_job gu[2] = {{&L->w_gate, rt->gate, pk[EI_PK_GATE]}, {&L->w_up, rt->up, pk[EI_PK_UP]}};
         ei_parallel_matmul(rt, gu, 2, rt->xn, T);
         lap(rt, EI_PROF_FFN_UP, &t);
-        act_task act = {c->act_gelu ? rt->kt->geglu : rt->kt->swiglu, rt->gate, rt->up, T * c->n_ff};
+        act_task act = {c->act_gelu ? rt->kt->geglu : rt->kt->swiglu, rt->gate, rt->up, T * ei_layer_n_ff(c, l)};
         par_for(rt, (act.n + ACT_CHUNK - 1) / ACT_CHUNK, 1, act_chunk, &act);
         lap(rt, EI_PROF_FFN_ACT, &t);
         ei_mm_job down = {&L->w_down, rt->xn, pk[EI_PK_DOWN]};
         ei_parallel_matmul(rt, &down, 1, rt->gate, T);
         post_norm(rt, rt->xn, &L->ffn_post_norm, T);
         add_into(rt->x, rt->xn, T * d);
+        ei_per_layer_block(rt, l, T);   /* Gemma 4: per-layer input, output scale */
         lap(rt, EI_PROF_FFN_DOWN, &t);
     }
     ei_state_end(rt, n_tokens, slots, pos);
     if (n_out == 0) return EI_OK;
     float *normed = hidden ? logits : rt->out_rows;
     for (int32_t j = 0; j < n_out; j++)
-        rmsnorm(normed + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->globals.output_norm.data, d, c->rms_eps);
+        ei_rmsnorm(normed + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->globals.output_norm.data, d, c->rms_eps);
     if (hidden) return EI_OK;
     ei_mm_job head = {ei_model_output(m), logits, rt->packed[(size_t)c->n_layer * EI_PACKED_PER_LAYER]};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);

@@ -137,9 +137,9 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     if (prm.max_batch < 1 || prm.max_batch > MAX_BATCH) return ei_fail(EI_ERR_INVALID_ARG, "max_batch=%d out of range", prm.max_batch);
     if (prm.kv_type != EI_TYPE_F16 && prm.kv_type != EI_TYPE_Q8_0)
         return ei_fail(EI_ERR_UNSUPPORTED, "kv_type %d: the KV arena holds F16 or Q8_0", prm.kv_type);
-    if (prm.kv_type == EI_TYPE_Q8_0 && m->cfg.head_dim % 32)
-        return ei_fail(EI_ERR_UNSUPPORTED, "a Q8_0 KV arena needs head_dim a multiple of 32 (got %d)",
-                       m->cfg.head_dim);
+    if (prm.kv_type == EI_TYPE_Q8_0 && (m->cfg.head_dim % 32 || m->cfg.head_dim_swa % 32))
+        return ei_fail(EI_ERR_UNSUPPORTED, "a Q8_0 KV arena needs head sizes that are multiples of 32 (got %d, %d)",
+                       m->cfg.head_dim, m->cfg.head_dim_swa);
     const ei_kernels *kt = ei_kernels_get(prm.isa);
     if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d is not supported on this CPU", prm.isa);
 
@@ -149,19 +149,22 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->m = m;
     rt->p = prm;
     rt->kt = kt;
+    const int hd_swa = c->head_dim_swa > 0 ? c->head_dim_swa : c->head_dim;
     rt->attn = ei_attn_pick(kt, prm.kv_type, c->head_dim);
+    rt->attn_swa = ei_attn_pick(kt, prm.kv_type, hd_swa);
 
     rt->kv_row_bytes = (size_t)ei_row_bytes(prm.kv_type, c->head_dim);
+    rt->kv_row_bytes_swa = (size_t)ei_row_bytes(prm.kv_type, hd_swa);
     size_t kv_total = 0, scratch = 0;
     int swa_fail = 0;
     /* Sliding-window layers: their own ring of window + max_batch - 1 cells when that is smaller. */
     if (c->swa_window > 0 && (int64_t)c->swa_window + prm.max_batch - 1 < prm.n_ctx)
         rt->local_cells = c->swa_window + prm.max_batch - 1;
     rt->layer_off = alloc_zeroed((size_t)c->n_layer * sizeof(size_t), &scratch);
-    size_t kv_rows = 0;
+    size_t kv_arena = 0;   /* none for recurrent and KV-shared layers */
     for (int l = 0; rt->layer_off && l < c->n_layer; l++) {
-        rt->layer_off[l] = kv_rows * rt->kv_row_bytes;
-        kv_rows += (size_t)prm.n_slots * c->n_head_kv * ei_layer_cells(rt, l);   /* none for recurrent layers */
+        rt->layer_off[l] = kv_arena;
+        kv_arena += (size_t)prm.n_slots * c->n_head_kv * ei_layer_cells(rt, l) * ei_layer_kv_row_bytes(rt, l);
     }
     if (rt->local_cells) {
         rt->local_cell_pos = alloc_zeroed((size_t)prm.n_slots * rt->local_cells * sizeof(int32_t), &scratch);
@@ -170,17 +173,18 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
         for (size_t i = 0; rt->local_cell_pos && i < (size_t)prm.n_slots * rt->local_cells; i++)
             rt->local_cell_pos[i] = -1;
     }
-    rt->k = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
-    rt->v = alloc_huge_zeroed(kv_rows * rt->kv_row_bytes, &kv_total);
+    rt->k = alloc_huge_zeroed(kv_arena, &kv_total);
+    rt->v = alloc_huge_zeroed(kv_arena, &kv_total);
     rt->cell_pos = alloc_zeroed((size_t)prm.n_slots * prm.n_ctx * sizeof(int32_t), &scratch);
     rt->n_used = alloc_zeroed((size_t)prm.n_slots * sizeof(int32_t), &scratch);
 
     size_t B = (size_t)prm.max_batch, d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim;
     size_t kvd = (size_t)c->n_head_kv * c->head_dim, ff = (size_t)c->n_ff;
-    size_t widest = EI_MAX(EI_MAX(d, ff), qd);
+    size_t widest = EI_MAX(EI_MAX(EI_MAX(d, ff), qd), (size_t)ei_deltanet_inner(c));
     rt->x = alloc_zeroed(B * d * sizeof(float), &scratch);
     rt->xn = alloc_zeroed(B * d * sizeof(float), &scratch);
-    rt->q = alloc_zeroed(B * qd * sizeof(float), &scratch);
+    rt->q = alloc_zeroed(B * qd * (c->has_attn_gate ? 2 : 1) * sizeof(float), &scratch);   /* gated: query, gate */
+    rt->attn_gate = c->has_attn_gate ? alloc_zeroed(B * qd * sizeof(float), &scratch) : NULL;
     rt->kc = alloc_zeroed(B * kvd * sizeof(float), &scratch);
     rt->vc = alloc_zeroed(B * kvd * sizeof(float), &scratch);
     rt->att = alloc_zeroed(B * qd * sizeof(float), &scratch);
@@ -196,7 +200,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->attn_tokens = (int32_t)EI_MAX(1, EI_MIN(fit, B));
     rt->attn_part = alloc_zeroed((size_t)rt->attn_tokens * part_per_tok * sizeof(float), &scratch);
     rt->attn_done = alloc_zeroed((size_t)rt->attn_tokens * c->n_head_kv * sizeof(atomic_int), &scratch);
-    size_t half = (size_t)(c->rope_dim / 2 > 0 ? c->rope_dim / 2 : 1);
+    size_t half = (size_t)EI_MAX(EI_MAX(c->rope_dim, c->rope_dim_swa) / 2, 1);
     rt->rope_cos = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_freq = alloc_zeroed(half * sizeof(double), &scratch);
@@ -211,13 +215,14 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     if (c->swa_window > 0) {
         /* local layers: their own base and no scaling, so their own tables unless both match */
         if ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) || c->rope_freq_scale != 1.0f ||
-            m->globals.rope_freqs.data) {
+            m->globals.rope_freqs.data || (c->rope_dim_swa > 0 && c->rope_dim_swa != c->rope_dim)) {
             rt->rope_cos_l = alloc_zeroed(B * half * sizeof(float), &scratch);
             rt->rope_sin_l = alloc_zeroed(B * half * sizeof(float), &scratch);
             rt->rope_freq_local = alloc_zeroed(half * sizeof(double), &scratch);
             swa_fail |= !rt->rope_cos_l || !rt->rope_sin_l || !rt->rope_freq_local;
         }
     }
+    swa_fail |= ei_per_layer_alloc(rt, &scratch);
     rt->kv_bytes = kv_total;
     rt->scratch_bytes = scratch;
     const ei_status st_state = ei_state_create(rt, &rt->state_bytes);
@@ -227,7 +232,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
                                                 : st_state;
     }
 
-    if (!rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
+    if ((c->has_attn_gate && !rt->attn_gate) || !rt->k || !rt->v || !rt->cell_pos || !rt->n_used || !rt->x || !rt->xn || !rt->q || !rt->kc ||
         !rt->vc || !rt->att || !rt->gate || !rt->up || !rt->act || !rt->scores || !rt->attn_part || !rt->attn_done || !rt->rope_cos ||
         !rt->rope_sin || !rt->rope_freq || !rt->out_rows || !rt->layer_off || swa_fail) {
         ei_runtime_free(rt);
@@ -239,10 +244,12 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     for (int i = 0; i < c->rope_dim / 2; i++) {
         double f = pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) * c->rope_freq_scale;
         rt->rope_freq[i] = factors ? f / factors[i] : f;
-        /* local layers: their own base, no scaling (llama.cpp's rope_freq_{base,scale}_train_swa) */
-        const double base_l = c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta;
-        if (rt->rope_freq_local) rt->rope_freq_local[i] = pow(base_l, -2.0 * i / (double)c->rope_dim);
     }
+    /* local layers: their own base and rotated dimensions, no scaling (llama.cpp's rope_freq_{base,scale}_train_swa) */
+    const int rope_dim_l = c->rope_dim_swa > 0 ? c->rope_dim_swa : c->rope_dim;
+    const double base_l = c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta;
+    for (int i = 0; rt->rope_freq_local && i < rope_dim_l / 2; i++)
+        rt->rope_freq_local[i] = pow(base_l, -2.0 * i / (double)rope_dim_l);
     if (pack_weights(rt) != EI_OK) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate packed weights");
@@ -264,7 +271,7 @@ void ei_runtime_free(ei_runtime *rt) {
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
                     rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows,
                     rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local,
-                    rt->layer_off, rt->local_cell_pos, rt->local_used};
+                    rt->layer_off, rt->local_cell_pos, rt->local_used, rt->ple, rt->ple_gate, rt->ple_in, rt->attn_gate};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     ei_state_free(rt);
     free(rt);
@@ -327,9 +334,9 @@ ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n) {
     const ei_status st = ei_state_copy(rt, src, dst, n);
     if (st != EI_OK) return st;
     const ei_model_config *cfg = &rt->m->cfg;
-    size_t bytes = (size_t)n * rt->kv_row_bytes;
     for (int l = 0; l < cfg->n_layer; l++)
-        for (int h = 0; h < cfg->n_head_kv && !ei_layer_is_recurrent(cfg, l); h++) {
+        for (int h = 0; h < cfg->n_head_kv && ei_layer_stores_kv(cfg, l); h++) {
+            const size_t bytes = (size_t)n * ei_layer_kv_row_bytes(rt, l);
             memcpy(rt->k + ei_kv_offset(rt, dst, l, h), rt->k + ei_kv_offset(rt, src, l, h), bytes);
             memcpy(rt->v + ei_kv_offset(rt, dst, l, h), rt->v + ei_kv_offset(rt, src, l, h), bytes);
         }

@@ -13,13 +13,14 @@ struct ei_runtime {
     ei_runtime_params p;
     const ei_kernels *kt;   /* the kernels of the ISA level, chosen at creation */
     ei_attn_kernel attn;    /* the attention kernel for this KV type and head size */
+    ei_attn_kernel attn_swa; /* the sliding-window layers' (their head size: Gemma 4) */
     ei_pool *pool;
 
     /* The KV arena, allocated once: [layer][slot][kv_head][cell] rows of head_dim
      * values, f16 or Q8_0 blocks (kv_row_bytes per cell); a layer holds n_ctx cells per
      * slot, a sliding-window layer local_cells when it has its own ring. */
     uint8_t *k, *v;
-    size_t kv_row_bytes;
+    size_t kv_row_bytes, kv_row_bytes_swa;   /* a cell's row: full layers', sliding layers' head size */
     size_t *layer_off;   /* [n_layer]: byte offset of each layer's block in k and v */
     /* Sliding-window layers keep only their window: a ring of local_cells = swa_window +
      * max_batch - 1 cells per slot (a batch's earliest query still finds its window after
@@ -47,6 +48,9 @@ struct ei_runtime {
     int32_t *swa_cell_pos;
     float *rope_cos_l, *rope_sin_l;
     double *rope_freq_local;
+    /* Per-layer inputs (Gemma 4; NULL without): [max_batch][n_layer][n_embd_per_layer] for this batch,
+     * and one layer's gate and input rows [max_batch][n_embd_per_layer] (per_layer.c). */
+    float *ple, *ple_gate, *ple_in;
     size_t scratch_bytes;
     double prof[EI_PROF_COUNT];   /* seconds per stage */
 
@@ -62,6 +66,8 @@ struct ei_runtime {
     float *rec_a, *rec_b;  /* recurrent layers' scratch: [max_batch][3 n_embd], [2][max_batch][n_embd] */
     float **conv_taps;     /* [n_layer]: a recurrent layer's conv taps, tap-major [conv_kernel][channels] */
     float *taps_arena;
+    float *dn_buf;         /* delta-net layers' scratch (recurrent.c, ei_deltanet_scratch_floats) */
+    float *attn_gate;      /* [max_batch][q_dim]: gated attention's output gates (has_attn_gate); NULL without */
     size_t state_bytes;
 
     /* Row-interleaved copies of the weights the kernels can use packed (packed.h);
@@ -79,16 +85,23 @@ static inline int ei_layer_in_local_ring(const struct ei_runtime *rt, int layer)
     return rt->local_cells > 0 && ei_layer_is_local(&rt->m->cfg, layer);
 }
 
-/* KV cells per slot of a layer: none for a recurrent layer, its window's for a local ring. */
+/* KV cells per slot a layer stores: none for a recurrent or KV-shared layer, its window's for a local ring. */
 static inline size_t ei_layer_cells(const struct ei_runtime *rt, int layer) {
-    if (ei_layer_is_recurrent(&rt->m->cfg, layer)) return 0;
+    if (!ei_layer_stores_kv(&rt->m->cfg, layer)) return 0;
     return ei_layer_in_local_ring(rt, layer) ? (size_t)rt->local_cells : (size_t)rt->p.n_ctx;
 }
 
+/* Bytes of one cell's K (or V) row of a head of layer `layer` (its head size). */
+static inline size_t ei_layer_kv_row_bytes(const struct ei_runtime *rt, int layer) {
+    return ei_layer_head_dim(&rt->m->cfg, layer) == rt->m->cfg.head_dim ? rt->kv_row_bytes : rt->kv_row_bytes_swa;
+}
+
+/* Byte offset of cell 0 of (slot, kv_head) of the KV that `layer` reads: its own, or its source layer's. */
 static inline size_t ei_kv_offset(const struct ei_runtime *rt, int slot, int layer, int kvh) {
     const ei_model_config *c = &rt->m->cfg;
-    const size_t cells = ei_layer_cells(rt, layer);
-    return rt->layer_off[layer] + (((size_t)slot * c->n_head_kv + kvh) * cells) * rt->kv_row_bytes;
+    const int src = ei_layer_kv_source(c, layer);
+    const size_t cells = ei_layer_cells(rt, src);
+    return rt->layer_off[src] + (((size_t)slot * c->n_head_kv + kvh) * cells) * ei_layer_kv_row_bytes(rt, src);
 }
 
 /* y[t, r] = W[r] . x[t] for up to three weights sharing one input, across the pool. */
@@ -100,4 +113,12 @@ typedef struct {
 
 void ei_parallel_matmul(struct ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x,
                         int64_t n_tok);
+
+/* Gemma 4's per-layer inputs (per_layer.c): scratch at creation, this batch's inputs after the
+ * embedding (rt->x), and a layer's per-layer block on rt->x after its FFN (with the block's output scale). */
+int ei_per_layer_alloc(struct ei_runtime *rt, size_t *scratch);
+/* out[0..n) = x * w / rms(x) (forward.c); out may be x. */
+void ei_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+ei_status ei_per_layer_inputs(struct ei_runtime *rt, const int32_t *tokens, int64_t n_tok);
+void ei_per_layer_block(struct ei_runtime *rt, int layer, int64_t n_tok);
 #endif

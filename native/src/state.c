@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "recurrent.h"
 
 static void *alloc_zeroed(size_t bytes, size_t *total) {
     *total += bytes;
@@ -41,15 +42,19 @@ ei_status ei_state_create(ei_runtime *rt, size_t *total) {
     for (int l = 0; l < c->n_layer; l++) taps += c->conv_kernel * ei_layer_conv_channels(c, l);
     rt->conv_taps = alloc_zeroed((size_t)c->n_layer * sizeof(float *), &scratch);
     rt->taps_arena = alloc_zeroed((size_t)taps * sizeof(float), &scratch);
+    const int64_t dn = ei_deltanet_scratch_floats(rt);
+    rt->dn_buf = dn ? alloc_zeroed((size_t)dn * sizeof(float), &scratch) : NULL;
     rt->scratch_bytes += scratch;
-    if (!rt->state || !rt->snap || !rt->state_seen || !rt->snap_n || !rt->keep_snap || !rt->rec_a || !rt->rec_b ||
+    if ((dn && !rt->dn_buf) || !rt->state || !rt->snap || !rt->state_seen || !rt->snap_n || !rt->keep_snap || !rt->rec_a || !rt->rec_b ||
         !rt->conv_taps || !rt->taps_arena)
         return EI_ERR_OUT_OF_MEMORY;
     float *at = rt->taps_arena;
     for (int l = 0; l < c->n_layer; l++) {
         const int64_t ch = ei_layer_conv_channels(c, l), K = c->conv_kernel;
         if (!ch) continue;
-        const ei_weight *w = ei_layer_kind_of(c, l) == EI_LAYER_SHORTCONV ? &rt->m->layers[l].shortconv_conv : NULL;
+        const int kind = ei_layer_kind_of(c, l);
+        const ei_weight *w = kind == EI_LAYER_SHORTCONV ? &rt->m->layers[l].shortconv_conv
+                             : kind == EI_LAYER_DELTANET ? &rt->m->layers[l].ssm_conv1d : NULL;
         if (!w || !w->data || w->ne0 != K || w->ne1 != ch)
             return ei_fail(EI_ERR_INVALID_ARG, "layer %d: conv taps [%d, %lld] missing", l, (int)K, (long long)ch);
         const float *src = w->data;   /* [channel][k] */
@@ -64,7 +69,7 @@ ei_status ei_state_create(ei_runtime *rt, size_t *total) {
 
 void ei_state_free(ei_runtime *rt) {
     void *bufs[] = {rt->state, rt->snap, rt->state_off, rt->state_seen, rt->snap_n, rt->keep_snap, rt->rec_a,
-                    rt->rec_b, rt->conv_taps, rt->taps_arena};
+                    rt->rec_b, rt->conv_taps, rt->taps_arena, rt->dn_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
