@@ -133,6 +133,8 @@ def test_every_role_has_its_c_enum():
         if not arch.native:          # converted and referenced only: C does not see it yet
             continue
         for t in arch.tensors:
+            if "mtp" in t.kinds:     # the MTP head is kept in the file, not run: no C role
+                continue
             for r in t.c_roles:      # fused tensors feed their parts' roles
                 ids[r] = getattr(lib, "EI_T_" + r.upper())
     assert len(set(ids.values())) == len(ids)

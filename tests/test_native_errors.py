@@ -60,7 +60,7 @@ def test_forward_bad_output_rows_is_an_invalid_argument(tiny):
 
 def test_q8_0_kv_on_head_dim_16_is_unsupported(tiny):
     # The CPU backend allows q8_0; the kernels do not for this model's head_dim.
-    with pytest.raises(NativeUnsupportedError, match="head_dim a multiple of 32"):
+    with pytest.raises(NativeUnsupportedError, match="head sizes that are multiples of 32"):
         edgeinfer.load(str(tiny.path), n_ctx=16, n_threads=1, kv_type="q8_0")
 
 

@@ -142,4 +142,6 @@ def test_a_short_soak_against_a_real_server(smollm2_path, tmp_path):
     assert d["passed"] and d["outcomes"]["5xx"] == 0 and d["outcomes"]["lost"] == 0
     assert sum(d["outcomes"].values()) == d["requests"] > 0
     assert sum(iv["requests"] for iv in d["intervals"]) == d["requests"] and len(d["intervals"]) == 2
-    assert d["idle_after"]["idle"] and d["rss"]["peak_os"] >= d["rss"]["peak_sampled"] > 0
+    # VmHWM and the sampled VmRSS are separate kernel counters (RSS is summed per CPU and
+    # lags by a few pages), so the high-water mark may read a few pages under a sample
+    assert d["idle_after"]["idle"] and d["rss"]["peak_os"] >= d["rss"]["peak_sampled"] - (1 << 20) > 0
