@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import GGUFError
 from .ops import ACTIVATIONS, apply_rope, rms_norm
+from .table import metadata_reader
 
 __all__ = ["Gemma4Dims", "Gemma4Params", "Gemma4Reference", "kv_source_layer"]
 
@@ -119,14 +120,7 @@ class Gemma4Params(Gemma4Dims):
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> "Gemma4Params":
-        from .table import get_arch
-        arch = get_arch(str(meta.get("general.architecture")))
-
-        def get(hparam: str, default: Any = None) -> Any:
-            v = meta.get(arch.key(hparam), default)
-            if v is None:
-                raise GGUFError(f"metadata key {arch.key(hparam)!r} is missing")
-            return v
+        arch, get = metadata_reader(meta)
 
         n_layer = int(get("n_layer"))
         n_ff = get("n_ff")

@@ -33,7 +33,7 @@ from ..errors import GGUFError
 from .deltanet import deltanet_layer
 from .ops import ACTIVATIONS, apply_rope, rms_norm, rotate
 from .shortconv import shortconv_layer
-from .table import Arch, HeadDims, RecurrentDims, get_arch
+from .table import Arch, HeadDims, RecurrentDims, metadata_reader
 
 __all__ = ["ForwardParams", "Reference", "Layer", "Positions", "is_local_layer", "rms_norm", "rotate",
            "apply_rope", "ACTIVATIONS"]
@@ -76,13 +76,7 @@ class ForwardParams(HeadDims, RecurrentDims):
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> "ForwardParams":
         """From GGUF key -> value (`general.architecture` and the family's keys)."""
-        arch = get_arch(str(meta.get("general.architecture")))
-
-        def get(hparam: str, default: Any = None) -> Any:
-            v = meta.get(arch.key(hparam), default)
-            if v is None:
-                raise GGUFError(f"metadata key {arch.key(hparam)!r} is missing")
-            return v
+        arch, get = metadata_reader(meta)
 
         n_layer, n_embd, n_head = int(get("n_layer")), int(get("n_embd")), int(get("n_head"))
         n_head_kv = get("n_head_kv", n_head)

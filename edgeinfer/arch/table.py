@@ -15,7 +15,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple, Protocol
 
-from ..errors import UnsupportedArchitectureError
+from ..errors import GGUFError, UnsupportedArchitectureError
 
 __all__ = ["Arch", "Tensor", "Weight", "Dims", "HeadDims", "RecurrentDims", "FamilySwitches", "ARCHS", "GGUF_KEYS", "HF_KEYS", "QKV_BIAS_ROLES",
            "FLAGS", "LONGROPE_ROLES", "LAYER_KINDS", "NATIVE_LAYER_KINDS", "layer_kinds", "NORMS", "ACTIVATIONS", "ROPE_STYLES", "get_arch", "arch_for_hf"]
@@ -587,3 +587,18 @@ def arch_for_hf(config: dict) -> tuple[Arch, str]:
     got = ", ".join(map(str, archs)) or f"model_type {config.get('model_type')!r}"
     supported = ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
     raise UnsupportedArchitectureError(f"unsupported architecture {got}; supported: {supported}")
+
+
+def metadata_reader(meta: Mapping[str, object]) -> tuple["Arch", Callable[..., object]]:
+    """The family of a GGUF's metadata and a getter of its hyperparameters by table name:
+    get(hparam, default=None) reads `{arch}.<key>`, a missing key without default a GGUFError."""
+    arch = get_arch(str(meta.get("general.architecture")))
+
+    def get(hparam: str, default: object = None) -> object:
+        v = meta.get(arch.key(hparam), default)
+        if v is None:
+            raise GGUFError(f"metadata key {arch.key(hparam)!r} is missing")
+        return v
+
+    return arch, get
+
