@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from tests.support.strict import missing
 
 from edgeinfer.server.openapi import OPERATIONS
 
@@ -285,9 +286,10 @@ def test_compose_services_match_the_proxy_config():
     assert compose["services"]["litellm"]["volumes"][0].startswith("./litellm.yaml:")
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its kustomize) is not installed")
 def test_kustomization_builds_with_the_proxy_config():
     """`kubectl kustomize deploy/` renders, and the proxy's ConfigMap is deploy/litellm.yaml."""
+    if shutil.which("kubectl") is None:     # the oracle: strict mode fails without it
+        missing("kubectl (its kustomize renders deploy/) is not installed")
     out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
