@@ -56,14 +56,43 @@ def test_f32_logits_match_transformers_as_llama_cpp_does(qwen35, ids):
     assert ours <= max(1.5 * theirs, 1e-3), (ours, theirs)
 
 
-def test_q8_0_kl_and_top1_vs_llama_cpp(qwen35, request):
+def _sections_covering_every_pair(path, tmp):
+    """``path`` itself when its M-RoPE sections give every rotary pair a text position in
+    llama.cpp's interleaved rule, else a copy whose sections do. llama.cpp feeds text tokens the
+    positions (p, p, p, 0) and sends a pair no section claims to the 4th, always-0 position, i.e.
+    leaves it unrotated (ggml's imrope cache), while transformers rotates every pair by p.
+    qwen35_b's rope is 4 wide with mrope_section [0, 1, 1]: pair 0 is unclaimed, so llama.cpp
+    departs from transformers on its F32 file by KL 0.012 (ours: 7e-9), the Q8_0 "gap" measured
+    before. Real checkpoints ([11, 11, 10] over 32 pairs) claim every pair, and for text any
+    claiming sections give the same model: the copy compares the quantized math alone."""
+    import gguf
+
+    key = "qwen35.rope.dimension_sections"
+    reader = gguf.GGUFReader(str(path))
+    pairs = int(reader.fields["qwen35.rope.dimension_count"].contents()) // 2
+    sec = reader.fields[key].contents()
+    if all(s < 3 * sec[s % 3] for s in range(pairs)):
+        return path
+    out = tmp / f"{path.stem}-sections.gguf"
+    out.write_bytes(path.read_bytes())
+    writable = gguf.GGUFReader(str(out), "r+")
+    field, n = writable.fields[key], -(-pairs // 3)
+    for i, v in zip(field.data, (n, n, n, 0)):
+        field.parts[i][0] = v
+    writable.data.flush()
+    return out
+
+
+def test_q8_0_kl_and_top1_vs_llama_cpp(qwen35, tmp_path):
     _, files = qwen35
-    if "qwen35_b" in request.node.name:   # open: mean KL 0.012 from the second token on (F32 agrees)
-        request.applymarker(pytest.mark.xfail(strict=True, reason="Q8_0 KL 0.012 vs llama.cpp on qwen35_b"))
-    want = llama_logits(files["q8_0"], LONG)
-    got = edgeinfer.load(str(files["q8_0"]), n_ctx=256).logits(LONG)
-    assert kl_divergence(want, got).mean() <= 1e-3
-    assert not top1_errors(want, got, Q8_0_TIE_GAP)
+    ours = edgeinfer.load(str(files["q8_0"]), n_ctx=256).logits(LONG)
+    view = _sections_covering_every_pair(files["q8_0"], tmp_path)
+    if view != files["q8_0"]:   # a no-op for our text model; on llama.cpp's, the whole gap
+        assert np.array_equal(edgeinfer.load(str(view), n_ctx=256).logits(LONG), ours)
+        assert kl_divergence(llama_logits(files["q8_0"], LONG), ours).mean() > 1e-3
+    want = llama_logits(view, LONG)
+    assert kl_divergence(want, ours).mean() <= 1e-3
+    assert not top1_errors(want, ours, Q8_0_TIE_GAP)
 
 
 def test_prompt_extending_an_earlier_one_resumes_from_the_kept_state(qwen35):
