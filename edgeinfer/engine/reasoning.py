@@ -1,7 +1,7 @@
 """Reasoning output: the thinking block of chat templates that have one, kept apart from the answer.
 
 A family's markers are data (`FORMATS`): a template that writes both markers of a format
-has that format. Per request a `ReasoningSpec` says where the block stands when generation
+(and what else its row requires) has that format. Per request a `ReasoningSpec` says where the block stands when generation
 starts (a generation prompt may open it, as Qwen3.5's does) and what it may spend.
 
 Two sides use it, as for every sequence:
@@ -23,15 +23,36 @@ __all__ = ["ReasoningFormat", "ReasoningSpec", "FORMATS", "reasoning_format", "T
 
 @dataclass(frozen=True)
 class ReasoningFormat:
-    """The markers around a family's thinking block."""
+    """The markers around a family's thinking block. `label`: text the model writes right
+    after `start` that belongs to the opening (Gemma 4 names its channel: "<|channel>thought");
+    `also_ends`: texts that close the block when the model skips `end`, left in the answer
+    (Qwen3.5 may open a tool call straight from its thoughts); `requires`: what else a
+    template must write to have this format."""
     name: str
     start: str
     end: str
+    label: str = ""
+    also_ends: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+
+    def __post_init__(self):   # from_dict hands back lists
+        object.__setattr__(self, "also_ends", tuple(self.also_ends))
+        object.__setattr__(self, "requires", tuple(self.requires))
+
+    @property
+    def opening(self) -> str:
+        """The opening as text: the start marker and its label."""
+        return self.start + self.label
 
 
-#: Known thinking blocks, the first whose markers the template writes wins.
+#: Known thinking blocks, the first whose markers (and requirements) the template writes wins.
+#: Markers checked against the templates in llama.cpp's models/templates and its
+#: common/chat.cpp (thinking_start_tag / thinking_end_tags of each family).
 FORMATS: tuple[ReasoningFormat, ...] = (
-    ReasoningFormat("think", "<think>", "</think>"),     # Qwen3, Qwen3.5, DeepSeek-R1, SmolLM3
+    ReasoningFormat("gemma4", "<|channel>", "<channel|>", label="thought"),     # Gemma 4
+    ReasoningFormat("think-xml-tools", "<think>", "</think>", also_ends=("<tool_call>",),
+                    requires=("<function=",)),                                 # Qwen3.5
+    ReasoningFormat("think", "<think>", "</think>"),     # Qwen3, DeepSeek-R1, SmolLM3, LFM2
 )
 
 #: OpenAI's reasoning_effort as a thinking budget in tokens (None: unbounded).
@@ -41,7 +62,7 @@ EFFORT_BUDGETS: dict[str, int | None] = {"none": 0, "minimal": 64, "low": 512, "
 def reasoning_format(template_source: str) -> ReasoningFormat | None:
     """The thinking block a chat template writes, or None when it has none."""
     for fmt in FORMATS:
-        if fmt.start in template_source and fmt.end in template_source:
+        if all(m in template_source for m in (fmt.start, fmt.end, *fmt.requires)):
             return fmt
     return None
 
@@ -134,18 +155,30 @@ class ReasoningSplitter:
         buf = self._held + text
         parts = {True: [], False: []}
         while True:
-            marker = self.fmt.end if self.inside else self.fmt.start
-            i = buf.find(marker)
+            i, marker, keep = self._next(buf)
             if i < 0:
                 break
             self._emit(parts, buf[:i])
-            buf = buf[i + len(marker):]
+            buf = buf[i + (0 if keep else len(marker)):]
             self.inside = not self.inside
             self._strip = True
-        hold = 0 if final else _partial(buf, self.fmt.end if self.inside else self.fmt.start)
+        hold = 0 if final else max(_partial(buf, m) for m in self._markers())
         self._held = buf[len(buf) - hold:] if hold else ""
         self._emit(parts, buf[:len(buf) - hold])
         return "".join(parts[True]), "".join(parts[False])
+
+    def _markers(self) -> tuple[str, ...]:
+        """What may change the side next: the closing markers inside, the opening outside."""
+        return (self.fmt.end, *self.fmt.also_ends) if self.inside else (self.fmt.opening,)
+
+    def _next(self, buf: str) -> tuple[int, str, bool]:
+        """The first marker in `buf`: (where, which, whether it stays in the text); -1 if none."""
+        best = (-1, "", False)
+        for m in self._markers():
+            i = buf.find(m)
+            if i >= 0 and (best[0] < 0 or i < best[0]):
+                best = (i, m, self.inside and m != self.fmt.end)
+        return best
 
     def _emit(self, parts: dict, text: str) -> None:
         if self._strip:

@@ -1,18 +1,24 @@
 """Tool calling (OpenAI's ``tools`` / ``tool_choice``) over any chat template.
 
 A template that takes ``tools`` renders them itself (the model was trained on that prompt);
-the call format is read from the template: ``<tool_call>{json}</tool_call>`` (Hermes / Qwen)
-when it mentions that tag, a bare ``{"name": ..., "arguments": ...}`` object otherwise. A
+the call format is read from the template (`CALL_FORMATS`, a table: the markers a template
+writes, the call block's delimiters and the syntax of its body): ``<tool_call>{json}</tool_call>``
+(Hermes / Qwen3), Qwen3.5's ``<tool_call><function=NAME><parameter=ARG>`` XML, LFM2's pythonic
+``<|tool_call_start|>[f(a=1)]<|tool_call_end|>``, Gemma 4's ``<|tool_call>call:f{a:<|"|>x<|"|>}``
+``<tool_call|>``; a bare ``{"name": ..., "arguments": ...}`` object otherwise. A
 template without tools (SmolLM2's ChatML) gets a generic block in the system prompt that lists
 the functions and asks for ``{"tool_call": {"name": ..., "arguments": {...}}}``, as llama.cpp's
 server does; earlier calls and tool results are written back into the chat in that format.
 
 With ``tool_choice`` "required" or a named function the output is constrained to the call
-format, with each function's JSON Schema for its arguments, so it always parses; with "auto"
+format, with each function's JSON Schema for its arguments, so it always parses (JSON bodies:
+generic, json, hermes; the XML, pythonic and Gemma 4 bodies are not constrained yet: their
+markers are special tokens, which the grammar's text literals cannot spell); with "auto"
 the model may answer in text, and an answer that parses as a call becomes one.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -22,7 +28,8 @@ from typing import Any, Mapping, Sequence
 from ..errors import SamplingParamsError
 from .constraint import JSON_STYLE, ConstraintError, GrammarSpec, grammar_spec, tight_schema
 
-__all__ = ["ToolError", "ToolPlan", "CallStreamer", "plan_tools", "new_call_id", "call_finish"]
+__all__ = ["ToolError", "ToolPlan", "CallStreamer", "CallScanner", "CallFormat", "CALL_FORMATS",
+           "call_format", "plan_tools", "new_call_id", "call_finish"]
 
 _NAME_RX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -95,10 +102,48 @@ def check_choice(choice: Any, tools: list[dict]) -> tuple[str, str | None]:
 
 # --------------------------------------------------------------------------- formats
 
+@dataclass(frozen=True)
+class CallFormat:
+    """A family's tool calls: a template has this format when it writes every marker of one
+    of the `detect` groups; each call block runs from `open` to `close` (a block cut short
+    runs to the end of the text) and its body is written in `body` syntax: "json" ({"name",
+    "arguments"}), "xml" (<function=NAME><parameter=ARG>value</parameter></function>),
+    "pythonic" ([f(a=1), g(b='x')]) or "gemma" (call:f{a:<|"|>x<|"|>})."""
+    name: str
+    detect: tuple[tuple[str, ...], ...]
+    open: str
+    close: str
+    body: str
+
+
+#: The first row whose markers a template writes wins (so Qwen3.5's XML before Hermes's JSON,
+#: both in <tool_call>). Checked against the real templates (llama.cpp's models/templates:
+#: Qwen3.5-4B, LFM2-8B-A1B, LFM2.5-*, google-gemma-4-31B-it) and llama.cpp's detection in
+#: common/chat.cpp.
+CALL_FORMATS: tuple[CallFormat, ...] = (
+    CallFormat("qwen-xml", (("<tool_call>", "<function=", "<parameter="),), "<tool_call>", "</tool_call>", "xml"),
+    CallFormat("hermes", (("<tool_call>",),), "<tool_call>", "</tool_call>", "json"),
+    CallFormat("lfm2", (("<|tool_list_start|>",), ("<|tool_call_start|>",), ("List of tools: [",)),
+               "<|tool_call_start|>", "<|tool_call_end|>", "pythonic"),
+    CallFormat("gemma4", (("<|tool_call>call:",),), "<|tool_call>", "<tool_call|>", "gemma"),
+)
+
+
+def call_format(template_source: str) -> CallFormat | None:
+    """The call format a template writes (None: no known markers)."""
+    for f in CALL_FORMATS:
+        if any(all(m in template_source for m in group) for group in f.detect):
+            return f
+    return None
+
+
+_BY_NAME = {f.name: f for f in CALL_FORMATS}
+
+
 @dataclass
 class ToolPlan:
     """How one chat request with tools is prompted, constrained and read back."""
-    fmt: str                                   # "hermes" | "json" | "generic"
+    fmt: str                                   # a CALL_FORMATS name | "json" | "generic"
     tools: list[dict]
     choice: str                                # "auto" | "none" | "required"
     messages: list[dict]                       # what the template renders
@@ -109,9 +154,28 @@ class ToolPlan:
     def active(self) -> bool:
         return self.choice != "none"
 
+    @property
+    def call_format(self) -> CallFormat | None:
+        return _BY_NAME.get(self.fmt)
+
     def streamer(self) -> CallStreamer | None:
-        """A CallStreamer when the reply is forced to be one call (else None: read it at the end)."""
-        return CallStreamer(self.fmt) if self.choice == "required" else None
+        """A CallStreamer when the reply is forced to be one call by a grammar (else None:
+        read it at the end, or with `scanner`)."""
+        return CallStreamer(self.fmt) if self.choice == "required" and self.fmt in _HEADS else None
+
+    def scanner(self) -> "CallScanner | None":
+        """A CallScanner for a format with call markers (None: generic / bare JSON)."""
+        return CallScanner(self) if self.active and self.call_format is not None else None
+
+    def split(self, text: str) -> tuple[str, list[dict] | None]:
+        """(the text outside the call blocks, the calls) of a reply; (text, None) when it makes
+        no call."""
+        sc = self.scanner()
+        if sc is None:
+            calls = self.parse(text)
+            return ("" if calls else text), calls
+        content, calls = sc.feed(text, final=True)
+        return content, ([_strip_index(c) for c in calls] or None)
 
     def parse(self, text: str) -> list[dict] | None:
         """The calls in a reply (OpenAI tool_calls, ids new), or None when it is plain text. A
@@ -120,22 +184,24 @@ class ToolPlan:
         if not self.active:
             return None
         calls = self._parse(text)
-        if calls is None and self.choice == "required":
+        if calls is None and self.choice == "required" and self.fmt in _HEADS:
             st = CallStreamer(self.fmt)
             st.feed(text, final=True)
             calls = [st.call] if st.call is not None else None
         return calls
 
     def _parse(self, text: str) -> list[dict] | None:
-        bodies: list[Any] = []
-        if self.fmt == "hermes":
-            for m in re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S):
-                bodies.append(_loads(m.group(1)))
-        else:
-            obj = _loads(_unfence(text))
-            if self.fmt == "generic":
-                obj = obj.get("tool_call") if isinstance(obj, dict) else None
-            bodies = obj if isinstance(obj, list) else [obj]
+        if self.call_format is not None:
+            _, calls = self.split(text)
+            return calls
+        obj = _loads(_unfence(text))
+        if self.fmt == "generic":
+            obj = obj.get("tool_call") if isinstance(obj, dict) else None
+        return self._calls(obj if isinstance(obj, list) else [obj])
+
+    def _calls(self, bodies: list[Any]) -> list[dict] | None:
+        """OpenAI tool_calls of parsed {"name", "arguments"} bodies; None when one is not a
+        call of a known function with an arguments object."""
         names = {t["function"]["name"] for t in self.tools}
         calls = []
         for b in bodies:
@@ -147,6 +213,12 @@ class ToolPlan:
             calls.append({"id": new_call_id(), "type": "function",
                           "function": {"name": b["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
         return calls or None
+
+    def _params(self, name: str) -> dict:
+        for t in self.tools:
+            if t["function"]["name"] == name:
+                return t["function"]["parameters"]
+        return {}
 
 
 # The forced call as the grammar writes it (compact JSON, name before arguments): what comes
@@ -190,6 +262,272 @@ class CallStreamer:
             self.call["function"]["arguments"] += frag
             out.append({"index": 0, "function": {"arguments": frag}})
         return out
+
+
+class CallScanner:
+    """(consumer side) Reads a reply in a format with call markers as it comes: `feed(text)`
+    returns (content, calls): the text outside the call blocks, released once it cannot be
+    the start of the opening marker, and the calls of the blocks completed so far (OpenAI
+    tool_calls, each with its "index" in the reply). `final=True` ends the reply: held text is
+    released, a block cut short is parsed as it stands. A block that does not parse as calls of
+    the given functions is content, as the model wrote it."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan = plan
+        self.fmt = plan.call_format
+        self._buf = ""
+        self._in_block = False
+        self.n_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        self._buf += text
+        content: list[str] = []
+        calls: list[dict] = []
+        while True:
+            if not self._in_block:
+                i = self._buf.find(self.fmt.open)
+                if i < 0:
+                    hold = 0 if final else _partial(self._buf, self.fmt.open)
+                    content.append(self._buf[:len(self._buf) - hold])
+                    self._buf = self._buf[len(self._buf) - hold:]
+                    break
+                content.append(self._buf[:i])
+                self._buf = self._buf[i:]
+                self._in_block = True
+            j = self._buf.find(self.fmt.close, len(self.fmt.open))
+            if j < 0 and not final:
+                break
+            end = len(self._buf) if j < 0 else j + len(self.fmt.close)
+            block, self._buf = self._buf[:end], self._buf[end:]
+            self._in_block = False
+            found = self.plan._calls(_BODIES[self.fmt.body](
+                self.plan, block[len(self.fmt.open):len(block) - (0 if j < 0 else len(self.fmt.close))]) or [None])
+            if found is None:
+                content.append(block)
+            else:
+                for c in found:
+                    calls.append({"index": self.n_calls, **c})
+                    self.n_calls += 1
+            if not self._buf:
+                break
+        return "".join(content), calls
+
+
+def _strip_index(call: dict) -> dict:
+    return {k: v for k, v in call.items() if k != "index"}
+
+
+def _partial(buf: str, marker: str) -> int:
+    """Length of the longest suffix of `buf` that is a proper prefix of `marker`."""
+    for k in range(min(len(marker) - 1, len(buf)), 0, -1):
+        if buf.endswith(marker[:k]):
+            return k
+    return 0
+
+
+# ---- call bodies: each returns [{"name", "arguments"}] or None when the body is malformed
+
+def _json_body(plan: ToolPlan, body: str) -> list[Any] | None:
+    obj = _loads(body.strip())
+    return obj if isinstance(obj, list) else [obj]
+
+
+_XML_FN = re.compile(r"\s*<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.S)
+_XML_PARAM = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)(?:\n?</parameter>|\Z)", re.S)
+
+
+def _xml_body(plan: ToolPlan, body: str) -> list[Any] | None:
+    """Qwen3.5 / Qwen3-Coder: <function=NAME>, then <parameter=ARG>\nvalue\n</parameter> per
+    argument. A value is typed by the function's schema: text where the parameter is a
+    string, else JSON (or the template's Python-style True / False / None), else text."""
+    out, pos, body = [], 0, body.rstrip()
+    while pos < len(body):
+        m = _XML_FN.match(body, pos)
+        if m is None:
+            return None
+        name, inner = m.group(1).strip(), m.group(2)
+        props = plan._params(name).get("properties") or {}
+        args, ipos, inner = {}, 0, inner.rstrip()
+        while ipos < len(inner):
+            pm = _XML_PARAM.match(inner, ipos)
+            if pm is None:
+                return None
+            key = pm.group(1).strip()
+            args[key] = _xml_value(pm.group(2), props.get(key))
+            ipos = pm.end()
+        out.append({"name": name, "arguments": args})
+        pos = m.end()
+    return out or None
+
+
+_PY_WORDS = {"True": True, "False": False, "None": None, "true": True, "false": False, "null": None}
+
+
+def _xml_value(text: str, schema: Any) -> Any:
+    types = schema.get("type") if isinstance(schema, Mapping) else None
+    types = {types} if isinstance(types, str) else set(types or ())
+    if types == {"string"}:
+        return text
+    v = _loads(text)
+    if v is not None or text.strip() == "null":
+        return v
+    if text.strip() in _PY_WORDS:   # the template writes values with |string: True, None
+        return _PY_WORDS[text.strip()]
+    return text
+
+
+class _Values:
+    """A small recursive-descent reader of the non-JSON call bodies: Python-style literals
+    (LFM2: 'x', "x", 1, 2.5, True, None, [..], {..}, and JSON's true / false / null) or Gemma
+    4's (<|"|>x<|"|> strings, bare dict keys, true / false / null). Any error is ValueError."""
+
+    GEMMA_QUOTE = '<|"|>'
+    _ATOM = re.compile(r"[^,\]\})\s]+")
+    _PY_STR = re.compile(r"""[rRbBuU]?('(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""")
+    _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+    MAX_DEPTH = 64
+
+    def __init__(self, text: str, gemma: bool):
+        self.s, self.i, self.gemma = text, 0, gemma
+
+    def ws(self) -> None:
+        while self.i < len(self.s) and self.s[self.i].isspace():
+            self.i += 1
+
+    def take(self, lit: str) -> bool:
+        self.ws()
+        if self.s.startswith(lit, self.i):
+            self.i += len(lit)
+            return True
+        return False
+
+    def need(self, lit: str) -> None:
+        if not self.take(lit):
+            raise ValueError(f"expected {lit!r} at {self.i}")
+
+    def name(self) -> str:
+        self.ws()
+        m = self._NAME.match(self.s, self.i)
+        if m is None:
+            raise ValueError(f"expected a name at {self.i}")
+        self.i = m.end()
+        return m.group()
+
+    def items(self, close: str, item, depth: int) -> list:
+        out = []
+        if self.take(close):
+            return out
+        while True:
+            out.append(item(depth))
+            if self.take(close):
+                return out
+            self.need(",")
+
+    def value(self, depth: int = 0) -> Any:
+        if depth > self.MAX_DEPTH:
+            raise ValueError("nested too deeply")
+        self.ws()
+        if self.gemma and self.s.startswith(self.GEMMA_QUOTE, self.i):
+            return self.gemma_string()
+        if self.take("{"):
+            return dict(self.items("}", self.pair, depth + 1))
+        if self.take("["):
+            return self.items("]", self.value, depth + 1)
+        if not self.gemma and self.take("("):
+            return self.items(")", self.value, depth + 1)
+        if not self.gemma:
+            m = self._PY_STR.match(self.s, self.i)
+            if m is not None:
+                self.i = m.end()
+                v = ast.literal_eval(m.group())
+                return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        m = self._ATOM.match(self.s, self.i)
+        if m is None:
+            raise ValueError(f"expected a value at {self.i}")
+        self.i = m.end()
+        word = m.group()
+        if word in _PY_WORDS:
+            return _PY_WORDS[word]
+        v = _loads(word)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return v
+        raise ValueError(f"not a value: {word!r}")
+
+    def gemma_string(self) -> str:
+        q = self.GEMMA_QUOTE
+        j = self.s.find(q, self.i + len(q))
+        if j < 0:
+            raise ValueError("an unterminated <|\"|> string")
+        v, self.i = self.s[self.i + len(q):j], j + len(q)
+        return v
+
+    def key(self) -> str:
+        self.ws()
+        if self.gemma:
+            if self.s.startswith(self.GEMMA_QUOTE, self.i):
+                return self.gemma_string()
+            j = self.s.find(":", self.i)
+            k = self.s[self.i:j] if j >= 0 else ""
+            if not k or "}" in k:
+                raise ValueError(f"expected a key at {self.i}")
+            self.i = j
+            return k.strip()
+        v = self.value(self.MAX_DEPTH)
+        if not isinstance(v, str):
+            raise ValueError(f"a dict key must be a string, got {v!r}")
+        return v
+
+    def pair(self, depth: int) -> tuple[str, Any]:
+        k = self.key()
+        self.need(":")
+        return k, self.value(depth)
+
+    def kwarg(self, depth: int) -> tuple[str, Any]:
+        k = self.name()
+        self.need("=")
+        return k, self.value(depth)
+
+    def end(self) -> None:
+        self.ws()
+        if self.i != len(self.s):
+            raise ValueError(f"unexpected text at {self.i}")
+
+
+def _pythonic_body(plan: ToolPlan, body: str) -> list[Any] | None:
+    """LFM2: [f(a=1, b='x'), g()] (the brackets optional)."""
+    v = _Values(body, gemma=False)
+    try:
+        bracket = v.take("[")
+        out = []
+        while True:
+            name = v.name()
+            v.need("(")
+            out.append({"name": name, "arguments": dict(v.items(")", v.kwarg, 1))})
+            if not v.take(","):
+                break
+        if bracket:
+            v.need("]")
+        v.end()
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
+        return None
+    return out
+
+
+def _gemma_body(plan: ToolPlan, body: str) -> list[Any] | None:
+    """Gemma 4: call:NAME{key:value,...}."""
+    v = _Values(body, gemma=True)
+    try:
+        v.need("call:")
+        name = v.name()
+        v.need("{")
+        args = dict(v.items("}", v.pair, 1))
+        v.end()
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    return [{"name": name, "arguments": args}]
+
+
+_BODIES = {"json": _json_body, "xml": _xml_body, "pythonic": _pythonic_body, "gemma": _gemma_body}
 
 
 def _loads(s: str) -> Any:
@@ -273,7 +611,10 @@ def _args(a: Any) -> Any:
     return a
 
 
-def _template_messages(messages: list[dict]) -> list[dict]:
+def _template_messages(messages: list[dict], inline: CallFormat | None = None) -> list[dict]:
+    """The chat for a template that takes tools: earlier calls' arguments as objects; with
+    `inline` (a template that never reads tool_calls, as LFM2's), the calls written into the
+    assistant's content in the family's format, as the model wrote them."""
     out = []
     for m in messages:
         if m.get("tool_calls"):
@@ -281,8 +622,49 @@ def _template_messages(messages: list[dict]) -> list[dict]:
                                         "arguments": _args(c.get("function", {}).get("arguments"))}}
                      for c in m["tool_calls"]]
             m = {**m, "tool_calls": calls, "content": m.get("content") or ""}
+            if inline is not None:
+                m = {k: v for k, v in m.items() if k != "tool_calls"}
+                m["content"] += write_calls(inline, [c["function"] for c in calls])
         out.append(m)
     return out
+
+
+def write_calls(fmt: CallFormat, calls: list[dict]) -> str:
+    """Calls ({"name", "arguments": object}) as a model of format `fmt` writes them."""
+    if fmt.body == "pythonic":
+        return fmt.open + "[" + ", ".join(
+            f"{c['name']}(" + ", ".join(f"{k}={_py(v)}" for k, v in (c.get("arguments") or {}).items()) + ")"
+            for c in calls) + "]" + fmt.close
+    return "".join(fmt.open + _WRITERS[fmt.body](c["name"], c.get("arguments") or {}) + fmt.close
+                   for c in calls)
+
+
+def _py(v: Any) -> str:
+    """A value as a Python literal (JSON's own for objects, as LFM2's template writes them)."""
+    if isinstance(v, dict):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ", ".join(_py(x) for x in v) + "]"
+    return repr(v)
+
+
+def _gemma(v: Any) -> str:
+    if isinstance(v, str):
+        return _Values.GEMMA_QUOTE + v + _Values.GEMMA_QUOTE
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_gemma(x)}" for k, x in sorted(v.items())) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_gemma(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+_WRITERS = {
+    "json": lambda name, args: "\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n",
+    "xml": lambda name, args: f"\n<function={name}>\n" + "".join(
+        f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+        for k, v in args.items()) + "</function>\n",
+    "gemma": lambda name, args: f"call:{name}" + _gemma(args),
+}
 
 
 def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choice: Any = None) -> ToolPlan:
@@ -290,15 +672,16 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
     tools = check_tools(tools)
     choice, only = check_choice(tool_choice, tools)
     if takes_tools(template_source):
-        fmt = "hermes" if "<tool_call>" in template_source else "json"
-        msgs = _template_messages(messages)
+        known = call_format(template_source)
+        fmt = known.name if known is not None else "json"
+        msgs = _template_messages(messages, None if "tool_calls" in template_source else known)
         extra = {"tools": tools} if choice != "none" else {}
     else:
         fmt = "generic"
         msgs = _generic_messages(messages, _generic_block(tools, choice, only) if choice != "none" else None)
         extra = {}
     spec = None
-    if choice == "required":
+    if choice == "required" and fmt in _HEADS:
         schema = {**_call_schema(tools, only), "x-guidance": JSON_STYLE}
         if fmt == "hermes":
             grammar = {"grammar": {"type": "lark", "grammar":
