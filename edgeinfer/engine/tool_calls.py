@@ -108,12 +108,15 @@ class CallFormat:
     of the `detect` groups; each call block runs from `open` to `close` (a block cut short
     runs to the end of the text) and its body is written in `body` syntax: "json" ({"name",
     "arguments"}), "xml" (<function=NAME><parameter=ARG>value</parameter></function>),
-    "pythonic" ([f(a=1), g(b='x')]) or "gemma" (call:f{a:<|"|>x<|"|>})."""
+    "pythonic" ([f(a=1), g(b='x')]) or "gemma" (call:f{a:<|"|>x<|"|>}). `inline_history`:
+    a template of the family that never reads a message's tool_calls (LFM2-8B-A1B,
+    LFM2.5-Instruct) expects earlier calls written in the assistant's content."""
     name: str
     detect: tuple[tuple[str, ...], ...]
     open: str
     close: str
     body: str
+    inline_history: bool = False
 
 
 #: The first row whose markers a template writes wins (so Qwen3.5's XML before Hermes's JSON,
@@ -124,7 +127,7 @@ CALL_FORMATS: tuple[CallFormat, ...] = (
     CallFormat("qwen-xml", (("<tool_call>", "<function=", "<parameter="),), "<tool_call>", "</tool_call>", "xml"),
     CallFormat("hermes", (("<tool_call>",),), "<tool_call>", "</tool_call>", "json"),
     CallFormat("lfm2", (("<|tool_list_start|>",), ("<|tool_call_start|>",), ("List of tools: [",)),
-               "<|tool_call_start|>", "<|tool_call_end|>", "pythonic"),
+               "<|tool_call_start|>", "<|tool_call_end|>", "pythonic", inline_history=True),
     CallFormat("gemma4", (("<|tool_call>call:",),), "<|tool_call>", "<tool_call|>", "gemma"),
 )
 
@@ -674,7 +677,8 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
     if takes_tools(template_source):
         known = call_format(template_source)
         fmt = known.name if known is not None else "json"
-        msgs = _template_messages(messages, None if "tool_calls" in template_source else known)
+        inline = known is not None and known.inline_history and "tool_calls" not in template_source
+        msgs = _template_messages(messages, known if inline else None)
         extra = {"tools": tools} if choice != "none" else {}
     else:
         fmt = "generic"
