@@ -18,7 +18,6 @@ the model may answer in text, and an answer that parses as a call becomes one.
 """
 from __future__ import annotations
 
-import ast
 import json
 import re
 import uuid
@@ -386,7 +385,11 @@ class _Values:
 
     GEMMA_QUOTE = '<|"|>'
     _ATOM = re.compile(r"[^,\]\})\s]+")
-    _PY_STR = re.compile(r"""[rRbBuU]?('(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""")
+    # a quote closes a Python string only where a value may end: LFM2's template writes
+    # strings between ' without escaping them (it's, raw newlines); a valid literal reads the same
+    _CLOSES = re.compile(r"\s*(?:[,)\]}:]|\Z)")
+    _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2}|.)", re.S)
+    _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "b": "\b", "f": "\f", "\n": ""}
     _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
     MAX_DEPTH = 64
 
@@ -438,12 +441,8 @@ class _Values:
             return self.items("]", self.value, depth + 1)
         if not self.gemma and self.take("("):
             return self.items(")", self.value, depth + 1)
-        if not self.gemma:
-            m = self._PY_STR.match(self.s, self.i)
-            if m is not None:
-                self.i = m.end()
-                v = ast.literal_eval(m.group())
-                return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        if not self.gemma and self.i < len(self.s) and self.s[self.i] in "'\"":
+            return self.py_string()
         m = self._ATOM.match(self.s, self.i)
         if m is None:
             raise ValueError(f"expected a value at {self.i}")
@@ -455,6 +454,23 @@ class _Values:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return v
         raise ValueError(f"not a value: {word!r}")
+
+    def py_string(self) -> str:
+        q, j = self.s[self.i], self.i + 1
+        while j < len(self.s):
+            c = self.s[j]
+            if c == "\\":
+                j += 2
+            elif c == q and self._CLOSES.match(self.s, j + 1):
+                raw, self.i = self.s[self.i + 1:j], j + 1
+                return self._ESCAPE.sub(self._unescape, raw)
+            else:
+                j += 1
+        raise ValueError("an unterminated string")
+
+    def _unescape(self, m: re.Match) -> str:
+        e = m.group(1)
+        return chr(int(e[1:], 16)) if len(e) > 1 else self._ESCAPES.get(e, e)
 
     def gemma_string(self) -> str:
         q = self.GEMMA_QUOTE
