@@ -223,3 +223,46 @@ def test_auto_quantization_is_refused_by_name(tiny, tmp_path):
     with pytest.raises(ConversionError, match="cannot price gemma4"):
         convert_checkpoint(str(tiny[0]), str(out), "auto", target_bpw=5.0)
     assert not out.exists()
+
+
+def _conditional_generation(text_dir, out):
+    """The tiny text model inside a Gemma4ForConditionalGeneration (what most Gemma 4 fine-tunes
+    are saved as: model.language_model.*) with small random vision and audio towers."""
+    causal = tf.Gemma4ForCausalLM.from_pretrained(str(text_dir), dtype=torch.float32)
+    cfg = tf.Gemma4Config(
+        text_config=causal.config.to_dict(), tie_word_embeddings=True,
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16, patch_size=4, position_embedding_size=64),
+        audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          subsampling_conv_channels=[8, 4], output_proj_dims=32))
+    torch.manual_seed(1)
+    mm = tf.Gemma4ForConditionalGeneration(cfg)
+    mm.model.language_model.load_state_dict(causal.model.state_dict(), strict=True)
+    mm.save_pretrained(out, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(text_dir / f, out / f)
+    return out
+
+
+def test_conditional_generation_checkpoint_converts_its_text_model(tiny, tmp_path):
+    """The towers are left out with a note; the file is the text model's (every key but the name,
+    every tensor byte for byte), and its logits are transformers' for the multimodal class."""
+    d, files = tiny
+    mm = _conditional_generation(d, tmp_path / "mm")
+    r = convert_checkpoint(str(mm), str(tmp_path / "mm.gguf"), "f32")
+    assert [n.split(" (")[0] for n in r.notes] == [
+        "left out the audio tower of Gemma4ForConditionalGeneration",
+        "left out the vision tower of Gemma4ForConditionalGeneration"], r.notes
+    a, b = gguf.GGUFReader(str(files["f32"])), gguf.GGUFReader(r.path)
+    assert ({k: f.contents() for k, f in a.fields.items() if k != "general.name"}
+            == {k: f.contents() for k, f in b.fields.items() if k != "general.name"})
+    theirs = {t.name: t for t in b.tensors}
+    assert sorted(theirs) == sorted(t.name for t in a.tensors)
+    for t in a.tensors:
+        assert np.array_equal(np.asarray(t.data), np.asarray(theirs[t.name].data)), t.name
+    ids = _ids()
+    hf = tf.Gemma4ForConditionalGeneration.from_pretrained(str(mm), dtype=torch.float64).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()
+    ours = float(np.abs(_ours(r.path, ids) - ref).max())
+    assert ours <= float(np.abs(llama_logits(files["f32"], ids) - ref).max()), ours

@@ -46,6 +46,8 @@ def convert(
             if r.predicted_kl is not None else "")
     print(f"wrote {r.path}: {r.file_type}, {r.n_tensors} tensors ({types}{merged}), "
           f"{r.nbytes / 2**20:.1f} MiB in {r.seconds:.1f} s{auto}", file=sys.stderr)
+    for note in r.notes:
+        print(f"note: {note}", file=sys.stderr)
 
 
 @handle_errors

@@ -19,7 +19,7 @@ from ..arch import Arch, HeadDims, arch_for_hf
 from ..arch.table import LAYER_KINDS, FamilySwitches, RecurrentDims
 from ..errors import ConversionError
 
-__all__ = ["HParams", "TensorMap"]
+__all__ = ["HParams", "TensorMap", "multimodal_part"]
 
 
 @dataclass
@@ -360,6 +360,19 @@ def _check_no_rope_layers(config: dict, arch: Arch, n_layer: int) -> None:
                               f"{step} only ({key} = {want})")
 
 
+#: The non-text parts of multimodal checkpoints (transformers 5's Qwen3_5 and
+#: Gemma4ForConditionalGeneration, Gemma 3n's names): towers and their projections into the text
+#: model. edgeinfer converts the text model only.
+_MULTIMODAL = re.compile(r"^(?:model\.)?(?:(visual|vision_tower|embed_vision|multi_modal_projector)"
+                         r"|(audio_tower|embed_audio))\.")
+
+
+def multimodal_part(hf: str) -> str | None:
+    """'vision' or 'audio' for a tensor of a multimodal checkpoint's non-text part, else None."""
+    m = _MULTIMODAL.match(hf)
+    return None if m is None else ("vision" if m.group(1) else "audio")
+
+
 def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     """HF rotate-half row order -> GGUF llama interleaved pairs, per head (rows = dim 0)."""
     rows = w.shape[0]
@@ -397,13 +410,14 @@ class TensorMap:
 
     def canonical_name(self, hf: str) -> str | None:
         """The table's name of a checkpoint tensor; None for one the GGUF does not hold.
-        Qwen3.5: a multimodal checkpoint's language model is the decoder (its vision tower is
-        left out), and the MTP block's tensors (mtp.*) are the layers after the trunk."""
-        if not self.hp.layer_kinds:
-            return hf
-        if hf.startswith("model.visual.") or hf.startswith("visual."):
+        A multimodal checkpoint (Qwen3_5 / Gemma4ForConditionalGeneration) nests the decoder
+        under model.language_model (its vision / audio towers are left out: multimodal_part);
+        Qwen3.5's MTP block's tensors (mtp.*) are the layers after the trunk."""
+        if multimodal_part(hf) is not None:
             return None
         hf = re.sub(r"^model\.language_model\.", "model.", hf)
+        if not self.hp.layer_kinds:
+            return hf
         m = re.fullmatch(r"(?:model\.)?mtp\.(?:layers\.(\d+)\.(.+)|(\w+)\.weight)", hf)
         if m is None:
             return hf

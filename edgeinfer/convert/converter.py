@@ -16,7 +16,7 @@ from ..gguf.types import GGMLType, GGUFValueType
 from ..gguf.writer import GGUFWriter
 from ..progress import bar, status
 from ..arch import arch_for_hf
-from .arch import HParams, TensorMap
+from .arch import HParams, TensorMap, multimodal_part
 from .gemma4 import Gemma4HParams
 from .lfm2 import Lfm2HParams
 from .checkpoint import Checkpoint
@@ -53,6 +53,7 @@ class ConvertResult:
     bpw: float = 0.0                       # 8 * tensor bytes / weights
     predicted_kl: float | None = None      # --type auto: the sensitivity model's prediction
     sensitivity: "Sensitivity | None" = field(default=None, repr=False)
+    notes: list[str] = field(default_factory=list)   # what the user should know (parts left out)
 
 
 def _sorted_names(hp: HParams, expected: dict[str, tuple[int, ...]], tmap: TensorMap):
@@ -110,6 +111,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         arch_for_hf(ckpt.config)[0].name, HParams)
     hp = family.from_config(ckpt.config, keep_mtp=keep_mtp)
     tmap = TensorMap(hp)
+    notes = _left_out_notes(ckpt, hp)
     ckpt.rename(tmap.canonical_name)
     items = plan(ckpt, hp, tmap)
     adapter = None
@@ -205,7 +207,18 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                          time.perf_counter() - t0, counts,
                          {it.gguf: it.type.name for it in items}, merged,
                          bpw=8.0 * nbytes / n_el, predicted_kl=predicted,
-                         sensitivity=sensitivity)
+                         sensitivity=sensitivity, notes=notes)
+
+
+def _left_out_notes(ckpt: Checkpoint, hp: HParams) -> list[str]:
+    """One line per multimodal part (vision / audio tower) the text-only GGUF leaves out."""
+    parts: dict[str, int] = {}
+    for n in ckpt.names():
+        part = multimodal_part(n)
+        if part is not None:
+            parts[part] = parts.get(part, 0) + 1
+    return [f"left out the {part} tower of {hp.hf_class} ({k} tensors): edgeinfer converts the "
+            f"text model" for part, k in sorted(parts.items())]
 
 
 def _item_bytes(it: _Item) -> int:
