@@ -25,7 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"errors", "arch", "gguf", "_native"},
     "convert": {"errors", "arch", "gguf", "text", "progress", "_native"},
     "backends": {"errors", "arch", "gguf", "model", "_native"},
-    "engine": {"errors", "arch", "gguf", "hub", "text", "model", "backends"},
+    # engine -> convert: a PEFT adapter folder becomes GGUF-named pairs when a server loads it
+    "engine": {"errors", "arch", "gguf", "hub", "text", "model", "backends", "convert"},
     "server": {"errors", "hub", "engine"},
     "tools": {"errors", "arch", "gguf", "hub", "progress", "text", "model", "backends", "convert", "engine"},
     "cli": {"errors", "hub", "progress", "convert", "engine", "server", "tools"},

@@ -16,6 +16,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from ..gguf.reader import GGUFFile
     from ..model.config import ModelConfig
+    from ..model.lora import LoraWeights
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Capabilities:
     max_snapshots: int = 0          # kept states per slot; past it the one after the fewest positions goes
     embeddings: bool = False        # Runtime.forward_hidden: final-normed hidden rows (what embeddings pool)
     state_io: bool = False          # Runtime.slot_state_size / save_slot / load_slot (the prompt cache)
+    lora: bool = False              # Runtime.add_adapter / set_slot_adapters: LoRA adapters per slot
 
 
 NO_ROWS = np.empty(0, dtype=np.int32)
@@ -154,6 +156,13 @@ class Runtime(Protocol):
 
     def load_slot(self, slot: int, n: int, data: bytes) -> None:
         """(caps.state_io) The slot holds exactly save_slot's positions [0, n) again."""
+
+    def add_adapter(self, weights: "LoraWeights") -> object:
+        """(caps.lora) The adapter's handle on this runtime (checked against the model: AdapterError)."""
+
+    def set_slot_adapters(self, slot: int, adapters: list[tuple[object, float]]) -> None:
+        """(caps.lora) The slot's rows get W x + sum scale * B (A x) for each (handle, scale) from
+        now on; [] detaches. A handle stays valid while a slot uses it."""
 
     def profile(self, reset: bool = False) -> dict[str, float]:
         """Seconds per forward stage (caps.profile_stages) so far; {} where not measured."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._native import check, ffi, lib
+from ..model.lora import LoraWeights, NativeLora
 from ..model.native_model import NativeModel
 from .base import Batch, Capabilities, KVPlan, require_kv_type
 
@@ -74,7 +75,7 @@ class NativeRuntime:
             packed_bytes=int(lib.ei_runtime_packed_bytes(self.handle)), profile_stages=PROFILE_STAGES,
             copy_prefix=True, state_bytes=int(lib.ei_runtime_state_bytes(self.handle)),
             recurrent_state=model.cfg.is_hybrid, state_snapshots=model.cfg.is_hybrid,
-            max_snapshots=plan.n_snapshots if model.cfg.is_hybrid else 0, state_io=True, embeddings=True)
+            max_snapshots=plan.n_snapshots if model.cfg.is_hybrid else 0, state_io=True, embeddings=True, lora=True)
 
     def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
         return self._run(lib.ei_forward, batch, logits, self.caps.n_vocab, "forward")
@@ -124,6 +125,14 @@ class NativeRuntime:
 
     def load_slot(self, slot: int, n: int, data: bytes) -> None:
         check(lib.ei_runtime_load_slot(self.handle, slot, n, ffi.from_buffer(data), len(data)), "load_slot")
+
+    def add_adapter(self, weights: LoraWeights) -> NativeLora:
+        return NativeLora(self.model, weights)
+
+    def set_slot_adapters(self, slot: int, adapters: list[tuple[NativeLora, float]]) -> None:
+        handles = ffi.new("ei_lora *[]", [h.handle for h, _ in adapters] or [ffi.NULL])
+        scales = ffi.new("float[]", [float(s) for _, s in adapters] or [0.0])
+        check(lib.ei_runtime_set_slot_loras(self.handle, slot, len(adapters), handles, scales), "set_slot_adapters")
 
     def profile(self, reset: bool = False) -> dict[str, float]:
         buf = ffi.new("double[]", len(PROFILE_STAGES))

@@ -8,6 +8,7 @@ tensors themselves.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConversionError
+from ..gguf.types import GGMLType
+from .arch import HParams
 from .checkpoint import SafetensorsFile, load_entry, read_json
 
-__all__ = ["LoraAdapter"]
+__all__ = ["LoraAdapter", "adapter_pairs", "hparams_from_model", "write_adapter_gguf", "convert_lora"]
 
 _KEY_RE = re.compile(r"^(?P<mod>.+?)\.(?P<kind>lora_A|lora_B|lora_embedding_A|lora_embedding_B)"
                      r"(?:\.[A-Za-z0-9_]+)?(?:\.weight)?$")
@@ -154,3 +157,121 @@ class LoraAdapter:
         if p.embedding or self.fan_in_fan_out:
             delta = delta.T
         return (w.astype(np.float64) + delta).astype(np.float32)
+
+
+# ---------------------------------------------------------------- adapters kept apart (run time)
+
+def hparams_from_model(cfg) -> HParams:
+    """The converter's hyperparameters of a loaded base model (edgeinfer.model.config.ModelConfig):
+    what maps an adapter's Hugging Face names to the base GGUF's when no config.json is at hand."""
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(HParams)
+              if f.name not in ("arch", "hf_class", "n_ctx", "partial_rotary", "rope_scaling", "ssm_conv_kernel")
+              and hasattr(cfg, f.name)}
+    return HParams(arch=cfg.family, hf_class=cfg.family.name, n_ctx=cfg.n_ctx_train,
+                   partial_rotary=cfg.rope_dim / cfg.head_dim if cfg.head_dim else 1.0,
+                   rope_scaling={"rope_type": "default"}, ssm_conv_kernel=getattr(cfg, "conv_kernel", 0),
+                   **values)
+
+
+def _row_or_column_permutation(f, shape: tuple[int, int]) -> tuple[str, np.ndarray] | None:
+    """How the converter's transform f moves a weight's entries, when it only reorders its rows or
+    its columns: ("rows", p) with f(W) = W[p], ("cols", p) with f(W) = W[:, p]; None otherwise."""
+    rows = np.broadcast_to(np.arange(shape[0], dtype=np.float32)[:, None], shape).copy()
+    cols = np.broadcast_to(np.arange(shape[1], dtype=np.float32)[None, :], shape).copy()
+    fr, fc = np.asarray(f(rows)), np.asarray(f(cols))
+    if fr.shape != shape or fc.shape != shape:
+        return None
+    if np.array_equal(fc, cols) and (fr == fr[:, :1]).all():
+        return "rows", fr[:, 0].astype(np.int64)
+    if np.array_equal(fr, rows) and (fc == fc[:1, :]).all():
+        return "cols", fc[0].astype(np.int64)
+    return None
+
+
+def adapter_pairs(adapter: LoraAdapter, hp: HParams) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The adapter as float32 pairs on the GGUF tensors of the base: name -> (A [r, in], B [out, r])
+    with the adapter's scale (alpha / r, rank and alpha patterns, rsLoRA) in B, and the converter's
+    row or column reordering of that tensor (Llama's Q/K, Qwen3.5's value heads) applied to B or A,
+    so that W + B A is what `convert --lora` merges. What cannot stay apart is refused by name."""
+    from .arch import TensorMap
+
+    tmap = TensorMap(hp)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if adapter.replacements:
+        name = sorted(adapter.replacements)[0]
+        raise ConversionError(f"LoRA adapter {adapter.dir} replaces {name!r} whole (modules_to_save): "
+                              f"such an adapter cannot be applied at run time; merge it with "
+                              f"`edgeinfer convert --lora`")
+    for hf, p in sorted(adapter.pairs.items()):
+        canonical = tmap.canonical_name(hf)
+        gguf = tmap.gguf_name(canonical) if canonical is not None else None
+        if gguf is None:
+            raise ConversionError(f"LoRA adapter {adapter.dir} adapts {hf!r}, which the base model "
+                                  f"does not hold (a tied head?)")
+        if p.embedding:
+            raise ConversionError(f"LoRA adapter {adapter.dir} adapts the embedding {hf!r}: apply it "
+                                  f"by merging (`edgeinfer convert --lora`)")
+        a, b = p.a.astype(np.float32), p.b.astype(np.float32)
+        if adapter.fan_in_fan_out:      # the delta is (B A)^T = A^T B^T
+            a, b = b.T.copy(), a.T.copy()
+        b = b * np.float32(adapter.scale(p.module, p.a.shape[0]))
+        f = tmap.transform(canonical)
+        if f is not None:
+            moved = _row_or_column_permutation(f, (b.shape[0], a.shape[1]))
+            if moved is None:
+                raise ConversionError(f"LoRA adapter {adapter.dir}: the converter changes {hf!r} in a way "
+                                      f"an adapter cannot follow; merge it with `edgeinfer convert --lora`")
+            kind, perm = moved
+            if kind == "rows":
+                b = b[perm]
+            else:
+                a = a[:, perm]
+        out[gguf] = (np.ascontiguousarray(a), np.ascontiguousarray(b))
+    return out
+
+
+ADAPTER_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0}
+
+
+def write_adapter_gguf(pairs: dict[str, tuple[np.ndarray, np.ndarray]], arch: str, out_path: str,
+                       type_: str = "f32", name: str = "") -> int:
+    """A llama.cpp LoRA GGUF (general.type "adapter", `<tensor>.lora_a` [in, r] and `.lora_b` [r, out]
+    in GGML order); the scale is in B already, so adapter.lora.alpha is 0 (llama.cpp: scale 1).
+    Returns the file's size in bytes."""
+    from ..gguf.types import GGUFValueType
+    from ..gguf.writer import GGUFWriter
+    from .quantize import can_quantize, quantize
+
+    if type_ not in ADAPTER_TYPES:
+        raise ConversionError(f"adapter type must be one of {sorted(ADAPTER_TYPES)}, got {type_!r}")
+    want = ADAPTER_TYPES[type_]
+    with GGUFWriter(out_path) as w:
+        w.add_kv("general.architecture", arch)
+        w.add_kv("general.type", "adapter")
+        if name:
+            w.add_kv("general.name", name[:200])
+        w.add_kv("adapter.type", "lora")
+        w.add_kv("adapter.lora.alpha", 0.0, GGUFValueType.FLOAT32)
+        tensors = []
+        for tname, (a, b) in pairs.items():
+            for suffix, x in (("lora_a", a), ("lora_b", b)):
+                t = want if can_quantize(want, x.shape[1]) else GGMLType.F32
+                tensors.append((f"{tname}.{suffix}", x, t))
+                w.add_tensor_info(f"{tname}.{suffix}", (x.shape[1], x.shape[0]), t)
+        w.write_header()
+        for tname, x, t in tensors:
+            w.write_tensor_data(tname, quantize(x, t))
+    return os.path.getsize(out_path)
+
+
+def convert_lora(adapter_dir: str, base_dir: str, out_path: str, type_: str = "f32") -> tuple[int, int]:
+    """`edgeinfer convert-lora`: a PEFT adapter folder -> a llama.cpp LoRA GGUF for the base model whose
+    Hugging Face folder (its config.json) is `base_dir`. Returns (adapted tensors, file bytes)."""
+    adapter = LoraAdapter(adapter_dir)
+    if not os.path.isdir(base_dir):
+        raise ConversionError(f"--base must be the base model's Hugging Face folder (its config.json), "
+                              f"got {base_dir}")
+    hp = HParams.from_config(read_json(os.path.join(base_dir, "config.json"), "config.json"))
+    pairs = adapter_pairs(adapter, hp)
+    name = os.path.basename(os.path.abspath(adapter_dir))
+    return len(pairs), write_adapter_gguf(pairs, hp.arch.name, out_path, type_, name)

@@ -1,5 +1,6 @@
 """The engine: `Engine` (what `edgeinfer.load` returns) and the values its public methods
 trade in. The server and the tools import these names from here, never a submodule."""
+from .adapters import AdapterBusyError, AdapterError, UnknownAdapterError
 from .constraint import ConstraintError, check_logit_bias, grammar_spec
 from .engine import Engine
 from .generation import DoneEvent, ErrorEvent, TokenEvent, TokenLogprob
@@ -10,7 +11,7 @@ from .scheduler import SlotBusyError, SlotFilesUnsupportedError
 from .sampling import SamplingParams
 from .tool_calls import ToolError, call_finish
 
-__all__ = ["CacheFileError", "ConstraintError", "DoneEvent", "EFFORT_BUDGETS", "Engine", "ErrorEvent", "QueueFullError",
+__all__ = ["AdapterBusyError", "AdapterError", "UnknownAdapterError", "CacheFileError", "ConstraintError", "DoneEvent", "EFFORT_BUDGETS", "Engine", "ErrorEvent", "QueueFullError",
            "SlotBusyError", "SlotFilesUnsupportedError",
            "ReasoningSpec", "SamplingParams",
            "SchedulerClosedError", "TokenEvent", "TokenLogprob", "ToolError", "call_finish", "check_logit_bias",

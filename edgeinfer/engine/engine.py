@@ -13,6 +13,7 @@ from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, local_ring_cells
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
 from .embedding import Pooler, check_pooling, file_pooling
 from .generation import Completion, Generation
@@ -56,6 +57,8 @@ class Engine:
         self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue, draft=draft,
                                    speculative=speculative, spec_max_slots=spec_max_slots,
                                    draft_cost_ratio=ratio if ratio > 0 else 1.0, prompt_cache=prompt_cache)
+        self.adapters = Adapters(runner, cfg)
+        self.scheduler.adapters = self.adapters
 
     @property
     def ring(self) -> KVRing:
@@ -75,13 +78,30 @@ class Engine:
     # ------------------------------------------------------------------ serving
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[list], None],
                n_logprobs: int | None = None, t_arrival: float | None = None,
-               speculative: str | None | object = _DEFAULT) -> Request:
+               speculative: str | None | object = _DEFAULT, lora: Any = None) -> Request:
         """Queues a sequence of checked prompt ids; its events (TokenEvent, DoneEvent, ErrorEvent)
         reach `sink(list_of_events)` from the delivery thread; `.cancel()` on the result stops
         it. QueueFullError when the queue is at its bound, SchedulerClosedError while draining,
-        closed or failed."""
+        closed or failed. `lora`: the LoRA adapters to run with (load_lora; Adapters.resolve's forms)."""
         return self.scheduler.submit(prompt_ids, params, sink, n_logprobs=n_logprobs, t_arrival=t_arrival,
-                                     speculative=speculative)
+                                     speculative=speculative, adapters=self.adapters.resolve(lora))
+
+    # ------------------------------------------------------------------ adapters
+    def load_lora(self, name: str, path: str | Path) -> dict:
+        """Loads a LoRA adapter (a PEFT folder or a llama.cpp LoRA GGUF) under `name`, for requests
+        that ask for it (`generate(..., lora=name)`); the base weights are shared. AdapterError
+        when it does not fit this model (the message names the tensor) or the budget."""
+        return self.adapters.load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Frees an adapter; AdapterBusyError while requests use it."""
+        if name not in self.adapters.names():
+            raise UnknownAdapterError(f"no adapter named {name!r} is loaded")
+        self.scheduler.unload_adapter(name)
+
+    def lora_adapters(self) -> list[dict]:
+        """The loaded adapters: id, name, path, ranks, tensors, bytes."""
+        return self.adapters.describe()
 
     def lease(self) -> ContextManager[Lease]:
         """A slot of its own for teacher-forced stepping (`lease.feed(tokens, out_rows, logits)`),
@@ -135,12 +155,15 @@ class Engine:
              n_slots: int = 1, n_sink: int = 4, overflow: str = "stop", max_batch: int = 256,
              isa: str = "best", max_queue: int = 256, kv_type: str = "f16", draft: str | Path | None = None,
              speculative: str | None = None, spec_max_slots: int = 2,
-             prompt_cache: str | Path | None = None, prompt_cache_bytes: int = 4 << 30) -> "Engine":
+             prompt_cache: str | Path | None = None, prompt_cache_bytes: int = 4 << 30,
+             loras: dict[str, str | Path] | None = None, lora_bytes: int = 1 << 30) -> "Engine":
         """`draft`: a smaller GGUF sharing the vocabulary, for speculative="draft" (its own KV
         ring of n_slots x n_ctx cells). `speculative`: the default of generate/stream/chat
         (None, "lookup" or "draft"); `spec_max_slots`: no speculation while more sequences decode.
         `prompt_cache`: a directory where prompt prefixes' slot states outlive the process (at most
-        `prompt_cache_bytes` there, least recently used out; engine/prompt_cache.py)."""
+        `prompt_cache_bytes` there, least recently used out; engine/prompt_cache.py).
+        `loras`: {name: PEFT folder or LoRA GGUF} adapters to load now (more with load_lora), at most
+        `lora_bytes` of them; a request picks them with `lora=`."""
         from ..hub import resolve_model
 
         check_mode(speculative)
@@ -171,8 +194,16 @@ class Engine:
         if prompt_cache is not None:
             cache = PromptCache(prompt_cache, model_identity(path, gguf.data_offset), kv_type,
                                 max_bytes=prompt_cache_bytes)
-        return cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
-                   draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots, prompt_cache=cache)
+        engine = cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
+                     draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots, prompt_cache=cache)
+        engine.adapters.max_bytes = lora_bytes
+        try:
+            for name, adapter_path in (loras or {}).items():
+                engine.load_lora(name, adapter_path)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -218,8 +249,8 @@ class Engine:
         return max_tokens
 
     # ------------------------------------------------------------------ model calls
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """Teacher-forced logits [len(ids), n_vocab] of a fresh sequence."""
+    def logits(self, ids: Sequence[int], lora: Any = None) -> np.ndarray:
+        """Teacher-forced logits [len(ids), n_vocab] of a fresh sequence (with the LoRA adapters `lora`)."""
         ids = self._check_ids(ids)
         if not ids:
             raise ValueError("logits() needs at least one token")
@@ -227,7 +258,7 @@ class Engine:
             raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
         out = np.empty((len(ids), self.config.n_vocab), dtype=np.float32)
         step = self.runner.caps.max_batch
-        with self.scheduler.lease_slot() as lease:
+        with self.scheduler.lease_slot(self.adapters.resolve(lora)) as lease:
             for start in range(0, len(ids), step):
                 chunk = ids[start:start + step]
                 lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), out[start:start + len(chunk)])
@@ -346,6 +377,7 @@ class Engine:
     def _generation(self, ids: list[int], params: dict, parse_calls=None) -> Generation:
         params = dict(params)
         submit_kw = {"speculative": check_mode(params.pop("speculative"))} if "speculative" in params else {}
+        submit_kw["adapters"] = self.adapters.resolve(params.pop("lora", None))
         n_logprobs = params.pop("logprobs", None)
         if n_logprobs is not None and (isinstance(n_logprobs, bool) or not isinstance(n_logprobs, int)
                                        or n_logprobs < 0):
@@ -376,6 +408,8 @@ class Engine:
             "n_ff": cfg.n_ff, "n_vocab": cfg.n_vocab, "n_ctx_train": cfg.n_ctx_train, "n_ctx": self.n_ctx,
             "n_slots": self.ring.n_slots, "n_sink": self.ring.n_sink, "overflow": self.ring.overflow,
             "kv_bytes": caps.kv_bytes, "kv_type": caps.kv_type, "scratch_bytes": caps.scratch_bytes,
+            # hybrids: the recurrent layers' states, apart from the ring (live + kept copies per slot)
+            "state_bytes": caps.state_bytes, "state_snapshots": caps.max_snapshots,
             "packed_weight_bytes": caps.packed_bytes, "device_weight_bytes": caps.device_bytes,
             "n_threads": caps.n_threads, "isa": caps.isa, "device": caps.device,
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),

@@ -45,6 +45,7 @@ class Request:
         self.n_fed = 0                  # prompt tokens already in the slot (reused or fed)
         self.next_token: int | None = None
         self.spec: SlotSpec | None = None   # set when the request speculates
+        self.adapters: tuple[tuple[str, float], ...] = ()   # LoRA adapters (name, scale); (): the base
         self.cancelled = False
         self.done = False
         self._wake = wake

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..backends.base import NO_ROWS, Batch
 from ..errors import EdgeInferError
+from .adapters import AdapterBusyError, AdapterKey, Adapters
 from .constraint import MaskJob
 from .delivery import Delivery
 from .draft import DraftModel
@@ -136,6 +137,8 @@ class Scheduler:
             raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
         self.policy = SpecPolicy(max_k=spec_max_k, max_slots=spec_max_slots, draft_ratio=draft_cost_ratio)
         self.output = OutputProcessor(self.states, self.policy)
+        self.adapters: Adapters | None = None        # the engine's LoRA adapters (engine.py sets them)
+        self._slot_adapters: list[AdapterKey] = [()] * self.n_slots   # what each slot's cells were computed with
         self.prompt_cache = prompt_cache if self.states.can_save else None
         if prompt_cache is not None and self.prompt_cache is None:
             log.warning("prompt cache off: the %s runtime cannot save a slot's state", runner.caps.device)
@@ -143,9 +146,10 @@ class Scheduler:
     # ------------------------------------------------------------------ public
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
                n_logprobs: int | None = None, t_arrival: float | None = None,
-               speculative: str | None | object = _DEFAULT) -> Request:
+               speculative: str | None | object = _DEFAULT, adapters: AdapterKey = ()) -> Request:
         """Queues a sequence; events reach `sink(list_of_events)` from the delivery thread.
         `speculative`: None, "lookup" or "draft" (default: the scheduler's `speculative`).
+        `adapters`: the LoRA adapters it runs with (Adapters.resolve).
 
         Raises QueueFullError when `max_queue` requests already wait for a slot, and
         SchedulerClosedError while draining or after close."""
@@ -155,6 +159,7 @@ class Scheduler:
         seq = SequenceState(self.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
         req = Request(self.tokenizer, seq, sink, self._wake)
         req.spec = self.policy.new_slot(mode) if mode else None
+        req.adapters = adapters
         with self._cv:
             if self._closed or self._draining:
                 raise SchedulerClosedError("the engine is shutting down and admits no new requests")
@@ -175,9 +180,9 @@ class Scheduler:
         return req
 
     @contextlib.contextmanager
-    def lease_slot(self) -> Iterator[Lease]:
+    def lease_slot(self, adapters: AdapterKey = ()) -> Iterator[Lease]:
         """Takes a free slot away from the scheduler for direct use (Engine.logits, bench),
-        emptied on the way in and out."""
+        emptied on the way in and out, running with `adapters`."""
         with self._cv:
             self._lease_waiters += 1
             try:
@@ -187,6 +192,8 @@ class Scheduler:
                 self._lease_waiters -= 1
             slot = self._free.pop(0)
             self._leased.add(slot)
+            with self.runner.lock:
+                self._attach(slot, adapters)
         lease = Lease(self.states, slot)
         try:
             lease.reset()
@@ -367,7 +374,13 @@ class Scheduler:
             req = self._waiting.popleft()
             ids = req.seq.prompt_ids
             best, best_n = 0, -1
+            key = req.adapters
             for i, s in enumerate(self._free):
+                if self._slot_adapters[s] != key:   # cells computed with other adapters
+                    n = 0
+                    if best_n < 0:
+                        best, best_n = i, 0
+                    continue
                 n = ring.common_prefix(s, ids)
                 if states.recurrent:    # only where a state was kept
                     n = states.resume_point(s, min(n, len(ids) - 1))
@@ -375,12 +388,13 @@ class Scheduler:
                     best, best_n = i, n
             slot = self._free.pop(best)
             keep = min(best_n, len(ids) - 1)
-            src, shared = self._running_prefix(ids)
+            src, shared = self._running_prefix(ids, key)
             with self.runner.lock:
                 self._spill(slot, max(keep, shared))
+                self._attach(slot, key)
                 if shared > keep and states.copy_prefix(src, slot, shared):
                     keep = shared       # a sibling's prompt: copied, not recomputed
-                elif (loaded := self._load_cached(slot, ids, keep)) is not None:
+                elif not key and (loaded := self._load_cached(slot, ids, keep)) is not None:
                     keep = loaded       # a prefix from the prompt cache (RAM or disk)
                 else:
                     keep = states.rollback(slot, keep)
@@ -412,7 +426,7 @@ class Scheduler:
         """(under both locks) Before the slot forgets what it holds past `keep`, the prompt
         cache's RAM tier keeps it (a conversation that comes back later resumes from there)."""
         cache, st = self.prompt_cache, self.ring.slots[slot]
-        if cache is None or st.n_past <= keep or st.n_past < cache.min_tokens or st.wrapped:
+        if cache is None or self._slot_adapters[slot] or st.n_past <= keep or st.n_past < cache.min_tokens or st.wrapped:
             return
         if cache.holds(st.tokens):
             return
@@ -427,25 +441,49 @@ class Scheduler:
         for r in reqs:
             ids = r.seq.prompt_ids
             n = len(ids) - 1
-            if n < cache.min_tokens or r.slot is None or cache.holds(ids[:n]):
+            if n < cache.min_tokens or r.slot is None or r.adapters or cache.holds(ids[:n]):
                 continue
             payload = self.states.save(r.slot, n)
             if payload is not None:
                 cache.store(ids[:n], payload)
 
-    def _running_prefix(self, ids: list[int]) -> tuple[int, int]:
+    def _running_prefix(self, ids: list[int], key: AdapterKey) -> tuple[int, int]:
         """(under lock) The running slot holding the longest prefix of `ids` already computed
-        (n > 1 siblings: the first one's prompt), and how many of its cells a new slot may
-        copy (never the last prompt token, whose logits are needed)."""
+        with the adapters `key` (n > 1 siblings: the first one's prompt), and how many of its
+        cells a new slot may copy (never the last prompt token, whose logits are needed)."""
         best, best_n = -1, 0
         for r in self._active:
-            if r.slot is not None:
+            if r.slot is not None and r.adapters == key:
                 n = min(self.ring.common_prefix(r.slot, ids), r.n_fed, len(ids) - 1)
                 if self.states.recurrent:
                     n = self.states.resume_point(r.slot, n)
                 if n > best_n:
                     best, best_n = r.slot, n
         return best, best_n
+
+    def _attach(self, slot: int, key: AdapterKey) -> None:
+        """(under the runner's lock) The slot runs with adapters `key` from now on; what it holds was
+        computed with others, so it is forgotten."""
+        if self._slot_adapters[slot] == key:
+            return
+        self.states.clear(slot)
+        self.runner.runtime.set_slot_adapters(slot, self.adapters.handles(key) if key else [])
+        self._slot_adapters[slot] = key
+
+    def unload_adapter(self, name: str) -> None:
+        """Detaches the adapter from every slot and forgets it; AdapterBusyError while a running or
+        waiting request uses it."""
+        with self._cv:
+            users = [r for r in list(self._active) + list(self._waiting)
+                     if not r.done and any(n == name for n, _ in r.adapters)]
+            if users:
+                raise AdapterBusyError(f"adapter {name!r} is in use by {len(users)} request(s); "
+                                       f"unload it when they finish")
+            with self.runner.lock:
+                for slot, key in enumerate(self._slot_adapters):
+                    if any(n == name for n, _ in key):
+                        self._attach(slot, ())
+                self.adapters.remove(name)
 
     def _release(self, req: Request) -> None:
         """(under lock) Returns the request's slot to the free list (its cells stay for reuse)."""

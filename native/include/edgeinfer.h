@@ -270,6 +270,19 @@ ei_status ei_forward_hidden(ei_runtime *rt, int32_t n_tokens, const int32_t *tok
                             int32_t n_out, const int32_t *out_rows, float *hidden,
                             int32_t n_keep, const int32_t *keep_rows);
 
+/* ---- LoRA adapters (native/src/lora.c; owner: the engine's adapters) ----
+ * An adapter holds float32 pairs for some of the model's matrices, in caller-owned memory that must
+ * outlive it: A [rank][ne0] and B [ne1][rank] for a weight of ne1 rows of ne0 (scale folded into B or
+ * given per slot). A slot with adapters computes W x + sum_i scale_i B_i (A_i x) for every adapted W;
+ * slots with different adapters share one forward. Detach (n = 0) before freeing an adapter. */
+enum { EI_MAX_SLOT_LORAS = 8 };
+typedef struct ei_lora ei_lora;
+ei_status ei_lora_create(const ei_model *m, ei_lora **out);
+ei_status ei_lora_set(ei_lora *a, int layer, int role, int32_t rank, const float *A, const float *B);
+size_t ei_lora_bytes(const ei_lora *a);
+void ei_lora_free(ei_lora *a);
+ei_status ei_runtime_set_slot_loras(ei_runtime *rt, int slot, int n, ei_lora *const *loras, const float *scales);
+
 /* ==== Quantization for the converter (native/src/quantize.c; owner: convert) ==== */
 /* Bytes of one row of n_cols elements of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q4_K, Q5_K, Q6_K); n_cols must be a multiple of the type's block size. */

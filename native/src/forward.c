@@ -354,6 +354,18 @@ static void attention_block(ei_runtime *rt, int l, int64_t T, const int32_t *slo
     ei_parallel_matmul(rt, &o, 1, rt->att, T);
 }
 
+/* Does a slot of the batch have LoRA adapters attached? */
+static int batch_has_loras(const ei_runtime *rt, const int32_t *slots, int64_t n_tok) {
+    for (int64_t t = 0; rt->slot_lora && t < n_tok; t++)
+        if (rt->slot_lora[slots[t]].n) return 1;
+    return 0;
+}
+
+static ei_status lora_done(ei_runtime *rt) {
+    rt->lora_slots = NULL;
+    return EI_OK;
+}
+
 /* hidden: out gets each output row's final-normed hidden state (n_embd floats) instead of its logits. */
 static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                          const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
@@ -366,6 +378,7 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
     const ei_model_config *c = &m->cfg;
     int64_t T = n_tokens, d = c->n_embd;
 
+    rt->lora_slots = batch_has_loras(rt, slots, T) ? slots : NULL;
     double t = now_s();
     if ((st = embed(rt, tokens, T)) != EI_OK || (st = ei_per_layer_inputs(rt, tokens, T)) != EI_OK) return st;
     rope_tables(rt, pos, T);
@@ -401,16 +414,20 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
         lap(rt, EI_PROF_FFN_DOWN, &t);
     }
     ei_state_end(rt, n_tokens, slots, pos);
-    if (n_out == 0) return EI_OK;
+    if (n_out == 0) return lora_done(rt);
     float *normed = hidden ? logits : rt->out_rows;
     for (int32_t j = 0; j < n_out; j++)
         ei_rmsnorm(normed + (int64_t)j * d, rt->x + (int64_t)out_rows[j] * d, m->globals.output_norm.data, d, c->rms_eps);
-    if (hidden) return EI_OK;
+    if (hidden) return lora_done(rt);
+    if (rt->lora_slots) {
+        for (int32_t j = 0; j < n_out; j++) rt->lora_head_slots[j] = slots[out_rows[j]];
+        rt->lora_slots = rt->lora_head_slots;
+    }
     ei_mm_job head = {ei_model_output(m), logits, rt->packed[(size_t)c->n_layer * EI_PACKED_PER_LAYER]};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
     softcap(logits, (int64_t)n_out * c->n_vocab, c->final_softcap);
     lap(rt, EI_PROF_HEAD, &t);
-    return EI_OK;
+    return lora_done(rt);
 }
 
 ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,

@@ -271,7 +271,8 @@ void ei_runtime_free(ei_runtime *rt) {
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
                     rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows,
                     rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local,
-                    rt->layer_off, rt->local_cell_pos, rt->local_used, rt->ple, rt->ple_gate, rt->ple_in, rt->attn_gate};
+                    rt->layer_off, rt->local_cell_pos, rt->local_used, rt->ple, rt->ple_gate, rt->ple_in, rt->attn_gate,
+                    rt->slot_lora, (void *)rt->lora_seen, rt->lora_rows, rt->lora_row_scale, rt->lora_head_slots, rt->lora_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     ei_state_free(rt);
     free(rt);
@@ -426,6 +427,11 @@ static void quant_rows(void *raw, int64_t i) {
 }
 
 void ei_parallel_matmul(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_tok) {
+    ei_matmul_base(rt, jobs, n_jobs, x, n_tok);
+    if (rt->lora_slots) ei_lora_apply(rt, jobs, n_jobs, x, n_tok);
+}
+
+void ei_matmul_base(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_tok) {
     mm_task t = {.jobs = jobs, .n_jobs = n_jobs, .kt = rt->kt, .x = x, .qx = rt->act,
                  .n_cols = jobs[0].w->ne0, .n_tok = n_tok};
     int need_q8 = 0, need_half_sums = 0;

@@ -8,6 +8,12 @@
 #include "model.h"
 #include "threadpool.h"
 
+typedef struct {
+    int n;
+    const struct ei_lora *lora[EI_MAX_SLOT_LORAS];
+    float scale[EI_MAX_SLOT_LORAS];
+} ei_slot_loras;
+
 struct ei_runtime {
     const ei_model *m;
     ei_runtime_params p;
@@ -75,6 +81,18 @@ struct ei_runtime {
     const void **packed;  /* [n_layer * EI_PACKED_PER_LAYER + 1]; the last is the output head */
     void *pack_arena;
     size_t pack_bytes;
+
+    /* LoRA adapters per slot (lora.c); NULL until one is attached. During a forward whose batch has a
+     * slot with adapters, lora_slots gives the slot of each row the matmuls see (NULL otherwise). */
+    ei_slot_loras *slot_lora;          /* [n_slots] */
+    const int32_t *lora_slots;
+    const struct ei_lora **lora_seen;  /* [n_slots * EI_MAX_SLOT_LORAS]: the batch's distinct adapters */
+    int64_t *lora_rows;                /* [max_batch]: rows of one adapter */
+    float *lora_row_scale;             /* [max_batch] */
+    int32_t *lora_head_slots;          /* [max_batch]: the slot of each output row of the head */
+    float *lora_buf;                   /* gathered x, A x and B A x rows */
+    size_t lora_floats;
+    int64_t lora_max_in, lora_max_rank, lora_max_out;
 };
 
 enum { EI_PK_Q, EI_PK_K, EI_PK_V, EI_PK_O, EI_PK_GATE, EI_PK_UP, EI_PK_DOWN, EI_PACKED_PER_LAYER };
@@ -113,6 +131,10 @@ typedef struct {
 
 void ei_parallel_matmul(struct ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x,
                         int64_t n_tok);
+/* The same without the adapters' updates (what the adapters' own small matmuls use). */
+void ei_matmul_base(struct ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_tok);
+/* Adds each row's adapters' updates to the jobs' outputs (lora.c); rt->lora_slots must be set. */
+void ei_lora_apply(struct ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_rows);
 
 /* Gemma 4's per-layer inputs (per_layer.c): scratch at creation, this batch's inputs after the
  * embedding (rt->x), and a layer's per-layer block on rt->x after its FFN (with the block's output scale). */

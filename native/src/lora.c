@@ -1,0 +1,179 @@
+/* LoRA adapters applied per sequence: a weight's rows for a batch are W x once, then each adapter a
+ * adds scale * B_a (A_a x) to the rows of the slots that use it (gathered, as S-LoRA / Punica do), so
+ * requests with different adapters share one batch. A and B stay float32 in caller-owned memory. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "runtime.h"
+
+typedef struct {
+    const ei_weight *target;   /* the base weight this pair adapts */
+    ei_weight a, b;            /* A: [rank][ne0 of target], B: [ne1 of target][rank], float32 */
+} lora_pair;
+
+struct ei_lora {
+    const ei_model *m;
+    lora_pair *pairs;
+    int n, cap;
+    int64_t max_rank, max_in, max_out;
+};
+
+ei_status ei_lora_create(const ei_model *m, ei_lora **out) {
+    if (!m || !out) return ei_fail(EI_ERR_INVALID_ARG, "lora_create: null argument");
+    if (!m->finalized) return ei_fail(EI_ERR_STATE, "lora_create: the model is not finalized");
+    ei_lora *a = calloc(1, sizeof *a);
+    if (!a) return ei_fail(EI_ERR_OUT_OF_MEMORY, "lora_create: out of memory");
+    a->m = m;
+    *out = a;
+    return EI_OK;
+}
+
+void ei_lora_free(ei_lora *a) {
+    if (!a) return;
+    free(a->pairs);
+    free(a);
+}
+
+static const lora_pair *find_pair(const ei_lora *a, const ei_weight *w) {
+    for (int i = 0; i < a->n; i++)
+        if (a->pairs[i].target == w) return &a->pairs[i];
+    return NULL;
+}
+
+ei_status ei_lora_set(ei_lora *a, int layer, int role, int32_t rank, const float *A, const float *B) {
+    if (!a || !A || !B) return ei_fail(EI_ERR_INVALID_ARG, "lora_set: null argument");
+    ei_model *m = (ei_model *)a->m;
+    const ei_weight *w = ei_weight_slot(&m->globals, m->layers, m->cfg.n_layer, layer, role);
+    if (!w || !w->data) return ei_fail(EI_ERR_INVALID_ARG, "lora_set: the model has no tensor role %d at layer %d", role, layer);
+    if (role == EI_T_TOKEN_EMBD) return ei_fail(EI_ERR_UNSUPPORTED, "lora_set: the token embedding is a lookup, not a matmul");
+    if (ei_role_find(role)->vector || w->ne1 < 2) return ei_fail(EI_ERR_INVALID_ARG, "lora_set: role %d is not a matrix", role);
+    if (rank < 1 || rank > 4096) return ei_fail(EI_ERR_INVALID_ARG, "lora_set: rank %d outside [1, 4096]", rank);
+    if (find_pair(a, w)) return ei_fail(EI_ERR_INVALID_ARG, "lora_set: role %d at layer %d set twice", role, layer);
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 64;
+        lora_pair *p = realloc(a->pairs, (size_t)cap * sizeof *p);
+        if (!p) return ei_fail(EI_ERR_OUT_OF_MEMORY, "lora_set: out of memory");
+        a->pairs = p;
+        a->cap = cap;
+    }
+    a->pairs[a->n++] = (lora_pair){w, {.data = A, .type = EI_TYPE_F32, .ne0 = w->ne0, .ne1 = rank},
+                                   {.data = B, .type = EI_TYPE_F32, .ne0 = rank, .ne1 = w->ne1}};
+    a->max_rank = EI_MAX(a->max_rank, rank);
+    a->max_in = EI_MAX(a->max_in, w->ne0);
+    a->max_out = EI_MAX(a->max_out, w->ne1);
+    return EI_OK;
+}
+
+size_t ei_lora_bytes(const ei_lora *a) {
+    size_t n = 0;
+    for (int i = 0; a && i < a->n; i++)
+        n += (size_t)a->pairs[i].a.ne1 * (size_t)(a->pairs[i].a.ne0 + a->pairs[i].b.ne1) * sizeof(float);
+    return n;
+}
+
+/* Scratch sized for every adapter attached so far: x [max_batch][in], t [3][max_batch][rank],
+ * u [max_batch][out] floats; the per-slot lists and per-row arrays on first use. */
+static ei_status lora_scratch(ei_runtime *rt, const ei_lora *a) {
+    const size_t mb = (size_t)rt->p.max_batch;
+    if (!rt->slot_lora) {
+        rt->slot_lora = calloc((size_t)rt->p.n_slots, sizeof *rt->slot_lora);
+        rt->lora_seen = calloc((size_t)rt->p.n_slots * EI_MAX_SLOT_LORAS, sizeof *rt->lora_seen);
+        rt->lora_rows = calloc(mb, sizeof *rt->lora_rows);
+        rt->lora_row_scale = calloc(mb, sizeof *rt->lora_row_scale);
+        rt->lora_head_slots = calloc(mb, sizeof *rt->lora_head_slots);
+        if (!rt->slot_lora || !rt->lora_seen || !rt->lora_rows || !rt->lora_row_scale || !rt->lora_head_slots)
+            return ei_fail(EI_ERR_OUT_OF_MEMORY, "lora: out of memory");
+    }
+    const int64_t in = EI_MAX(rt->lora_max_in, a->max_in), rank = EI_MAX(rt->lora_max_rank, a->max_rank);
+    const int64_t out = EI_MAX(rt->lora_max_out, a->max_out);
+    const size_t need = mb * (size_t)(in + 3 * rank + out);
+    if (need > rt->lora_floats) {
+        float *s = realloc(rt->lora_buf, need * sizeof(float));
+        if (!s) return ei_fail(EI_ERR_OUT_OF_MEMORY, "lora: out of memory for %zu scratch floats", need);
+        rt->lora_buf = s;
+        rt->lora_floats = need;
+    }
+    rt->lora_max_in = in;
+    rt->lora_max_rank = rank;
+    rt->lora_max_out = out;
+    return EI_OK;
+}
+
+ei_status ei_runtime_set_slot_loras(ei_runtime *rt, int slot, int n, ei_lora *const *loras, const float *scales) {
+    if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "set_slot_loras: null runtime");
+    if (slot < 0 || slot >= rt->p.n_slots) return ei_fail(EI_ERR_RANGE, "slot %d outside [0, %d)", slot, rt->p.n_slots);
+    if (n < 0 || n > EI_MAX_SLOT_LORAS) return ei_fail(EI_ERR_RANGE, "%d adapters on one slot (at most %d)", n, EI_MAX_SLOT_LORAS);
+    if (n && (!loras || !scales)) return ei_fail(EI_ERR_INVALID_ARG, "set_slot_loras: null argument");
+    if (n == 0 && !rt->slot_lora) return EI_OK;
+    for (int i = 0; i < n; i++) {
+        if (!loras[i] || loras[i]->m != rt->m) return ei_fail(EI_ERR_INVALID_ARG, "set_slot_loras: adapter %d is not for this model", i);
+        ei_status st = lora_scratch(rt, loras[i]);
+        if (st != EI_OK) return st;
+    }
+    ei_slot_loras *s = &rt->slot_lora[slot];
+    s->n = n;
+    for (int i = 0; i < n; i++) {
+        s->lora[i] = loras[i];
+        s->scale[i] = scales[i];
+    }
+    return EI_OK;
+}
+
+/* After the base matmul of `jobs` on rows x: row r belongs to slot rt->lora_slots[r] (forward sets it for
+ * the batch's tokens, or the head's output rows); each adapter of those slots adds its update. */
+void ei_lora_apply(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_rows) {
+    const int32_t *slot_of = rt->lora_slots;
+    const ei_lora **seen = rt->lora_seen;
+    int n_seen = 0;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const ei_slot_loras *s = &rt->slot_lora[slot_of[r]];
+        for (int i = 0; i < s->n; i++) {
+            int k = 0;
+            while (k < n_seen && seen[k] != s->lora[i]) k++;
+            if (k == n_seen) seen[n_seen++] = s->lora[i];
+        }
+    }
+    const int64_t mb = rt->p.max_batch;
+    float *xg = rt->lora_buf, *tg = xg + mb * rt->lora_max_in, *ug = tg + 3 * mb * rt->lora_max_rank;
+    int64_t *rows = rt->lora_rows;
+    float *scale = rt->lora_row_scale;
+    for (int k = 0; k < n_seen; k++) {
+        const ei_lora *a = seen[k];
+        const lora_pair *pair[3] = {0};
+        ei_mm_job down[3];
+        int n_pair = 0;
+        for (int j = 0; j < n_jobs && j < 3; j++)
+            if ((pair[j] = find_pair(a, jobs[j].w)) != NULL) n_pair++;
+        if (!n_pair) continue;
+        /* this adapter's rows, and each one's scale (an adapter listed twice on a slot adds up) */
+        int64_t n = 0;
+        for (int64_t r = 0; r < n_rows; r++) {
+            const ei_slot_loras *s = &rt->slot_lora[slot_of[r]];
+            float sc = 0;
+            int uses = 0;
+            for (int i = 0; i < s->n; i++)
+                if (s->lora[i] == a) sc += s->scale[i], uses = 1;
+            if (uses) rows[n] = r, scale[n++] = sc;
+        }
+        const int64_t in = jobs[0].w->ne0;
+        for (int64_t i = 0; i < n; i++) memcpy(xg + i * in, x + rows[i] * in, (size_t)in * sizeof(float));
+        /* t_j = A_j x for every adapted job at once (they share x), then u = B_j t_j one job at a time */
+        int n_down = 0;
+        for (int j = 0; j < n_jobs && j < 3; j++)
+            if (pair[j]) down[n_down++] = (ei_mm_job){&pair[j]->a, tg + (int64_t)j * mb * rt->lora_max_rank, NULL};
+        ei_matmul_base(rt, down, n_down, xg, n);
+        for (int j = 0; j < n_jobs && j < 3; j++) {
+            if (!pair[j]) continue;
+            const int64_t out = jobs[j].w->ne1;
+            ei_mm_job up = {&pair[j]->b, ug, NULL};
+            ei_matmul_base(rt, &up, 1, tg + (int64_t)j * mb * rt->lora_max_rank, n);
+            for (int64_t i = 0; i < n; i++) {
+                float *y = jobs[j].y + rows[i] * out;
+                const float *u = ug + i * out;
+                const float s = scale[i];
+                for (int64_t c = 0; c < out; c++) y[c] += s * u[c];
+            }
+        }
+    }
+}
