@@ -8,14 +8,13 @@ layouts (tests/support/tiny_checkpoints.py: GQA 2:1 and 4:1, conv and attention 
 * F32 logits against transformers: no worse than llama.cpp's own difference on its file;
 * Q8_0 and Q4_K_M against llama.cpp on the same file (KL, top-1 beyond near ties), and 32 greedy
   tokens identical to llama.cpp's on a trained tiny model;
-* the recurrent state: prefix reuse, an n = 2 sibling, speculative rollback and a sliding ring
-  each give a fresh engine's greedy tokens; a skipped restore is caught;
+* the recurrent state (prefix reuse, an n = 2 sibling, speculative rollback, a sliding ring, a
+  skipped restore, the state's bytes): tests/test_states.py, over both hybrid families;
 * bad input: an unknown layer_types entry, a conv weight that disagrees with shortconv.l_cache.
 """
 from __future__ import annotations
 
 import json
-import random
 import shutil
 
 import numpy as np
@@ -31,8 +30,6 @@ gguf = require("gguf")
 import edgeinfer  # noqa: E402
 from edgeinfer._native import ffi, lib  # noqa: E402
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
-from edgeinfer.engine.generation import Generation  # noqa: E402
-from edgeinfer.engine.sampling import SamplingParams  # noqa: E402
 from edgeinfer.errors import ConversionError, GGUFError  # noqa: E402
 from tests.support import tiny_checkpoints as tc  # noqa: E402
 from tests.support.llama_cpp_convert import convert as llama_cpp_convert  # noqa: E402
@@ -168,86 +165,12 @@ def test_greedy_32_tokens_identical_to_llama_cpp(trained):
     assert not diffs, diffs
 
 
-# ----------------------------------------------------------------- the recurrent state
 N_NEW = 16
-GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True)
 
 
 def _fresh(path, prompt, n_ctx: int = 128, **load) -> list[int]:
     with edgeinfer.load(str(path), n_ctx=n_ctx, n_threads=2, **load) as e:
         return e.generate(prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True).tokens
-
-
-def test_prefix_reuse_gives_a_fresh_engines_tokens(lfm2):
-    """The second prompt extends the first: the engine resumes from the state kept at the
-    first prompt's end, and must give a fresh engine's greedy tokens."""
-    _, files = lfm2
-    first, second = IDS[:20], IDS[:20] + [7, 9, 11, 13]
-    with edgeinfer.load(str(files["lcpp"]), n_ctx=128) as eng:
-        eng.generate(first, max_tokens=6, temperature=0)
-        got = eng.generate(second, max_tokens=N_NEW, temperature=0, ignore_eos=True)
-    assert got.stats.cached_tokens > 0
-    assert got.tokens == _fresh(files["lcpp"], second)
-
-
-def test_an_n2_sibling_gives_a_fresh_engines_tokens(trained):
-    """Two requests for one prompt at once (n = 2): the second takes the first's cells and
-    kept state, and both must give a fresh engine's tokens."""
-    path, seq = trained
-    prompt = [int(i) for i in seq[:12]]
-    want = _fresh(path, prompt)
-    with edgeinfer.load(str(path), n_ctx=128, n_threads=2, n_slots=2) as eng:
-        gens = [Generation(eng.scheduler, prompt, GREEDY) for _ in range(2)]
-        got = [g.result() for g in gens]
-    assert [g.tokens for g in got] == [want, want]
-
-
-class _Proposer:
-    """Drafts a random run of the true continuation, then wrong tokens: a rejection (a rollback
-    of the cells and the recurrent state) at every step."""
-
-    def __init__(self, prompt: list[int], want: list[int], seed: int = 7):
-        self.prompt, self.want, self.rng = prompt, want, random.Random(seed)
-
-    def propose(self, history, k):
-        done = len(history) - len(self.prompt)
-        good = self.want[done:done + self.rng.randint(0, k - 1)]
-        return good + [self.rng.randrange(3, 300) for _ in range(k - len(good))]
-
-
-def test_speculative_rejections_give_a_fresh_engines_tokens(lfm2):
-    _, files = lfm2
-    prompt = IDS[:24]
-    want = _fresh(files["lcpp"], prompt)
-    with edgeinfer.load(str(files["lcpp"]), n_ctx=128, n_threads=2, speculative="lookup") as eng:
-        eng.scheduler.policy.fixed_k = 4   # the adaptive k would not draft for so small a model
-        eng.scheduler.lookup = _Proposer(prompt, want)
-        got = eng.generate(prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True)
-    assert got.stats.spec_accepted < got.stats.spec_proposed, got.stats   # drafts were rolled back
-    assert got.stats.spec_accepted > 0
-    assert got.tokens == want
-
-
-def test_a_slid_ring_keeps_the_conv_state(lfm2):
-    """A ring of 32 cells slides under a 24-token prompt and 48 new tokens; the attention layers
-    forget, the conv layers' state runs on. The engine's logits after the slide must be the
-    float64 reference's through the same ring, and the engine then serves a fresh engine's
-    tokens on its next request."""
-    from tests.support.reference_forward import ReferenceModel
-
-    _, files = lfm2
-    cap, sink = 32, 4
-    long = IDS[:24]
-    with edgeinfer.load(str(files["f32"]), n_ctx=cap, n_sink=sink, overflow="slide", n_threads=2) as eng:
-        assert (eng.ring.capacity, eng.ring.n_sink) == (cap, sink)
-        toks = eng.generate(long, max_tokens=48, temperature=0, ignore_eos=True).tokens
-        seq = long + toks[:-1]
-        rows = ReferenceModel(files["f32"]).logits(seq, ring=(cap, sink))[len(long) - 1:]
-        # each token is the reference's top one, or within a near tie of it (F16 KV cells)
-        gaps = rows.max(-1) - rows[np.arange(len(toks)), toks]
-        assert gaps.max() <= Q8_0_TIE_GAP, gaps
-        second = eng.generate(IDS[:10], max_tokens=N_NEW, temperature=0, ignore_eos=True).tokens
-    assert second == _fresh(files["f32"], IDS[:10], n_ctx=cap, n_sink=sink, overflow="slide")
 
 
 # ----------------------------------------------------------------- bad input

@@ -5,7 +5,9 @@ in the file and not run):
 * F32 logits against transformers: no worse than llama.cpp's own difference on the same file, on a
   short prompt (decode's token-by-token delta rule) and a 150-token one (the chunked prefill);
 * Q8_0 against llama.cpp on the same file (KL, top-1 beyond near ties);
-* the recurrent state: a prompt that extends an earlier one gives a fresh engine's greedy tokens;
+* the recurrent state (prefix reuse, an n = 2 sibling, speculative rollback, a sliding ring, a
+  skipped restore, the state's bytes against config.json): tests/test_states.py, over both hybrid
+  families;
 * memory: KV + state bytes at n_ctx 1024 vs 4096 grow by the attention layers' cells only.
 """
 from __future__ import annotations
@@ -94,15 +96,6 @@ def test_q8_0_kl_and_top1_vs_llama_cpp(qwen35, tmp_path):
     want = llama_logits(view, LONG)
     assert kl_divergence(want, ours).mean() <= 1e-3
     assert not top1_errors(want, ours, Q8_0_TIE_GAP)
-
-
-def test_prompt_extending_an_earlier_one_resumes_from_the_kept_state(qwen35):
-    _, files = qwen35
-    first, second = SHORT, SHORT + [7, 9, 11, 13]
-    fresh = edgeinfer.load(str(files["f32"]), n_ctx=128).generate(second, max_tokens=12, temperature=0).text
-    eng = edgeinfer.load(str(files["f32"]), n_ctx=128)
-    eng.generate(first, max_tokens=6, temperature=0)
-    assert eng.generate(second, max_tokens=12, temperature=0).text == fresh
 
 
 def test_state_bytes_do_not_grow_with_the_context(qwen35):

@@ -1,21 +1,40 @@
-"""The per-sequence state seam (engine/states.py) on the fake backend: KV cells alone, and KV
-cells plus a recurrent state (tests/support/fake_backend.py: a running CRC of the tokens fed,
-which moves the logits when it is wrong). Prefix reuse, n > 1 siblings copying a prompt and
-speculative rollback must give the tokens of a fresh sequence (`reference_greedy`), and must
-have gone through the seam (a kept state restored or copied) rather than around it."""
+"""The per-sequence state seam (engine/states.py).
+
+On the fake backend: KV cells alone, and KV cells plus a recurrent state
+(tests/support/fake_backend.py: a running CRC of the tokens fed, which moves the logits when it
+is wrong). Prefix reuse, n > 1 siblings copying a prompt and speculative rollback must give the
+tokens of a fresh sequence (`reference_greedy`), and must have gone through the seam (a kept
+state restored or copied) rather than around it.
+
+On the native runtime, one test per behaviour over both hybrid families (tiny random F32
+checkpoints: LFM2's short-conv + GQA layouts and Qwen3.5's Gated DeltaNet + gated attention
+patterns, tests/support/tiny_checkpoints.py): a prompt that extends an earlier one, an n = 2
+sibling, a speculative run with rejections and a ring that slides each give exactly a fresh
+engine's greedy tokens; a rollback that skips the restore is refused, never silently wrong;
+info() and `plan` report the recurrent state's bytes apart from the KV ring's, equal to the
+sizes computed from the checkpoint's config.json.
+"""
 from __future__ import annotations
 
+import json
 import random
 
+import numpy as np
 import pytest
 
+import edgeinfer
 from edgeinfer.backends.base import KVPlan
 from edgeinfer.engine.generation import Generation
 from edgeinfer.engine.kv import KVRing
 from edgeinfer.engine.runner import Runner
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.errors import StateError
+from edgeinfer.tools import plan as P
 from tests.support import fake_backend as fb
+from tests.support import tiny_checkpoints as tc
+from tests.support.llama_oracle import Q8_0_TIE_GAP
+from tests.support.strict import require
 
 N_NEW = 8
 GREEDY = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True)
@@ -79,21 +98,21 @@ def test_a_sibling_copies_the_running_prompt(make, recurrent):
 
 
 class _Proposer:
-    """Drafts: a random run of the true continuation, then wrong tokens (a rollback every time
-    one is rejected)."""
+    """Drafts: a random run of the true continuation (`truth(history, k)`: its next k tokens),
+    then wrong tokens (a rollback every time one is rejected)."""
 
-    def __init__(self, seed: int):
-        self.rng = random.Random(seed)
+    def __init__(self, seed: int, truth, n_vocab: int):
+        self.rng, self.truth, self.n_vocab = random.Random(seed), truth, n_vocab
 
     def propose(self, history, k):
-        good = fb.reference_greedy(history, k)[:self.rng.randint(0, k - 1)]
-        return good + [self.rng.randrange(3, fb.N_VOCAB) for _ in range(k - len(good))]
+        good = self.truth(history, k)[:self.rng.randint(0, k - 1)]
+        return good + [self.rng.randrange(3, self.n_vocab) for _ in range(k - len(good))]
 
 
 def _speculate(make, recurrent: bool) -> tuple[list[list[int]], list[list[int]], object]:
     sched, rt = make(recurrent, speculative="lookup")
     sched.policy.fixed_k = 4
-    sched.lookup = _Proposer(7)
+    sched.lookup = _Proposer(7, fb.reference_greedy, fb.N_VOCAB)
     prompts = [PROMPT, [20, 21, 22], [30, 31, 32, 33, 34]]
     gens = [Generation(sched, p, GREEDY) for p in prompts]
     assert sched.output.spec_proposed >= 0
@@ -117,3 +136,198 @@ def test_a_skipped_restore_changes_the_output(make, monkeypatch):
     monkeypatch.setattr(fb.FakeRuntime, "restore_state", lambda self, slot, n: None)
     got, want, _ = _speculate(make, True)
     assert got != want
+
+
+# ----------------------------------------------------------------- the native hybrids
+HYBRIDS = tuple(tc.LFM2_LAYOUTS) + tuple(tc.QWEN35_KINDS)
+IDS = list(range(5, 45))
+N_REAL = 16
+LOGPROB_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
+def hybrid(request, tmp_path_factory):
+    """(checkpoint dir, our F32 file) of one hybrid layout."""
+    require("torch")
+    require("transformers")
+    from edgeinfer.convert import convert_checkpoint
+
+    d = tmp_path_factory.mktemp(request.param)
+    src = tc.build(request.param, d / "hf")
+    path = d / "f32.gguf"
+    convert_checkpoint(str(src), str(path), "f32")
+    return src, path
+
+
+def _greedy(eng, prompt: list[int], n: int = N_REAL):
+    """A greedy run with each chosen token's log-probability (Completion.logprobs)."""
+    return eng.generate(prompt, max_tokens=n, temperature=0, ignore_eos=True, logprobs=0)
+
+
+def _fresh(path, prompt, n_ctx: int = 128, **load):
+    """(tokens, their log-probabilities) of a fresh engine's greedy run."""
+    with edgeinfer.load(str(path), n_ctx=n_ctx, n_threads=2, **load) as e:
+        got = _greedy(e, prompt)
+    return got.tokens, _lps(got)
+
+
+def _lps(got) -> np.ndarray:
+    return np.array([lp.logprob for lp in got.logprobs])
+
+
+def _assert_fresh(got, want) -> None:
+    """The tokens a fresh engine gives, and their log-probabilities to within what another
+    batching's rounding moves (F32 weights): a short conv's state lost after a reuse can keep
+    the greedy tokens of a tiny random model while it moves their probabilities."""
+    assert got.tokens == want[0]
+    np.testing.assert_allclose(_lps(got), want[1], atol=LOGPROB_ATOL)
+
+
+def test_hybrid_prefix_reuse_gives_a_fresh_engines_tokens(hybrid):
+    """The second prompt extends the first: the engine resumes from the state kept at the
+    first prompt's end, and must give a fresh engine's greedy tokens."""
+    _, path = hybrid
+    first, second = IDS[:20], IDS[:20] + [7, 9, 11, 13]
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2) as eng:
+        eng.generate(first, max_tokens=6, temperature=0)
+        got = _greedy(eng, second)
+    assert got.stats.cached_tokens == len(first) - 1   # resumed from the kept state, not from 0
+    _assert_fresh(got, _fresh(path, second))
+
+
+def test_hybrid_n2_sibling_gives_a_fresh_engines_tokens(hybrid):
+    """Two requests for one prompt (n = 2), the second arriving once the first's prompt is in
+    (it is submitted from the first forward's return): it copies the first's cells and the
+    state kept at the prompt's end, and both must give a fresh engine's tokens."""
+    _, path = hybrid
+    prompt = IDS[:12]
+    want = _fresh(path, prompt)
+    params = SamplingParams(max_tokens=N_REAL, temperature=0.0, ignore_eos=True)
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2, n_slots=2) as eng:
+        sibling: list[Generation] = []
+        execute = eng.runner.execute
+
+        def execute_then_sibling(plan):
+            out = execute(plan)
+            if not sibling:   # the first forward: the first request's prompt
+                sibling.append(Generation(eng.scheduler, prompt, params, n_logprobs=0))
+            return out
+
+        eng.runner.execute = execute_then_sibling
+        first = Generation(eng.scheduler, prompt, params, n_logprobs=0).result()
+        second = sibling[0].result()
+    _assert_fresh(first, want)
+    _assert_fresh(second, want)
+    assert (first.stats.cached_tokens, second.stats.cached_tokens) == (0, len(prompt) - 1)   # copied
+
+
+def _speculate_native(path, prompt: list[int]):
+    want = _fresh(path, prompt)
+    eng = edgeinfer.load(str(path), n_ctx=128, n_threads=2, speculative="lookup")
+    eng.scheduler.policy.fixed_k = 4   # the adaptive k would not draft for so small a model
+    truth = want[0]
+    eng.scheduler.lookup = _Proposer(7, lambda h, k: truth[len(h) - len(prompt):][:k], eng.config.n_vocab)
+    return eng, want
+
+
+def test_hybrid_speculative_rejections_give_a_fresh_engines_tokens(hybrid):
+    """Rejected drafts roll the cells back and restore the recurrent state kept after the last
+    confirmed token: the output is plain decoding's."""
+    _, path = hybrid
+    prompt = IDS[:24]
+    eng, want = _speculate_native(path, prompt)
+    with eng:
+        got = _greedy(eng, prompt)
+    assert 0 < got.stats.spec_accepted < got.stats.spec_proposed, got.stats   # drafts were rolled back
+    _assert_fresh(got, want)
+
+
+def test_hybrid_a_skipped_restore_is_refused(hybrid, monkeypatch):
+    """A rollback that forgets the drafts' cells but skips restoring the recurrent state must
+    not run on from the drafts' state: the runtime refuses the next forward by name."""
+    _, path = hybrid
+    prompt = IDS[:24]
+    eng, _ = _speculate_native(path, prompt)
+    monkeypatch.setattr(Runner, "restore_state", lambda self, slot, n: None)
+    with eng, pytest.raises(StateError, match=r"recurrent state was forgotten and not restored"):
+        eng.generate(prompt, max_tokens=N_REAL, temperature=0, ignore_eos=True)
+
+
+def test_hybrid_a_slid_ring_keeps_the_recurrent_state(hybrid):
+    """A ring of 32 cells slides under a 24-token prompt and 48 new tokens; the attention layers
+    forget, the recurrent layers' state runs on. Each token must be the float64 reference's
+    top one through the same ring (or within a near tie of it), and the engine then serves a
+    fresh engine's tokens on its next request."""
+    from tests.support.reference_forward import ReferenceModel
+
+    _, path = hybrid
+    cap, sink = 32, 4
+    long = IDS[:24]
+    with edgeinfer.load(str(path), n_ctx=cap, n_sink=sink, overflow="slide", n_threads=2) as eng:
+        assert (eng.ring.capacity, eng.ring.n_sink) == (cap, sink)
+        toks = eng.generate(long, max_tokens=48, temperature=0, ignore_eos=True).tokens
+        assert eng.ring.slots[0].wrapped
+        seq = long + toks[:-1]
+        rows = ReferenceModel(path).logits(seq, ring=(cap, sink))[len(long) - 1:]
+        gaps = rows.max(-1) - rows[np.arange(len(toks)), toks]
+        assert gaps.max() <= Q8_0_TIE_GAP, gaps
+        second = _greedy(eng, IDS[:10])
+    _assert_fresh(second, _fresh(path, IDS[:10], n_ctx=cap, n_sink=sink, overflow="slide"))
+
+
+def _state_floats_from_config(src) -> list[int]:
+    """Each layer's recurrent state per slot, in floats, from the checkpoint's config.json (not
+    from the GGUF or our config reader): a short conv keeps (L_cache - 1) x hidden inputs; a
+    Gated DeltaNet layer (conv_kernel - 1) x its conv's channels (q and k: key heads x d_k
+    each; v: value heads x d_v), then d_k x d_v per value head."""
+    c = json.loads((src / "config.json").read_text())
+    c = c.get("text_config", c)
+    out = []
+    for t in c["layer_types"]:
+        if t == "conv":
+            out.append((c["conv_L_cache"] - 1) * c["hidden_size"])
+        elif t == "linear_attention":
+            dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+            nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+            out.append((c["linear_conv_kernel_dim"] - 1) * (2 * nk * dk + nv * dv) + nv * dk * dv)
+        else:
+            out.append(0)
+    return out
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_hybrid_state_bytes_reported_apart_from_the_ring(hybrid, slots):
+    """info() reports the ring's and the recurrent state's bytes apart; the native figure is
+    slots x (1 live + kept copies) x the layers' floats x 4, and `plan` prices the same."""
+    src, path = hybrid
+    floats = _state_floats_from_config(src)
+    assert all(f % 16 == 0 for f in floats)   # whole 64-byte lines: the runtime pads no block
+    with edgeinfer.load(str(path), n_ctx=256, n_threads=2, n_slots=slots) as eng:
+        info = eng.info()
+    assert info["state_snapshots"] > 0
+    assert info["state_bytes"] == slots * (1 + info["state_snapshots"]) * sum(floats) * 4
+    m = P.model_shape(path)
+    assert P.state_bytes(m, slots, info["state_snapshots"]) == info["state_bytes"]
+    row = P.plan_one(m, 256, slots)
+    assert (row.state_bytes, row.kv_bytes) == (info["state_bytes"], info["kv_bytes"])
+    assert row.total == row.weights + row.mapped + row.kv_bytes + row.state_bytes + row.scratch + row.overhead
+
+
+def test_hybrid_plan_cli_prices_the_state(hybrid):
+    """`edgeinfer plan` prices the state apart from the ring: a JSON field per row, a line and
+    a column in the table (attention-only models have neither: tests/test_doctor_plan.py)."""
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+
+    _, path = hybrid
+    r = CliRunner().invoke(app, ["plan", str(path), "--json", "--ctx", "256,1024", "--slots", "2"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["rows"]
+    per_slot = P.state_bytes(P.model_shape(path), 1)
+    assert [x["state_bytes"] for x in rows] == [2 * per_slot] * 2   # not the context's
+    r = CliRunner().invoke(app, ["plan", str(path), "--ctx", "256", "--slots", "2"])
+    assert r.exit_code == 0, r.output
+    assert f"state     {P.human(per_slot)} per slot" in r.output
+    row = next(line.split() for line in r.output.splitlines() if line.split()[:2] == ["256", "2"])
+    assert row[4:6] == P.human(2 * per_slot).split()   # ctx, slots, KV (value, unit), state

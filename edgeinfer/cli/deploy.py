@@ -87,20 +87,25 @@ def plan_cmd(
     w(f"budget    {H(budget) if budget else '?'} ({budget_src})\n")
     w(f"weights   {H(m.weights_bytes)} (tensor bytes, memory-mapped)\n")
     per_tok = P.kv_bytes(m, 1, 1, kv)
+    n_kv = sum(map(bool, m.layer_kv_elems)) if m.layer_kv_elems else m.n_layer   # hybrids: attention layers only
     w(f"KV        {kv}: {H(per_tok)} per token per slot "
-      f"(2 x {m.n_layer} x {m.n_head_kv} x {m.head_dim} x {P.KV_TYPES[kv]:g} B)\n")
+      f"(2 x {n_kv} x {m.n_head_kv} x {m.head_dim} x {P.KV_TYPES[kv]:g} B)\n")
     if m.swa_window:   # Gemma 3: local layers keep only their window (docs/models.md)
         n_local = sum(c < 1 << 30 for c in P.kv_layer_cells(m.n_layer, m.swa_window, m.swa_pattern, 1 << 30,
                                                              max_batch))
         w(f"          {n_local} of {m.n_layer} layers are sliding-window (window {m.swa_window}): they keep "
           f"{m.swa_window + max_batch - 1} cells per slot once ctx is larger\n")
+    if m.layer_state:   # hybrids: recurrent layers hold a state per slot, not cells (plan.state_bytes)
+        w(f"state     {H(P.state_bytes(m, 1))} per slot (live + kept copies), whatever the context\n")
     w(f"buffers   max_batch {max_batch}; overhead ~{H(P.overhead_bytes(m, 1))} (Python, tokenizer; estimate)\n\n")
     # table: one line per (ctx, slots)
-    w(f"{'ctx':>7} {'slots':>5} {'KV':>11} {'buffers':>11} {'total':>11}  fits\n")
+    st = (lambda r: f" {H(r.state_bytes):>11}") if m.layer_state else (lambda r: "")
+    w(f"{'ctx':>7} {'slots':>5} {'KV':>11}{' state'.rjust(12) if m.layer_state else ''} {'buffers':>11} "
+      f"{'total':>11}  fits\n")
     for r in rows:
         mark = "-" if r.fits is None else ("yes" if r.fits else "NO")
         extra = f"  ({'; '.join(r.notes)})" if r.notes else ""
-        w(f"{r.ctx:>7} {r.slots:>5} {H(r.kv_bytes):>11} {H(r.scratch):>11} {H(r.total):>11}  {mark}{extra}\n")
+        w(f"{r.ctx:>7} {r.slots:>5} {H(r.kv_bytes):>11}{st(r)} {H(r.scratch):>11} {H(r.total):>11}  {mark}{extra}\n")
     if fits:
         w("\nlargest context that fits:\n")
         for s, c in fits.items():

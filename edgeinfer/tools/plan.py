@@ -14,7 +14,12 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
   lookups read rows of the mapping, and hours of varied text read them all;
 * KV arena = 2 (K and V) x n_layers x n_kv_heads x head_dim x capacity x
   bytes_per_element x n_slots  (docs/architecture.md; f16: 2 bytes, q8_0: 34/32 bytes), zeroed
-  at load, so resident from the start;
+  at load, so resident from the start; a hybrid's recurrent layers (LFM2's short convolutions,
+  Qwen3.5's Gated DeltaNet) hold no cells;
+* recurrent state (hybrids only) = n_slots x (1 live + n_snapshots kept copies) x the layers'
+  state floats x 4 bytes: each recurrent layer's conv window ((conv_kernel - 1) x channels)
+  and, for a delta-net layer, its value heads' d_k x d_v matrices (native/src/state.c); it
+  does not grow with the context (``Engine.info()["state_bytes"]``);
 * working buffers are what ``ei_runtime_create`` (native/src/runtime.c) allocates
   besides the KV arena: activations for ``max_batch`` tokens, the quantized
   activation blocks, per-thread attention scores, RoPE tables and cell bookkeeping;
@@ -42,12 +47,13 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..arch import HeadDims
+from ..backends.base import KVPlan
 from ..errors import EdgeInferError
 from ..model.config import kv_layer_cells, local_ring_cells
 
 __all__ = [
     "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "PROCESS_BASELINE", "ModelShape", "PlanRow", "model_shape",
-    "kv_bytes", "kv_layer_cells", "scratch_bytes", "mapped_bytes", "overhead_bytes", "plan_one", "plan_grid",
+    "kv_bytes", "kv_layer_cells", "state_bytes", "layer_state_floats", "scratch_bytes", "mapped_bytes", "overhead_bytes", "plan_one", "plan_grid",
     "largest_fit", "parse_size", "human", "ServePlan", "plan_serve", "MemoryBudgetError",
 ]
 
@@ -95,6 +101,25 @@ class ModelShape(HeadDims):
     # per layer (Gemma 4): K elements per cell it stores (0: a KV-shared or recurrent layer), sliding flags
     layer_kv_elems: tuple[int, ...] = ()
     swa_layers: tuple[bool, ...] = ()
+    # per layer (hybrids): floats of its recurrent state per slot (0: an attention layer)
+    layer_state: tuple[int, ...] = ()
+
+
+def layer_state_floats(cfg) -> tuple[int, ...]:
+    """Floats of each trunk layer's recurrent state per slot, as the CPU runtime lays them out
+    (ei_layer_state_floats, edgeinfer_layout.h): the conv window, (conv_kernel - 1) x channels
+    (n_embd for a short conv; q, k and v for a delta-net layer), then a delta-net layer's
+    [value head][d_k][d_v] matrix; each layer's block rounded up to a 64-byte line (state.c)."""
+    out = []
+    for kind in cfg.layer_kinds[:cfg.n_layer]:
+        if kind == "shortconv":
+            floats = (cfg.conv_kernel - 1) * cfg.n_embd
+        elif kind == "recurrent":
+            floats = (cfg.conv_kernel - 1) * cfg.ssm_conv_dim + cfg.ssm_inner * cfg.ssm_head_dim
+        else:
+            floats = 0
+        out.append((floats + 15) // 16 * 16)
+    return tuple(out)
 
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
@@ -119,7 +144,7 @@ def model_shape(path: str | os.PathLike) -> ModelShape:
                       file_bytes=p.stat().st_size, path=str(p), swa_window=cfg.swa_window,
                       swa_pattern=cfg.swa_pattern, header_bytes=header, tied_embd_bytes=tied,
                       layer_kv_elems=tuple(e if c else 0 for e, c in zip(cfg.kv_layer_elems(), cfg.kv_layer_cells(1, 1))),
-                      swa_layers=cfg.swa_layers)
+                      swa_layers=cfg.swa_layers, layer_state=layer_state_floats(cfg))
 
 
 def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: int = DEFAULT_MAX_BATCH) -> int:
@@ -165,6 +190,13 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
     return total
 
 
+def state_bytes(m: ModelShape, slots: int, n_snapshots: int = KVPlan.n_snapshots) -> int:
+    """The recurrent layers' states (0 for attention-only models): per slot its live state and
+    n_snapshots kept copies (prefix reuse, n > 1 siblings, speculative rollback), each the
+    layers' state floats in F32. Independent of the context."""
+    return slots * (1 + n_snapshots) * sum(m.layer_state) * 4
+
+
 HUGE_PAGE = 2 << 20   # the packed weights, K and V arenas sit on 2 MiB pages (runtime.c: alloc_huge)
 
 
@@ -197,6 +229,7 @@ class PlanRow:
     total: int
     fits: Optional[bool] = None
     mapped: int = 0
+    state_bytes: int = 0     # hybrids' recurrent states, priced apart from the KV arena
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -209,12 +242,14 @@ def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optio
     """The peak RSS of one model with `slots` slots of `ctx` cells, in a `process` ("serve":
     `edgeinfer serve`; "engine": a script that calls edgeinfer.load)."""
     kvb = kv_bytes(m, ctx, slots, kv, max_batch)
+    stb = state_bytes(m, slots)
     scr = scratch_bytes(m, ctx, slots, max_batch, n_threads)
     ovh = overhead_bytes(m, slots, process)
     mapped = mapped_bytes(m)
-    total = m.weights_bytes + mapped + kvb + scr + ovh
+    total = m.weights_bytes + mapped + kvb + stb + scr + ovh
     row = PlanRow(ctx=ctx, slots=slots, kv=kv, weights=m.weights_bytes, kv_bytes=kvb, scratch=scr,
-                  overhead=ovh, total=total, fits=None if memory is None else total <= memory, mapped=mapped)
+                  overhead=ovh, total=total, fits=None if memory is None else total <= memory, mapped=mapped,
+                  state_bytes=stb)
     if m.n_ctx_train and ctx > m.n_ctx_train:
         row.notes.append(f"ctx above the trained context ({m.n_ctx_train})")
     return row
@@ -272,7 +307,7 @@ class ServePlan:
 
     def describe(self) -> str:
         parts = [f"{name}: weights {human(r.weights)} + mapped {human(r.mapped)} + KV {human(r.kv_bytes)}"
-                 f" + buffers {human(r.scratch)} + overhead {human(r.overhead - PROCESS_OVERHEAD)}"
+                 + (f" + state {human(r.state_bytes)}" if r.state_bytes else "") + f" + buffers {human(r.scratch)} + overhead {human(r.overhead - PROCESS_OVERHEAD)}"
                  for name, r in self.rows]
         return "; ".join(parts) + f"; process {human(PROCESS_OVERHEAD)}"
 
