@@ -9,7 +9,7 @@ import typer
 from .errors import handle_errors
 from ..errors import EdgeInferError
 
-__all__ = ["convert", "eval_cmd", "register"]
+__all__ = ["convert", "convert_lora_cmd", "eval_cmd", "register"]
 
 _TYPES = "q4_k_m|q5_k_m|q4_0|q4_1|q5_0|q5_1|q8_0|q6_k|f16|bf16|f32|auto"
 
@@ -126,6 +126,23 @@ def eval_cmd(
             print(f"plot: {plot}")
 
 
+@handle_errors
+def convert_lora_cmd(
+    adapter: Annotated[str, typer.Argument(help="PEFT LoRA adapter directory (adapter_config.json, "
+                                           "adapter_model.safetensors).")],
+    base: Annotated[str, typer.Option("--base", help="The base model's Hugging Face directory (its "
+                                      "config.json; the weights are not read).")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output .gguf path.")],
+    type_: Annotated[str, typer.Option("--type", "-t", help="f32, f16 or q8_0.")] = "f32",
+) -> None:
+    """Convert a PEFT LoRA adapter to a llama.cpp LoRA GGUF (for `serve --lora NAME=FILE`, llama.cpp's --lora)."""
+    from ..convert.lora import convert_lora
+
+    n, size = convert_lora(adapter, base, output, type_)
+    print(f"wrote {output}: {n} adapted tensors, {type_}, {size / 2**20:.2f} MiB", file=sys.stderr)
+
+
 def register(app: typer.Typer) -> None:
     app.command("convert")(convert)
     app.command("eval")(eval_cmd)
+    app.command("convert-lora")(convert_lora_cmd)

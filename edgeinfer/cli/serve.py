@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from typing import Annotated, Optional
@@ -85,6 +86,15 @@ def serve_cmd(
     prompt_cache: Annotated[Optional[str], typer.Option("--prompt-cache", help="Directory where prompt prefixes' "
                                                  "KV cells outlive the process (the default model); the slot "
                                                  "routes' files live there.")] = None,
+    lora: Annotated[Optional[list[str]], typer.Option(
+        "--lora", help="A LoRA adapter of the default model, as NAME=PATH (a PEFT folder or a LoRA GGUF); "
+        "repeat for several. A request runs with it when its 'model' is NAME (or its 'lora' lists it); the "
+        "base weights are shared.")] = None,
+    lora_dir: Annotated[Optional[str], typer.Option(
+        "--lora-dir", help="Directory POST /v1/lora-adapters may load adapters from at run time (never "
+        "outside it).")] = None,
+    lora_budget: Annotated[str, typer.Option("--lora-budget", help="Most memory the adapters may take, "
+                                             "e.g. 512MB.")] = "1GiB",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     serve = import_extra("edgeinfer.server", "server").serve
@@ -108,6 +118,25 @@ def serve_cmd(
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
+    loras = []
+    for item in lora or []:
+        mt = _NAMED.match(item)
+        if mt is None:
+            print(f"error: --lora takes NAME=PATH, got {item!r}", file=sys.stderr)
+            raise typer.Exit(2)
+        loras.append((mt.group(1), mt.group(2)))
+    if len({n for n, _ in loras}) != len(loras):
+        print("error: two --lora adapters share a name", file=sys.stderr)
+        raise typer.Exit(2)
+    if lora_dir is not None and not os.path.isdir(lora_dir):
+        print(f"error: --lora-dir {lora_dir} is not a directory", file=sys.stderr)
+        raise typer.Exit(2)
+    from ..tools.plan import parse_size
+    try:
+        lora_bytes = parse_size(lora_budget)
+    except ValueError as e:
+        print(f"error: --lora-budget: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
     names = [n for n, _ in served] if served else []
     if fallback is not None and fallback not in names:
         print(f"error: --fallback {fallback!r} is not the name of a served model "
@@ -128,7 +157,8 @@ def serve_cmd(
               fallback_ttft_s=None if fallback_ttft_ms is None else fallback_ttft_ms / 1000, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
               max_queue=max_queue, max_body=max_body, drain_timeout_s=drain_timeout, overflow=overflow,
               max_batch=max(max_batch, slots), kv_type=kv, wait_for_model=wait_for_model,
-              speculative=speculative, draft=draft, prompt_cache=prompt_cache)
+              speculative=speculative, draft=draft, prompt_cache=prompt_cache, loras=loras, lora_dir=lora_dir,
+              lora_bytes=lora_bytes)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(1) from None

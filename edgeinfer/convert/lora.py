@@ -204,7 +204,10 @@ def adapter_pairs(adapter: LoraAdapter, hp: HParams) -> dict[str, tuple[np.ndarr
                               f"`edgeinfer convert --lora`")
     for hf, p in sorted(adapter.pairs.items()):
         canonical = tmap.canonical_name(hf)
-        gguf = tmap.gguf_name(canonical) if canonical is not None else None
+        try:
+            gguf = tmap.gguf_name(canonical) if canonical is not None else None
+        except ConversionError as e:
+            raise ConversionError(f"LoRA adapter {adapter.dir} does not fit the base model: {e}") from None
         if gguf is None:
             raise ConversionError(f"LoRA adapter {adapter.dir} adapts {hf!r}, which the base model "
                                   f"does not hold (a tied head?)")

@@ -57,6 +57,8 @@ def _chat_body(b: CountTokensBody) -> dict:
                                        ("temperature", b.temperature), ("top_p", b.top_p),
                                        ("top_k", b.top_k), ("seed", b.seed), ("ignore_eos", b.ignore_eos),
                                        ("logit_bias", b.logit_bias)) if v is not None})
+        if b.lora:
+            chat["lora"] = [r.model_dump(exclude_none=True) for r in b.lora]
     if b.tools:
         chat["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                            "parameters": t.input_schema}} for t in b.tools]

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine import (CacheFileError, ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
+from ..engine import (AdapterBusyError, AdapterError, UnknownAdapterError, CacheFileError, ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
                       SlotBusyError, SlotFilesUnsupportedError, TokenEvent, TokenLogprob, ToolError, call_finish,
                       check_logit_bias, grammar_spec)
 from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InvalidTokenError, SamplingParamsError,
@@ -30,8 +31,8 @@ from . import anthropic
 from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
-from .protocol import (APIError, DetokenizeBody, EmbeddingsBody, GenRequest, SlotBody, TokenizeBody, bad, parse, parse_chat,
-                       parse_completion)
+from .protocol import (APIError, DetokenizeBody, EmbeddingsBody, GenRequest, LoraLoadBody, SlotBody, TokenizeBody, bad,
+                       parse, parse_chat, parse_completion)
 from .registry import Registry, ServedModel
 
 log = logging.getLogger("edgeinfer.server")
@@ -44,12 +45,13 @@ class ServerState:
     loading), status, metrics, options. `engine` and `model_name` are the default model's."""
 
     def __init__(self, engine=None, model_name: str | None = None, api_key: str | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, registry: Registry | None = None):
+                 max_body: int = DEFAULT_MAX_BODY, registry: Registry | None = None, lora_dir: str | None = None):
         if registry is None:
             name = model_name or (engine.path.stem if engine is not None else "edgeinfer")
             registry = Registry([ServedModel(name, engine, Registry.aliases_of(name))])
         self.registry = registry
         self.api_key = api_key
+        self.lora_dir = lora_dir        # where POST /v1/lora-adapters may load adapters from (None: nowhere)
         self.max_body = max_body
         self._changed = threading.Condition()
         self._draining = False
@@ -144,6 +146,17 @@ class ServerState:
     def lookup(self, name: str | None) -> ServedModel:
         """The served model a request names (None: the default); 404 model_not_found otherwise."""
         return self.registry.lookup(name)
+
+    def lookup_with_adapter(self, name: str | None) -> tuple[ServedModel, str | None]:
+        """The served model a request names, or the model of the LoRA adapter it names (and that
+        adapter's name); 404 model_not_found when neither."""
+        try:
+            return self.lookup(name), None
+        except APIError:
+            for m in self.registry:
+                if m.engine is not None and name in m.engine.adapters.names():
+                    return m, name
+            raise
 
     def set_engine(self, engine) -> None:
         """The default model is loaded (the one-model server)."""
@@ -276,27 +289,109 @@ async def ready(request: web.Request) -> web.Response:
     return _json(body, status=status)
 
 
-def _model_object(state: ServerState, served: ServedModel) -> dict:
+def _model_object(state: ServerState, served: ServedModel, adapter: dict | None = None) -> dict:
     eng = served.engine
-    return {"id": served.name, "object": "model", "created": state.created, "owned_by": "edgeinfer",
-            "meta": {"n_ctx": eng.n_ctx, "n_slots": eng.n_slots, "n_vocab": eng.config.n_vocab,
-                     "arch": eng.config.arch}}
+    meta = {"n_ctx": eng.n_ctx, "n_slots": eng.n_slots, "n_vocab": eng.config.n_vocab, "arch": eng.config.arch}
+    if adapter is not None:
+        meta.update(parent=served.name, lora_id=adapter["id"])
+    return {"id": adapter["name"] if adapter else served.name, "object": "model", "created": state.created,
+            "owned_by": "edgeinfer", "meta": meta}
 
 
 async def models(request: web.Request) -> web.Response:
-    """GET /v1/models: every loaded model, the default first."""
+    """GET /v1/models: every loaded model, the default first, each followed by its LoRA adapters."""
     state: ServerState = request.app[STATE_KEY]
-    data = [_model_object(state, m) for m in state.registry if m.engine is not None]
+    data = []
+    for m in state.registry:
+        if m.engine is not None:
+            data.append(_model_object(state, m))
+            data += [_model_object(state, m, a) for a in m.engine.lora_adapters()]
     return _json({"object": "list", "data": data})
 
 
 async def model(request: web.Request) -> web.Response:
-    """GET /v1/models/{id}: a served model under any of its names, else 404 model_not_found."""
+    """GET /v1/models/{id}: a served model under any of its names, or a LoRA adapter; else 404 model_not_found."""
     state: ServerState = request.app[STATE_KEY]
     state.check_draining()
-    served = state.lookup(request.match_info["model_id"])
-    served.require()
-    return _json(_model_object(state, served))
+    served, adapter = state.lookup_with_adapter(request.match_info["model_id"])
+    eng = served.require()
+    info = next((a for a in eng.lora_adapters() if a["name"] == adapter), None) if adapter else None
+    return _json(_model_object(state, served, info))
+
+
+# --------------------------------------------------------------------------- LoRA adapters
+
+def _adapter_out(served: ServedModel, a: dict) -> dict:
+    return {**a, "model": served.name}
+
+
+async def lora_list(request: web.Request) -> web.Response:
+    """GET /v1/lora-adapters: the default model's loaded adapters."""
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    served = state.registry.default
+    return _json({"object": "list", "data": [_adapter_out(served, a) for a in eng.lora_adapters()]})
+
+
+async def lora_llama(request: web.Request) -> web.Response:
+    """GET /lora-adapters (llama.cpp's): id, path, scale; scale 0: an adapter applies only to the requests
+    that name it (by `model` or `lora`), never to all."""
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    return _json([{"id": a["id"], "path": a["path"], "scale": 0.0} for a in eng.lora_adapters()])
+
+
+def _inside(root: str, relative: str) -> str:
+    """The path `relative` names inside `root`, or 400 when it is absolute or leaves it."""
+    if os.path.isabs(relative) or "\0" in relative:
+        raise bad("path must be relative to the server's --lora-dir", "path", "invalid_value")
+    base = os.path.realpath(root)
+    full = os.path.realpath(os.path.join(base, relative))
+    if os.path.commonpath([base, full]) != base or full == base:
+        raise bad("path must name an adapter inside the server's --lora-dir", "path", "invalid_value")
+    return full
+
+
+async def lora_load(request: web.Request) -> web.Response:
+    """POST /v1/lora-adapters {"name", "path"}: loads an adapter from inside --lora-dir for the default model."""
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    body = parse(LoraLoadBody, await _read_json(request, state))
+    if state.lora_dir is None:
+        raise APIError(501, "this server loads no adapters at run time: start it with --lora-dir DIR",
+                       type="not_supported_error", code="not_supported")
+    if not eng.caps.lora:
+        raise APIError(501, f"the {eng.caps.device} runtime runs no LoRA adapters", type="not_supported_error",
+                       code="not_supported")
+    path = _inside(state.lora_dir, body.path)
+    try:
+        state.lookup(body.name)
+    except APIError:
+        pass
+    else:
+        raise bad(f"{body.name!r} is the name of a served model", "name", "invalid_value")
+    loop = asyncio.get_running_loop()
+    try:
+        info = await loop.run_in_executor(None, eng.load_lora, body.name, path)
+    except AdapterError as e:
+        param = "name" if str(e).startswith(("adapter name", "an adapter named")) else "path"
+        raise bad(str(e).replace(path, body.path), param, "invalid_value") from None
+    return _json(_adapter_out(state.registry.default, info))
+
+
+async def lora_unload(request: web.Request) -> web.Response:
+    """DELETE /v1/lora-adapters/{name}."""
+    state: ServerState = request.app[STATE_KEY]
+    eng = state.require_engine()
+    name = request.match_info["name"]
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, eng.unload_lora, name)
+    except UnknownAdapterError as e:
+        raise APIError(404, str(e), code="adapter_not_found") from None
+    except AdapterBusyError as e:
+        raise APIError(409, str(e), code="adapter_busy") from None
+    return _json({"id": name, "object": "lora_adapter", "deleted": True})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -480,14 +575,16 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state.check_draining()
     body = await _read_json(request, state)
     name = body.get("model") if isinstance(body, dict) else None
-    served = state.lookup(name if isinstance(name, str) else None)   # a non-string: 400 from parse
+    served, adapter = state.lookup_with_adapter(name if isinstance(name, str) else None)  # a non-string: 400 from parse
     eng = served.require()
     if kind == "messages":
         req = anthropic.parse_messages(body)
     else:
         req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
+    if adapter is not None:
+        req.lora.insert(0, {"name": adapter, "scale": 1.0})
     loop = asyncio.get_running_loop()
-    route = state.registry.route(served)
+    route = state.registry.route(served) if not req.lora else [(served, None)]   # adapters are the model's own
     if req.prompt_ids is not None:   # token ids belong to one vocabulary: no fallback across vocabularies
         route = [(m, r) for m, r in route if m.engine.config.n_vocab == eng.config.n_vocab]
     handles: list = []
@@ -581,7 +678,11 @@ async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenReq
             if index == 0:
                 loop.call_soon_threadsafe(first.set)
 
-        handles.append(eng.submit(ids, p, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival))
+        try:
+            handles.append(eng.submit(ids, p, sink, n_logprobs=req.n_logprobs, t_arrival=t_arrival,
+                                      lora=req.lora or None))
+        except AdapterError as e:
+            raise bad(str(e), "lora", "invalid_value") from None
         if index == 0 and len(params) > 1:
             await first.wait()             # the first token: the prompt has been computed
 

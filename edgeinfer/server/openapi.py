@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from . import responses as R
-from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, MessagesBody,
-                       SlotBody, TokenizeBody)
+from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, LoraLoadBody,
+                       MessagesBody, SlotBody, TokenizeBody)
 
 __all__ = ["Operation", "OPERATIONS", "document"]
 
@@ -91,6 +91,20 @@ OPERATIONS = (
                       "409": "the slot is busy", "413": "the body exceeds the server's limit",
                       "501": "no --prompt-cache directory, or a runtime that cannot save a slot",
                       "503": "loading, failed or shutting down"}),
+    Operation("GET", "/v1/lora-adapters", "lora_list", "The loaded LoRA adapters (of the default model)",
+              ok=R.LoraAdapterList, errors={"503": "loading, failed or shutting down"}),
+    Operation("POST", "/v1/lora-adapters", "lora_load", "Loads a LoRA adapter from inside --lora-dir DIR",
+              body=LoraLoadBody, ok=R.LoraAdapter,
+              errors={"400": "a bad name or path (absolute, '..', outside the directory), a name in use, or an "
+                             "adapter that does not fit the model (the message names the tensor) or the budget",
+                      "413": "the body exceeds the server's limit", "501": "no --lora-dir, or a runtime "
+                      "without adapters", "503": "loading, failed or shutting down"}),
+    Operation("DELETE", "/v1/lora-adapters/{name}", "lora_unload", "Unloads a LoRA adapter", ok=R.Deleted,
+              params=({"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},),
+              errors={"404": "no adapter of that name", "409": "requests are using it",
+                      "503": "loading, failed or shutting down"}),
+    Operation("GET", "/lora-adapters", "lora_llama", "llama.cpp's adapter list (id, path, scale)",
+              ok_text=("application/json",), errors={"503": "loading, failed or shutting down"}),
 )
 
 _REF = "#/components/schemas/{model}"

@@ -110,8 +110,17 @@ class ResponseFormat(_Body):
     json_schema: dict | None = None
 
 
+class LoraRef(_Body):
+    """One adapter of a request's `lora` list (llama.cpp's per-request field): its id (GET
+    /lora-adapters) or its name, and its scale."""
+    id: int | None = None
+    name: str | None = None
+    scale: float = Field(1.0, ge=-100.0, le=100.0)
+
+
 class _GenBody(_Body):
     model: str | None = None
+    lora: list[LoraRef] | None = None    # LoRA adapters for this request (beside a `model` naming one)
     n: int | None = Field(None, ge=1, le=16)     # choices per request: sibling sequences
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -178,6 +187,13 @@ class DetokenizeBody(_Body):
 class SlotBody(_Body):
     """POST /slots/{id_slot}: the file, a plain name inside --prompt-cache DIR (save, restore)."""
     filename: str | None = None
+
+
+class LoraLoadBody(_Body):
+    """POST /v1/lora-adapters: a name for the adapter, and its path relative to --lora-dir (a PEFT
+    folder or a LoRA GGUF file there; never outside it)."""
+    name: str = Field(min_length=1, max_length=64)
+    path: str = Field(min_length=1, max_length=1024)
 
 
 _MAX_EMBED_INPUTS = 2048   # OpenAI's limit of inputs per request
@@ -249,6 +265,7 @@ class GenRequest:
     tool_choice: Any = None
     template_kwargs: dict = field(default_factory=dict)   # chat: extra chat-template variables
     reasoning_budget: int | None = None     # chat: most tokens of the thinking block (None: no bound)
+    lora: list[dict] = field(default_factory=list)   # LoRA adapters: {"id" or "name", "scale"}
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -272,7 +289,17 @@ def _request(kind: str, b: _GenBody) -> GenRequest:
         constraint["response_format"] = b.response_format.model_dump(exclude_none=True)
     return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream), n=b.n or 1,
                       include_usage=bool(b.stream_options and b.stream_options.include_usage),
-                      constraint=constraint)
+                      constraint=constraint, lora=_lora_refs(b.lora))
+
+
+def _lora_refs(refs: list[LoraRef] | None) -> list[dict]:
+    out = []
+    for r in refs or []:
+        if (r.id is None) == (r.name is None):
+            raise bad("each 'lora' entry names its adapter by 'id' or by 'name' (one of them)", "lora",
+                      "invalid_value")
+        out.append({"id": r.id, "scale": r.scale} if r.id is not None else {"name": r.name, "scale": r.scale})
+    return out
 
 
 def parse_chat(body: Any) -> GenRequest:
@@ -409,6 +436,7 @@ class MessagesBody(CountTokensBody):
     top_k: int | None = Field(None, ge=0)
     metadata: dict | None = None
     # the chat route's extensions
+    lora: list[LoraRef] | None = None
     seed: int | None = None
     ignore_eos: bool | None = None
     logit_bias: dict | None = None

@@ -54,6 +54,37 @@ class ModelMeta(_Out):
     n_slots: int
     n_vocab: int
     arch: str
+    parent: str | None = None        # a LoRA adapter: the served model it runs on
+    lora_id: int | None = None       # a LoRA adapter: its id (a request's `lora` may name it)
+
+
+class LoraAdapter(_Out):
+    """A loaded LoRA adapter (GET /v1/lora-adapters; POST answers the one it loaded)."""
+    id: int
+    name: str
+    path: str
+    model: str                       # the served model it runs on
+    ranks: list[int]
+    tensors: int
+    bytes: int
+
+
+class LoraAdapterList(_Out):
+    object: Literal["list"]
+    data: list[LoraAdapter]
+
+
+class LlamaLoraAdapter(_Out):
+    """llama.cpp's GET /lora-adapters entry; scale 0: applied only to requests that ask for it."""
+    id: int
+    path: str
+    scale: float
+
+
+class Deleted(_Out):
+    id: str
+    object: Literal["lora_adapter"]
+    deleted: bool
 
 
 class ModelObject(_Out):

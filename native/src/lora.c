@@ -78,7 +78,7 @@ static ei_status lora_scratch(ei_runtime *rt, const ei_lora *a) {
     const size_t mb = (size_t)rt->p.max_batch;
     if (!rt->slot_lora) {
         rt->slot_lora = calloc((size_t)rt->p.n_slots, sizeof *rt->slot_lora);
-        rt->lora_seen = calloc((size_t)rt->p.n_slots * EI_MAX_SLOT_LORAS, sizeof *rt->lora_seen);
+        rt->lora_seen = calloc((size_t)rt->p.n_slots, sizeof *rt->lora_seen);
         rt->lora_rows = calloc(mb, sizeof *rt->lora_rows);
         rt->lora_row_scale = calloc(mb, sizeof *rt->lora_row_scale);
         rt->lora_head_slots = calloc(mb, sizeof *rt->lora_head_slots);
@@ -121,58 +121,57 @@ ei_status ei_runtime_set_slot_loras(ei_runtime *rt, int slot, int n, ei_lora *co
 }
 
 /* After the base matmul of `jobs` on rows x: row r belongs to slot rt->lora_slots[r] (forward sets it for
- * the batch's tokens, or the head's output rows); each adapter of those slots adds its update. */
+ * the batch's tokens, or the head's output rows); each adapter of those slots adds its update. A row's
+ * adapters add up in its slot's list order, whatever else the batch holds: a row's result never
+ * depends on its neighbours. */
 void ei_lora_apply(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_rows) {
     const int32_t *slot_of = rt->lora_slots;
-    const ei_lora **seen = rt->lora_seen;
-    int n_seen = 0;
-    for (int64_t r = 0; r < n_rows; r++) {
-        const ei_slot_loras *s = &rt->slot_lora[slot_of[r]];
-        for (int i = 0; i < s->n; i++) {
-            int k = 0;
-            while (k < n_seen && seen[k] != s->lora[i]) k++;
-            if (k == n_seen) seen[n_seen++] = s->lora[i];
-        }
-    }
     const int64_t mb = rt->p.max_batch;
     float *xg = rt->lora_buf, *tg = xg + mb * rt->lora_max_in, *ug = tg + 3 * mb * rt->lora_max_rank;
     int64_t *rows = rt->lora_rows;
     float *scale = rt->lora_row_scale;
-    for (int k = 0; k < n_seen; k++) {
-        const ei_lora *a = seen[k];
-        const lora_pair *pair[3] = {0};
-        ei_mm_job down[3];
-        int n_pair = 0;
-        for (int j = 0; j < n_jobs && j < 3; j++)
-            if ((pair[j] = find_pair(a, jobs[j].w)) != NULL) n_pair++;
-        if (!n_pair) continue;
-        /* this adapter's rows, and each one's scale (an adapter listed twice on a slot adds up) */
-        int64_t n = 0;
+    const int64_t in = jobs[0].w->ne0;
+    for (int pos = 0; pos < EI_MAX_SLOT_LORAS; pos++) {
+        /* the distinct adapters at this place of the rows' lists */
+        const ei_lora **seen = rt->lora_seen;
+        int n_seen = 0;
         for (int64_t r = 0; r < n_rows; r++) {
             const ei_slot_loras *s = &rt->slot_lora[slot_of[r]];
-            float sc = 0;
-            int uses = 0;
-            for (int i = 0; i < s->n; i++)
-                if (s->lora[i] == a) sc += s->scale[i], uses = 1;
-            if (uses) rows[n] = r, scale[n++] = sc;
+            if (pos >= s->n) continue;
+            int k = 0;
+            while (k < n_seen && seen[k] != s->lora[pos]) k++;
+            if (k == n_seen) seen[n_seen++] = s->lora[pos];
         }
-        const int64_t in = jobs[0].w->ne0;
-        for (int64_t i = 0; i < n; i++) memcpy(xg + i * in, x + rows[i] * in, (size_t)in * sizeof(float));
-        /* t_j = A_j x for every adapted job at once (they share x), then u = B_j t_j one job at a time */
-        int n_down = 0;
-        for (int j = 0; j < n_jobs && j < 3; j++)
-            if (pair[j]) down[n_down++] = (ei_mm_job){&pair[j]->a, tg + (int64_t)j * mb * rt->lora_max_rank, NULL};
-        ei_matmul_base(rt, down, n_down, xg, n);
-        for (int j = 0; j < n_jobs && j < 3; j++) {
-            if (!pair[j]) continue;
-            const int64_t out = jobs[j].w->ne1;
-            ei_mm_job up = {&pair[j]->b, ug, NULL};
-            ei_matmul_base(rt, &up, 1, tg + (int64_t)j * mb * rt->lora_max_rank, n);
-            for (int64_t i = 0; i < n; i++) {
-                float *y = jobs[j].y + rows[i] * out;
-                const float *u = ug + i * out;
-                const float s = scale[i];
-                for (int64_t c = 0; c < out; c++) y[c] += s * u[c];
+        for (int k = 0; k < n_seen; k++) {
+            const ei_lora *a = seen[k];
+            const lora_pair *pair[3] = {0};
+            int n_pair = 0;
+            for (int j = 0; j < n_jobs && j < 3; j++)
+                if ((pair[j] = find_pair(a, jobs[j].w)) != NULL) n_pair++;
+            if (!n_pair) continue;
+            int64_t n = 0;
+            for (int64_t r = 0; r < n_rows; r++) {
+                const ei_slot_loras *s = &rt->slot_lora[slot_of[r]];
+                if (pos < s->n && s->lora[pos] == a) rows[n] = r, scale[n++] = s->scale[pos];
+            }
+            for (int64_t i = 0; i < n; i++) memcpy(xg + i * in, x + rows[i] * in, (size_t)in * sizeof(float));
+            /* t_j = A_j x for every adapted job at once (they share x), then u = B_j t_j one job at a time */
+            ei_mm_job down[3];
+            int n_down = 0;
+            for (int j = 0; j < n_jobs && j < 3; j++)
+                if (pair[j]) down[n_down++] = (ei_mm_job){&pair[j]->a, tg + (int64_t)j * mb * rt->lora_max_rank, NULL};
+            ei_matmul_base(rt, down, n_down, xg, n);
+            for (int j = 0; j < n_jobs && j < 3; j++) {
+                if (!pair[j]) continue;
+                const int64_t out = jobs[j].w->ne1;
+                ei_mm_job up = {&pair[j]->b, ug, NULL};
+                ei_matmul_base(rt, &up, 1, tg + (int64_t)j * mb * rt->lora_max_rank, n);
+                for (int64_t i = 0; i < n; i++) {
+                    float *y = jobs[j].y + rows[i] * out;
+                    const float *u = ug + i * out;
+                    const float sc = scale[i];
+                    for (int64_t c = 0; c < out; c++) y[c] += sc * u[c];
+                }
             }
         }
     }

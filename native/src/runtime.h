@@ -86,7 +86,7 @@ struct ei_runtime {
      * slot with adapters, lora_slots gives the slot of each row the matmuls see (NULL otherwise). */
     ei_slot_loras *slot_lora;          /* [n_slots] */
     const int32_t *lora_slots;
-    const struct ei_lora **lora_seen;  /* [n_slots * EI_MAX_SLOT_LORAS]: the batch's distinct adapters */
+    const struct ei_lora **lora_seen;  /* [n_slots]: the batch's distinct adapters at one place of the slots' lists */
     int64_t *lora_rows;                /* [max_batch]: rows of one adapter */
     float *lora_row_scale;             /* [max_batch] */
     int32_t *lora_head_slots;          /* [max_batch]: the slot of each output row of the head */

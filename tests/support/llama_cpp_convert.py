@@ -19,7 +19,7 @@ from pathlib import Path
 
 SDIST = (Path(os.environ.get("EDGEINFER_CACHE") or Path.home() / ".cache" / "edgeinfer")
          / "sdist" / "llama_cpp_python-0.3.36.tar.gz")
-_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+_PARTS = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/")
 _UNPACKED: dict[str, Path] = {}
 
 
@@ -57,4 +57,17 @@ def convert(src: Path, out: Path, outtype: str, tmp: Path, pre: str | None = Non
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp's converter failed on {src}:\n{r.stderr[-3000:]}")
+    return out
+
+
+def convert_lora(adapter: Path, base: Path, out: Path, outtype: str, tmp: Path) -> Path:
+    """Runs llama.cpp's convert_lora_to_gguf.py on a PEFT adapter of the checkpoint `base`."""
+    d = converter_dir(tmp)
+    code = (f"import sys; sys.path[:0] = [{str(d)!r}, {str(d / 'gguf-py')!r}]; "
+            f"import runpy; sys.argv = ['convert_lora', {str(adapter)!r}, '--base', "
+            f"{str(base)!r}, '--outfile', {str(out)!r}, '--outtype', {outtype!r}]; "
+            f"runpy.run_path({str(d / 'convert_lora_to_gguf.py')!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp's LoRA converter failed on {adapter}:\n{r.stderr[-3000:]}")
     return out
