@@ -18,6 +18,7 @@ import numpy as np
 
 from .._native import check as _check
 from ..errors import EdgeInferError, UnsupportedArchitectureError
+from ..model.lora import AdapterError, LoraWeights, check_pairs, role_pairs
 from .base import Batch, Capabilities, KVPlan, require_kv_type
 from .cdefs import cdef_from_header
 
@@ -195,6 +196,7 @@ class CudaRuntime:
             raise EdgeInferError(f"CUDA backend unavailable: {lib}")
         self.ffi, self.lib = ffi, lib
         self.device = device
+        self.cfg = cfg
         c = ffi.new("ei_model_config *")
         fill_config(c, cfg)
         items = []
@@ -223,7 +225,8 @@ class CudaRuntime:
             device="cuda", isa=f"cuda sm_{cc[0]}{cc[1]}", kv_type=plan.kv_type, kv_types=CudaBackend.kv_types,
             max_batch=plan.max_batch, n_vocab=cfg.n_vocab, max_topk=self.MAX_TOPK, kv_bytes=int(sizes.kv),
             scratch_bytes=int(sizes.scratch), device_bytes=int(sizes.weights),
-            copy_prefix=False)   # no ei_cuda_runtime_copy_prefix: siblings compute their prompt
+            copy_prefix=False,   # no ei_cuda_runtime_copy_prefix: siblings compute their prompt
+            lora=True)
 
     def _i32(self, arr: np.ndarray):
         return self.ffi.from_buffer("int32_t[]", arr)
@@ -267,5 +270,41 @@ class CudaRuntime:
     def forget_from(self, slot: int, pos: int) -> None:
         check(self.lib.ei_cuda_forget_from(self.handle, slot, pos), "forget_from")
 
+    def add_adapter(self, weights: LoraWeights) -> "CudaLora":
+        return CudaLora(self, weights)
+
+    def set_slot_adapters(self, slot: int, adapters: list[tuple["CudaLora", float]]) -> None:
+        ffi = self.ffi
+        for h, _ in adapters:
+            if not isinstance(h, CudaLora) or h.runtime is not self:
+                raise EdgeInferError("set_slot_adapters: an adapter handle of another runtime")
+        handles = ffi.new("ei_cuda_lora *[]", [h.handle for h, _ in adapters] or [ffi.NULL])
+        scales = ffi.new("float[]", [float(s) for _, s in adapters] or [0.0])
+        check(self.lib.ei_cuda_runtime_set_slot_loras(self.handle, slot, len(adapters), handles, scales),
+              "set_slot_adapters")
+
     def profile(self, reset: bool = False) -> dict[str, float]:
         return {}
+
+
+class CudaLora:
+    """An adapter's pairs copied to the device of one CudaRuntime (the host arrays are not kept)."""
+
+    def __init__(self, runtime: CudaRuntime, weights: LoraWeights):
+        check_pairs(weights, runtime.cfg)
+        self.weights = weights
+        self.runtime = runtime   # set_slot_adapters takes handles of this runtime only
+        ffi, lib = runtime.ffi, runtime.lib
+        out = ffi.new("ei_cuda_lora **")
+        check(lib.ei_cuda_lora_create(runtime.handle, out), "lora_create")
+        self.handle = ffi.gc(out[0], lib.ei_cuda_lora_free)
+        for name, layer, role, a, b in role_pairs(weights, runtime.cfg):
+            st = lib.ei_cuda_lora_set(self.handle, layer, role, a.shape[0], ffi.from_buffer("float[]", a),
+                                      ffi.from_buffer("float[]", b))
+            if st == lib.EI_ERR_UNSUPPORTED:   # a tensor the CUDA forward does not adapt: the adapter's fault
+                raise AdapterError(f"adapter {weights.path}: {name!r}: {last_error(lib, ffi)}")
+            check(st, f"adapter tensor {name}")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.runtime.lib.ei_cuda_lora_bytes(self.handle))

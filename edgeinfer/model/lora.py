@@ -14,7 +14,7 @@ from ..gguf.types import GGMLType
 from .config import ModelConfig
 from .native_model import NativeModel, c_role
 
-__all__ = ["AdapterError", "LoraWeights", "read_gguf_adapter", "check_pairs", "NativeLora"]
+__all__ = ["AdapterError", "LoraWeights", "read_gguf_adapter", "check_pairs", "role_pairs", "NativeLora"]
 
 
 class AdapterError(EdgeInferError, ValueError):
@@ -103,6 +103,25 @@ def check_pairs(weights: LoraWeights, cfg: ModelConfig) -> None:
             raise AdapterError(f"adapter {weights.path}: {name!r} holds NaN or infinite values")
 
 
+def role_pairs(weights: LoraWeights, cfg: ModelConfig):
+    """(tensor name, layer, C role, A, B) float32 contiguous for every pair, a fused tensor's B cut by
+    rows into its C roles (the runtimes hold those roles apart); what each backend's handle is fed."""
+    by_name = {w.name: w for w in cfg.weights()}
+    for name, (a, b) in weights.pairs.items():
+        w = by_name[name]
+        t = w.tensor
+        parts = [(t.role, b)]
+        if t.split:     # a fused tensor run as several C roles: B's rows go with their role
+            parts, row = [], 0
+            for role, rows in t.split:
+                n = rows(cfg)
+                parts.append((role, b[row:row + n]))
+                row += n
+        a32 = np.ascontiguousarray(a, dtype=np.float32)
+        for role, bpart in parts:
+            yield name, w.layer, c_role(role), a32, np.ascontiguousarray(bpart, dtype=np.float32)
+
+
 class NativeLora:
     """The adapter's native handle for one loaded model; keeps the pairs' memory alive."""
 
@@ -113,21 +132,8 @@ class NativeLora:
         out = ffi.new("ei_lora **")
         check(lib.ei_lora_create(model.handle, out), "lora_create")
         self.handle = ffi.gc(out[0], lib.ei_lora_free)
-        by_name = {w.name: w for w in model.cfg.weights()}
-        for name, (a, b) in weights.pairs.items():
-            w = by_name[name]
-            t = w.tensor
-            parts = [(t.role, b)]
-            if t.split:     # a fused tensor run as several C roles: B's rows go with their role
-                parts, row = [], 0
-                for role, rows in t.split:
-                    n = rows(model.cfg)
-                    parts.append((role, b[row:row + n]))
-                    row += n
-            for role, bpart in parts:
-                bpart = np.ascontiguousarray(bpart, dtype=np.float32)
-                a32 = np.ascontiguousarray(a, dtype=np.float32)
-                self._keep += [a32, bpart]
-                check(lib.ei_lora_set(self.handle, w.layer, c_role(role), a32.shape[0],
-                                      ffi.from_buffer("float[]", a32), ffi.from_buffer("float[]", bpart)),
-                      f"adapter tensor {name}")
+        for name, layer, role, a32, bpart in role_pairs(weights, model.cfg):
+            self._keep += [a32, bpart]
+            check(lib.ei_lora_set(self.handle, layer, role, a32.shape[0],
+                                  ffi.from_buffer("float[]", a32), ffi.from_buffer("float[]", bpart)),
+                  f"adapter tensor {name}")

@@ -84,6 +84,21 @@ ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
  * k <= n_vocab, else EI_ERR_RANGE. */
 ei_status ei_cuda_topk(ei_cuda_runtime *rt, int32_t n_out, int32_t k, int32_t *ids, float *vals);
 
+/* ---- LoRA adapters: ei_lora / ei_runtime_set_slot_loras of edgeinfer.h on the device ----
+ * An adapter belongs to one runtime. ei_cuda_lora_set copies a float32 pair, A [rank][ne0] and
+ * B [ne1][rank] for a weight of ne1 rows of ne0 (Q, K, V, O, gate, up, down or the output head),
+ * to the device: the caller's arrays may go once it returns. A slot with adapters computes
+ * W x + sum_i scale_i B_i (A_i x) for every adapted W; slots with different adapters share one
+ * forward (a step in which a slot has adapters runs without CUDA Graphs). Detach (n = 0) before
+ * freeing an adapter. */
+typedef struct ei_cuda_lora ei_cuda_lora;
+ei_status ei_cuda_lora_create(ei_cuda_runtime *rt, ei_cuda_lora **out);
+ei_status ei_cuda_lora_set(ei_cuda_lora *a, int layer, int role, int32_t rank, const float *A, const float *B);
+size_t ei_cuda_lora_bytes(const ei_cuda_lora *a);
+void ei_cuda_lora_free(ei_cuda_lora *a);
+ei_status ei_cuda_runtime_set_slot_loras(ei_cuda_runtime *rt, int slot, int n, ei_cuda_lora *const *loras,
+                                         const float *scales);
+
 #ifdef __cplusplus
 }
 #endif

@@ -97,6 +97,31 @@ extern "C" int ei_cuda_get_device_info(int device, ei_cuda_device_info *out) {
 }
 
 /* ---------------------------------------------------------------- the runtime */
+/* The roles a LoRA pair may adapt: the matmuls of the CUDA forward. */
+static const int LORA_ROLES[] = {EI_T_ATTN_Q,   EI_T_ATTN_K, EI_T_ATTN_V,    EI_T_ATTN_OUTPUT,
+                                 EI_T_FFN_GATE, EI_T_FFN_UP, EI_T_FFN_DOWN, EI_T_OUTPUT};
+enum { N_LORA_ROLES = sizeof LORA_ROLES / sizeof LORA_ROLES[0] };
+
+typedef struct {
+    float *a, *b;   /* device: A [rank][ne0], B [ne1][rank] */
+    int32_t rank;
+    int64_t ne0, ne1;   /* the adapted weight's */
+} eic_lora_pair;
+
+struct ei_cuda_lora {
+    const struct ei_cuda_runtime *rt;
+    int device;
+    int32_t n_layer, max_rank;
+    eic_lora_pair *pairs;   /* [(n_layer + 1) * N_LORA_ROLES]: layer l's role k at l * N + k, the head at n_layer */
+    size_t bytes;
+};
+
+typedef struct {
+    int n;
+    const ei_cuda_lora *lora[EI_MAX_SLOT_LORAS];
+    float scale[EI_MAX_SLOT_LORAS];
+} eic_slot_loras;
+
 enum { MAX_GRAPH_TOKENS = 16, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
 /* Device batch arrays: tokens, slots, pos, cells, n_cells, out_rows, and for the sliding-window
  * layers' ring their cells and n_cells. */
@@ -133,6 +158,17 @@ struct ei_cuda_runtime {
 
     cudaGraphExec_t graphs[MAX_GRAPH_TOKENS + 1][MAX_GRAPH_TOKENS + 1];   /* [n_tokens][n_out] */
     int graphs_broken;
+
+    /* LoRA adapters per slot (NULL until one is attached), and a step's groups (lora_plan): each
+     * distinct adapter of the batch with its rows and their scales, [group][2][max_batch] (the
+     * batch's token rows, then the head's output rows), on the host and on the device. */
+    eic_slot_loras *slot_lora;
+    const ei_cuda_lora **lora_group;
+    int32_t *lora_count;                 /* [group][2] */
+    int32_t *h_lora_rows, *d_lora_rows;
+    float *h_lora_scale, *d_lora_scale;
+    float *d_lora_t;                     /* [max_batch][lora_rank]: A x of one group */
+    int32_t n_lora_groups, lora_cap, lora_rank;
 };
 
 static int32_t *batch_arr(const ei_cuda_runtime *rt, int32_t *base, int i) {
@@ -178,7 +214,7 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
     void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->q, rt->kc, rt->vc,
                    rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
                    rt->d_top_ids, rt->d_top_vals, rt->rope_cos_l, rt->rope_sin_l, rt->post, rt->kv_l.k, rt->kv_l.v,
-                   rt->d_cell_pos_l};
+                   rt->d_cell_pos_l, rt->d_lora_rows, rt->d_lora_scale, rt->d_lora_t};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (rt->h_batch) cudaFreeHost(rt->h_batch);
@@ -189,6 +225,11 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
     free(rt->h_n_used_l);
     free(rt->kv_index);
     free(rt->layers);
+    free(rt->slot_lora);
+    free((void *)rt->lora_group);
+    free(rt->lora_count);
+    free(rt->h_lora_rows);
+    free(rt->h_lora_scale);
     free(rt);
 }
 
@@ -493,6 +534,224 @@ extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int3
 
 extern "C" ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot) { return ei_cuda_forget_from(rt, slot, 0); }
 
+/* ---------------------------------------------------------------- LoRA adapters */
+static int lora_role_index(int role) {
+    for (int k = 0; k < N_LORA_ROLES; k++)
+        if (LORA_ROLES[k] == role) return k;
+    return -1;
+}
+
+/* The adapter's pair for role LORA_ROLES[k] of layer (-1: the head), or NULL. */
+static const eic_lora_pair *lora_pair(const ei_cuda_lora *a, int layer, int k) {
+    const eic_lora_pair *p = &a->pairs[(size_t)(layer < 0 ? a->n_layer : layer) * N_LORA_ROLES + k];
+    return p->a ? p : NULL;
+}
+
+extern "C" ei_status ei_cuda_lora_create(ei_cuda_runtime *rt, ei_cuda_lora **out) {
+    if (!rt || !out) return eic_fail(EI_ERR_INVALID_ARG, "cuda_lora_create: null argument");
+    *out = NULL;
+    ei_cuda_lora *a = (ei_cuda_lora *)calloc(1, sizeof *a);
+    if (a) a->pairs = (eic_lora_pair *)calloc((size_t)(rt->cfg.n_layer + 1) * N_LORA_ROLES, sizeof(eic_lora_pair));
+    if (!a || !a->pairs) {
+        free(a);
+        return eic_fail(EI_ERR_OUT_OF_MEMORY, "cuda_lora_create: out of host memory");
+    }
+    a->rt = rt;
+    a->device = rt->p.device;
+    a->n_layer = rt->cfg.n_layer;
+    *out = a;
+    return EI_OK;
+}
+
+/* Needs no runtime: an adapter may outlive its runtime's handle (garbage collection order). */
+extern "C" void ei_cuda_lora_free(ei_cuda_lora *a) {
+    if (!a) return;
+    if (cudaSetDevice(a->device) != cudaSuccess) cudaGetLastError();
+    for (size_t i = 0; i < (size_t)(a->n_layer + 1) * N_LORA_ROLES; i++) {
+        if (a->pairs[i].a) cudaFree(a->pairs[i].a);
+        if (a->pairs[i].b) cudaFree(a->pairs[i].b);
+    }
+    free(a->pairs);
+    free(a);
+}
+
+extern "C" size_t ei_cuda_lora_bytes(const ei_cuda_lora *a) { return a ? a->bytes : 0; }
+
+extern "C" ei_status ei_cuda_lora_set(ei_cuda_lora *a, int layer, int role, int32_t rank, const float *A,
+                                      const float *B) {
+    if (!a || !A || !B) return eic_fail(EI_ERR_INVALID_ARG, "cuda_lora_set: null argument");
+    ei_cuda_runtime *rt = (ei_cuda_runtime *)a->rt;
+    const ei_weight *w = ei_weight_slot(&rt->globals, rt->layers, rt->cfg.n_layer, layer, role);
+    if (!w || !w->data)
+        return eic_fail(EI_ERR_INVALID_ARG, "cuda_lora_set: the model has no tensor role %d at layer %d", role, layer);
+    if (role == EI_T_TOKEN_EMBD)
+        return eic_fail(EI_ERR_UNSUPPORTED, "cuda_lora_set: the token embedding is a lookup, not a matmul");
+    const int k = lora_role_index(role);
+    if (k < 0)
+        return eic_fail(EI_ERR_UNSUPPORTED, "cuda_lora_set: the CUDA runtime adapts Q, K, V, O, gate, up, down and "
+                                            "the output head, not role %d", role);
+    if (rank < 1 || rank > 4096) return eic_fail(EI_ERR_INVALID_ARG, "cuda_lora_set: rank %d outside [1, 4096]", rank);
+    eic_lora_pair *p = &a->pairs[(size_t)(layer < 0 ? a->n_layer : layer) * N_LORA_ROLES + k];
+    if (p->a) return eic_fail(EI_ERR_INVALID_ARG, "cuda_lora_set: role %d at layer %d set twice", role, layer);
+    ei_status st = use_device(rt);
+    if (st != EI_OK) return st;
+    const size_t na = (size_t)rank * w->ne0 * sizeof(float), nb = (size_t)w->ne1 * rank * sizeof(float);
+    eic_lora_pair q = {NULL, NULL, rank, w->ne0, w->ne1};
+    st = eic_check(cudaMalloc((void **)&q.a, na), "cudaMalloc lora A");
+    if (st == EI_OK) st = eic_check(cudaMalloc((void **)&q.b, nb), "cudaMalloc lora B");
+    /* on rt->stream and waited for: the caller's arrays may go once this returns */
+    if (st == EI_OK) st = eic_check(cudaMemcpyAsync(q.a, A, na, cudaMemcpyHostToDevice, rt->stream), "lora upload");
+    if (st == EI_OK) st = eic_check(cudaMemcpyAsync(q.b, B, nb, cudaMemcpyHostToDevice, rt->stream), "lora upload");
+    if (st == EI_OK) st = eic_check(cudaStreamSynchronize(rt->stream), "lora upload");
+    if (st != EI_OK) {
+        if (q.a) cudaFree(q.a);
+        if (q.b) cudaFree(q.b);
+        return st;
+    }
+    *p = q;
+    a->bytes += na + nb;
+    if (rank > a->max_rank) a->max_rank = rank;
+    return EI_OK;
+}
+
+extern "C" ei_status ei_cuda_runtime_set_slot_loras(ei_cuda_runtime *rt, int slot, int n, ei_cuda_lora *const *loras,
+                                                    const float *scales) {
+    if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "set_slot_loras: null runtime");
+    if (slot < 0 || slot >= rt->p.n_slots) return eic_fail(EI_ERR_RANGE, "slot %d outside [0, %d)", slot, rt->p.n_slots);
+    if (n < 0 || n > EI_MAX_SLOT_LORAS)
+        return eic_fail(EI_ERR_RANGE, "%d adapters on one slot (at most %d)", n, (int)EI_MAX_SLOT_LORAS);
+    if (n && (!loras || !scales)) return eic_fail(EI_ERR_INVALID_ARG, "set_slot_loras: null argument");
+    if (n == 0 && !rt->slot_lora) return EI_OK;
+    int32_t rank = rt->lora_rank;
+    for (int i = 0; i < n; i++) {
+        if (!loras[i] || loras[i]->rt != rt)
+            return eic_fail(EI_ERR_INVALID_ARG, "set_slot_loras: adapter %d is not for this runtime", i);
+        if (loras[i]->max_rank > rank) rank = loras[i]->max_rank;
+    }
+    if (!rt->slot_lora && !(rt->slot_lora = (eic_slot_loras *)calloc((size_t)rt->p.n_slots, sizeof(eic_slot_loras))))
+        return eic_fail(EI_ERR_OUT_OF_MEMORY, "set_slot_loras: out of host memory");
+    if (rank > rt->lora_rank) {   /* A x of a group: max_batch rows of the largest rank attached */
+        ei_status st = use_device(rt);
+        float *t = NULL;
+        if (st == EI_OK)
+            st = eic_check(cudaMalloc((void **)&t, (size_t)rt->p.max_batch * rank * sizeof(float)), "cudaMalloc lora");
+        if (st != EI_OK) return st;
+        if (rt->d_lora_t) cudaFree(rt->d_lora_t);
+        rt->d_lora_t = t;
+        rt->lora_rank = rank;
+    }
+    eic_slot_loras *s = &rt->slot_lora[slot];
+    s->n = n;
+    for (int i = 0; i < n; i++) {
+        s->lora[i] = loras[i];
+        s->scale[i] = scales[i];
+    }
+    return EI_OK;
+}
+
+/* Room for `need` groups of a step. */
+static ei_status lora_reserve(ei_cuda_runtime *rt, int32_t need) {
+    if (need <= rt->lora_cap) return EI_OK;
+    const int32_t cap = need > 2 * rt->lora_cap ? (need > 4 ? need : 4) : 2 * rt->lora_cap;
+    const size_t per = 2 * (size_t)rt->p.max_batch;
+    const ei_cuda_lora **g = (const ei_cuda_lora **)realloc((void *)rt->lora_group, (size_t)cap * sizeof *g);
+    if (g) rt->lora_group = g;
+    int32_t *cnt = g ? (int32_t *)realloc(rt->lora_count, (size_t)cap * 2 * sizeof(int32_t)) : NULL;
+    if (cnt) rt->lora_count = cnt;
+    int32_t *hr = cnt ? (int32_t *)realloc(rt->h_lora_rows, (size_t)cap * per * sizeof(int32_t)) : NULL;
+    if (hr) rt->h_lora_rows = hr;
+    float *hs = hr ? (float *)realloc(rt->h_lora_scale, (size_t)cap * per * sizeof(float)) : NULL;
+    if (hs) rt->h_lora_scale = hs;
+    if (!hs) return eic_fail(EI_ERR_OUT_OF_MEMORY, "lora: out of host memory");
+    int32_t *dr = NULL;
+    float *ds = NULL;
+    ei_status st = eic_check(cudaMalloc((void **)&dr, (size_t)cap * per * sizeof(int32_t)), "cudaMalloc lora rows");
+    if (st == EI_OK) st = eic_check(cudaMalloc((void **)&ds, (size_t)cap * per * sizeof(float)), "cudaMalloc lora rows");
+    if (st != EI_OK) {
+        if (dr) cudaFree(dr);
+        return st;
+    }
+    if (rt->d_lora_rows) cudaFree(rt->d_lora_rows);
+    if (rt->d_lora_scale) cudaFree(rt->d_lora_scale);
+    rt->d_lora_rows = dr;
+    rt->d_lora_scale = ds;
+    rt->lora_cap = cap;
+    return EI_OK;
+}
+
+/* The step's groups: every adapter of the batch's slots, with the token rows and the head's output
+ * rows of the slots that use it, each row's scale the sum of that adapter's scales on its slot;
+ * uploaded on rt->stream. No group: the step runs as without adapters (graphs included). */
+static ei_status lora_plan(ei_cuda_runtime *rt, int32_t T, const int32_t *slots, int32_t n_out,
+                           const int32_t *out_rows) {
+    rt->n_lora_groups = 0;
+    if (!rt->slot_lora) return EI_OK;
+    int32_t ng = 0;
+    for (int32_t t = 0; t < T; t++) {
+        const eic_slot_loras *s = &rt->slot_lora[slots[t]];
+        for (int i = 0; i < s->n; i++) {
+            int32_t g = 0;
+            while (g < ng && rt->lora_group[g] != s->lora[i]) g++;
+            if (g < ng) continue;
+            const ei_status st = lora_reserve(rt, ng + 1);
+            if (st != EI_OK) return st;
+            rt->lora_group[ng++] = s->lora[i];
+        }
+    }
+    if (!ng) return EI_OK;
+    const size_t B = (size_t)rt->p.max_batch;
+    for (int32_t g = 0; g < ng; g++)
+        for (int h = 0; h < 2; h++) {
+            int32_t *rows = rt->h_lora_rows + (2 * (size_t)g + h) * B;
+            float *sc = rt->h_lora_scale + (2 * (size_t)g + h) * B;
+            int32_t n = 0;
+            for (int32_t r = 0; r < (h ? n_out : T); r++) {
+                const eic_slot_loras *s = &rt->slot_lora[slots[h ? out_rows[r] : r]];
+                float scale = 0.0f;
+                int uses = 0;
+                for (int i = 0; i < s->n; i++)
+                    if (s->lora[i] == rt->lora_group[g]) scale += s->scale[i], uses = 1;
+                if (uses) rows[n] = r, sc[n++] = scale;
+            }
+            rt->lora_count[2 * g + h] = n;
+        }
+    const size_t n = 2 * (size_t)ng * B;
+    ei_status st = eic_check(cudaMemcpyAsync(rt->d_lora_rows, rt->h_lora_rows, n * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice, rt->stream), "lora rows upload");
+    if (st == EI_OK)
+        st = eic_check(cudaMemcpyAsync(rt->d_lora_scale, rt->h_lora_scale, n * sizeof(float), cudaMemcpyHostToDevice,
+                                       rt->stream), "lora rows upload");
+    if (st == EI_OK) rt->n_lora_groups = ng;
+    return st;
+}
+
+/* Does a group of this step adapt role LORA_ROLES[k] of layer? */
+static int lora_touches(const ei_cuda_runtime *rt, int layer, int k) {
+    for (int32_t g = 0; g < rt->n_lora_groups; g++)
+        if (lora_pair(rt->lora_group[g], layer, k)) return 1;
+    return 0;
+}
+
+/* After the matmul of role LORA_ROLES[k] of layer (-1: the head, on the output rows) from x into y:
+ * y[row] += scale * B (A x[row]) for every group's rows. */
+static cudaError_t lora_apply(ei_cuda_runtime *rt, int layer, int k, const float *x, int64_t ldx, float *y,
+                              int64_t ldy) {
+    const int h = layer < 0;
+    const size_t B = (size_t)rt->p.max_batch;
+    for (int32_t g = 0; g < rt->n_lora_groups; g++) {
+        const eic_lora_pair *p = lora_pair(rt->lora_group[g], layer, k);
+        const int32_t n = rt->lora_count[2 * g + h];
+        if (!p || !n) continue;
+        const int32_t *rows = rt->d_lora_rows + (2 * (size_t)g + h) * B;
+        const float *sc = rt->d_lora_scale + (2 * (size_t)g + h) * B;
+        cudaError_t e = eic_lora_down(rt->stream, p->a, p->rank, p->ne0, x, ldx, rows, n, rt->d_lora_t);
+        if (e != cudaSuccess) return e;
+        if ((e = eic_lora_up(rt->stream, p->b, p->ne1, p->rank, rt->d_lora_t, rows, sc, n, y, ldy)) != cudaSuccess)
+            return e;
+    }
+    return cudaSuccess;
+}
+
 /* ---------------------------------------------------------------- forward */
 #define LCK(call)                                  \
     do {                                           \
@@ -530,6 +789,7 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     int32_t *pos = batch_arr(rt, rt->d_batch, 2), *cells = batch_arr(rt, rt->d_batch, 3);
     int32_t *ncells = batch_arr(rt, rt->d_batch, 4), *orows = batch_arr(rt, rt->d_batch, 5);
     const float *freqs = (const float *)rt->globals.rope_freqs.data;
+    const int lora = rt->n_lora_groups > 0;   /* never while capturing a graph (ei_cuda_forward) */
     int32_t *cells_l = batch_arr(rt, rt->d_batch, 6), *ncells_l = batch_arr(rt, rt->d_batch, 7);
 
     LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, c->rope_attn_factor, rt->rope_cos, rt->rope_sin,
@@ -558,6 +818,13 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
                                     {L->wv.data, (const float *)L->bv.data, rt->vc, kvd, kvd}};
         const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
         LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
+        if (lora && (lora_touches(rt, l, 0) || lora_touches(rt, l, 1) || lora_touches(rt, l, 2))) {
+            /* the adapters read the normed input the fused launch never stores: onorm (the head's, later) */
+            LCK(eic_rmsnorm(s, rt->x, (const float *)L->attn_norm.data, NULL, T, d, c->rms_eps, rt->onorm));
+            LCK(lora_apply(rt, l, 0, rt->onorm, d, rt->q, qd));
+            LCK(lora_apply(rt, l, 1, rt->onorm, d, rt->kc, kvd));
+            LCK(lora_apply(rt, l, 2, rt->onorm, d, rt->vc, kvd));
+        }
         /* a layer without RoPE: the same launch rotating no dimensions */
         LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim,
                            ei_layer_uses_rope(c, l) ? c->rope_dim : 0, c->rope_neox, rc, rsn, kv, li, slots,
@@ -571,26 +838,37 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
         }
         if (c->has_post_norms) {   /* Gemma 3: O, then its post-norm, into the residual */
             LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 0, rt->post, d));
+            if (lora) LCK(lora_apply(rt, l, 3, rt->att, qd, rt->post, d));
             LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->attn_post_norm.data, T, d, c->rms_eps, rt->x));
         } else {
             LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
+            if (lora) LCK(lora_apply(rt, l, 3, rt->att, qd, rt->x, d));
         }
-        /* ffn_norm + gate, up and SwiGLU: one launch when gate and up share a type */
+        /* ffn_norm + gate, up and SwiGLU: one launch when gate and up share a type (and no adapter
+         * needs gate and up apart) */
         const float *fn = (const float *)L->ffn_norm.data;
-        if (L->w_gate.type == L->w_up.type && !c->act_gelu) {
+        const int lora_gu = lora && (lora_touches(rt, l, 4) || lora_touches(rt, l, 5));
+        if (L->w_gate.type == L->w_up.type && !c->act_gelu && !lora_gu) {
             LCK(eic_matmul_glu(s, L->w_gate.type, L->w_gate.data, NULL, L->w_up.data, NULL, ff, d, rt->x, d, T, fn,
                                c->rms_eps, rt->gate, ff));
         } else {
             const eic_mm_part gu[2] = {{L->w_gate.data, NULL, rt->gate, ff, ff}, {L->w_up.data, NULL, rt->up, ff, ff}};
             const int gu_types[2] = {L->w_gate.type, L->w_up.type};
             LCK(matmul_by_type(s, gu, gu_types, 2, d, rt->x, T, fn, c->rms_eps));
+            if (lora_gu) {
+                LCK(eic_rmsnorm(s, rt->x, fn, NULL, T, d, c->rms_eps, rt->onorm));
+                LCK(lora_apply(rt, l, 4, rt->onorm, d, rt->gate, ff));
+                LCK(lora_apply(rt, l, 5, rt->onorm, d, rt->up, ff));
+            }
             LCK((c->act_gelu ? eic_geglu : eic_swiglu)(s, rt->gate, rt->up, (int64_t)T * ff));
         }
         if (c->has_post_norms) {
             LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 0, rt->post, d));
+            if (lora) LCK(lora_apply(rt, l, 6, rt->gate, ff, rt->post, d));
             LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->ffn_post_norm.data, T, d, c->rms_eps, rt->x));
         } else {
             LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
+            if (lora) LCK(lora_apply(rt, l, 6, rt->gate, ff, rt->x, d));
         }
     }
     (void)half;
@@ -598,6 +876,7 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
         const ei_weight *head = rt->globals.output.data ? &rt->globals.output : &rt->globals.tok_embd;
         LCK(eic_rmsnorm(s, rt->x, (const float *)rt->globals.output_norm.data, orows, n_out, d, c->rms_eps, rt->onorm));
         LCK(eic_matmul(s, head->type, head->data, c->n_vocab, d, rt->onorm, d, n_out, NULL, 0, rt->logits, c->n_vocab));
+        if (lora) LCK(lora_apply(rt, -1, 7, rt->onorm, d, rt->logits, c->n_vocab));   /* an untied head's */
         if (c->final_softcap > 0) LCK(eic_softcap(s, rt->logits, (int64_t)n_out * c->n_vocab, c->final_softcap));
     }
     return cudaSuccess;
@@ -688,7 +967,10 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
     st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, EIC_BATCH_ARRAYS * B * 4, cudaMemcpyHostToDevice, rt->stream),
                              "batch upload");
     if (st != EI_OK) return st;
-    if (run_graph(rt, n_tokens, n_out) != 0) {
+    if ((st = lora_plan(rt, n_tokens, slots, n_out, out_rows)) != EI_OK) return st;
+    /* a step with adapters runs its launches directly: a graph replays the rows and groups it was
+     * captured with */
+    if (rt->n_lora_groups || run_graph(rt, n_tokens, n_out) != 0) {
         const int n_chunks = (used + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
         const int n_chunks_l = (used_l + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
         if ((st = eic_check(launch_step(rt, n_tokens, n_out, n_chunks > 0 ? n_chunks : 1, n_chunks_l > 0 ? n_chunks_l : 1),

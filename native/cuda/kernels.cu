@@ -1000,3 +1000,55 @@ cudaError_t eic_topk(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, 
     topk_kernel<<<(unsigned)n_rows, TOPK_THREADS, TOPK_THREADS / 32 * 8, s>>>(x, n, k, ids, vals);
     return cudaGetLastError();
 }
+
+/* ---------------------------------------------------------------- LoRA (gathered rows) */
+enum { LORA_THREADS = 128 };
+
+/* Block (i, k): t[i*rank + k] = A[k] . x[rows[i]] (f32 dot, a block-wide sum). */
+__global__ void __launch_bounds__(LORA_THREADS) lora_down_kernel(const float *__restrict__ A, int rank, int64_t n_cols,
+                                                                 const float *__restrict__ x, int64_t ldx,
+                                                                 const int32_t *__restrict__ rows, float *__restrict__ t) {
+    __shared__ float red[LORA_THREADS / 32];
+    const int64_t i = blockIdx.x;
+    const int k = blockIdx.y;
+    const float *a = A + (int64_t)k * n_cols, *xr = x + (int64_t)rows[i] * ldx;
+    float acc = 0.0f;
+    for (int64_t c = threadIdx.x; c < n_cols; c += LORA_THREADS) acc += a[c] * xr[c];
+    acc = warp_sum(acc);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float tot = 0.0f;
+        for (int w = 0; w < LORA_THREADS / 32; w++) tot += red[w];
+        t[i * rank + k] = tot;
+    }
+}
+
+/* Thread r of block (i, r / LORA_THREADS): y[rows[i]*ldy + r] += scale[i] * B[r] . t[i]. */
+__global__ void __launch_bounds__(LORA_THREADS) lora_up_kernel(const float *__restrict__ B, int64_t n_out, int rank,
+                                                               const float *__restrict__ t, const int32_t *__restrict__ rows,
+                                                               const float *__restrict__ scale, float *y, int64_t ldy) {
+    const int64_t i = blockIdx.x, r = (int64_t)blockIdx.y * LORA_THREADS + threadIdx.x;
+    if (r >= n_out) return;
+    const float *b = B + r * rank, *ti = t + i * rank;
+    float acc = 0.0f;
+    for (int k = 0; k < rank; k++) acc += b[k] * ti[k];
+    y[(int64_t)rows[i] * ldy + r] += scale[i] * acc;
+}
+
+cudaError_t eic_lora_down(cudaStream_t s, const float *A, int rank, int64_t n_cols, const float *x, int64_t ldx,
+                          const int32_t *rows, int64_t n, float *t) {
+    if (n <= 0) return cudaSuccess;
+    if (rank < 1 || rank > 65535 || n > 0x7fffffffLL || n_cols < 1) return cudaErrorInvalidValue;
+    lora_down_kernel<<<dim3((unsigned)n, (unsigned)rank), LORA_THREADS, 0, s>>>(A, rank, n_cols, x, ldx, rows, t);
+    return cudaGetLastError();
+}
+
+cudaError_t eic_lora_up(cudaStream_t s, const float *B, int64_t n_out, int rank, const float *t, const int32_t *rows,
+                        const float *scale, int64_t n, float *y, int64_t ldy) {
+    if (n <= 0) return cudaSuccess;
+    const int64_t blocks = (n_out + LORA_THREADS - 1) / LORA_THREADS;
+    if (rank < 1 || n > 0x7fffffffLL || blocks < 1 || blocks > 65535) return cudaErrorInvalidValue;
+    lora_up_kernel<<<dim3((unsigned)n, (unsigned)blocks), LORA_THREADS, 0, s>>>(B, n_out, rank, t, rows, scale, y, ldy);
+    return cudaGetLastError();
+}

@@ -91,6 +91,12 @@ cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_h
 /* scale: scores = q.k * scale (0: 1/sqrt(hd)); window > 0: only cells with pos - window < cell_pos
  * or cell_pos < keep_below are visible (a sliding-window layer: keep_below 0; a ring with slack:
  * its sinks). */
+/* LoRA, for the n gathered rows rows[i] of x: t[i*rank + k] = A[k] . x[rows[i]*ldx ..] (A: rank rows
+ * of n_cols f32), then y[rows[i]*ldy + r] += scale[i] * B[r] . t[i*rank ..] (B: n_out rows of rank f32). */
+cudaError_t eic_lora_down(cudaStream_t s, const float *A, int rank, int64_t n_cols, const float *x, int64_t ldx,
+                          const int32_t *rows, int64_t n, float *t);
+cudaError_t eic_lora_up(cudaStream_t s, const float *B, int64_t n_out, int rank, const float *t, const int32_t *rows,
+                        const float *scale, int64_t n, float *y, int64_t ldy);
 /* out[j] = argmax of row j of x (n_rows x n). */
 cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int32_t *out);
 /* ids[j*k + i], vals[j*k + i], i < k: the k largest of row j of x (n_rows x n), value descending,
