@@ -33,9 +33,12 @@ N_CAP = 2
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path):
-    eng = edgeinfer.load(smollm2_path, n_ctx=N_CTX, n_threads=2, n_slots=4)
-    srv = ServerThread(eng, max_body=64 * 1024, model_name="smollm2").start()
+def server(smollm2_path, tmp_path_factory):
+    """With a prompt cache and an adapter directory, so that the slot and adapter routes do their work
+    (not a 501 for a missing directory)."""
+    root = tmp_path_factory.mktemp("openapi")
+    eng = edgeinfer.load(smollm2_path, n_ctx=N_CTX, n_threads=2, n_slots=4, prompt_cache=str(root / "cache"))
+    srv = ServerThread(eng, max_body=64 * 1024, model_name="smollm2", lora_dir=str(root)).start()
     yield srv
     srv.stop(timeout_s=30)
     eng.close()

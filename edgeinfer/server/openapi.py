@@ -104,7 +104,7 @@ OPERATIONS = (
               errors={"404": "no adapter of that name", "409": "requests are using it",
                       "503": "loading, failed or shutting down"}),
     Operation("GET", "/lora-adapters", "lora_llama", "llama.cpp's adapter list (id, path, scale)",
-              ok_text=("application/json",), errors={"503": "loading, failed or shutting down"}),
+              ok=R.LlamaLoraAdapterList, errors={"503": "loading, failed or shutting down"}),
 )
 
 _REF = "#/components/schemas/{model}"

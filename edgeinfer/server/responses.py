@@ -81,6 +81,10 @@ class LlamaLoraAdapter(_Out):
     scale: float
 
 
+class LlamaLoraAdapterList(RootModel[list[LlamaLoraAdapter]]):
+    """llama.cpp's GET /lora-adapters answer: a bare list."""
+
+
 class Deleted(_Out):
     id: str
     object: Literal["lora_adapter"]
