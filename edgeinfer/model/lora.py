@@ -123,17 +123,15 @@ def role_pairs(weights: LoraWeights, cfg: ModelConfig):
 
 
 class NativeLora:
-    """The adapter's native handle for one loaded model; keeps the pairs' memory alive."""
+    """The adapter's native handle for one loaded model (the native side copies the pairs)."""
 
     def __init__(self, model: NativeModel, weights: LoraWeights):
         check_pairs(weights, model.cfg)
         self.weights = weights
-        self._keep: list[np.ndarray] = []
         out = ffi.new("ei_lora **")
         check(lib.ei_lora_create(model.handle, out), "lora_create")
         self.handle = ffi.gc(out[0], lib.ei_lora_free)
         for name, layer, role, a32, bpart in role_pairs(weights, model.cfg):
-            self._keep += [a32, bpart]
             check(lib.ei_lora_set(self.handle, layer, role, a32.shape[0],
                                   ffi.from_buffer("float[]", a32), ffi.from_buffer("float[]", bpart)),
                   f"adapter tensor {name}")

@@ -88,6 +88,8 @@ ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n);
 
 /* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n: the GeGLU of Gemma's feed-forward block. */
 ei_status ei_kernel_geglu(int isa, float *gate, const float *up, int64_t n);
+/* y[i] += sum_k c[k] * bt[k * ld + i] for i < n (a LoRA update: B transposed times rank coefficients). */
+ei_status ei_kernel_lora_up(int isa, int64_t n, int rank, const float *c, const float *bt, int64_t ld, float *y);
 
 /* Causal depthwise conv1d with state over n_tok tokens of ch channels, taps w[k][c] (tap-major):
  * y[t][c] = sum_{k < K} w[k][c] * in(t - (K - 1) + k)[c], where in(s) is x[s] for s >= 0 and
@@ -271,9 +273,8 @@ ei_status ei_forward_hidden(ei_runtime *rt, int32_t n_tokens, const int32_t *tok
                             int32_t n_keep, const int32_t *keep_rows);
 
 /* ---- LoRA adapters (native/src/lora.c; owner: the engine's adapters) ----
- * An adapter holds float32 pairs for some of the model's matrices, in caller-owned memory that must
- * outlive it: A [rank][ne0] and B [ne1][rank] for a weight of ne1 rows of ne0 (scale folded into B or
- * given per slot). A slot with adapters computes W x + sum_i scale_i B_i (A_i x) for every adapted W;
+ * An adapter holds float32 pairs for some of the model's matrices (copied at ei_lora_set): A [rank][ne0]
+ * and B [ne1][rank] for a weight of ne1 rows of ne0 (scale folded into B or given per slot). A slot with adapters computes W x + sum_i scale_i B_i (A_i x) for every adapted W;
  * slots with different adapters share one forward. Detach (n = 0) before freeing an adapter. */
 enum { EI_MAX_SLOT_LORAS = 8 };
 typedef struct ei_lora ei_lora;

@@ -179,6 +179,7 @@ static void fill_scalar(ei_kernels *k) {
     k->swiglu = ei_swiglu_scalar;
     k->geglu = ei_geglu_scalar;
     k->conv1d = ei_conv1d_scalar;
+    k->lora_up = ei_lora_up_scalar;
     DELTANET(k, scalar)
     k->to_f16 = ei_to_f16_scalar;
     k->name = "scalar";
@@ -209,6 +210,7 @@ static void fill_avx2(ei_kernels *k) {
     k->swiglu = ei_swiglu_avx2;
     k->geglu = ei_geglu_avx2;
     k->conv1d = ei_conv1d_avx2;
+    k->lora_up = ei_lora_up_avx2;
     DELTANET(k, avx2)
     k->to_f16 = ei_to_f16_f16c;
     k->name = "avx2";
@@ -271,6 +273,7 @@ static void fill_neon(ei_kernels *k, int dotprod) {
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
     k->geglu = ei_geglu_neon;
     k->conv1d = ei_conv1d_neon;
+    k->lora_up = ei_lora_up_neon;
     DELTANET(k, neon)
     k->to_f16 = ei_to_f16_neon;
     k->name = dotprod ? "neon+dotprod" : "neon";

@@ -74,6 +74,17 @@ void ei_swiglu_scalar(float *gate, const float *up, int64_t n);
 void ei_swiglu_avx2(float *gate, const float *up, int64_t n);
 #endif
 
+/* y[i] += sum_k c[k] * bt[k * ld + i] for i < n: a LoRA update's B (transposed) times its rank-wide
+ * coefficients (lora_up.c; the scalar loop is the reference) */
+typedef void (*ei_lora_up_fn)(int64_t n, int rank, const float *c, const float *bt, int64_t ld, float *y);
+void ei_lora_up_scalar(int64_t n, int rank, const float *c, const float *bt, int64_t ld, float *y);
+#if defined(__x86_64__)
+void ei_lora_up_avx2(int64_t n, int rank, const float *c, const float *bt, int64_t ld, float *y);
+#endif
+#if defined(__aarch64__)
+void ei_lora_up_neon(int64_t n, int rank, const float *c, const float *bt, int64_t ld, float *y);
+#endif
+
 /* gate = gelu_tanh(gate) * up (geglu.c; the scalar loop is the reference) */
 void ei_geglu_scalar(float *gate, const float *up, int64_t n);
 #if defined(__x86_64__)
@@ -112,6 +123,7 @@ typedef struct ei_kernels {
     ei_swiglu_fn swiglu;
     ei_swiglu_fn geglu;   /* same signature: gate = gelu_tanh(gate) * up */
     ei_conv1d_fn conv1d;
+    ei_lora_up_fn lora_up;
     ei_delta_fn delta_step, delta_chunked;   /* deltanet.h */
     ei_l2norm_fn l2norm;
     ei_gated_norm_fn gated_norm;

@@ -1,6 +1,7 @@
 /* LoRA adapters applied per sequence: a weight's rows for a batch are W x once, then each adapter a
  * adds scale * B_a (A_a x) to the rows of the slots that use it (gathered, as S-LoRA / Punica do), so
- * requests with different adapters share one batch. A and B stay float32 in caller-owned memory. */
+ * requests with different adapters share one batch. The adapter keeps float32 copies: A as given
+ * (its rank rows are long dots), B transposed (its update is rank-many axpys over the output). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,7 +10,9 @@
 
 typedef struct {
     const ei_weight *target;   /* the base weight this pair adapts */
-    ei_weight a, b;            /* A: [rank][ne0 of target], B: [ne1 of target][rank], float32 */
+    ei_weight a;               /* A: [rank][ne0 of target], float32 */
+    float *bt;                 /* B transposed: [rank][ne1 of target] */
+    int rank;
 } lora_pair;
 
 struct ei_lora {
@@ -31,6 +34,10 @@ ei_status ei_lora_create(const ei_model *m, ei_lora **out) {
 
 void ei_lora_free(ei_lora *a) {
     if (!a) return;
+    for (int i = 0; i < a->n; i++) {
+        free((void *)a->pairs[i].a.data);
+        free(a->pairs[i].bt);
+    }
     free(a->pairs);
     free(a);
 }
@@ -57,8 +64,17 @@ ei_status ei_lora_set(ei_lora *a, int layer, int role, int32_t rank, const float
         a->pairs = p;
         a->cap = cap;
     }
-    a->pairs[a->n++] = (lora_pair){w, {.data = A, .type = EI_TYPE_F32, .ne0 = w->ne0, .ne1 = rank},
-                                   {.data = B, .type = EI_TYPE_F32, .ne0 = rank, .ne1 = w->ne1}};
+    float *ac = malloc((size_t)rank * (size_t)w->ne0 * sizeof(float));
+    float *bt = malloc((size_t)rank * (size_t)w->ne1 * sizeof(float));
+    if (!ac || !bt) {
+        free(ac);
+        free(bt);
+        return ei_fail(EI_ERR_OUT_OF_MEMORY, "lora_set: out of memory");
+    }
+    memcpy(ac, A, (size_t)rank * (size_t)w->ne0 * sizeof(float));
+    for (int64_t o = 0; o < w->ne1; o++)
+        for (int k = 0; k < rank; k++) bt[(int64_t)k * w->ne1 + o] = B[o * rank + k];
+    a->pairs[a->n++] = (lora_pair){w, {.data = ac, .type = EI_TYPE_F32, .ne0 = w->ne0, .ne1 = rank}, bt, rank};
     a->max_rank = EI_MAX(a->max_rank, rank);
     a->max_in = EI_MAX(a->max_in, w->ne0);
     a->max_out = EI_MAX(a->max_out, w->ne1);
@@ -68,12 +84,12 @@ ei_status ei_lora_set(ei_lora *a, int layer, int role, int32_t rank, const float
 size_t ei_lora_bytes(const ei_lora *a) {
     size_t n = 0;
     for (int i = 0; a && i < a->n; i++)
-        n += (size_t)a->pairs[i].a.ne1 * (size_t)(a->pairs[i].a.ne0 + a->pairs[i].b.ne1) * sizeof(float);
+        n += (size_t)a->pairs[i].rank * (size_t)(a->pairs[i].a.ne0 + a->pairs[i].target->ne1) * sizeof(float);
     return n;
 }
 
-/* Scratch sized for every adapter attached so far: x [max_batch][in], t [3][max_batch][rank],
- * u [max_batch][out] floats; the per-slot lists and per-row arrays on first use. */
+/* Scratch sized for every adapter attached so far: x [max_batch][in], t [3][max_batch][rank] and the
+ * coefficients scale * t [3][max_batch][rank] floats; the per-slot lists and per-row arrays on first use. */
 static ei_status lora_scratch(ei_runtime *rt, const ei_lora *a) {
     const size_t mb = (size_t)rt->p.max_batch;
     if (!rt->slot_lora) {
@@ -86,8 +102,7 @@ static ei_status lora_scratch(ei_runtime *rt, const ei_lora *a) {
             return ei_fail(EI_ERR_OUT_OF_MEMORY, "lora: out of memory");
     }
     const int64_t in = EI_MAX(rt->lora_max_in, a->max_in), rank = EI_MAX(rt->lora_max_rank, a->max_rank);
-    const int64_t out = EI_MAX(rt->lora_max_out, a->max_out);
-    const size_t need = mb * (size_t)(in + 3 * rank + out);
+    const size_t need = mb * (size_t)(in + 6 * rank);
     if (need > rt->lora_floats) {
         float *s = realloc(rt->lora_buf, need * sizeof(float));
         if (!s) return ei_fail(EI_ERR_OUT_OF_MEMORY, "lora: out of memory for %zu scratch floats", need);
@@ -96,7 +111,6 @@ static ei_status lora_scratch(ei_runtime *rt, const ei_lora *a) {
     }
     rt->lora_max_in = in;
     rt->lora_max_rank = rank;
-    rt->lora_max_out = out;
     return EI_OK;
 }
 
@@ -120,14 +134,38 @@ ei_status ei_runtime_set_slot_loras(ei_runtime *rt, int slot, int n, ei_lora *co
     return EI_OK;
 }
 
+enum { UP_COLS = 512 };   /* output columns an item of the up projection: r x 2 KiB of B^T stays in L1 */
+
+typedef struct {
+    const ei_mm_job *jobs;
+    const lora_pair *const *pair;   /* [3] */
+    const float *coef;              /* [3][max_batch][rank]: each gathered row's scale * A x */
+    const int64_t *rows;
+    int64_t n, mb, max_rank;
+    int64_t item_end[3];            /* items of jobs [0, j] */
+    ei_lora_up_fn up;
+} up_task;
+
+static void up_item(void *raw, int64_t item) {
+    const up_task *u = raw;
+    int j = 0;
+    while (item >= u->item_end[j]) j++;
+    const lora_pair *p = u->pair[j];
+    const int64_t out = p->target->ne1, c0 = (item - (j ? u->item_end[j - 1] : 0)) * UP_COLS;
+    const int64_t nc = EI_MIN(UP_COLS, out - c0);
+    for (int64_t i = 0; i < u->n; i++)
+        u->up(nc, p->rank, u->coef + ((int64_t)j * u->mb + i) * u->max_rank, p->bt + c0, out,
+              u->jobs[j].y + u->rows[i] * out + c0);
+}
+
 /* After the base matmul of `jobs` on rows x: row r belongs to slot rt->lora_slots[r] (forward sets it for
  * the batch's tokens, or the head's output rows); each adapter of those slots adds its update. A row's
  * adapters add up in its slot's list order, whatever else the batch holds: a row's result never
  * depends on its neighbours. */
 void ei_lora_apply(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const float *x, int64_t n_rows) {
     const int32_t *slot_of = rt->lora_slots;
-    const int64_t mb = rt->p.max_batch;
-    float *xg = rt->lora_buf, *tg = xg + mb * rt->lora_max_in, *ug = tg + 3 * mb * rt->lora_max_rank;
+    const int64_t mb = rt->p.max_batch, R = rt->lora_max_rank;
+    float *xg = rt->lora_buf, *tg = xg + mb * rt->lora_max_in, *coef = tg + 3 * mb * R;
     int64_t *rows = rt->lora_rows;
     float *scale = rt->lora_row_scale;
     const int64_t in = jobs[0].w->ne0;
@@ -155,24 +193,28 @@ void ei_lora_apply(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const floa
                 if (pos < s->n && s->lora[pos] == a) rows[n] = r, scale[n++] = s->scale[pos];
             }
             for (int64_t i = 0; i < n; i++) memcpy(xg + i * in, x + rows[i] * in, (size_t)in * sizeof(float));
-            /* t_j = A_j x for every adapted job at once (they share x), then u = B_j t_j one job at a time */
+            /* t_j = A_j x for every adapted job at once (they share x) */
             ei_mm_job down[3];
             int n_down = 0;
             for (int j = 0; j < n_jobs && j < 3; j++)
-                if (pair[j]) down[n_down++] = (ei_mm_job){&pair[j]->a, tg + (int64_t)j * mb * rt->lora_max_rank, NULL};
+                if (pair[j]) down[n_down++] = (ei_mm_job){&pair[j]->a, tg + (int64_t)j * mb * R, NULL};
             ei_matmul_base(rt, down, n_down, xg, n);
-            for (int j = 0; j < n_jobs && j < 3; j++) {
-                if (!pair[j]) continue;
-                const int64_t out = jobs[j].w->ne1;
-                ei_mm_job up = {&pair[j]->b, ug, NULL};
-                ei_matmul_base(rt, &up, 1, tg + (int64_t)j * mb * rt->lora_max_rank, n);
-                for (int64_t i = 0; i < n; i++) {
-                    float *y = jobs[j].y + rows[i] * out;
-                    const float *u = ug + i * out;
-                    const float sc = scale[i];
-                    for (int64_t c = 0; c < out; c++) y[c] += sc * u[c];
+            /* y += (scale t_j) . B_j^T, the output's columns spread over the pool */
+            up_task u = {.jobs = jobs, .pair = pair, .coef = coef, .rows = rows, .n = n, .mb = mb, .max_rank = R,
+                         .up = rt->kt->lora_up};
+            int64_t items = 0;
+            for (int j = 0; j < 3; j++) {
+                if (j < n_jobs && pair[j]) {
+                    const int r = pair[j]->rank;
+                    for (int64_t i = 0; i < n; i++)
+                        for (int q = 0; q < r; q++)
+                            coef[((int64_t)j * mb + i) * R + q] = scale[i] * tg[(int64_t)j * mb * R + i * r + q];
+                    items += (pair[j]->target->ne1 + UP_COLS - 1) / UP_COLS;
                 }
+                u.item_end[j] = items;
             }
+            if (items > 1) ei_pool_for(rt->pool, items, up_item, &u);
+            else up_item(&u, 0);
         }
     }
 }

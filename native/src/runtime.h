@@ -90,9 +90,9 @@ struct ei_runtime {
     int64_t *lora_rows;                /* [max_batch]: rows of one adapter */
     float *lora_row_scale;             /* [max_batch] */
     int32_t *lora_head_slots;          /* [max_batch]: the slot of each output row of the head */
-    float *lora_buf;                   /* gathered x, A x and B A x rows */
+    float *lora_buf;                   /* gathered x rows, their A x and scale * A x */
     size_t lora_floats;
-    int64_t lora_max_in, lora_max_rank, lora_max_out;
+    int64_t lora_max_in, lora_max_rank;
 };
 
 enum { EI_PK_Q, EI_PK_K, EI_PK_V, EI_PK_O, EI_PK_GATE, EI_PK_UP, EI_PK_DOWN, EI_PACKED_PER_LAYER };
