@@ -152,3 +152,38 @@ def test_slot_routes_need_a_cache_directory(smollm2_path):
     with ServerThread(eng, model_name="m") as srv:
         assert _post(srv.url + "/slots/0?action=save", {"filename": "x.bin"})[0] == 501
     eng.close()
+
+
+@pytest.mark.parametrize("kind", ["lfm2", "qwen35", "gemma3"])
+def test_after_a_restart_hybrids_and_sliding_windows_reuse_the_prompt(kind, tmp_path):
+    """The file holds a hybrid's recurrent state beside its attention layers' cells (LFM2's short
+    convolutions, Qwen3.5's delta-rule matrices), and a sliding-window model's local ring (Gemma 3's
+    window of 16 positions, far shorter than the prompt): after a restart the prompt is reused and the
+    greedy tokens and log-probabilities are a cold run's."""
+    import numpy as np
+
+    from edgeinfer.convert import convert_checkpoint
+    from tests.support import tiny_checkpoints as tc
+    from tests.support.strict import require
+
+    require("torch")
+    require("transformers")
+    path = tmp_path / "f32.gguf"
+    convert_checkpoint(str(tc.build(kind, tmp_path / "hf")), str(path), "f32")
+    prompt = [5 + (i * 7) % 60 for i in range(80)]
+
+    def run(cache_dir=None):
+        with edgeinfer.load(str(path), n_ctx=256, n_threads=2, prompt_cache=cache_dir) as e:
+            out = e.generate(prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+            if cache_dir is not None:
+                e.scheduler.prompt_cache.flush()
+        return out.tokens, np.array([t.logprob for t in out.logprobs]), out.stats.cached_tokens
+
+    cold = run()
+    cache = tmp_path / "cache"
+    first = run(cache)
+    assert first[2] == 0
+    tokens, lps, cached = run(cache)                   # a new process's engine: only the files remain
+    assert cached >= 0.9 * len(prompt)
+    assert tokens == cold[0]
+    np.testing.assert_allclose(lps, cold[1], atol=1e-4)
