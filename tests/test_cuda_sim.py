@@ -222,20 +222,21 @@ def test_host_code_cannot_read_device_memory(sim_build):
     assert r.returncode == 0 and r.stdout.strip() == "nan"
 
 
-def _pytest_cuda(sim_build: Path, select: str, **env: str) -> tuple[int, dict[str, int], str]:
-    """tests/test_cuda.py -k select on the simulator build: exit status, the counts of its
+def _pytest_cuda(sim_build: Path, select: str, test_file: str = "test_cuda.py",
+                 **env: str) -> tuple[int, dict[str, int], str]:
+    """tests/<test_file> -k select on the simulator build: exit status, the counts of its
     summary line, and the tail of its output."""
     env = dict(os.environ, EDGEINFER_CUDA_LIB=str(sim_build / "libedgeinfer_cuda_sim.so"), **env)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "",
-                        str(ROOT / "tests" / "test_cuda.py"), "-k", select],
+                        str(ROOT / "tests" / test_file), "-k", select],
                        env=env, capture_output=True, text=True, timeout=3000, cwd=ROOT)
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|deselected)",
                                                 r.stdout.splitlines()[-1] if r.stdout else "")}
     return r.returncode, counts, r.stdout[-6000:] + r.stderr[-3000:]
 
 
-def _run_cuda_tests(sim_build: Path, select: str, **env: str) -> dict[str, int]:
-    rc, counts, tail = _pytest_cuda(sim_build, select, **env)
+def _run_cuda_tests(sim_build: Path, select: str, test_file: str = "test_cuda.py", **env: str) -> dict[str, int]:
+    rc, counts, tail = _pytest_cuda(sim_build, select, test_file, **env)
     assert rc == 0, tail
     assert "needs a CUDA GPU" not in tail and "has no test ops" not in tail, tail   # the simulator ran every GPU test
     return counts
@@ -276,3 +277,11 @@ def test_cuda_end_to_end_tests_pass_on_the_simulator(sim_build):
     """SmolLM2 through the CUDA runtime (graphs, slots, prefix reuse) against the CPU and float64 oracles."""
     counts = _run_cuda_tests(sim_build, E2E)
     assert counts.get("passed", 0) >= 4, counts
+
+
+@pytest.mark.slow
+def test_cuda_lora_tests_pass_on_the_simulator(sim_build):
+    """tests/test_cuda_lora.py: LoRA adapters per slot on the CUDA runtime against the CPU backend's,
+    mixed-adapter batches against their solo runs."""
+    counts = _run_cuda_tests(sim_build, "", "test_cuda_lora.py", EDGEINFER_STRICT="1")
+    assert counts.get("passed", 0) >= 9 and not counts.get("skipped"), counts
