@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tests.support.strict import require
 
 torch = require("torch", "tiny checkpoints are built with torch")
 require("transformers", "tiny checkpoints are built with transformers")
 require("peft", "the adapters are PEFT's")
 
-from tests.support import tiny_checkpoints  # noqa: E402
-
-import edgeinfer  # noqa: E402
-from edgeinfer.backends import Batch, cuda as cb  # noqa: E402
-from edgeinfer.convert import convert_checkpoint  # noqa: E402
-from edgeinfer.errors import EdgeInferError, RangeError  # noqa: E402
-from edgeinfer.model.lora import LoraWeights  # noqa: E402
+import edgeinfer
+from edgeinfer.backends import Batch
+from edgeinfer.backends import cuda as cb
+from edgeinfer.convert import convert_checkpoint
+from edgeinfer.errors import EdgeInferError, RangeError
+from edgeinfer.model.lora import LoraWeights
+from tests.support import tiny_checkpoints
 
 DEVICES, NO_GPU_REASON = cb.probe()
 pytestmark = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_REASON} "

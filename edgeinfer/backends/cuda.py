@@ -270,10 +270,10 @@ class CudaRuntime:
     def forget_from(self, slot: int, pos: int) -> None:
         check(self.lib.ei_cuda_forget_from(self.handle, slot, pos), "forget_from")
 
-    def add_adapter(self, weights: LoraWeights) -> "CudaLora":
+    def add_adapter(self, weights: LoraWeights) -> CudaLora:
         return CudaLora(self, weights)
 
-    def set_slot_adapters(self, slot: int, adapters: list[tuple["CudaLora", float]]) -> None:
+    def set_slot_adapters(self, slot: int, adapters: list[tuple[CudaLora, float]]) -> None:
         ffi = self.ffi
         for h, _ in adapters:
             if not isinstance(h, CudaLora) or h.runtime is not self:
