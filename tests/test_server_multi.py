@@ -360,3 +360,15 @@ def test_plan_serve_counts_every_model_and_the_process_once(smollm2_path):
         P.check_serve([("a", m), ("b", m)], 256, 2, "f16", p.total - 1, n_threads=2, budget_source="--memory X")
     msg = str(e.value)
     assert P.human(p.total) in msg and "(--memory X)" in msg and f"a: weights {P.human(m.weights_bytes)}" in msg
+
+
+def test_plan_serve_counts_the_adapters_budget(smollm2_path):
+    """With LoRA adapters served, their budget (serve --lora-budget) is in the plan's total and its figures."""
+    from edgeinfer.tools import plan as P
+
+    m = P.model_shape(smollm2_path)
+    base = P.plan_serve([("a", m)], ctx=256, slots=2, n_threads=2)
+    p = P.plan_serve([("a", m)], ctx=256, slots=2, n_threads=2, adapter_bytes=64 << 20)
+    assert p.total == base.total + (64 << 20)
+    with pytest.raises(P.MemoryBudgetError, match="LoRA adapters 64.00 MiB"):
+        P.check_serve([("a", m)], 256, 2, "f16", p.total - 1, n_threads=2, adapter_bytes=64 << 20)

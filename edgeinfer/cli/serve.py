@@ -151,7 +151,8 @@ def serve_cmd(
         from ..engine.kv import slack_cells   # a sliding ring allocates a few cells beyond its context
 
         _check_memory(served or [("", model)], memory, ctx + slack_cells(overflow, max(max_batch, slots)), slots, kv,
-                      max(max_batch, slots), threads, wait_for_model)
+                      max(max_batch, slots), threads, wait_for_model,
+                      adapter_bytes=lora_bytes if (loras or lora_dir) else 0)
     try:
         serve(model, models=served, fallback=fallback,
               fallback_ttft_s=None if fallback_ttft_ms is None else fallback_ttft_ms / 1000, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
@@ -168,7 +169,8 @@ def serve_cmd(
 
 
 def _check_memory(models: list[tuple[str, Optional[str]]], memory: Optional[str], ctx: int, slots: int,
-                  kv: str, max_batch: int, threads: Optional[int], wait_for_model: bool) -> None:
+                  kv: str, max_batch: int, threads: Optional[int], wait_for_model: bool,
+                  adapter_bytes: int = 0) -> None:
     """Before anything loads: do all the models fit the budget? Exit 1 naming the figures if
     not, or if a model cannot be read (the error says which; with --wait-for-model such a model
     is left out of the plan and fails at load, where the server reports it)."""
@@ -197,7 +199,8 @@ def _check_memory(models: list[tuple[str, Optional[str]]], memory: Optional[str]
     if not shapes:
         return
     try:
-        p = P.check_serve(shapes, ctx, slots, kv, budget, max_batch, threads, budget_source=source)
+        p = P.check_serve(shapes, ctx, slots, kv, budget, max_batch, threads, budget_source=source,
+                          adapter_bytes=adapter_bytes)
     except EdgeInferError as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -300,6 +300,7 @@ class ServePlan:
     rows: list[tuple[str, PlanRow]]
     total: int
     memory: Optional[int]
+    adapter_bytes: int = 0      # the LoRA adapters' budget (serve --lora-budget), when adapters are served
 
     @property
     def fits(self) -> Optional[bool]:
@@ -309,25 +310,26 @@ class ServePlan:
         parts = [f"{name}: weights {human(r.weights)} + mapped {human(r.mapped)} + KV {human(r.kv_bytes)}"
                  + (f" + state {human(r.state_bytes)}" if r.state_bytes else "") + f" + buffers {human(r.scratch)} + overhead {human(r.overhead - PROCESS_OVERHEAD)}"
                  for name, r in self.rows]
-        return "; ".join(parts) + f"; process {human(PROCESS_OVERHEAD)}"
+        adapters = f"; LoRA adapters {human(self.adapter_bytes)}" if self.adapter_bytes else ""
+        return "; ".join(parts) + adapters + f"; process {human(PROCESS_OVERHEAD)}"
 
 
 def plan_serve(models: list[tuple[str, ModelShape]], ctx: int, slots: int, kv: str = "f16",
                memory: Optional[int] = None, max_batch: int = DEFAULT_MAX_BATCH,
-               n_threads: Optional[int] = None) -> ServePlan:
-    """What `serve` needs for every model at once, each with `slots` slots of `ctx` cells.
-    Every model counts its weights in full, even two names for one file: each engine packs
-    its own copy."""
+               n_threads: Optional[int] = None, adapter_bytes: int = 0) -> ServePlan:
+    """What `serve` needs for every model at once, each with `slots` slots of `ctx` cells, plus
+    the LoRA adapters' budget. Every model counts its weights in full, even two names for one
+    file: each engine packs its own copy."""
     rows = [(name, plan_one(m, ctx, slots, kv, memory, max_batch, n_threads)) for name, m in models]
-    total = sum(r.total for _, r in rows) - PROCESS_OVERHEAD * (len(rows) - 1)   # one process
-    return ServePlan(rows, total, memory)
+    total = sum(r.total for _, r in rows) - PROCESS_OVERHEAD * (len(rows) - 1) + adapter_bytes   # one process
+    return ServePlan(rows, total, memory, adapter_bytes)
 
 
 def check_serve(models: list[tuple[str, ModelShape]], ctx: int, slots: int, kv: str, memory: int,
                 max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
-                budget_source: str = "") -> ServePlan:
+                budget_source: str = "", adapter_bytes: int = 0) -> ServePlan:
     """plan_serve, raising MemoryBudgetError naming every figure when the models do not fit."""
-    p = plan_serve(models, ctx, slots, kv, memory, max_batch, n_threads)
+    p = plan_serve(models, ctx, slots, kv, memory, max_batch, n_threads, adapter_bytes)
     if not p.fits:
         src = f" ({budget_source})" if budget_source else ""
         raise MemoryBudgetError(
