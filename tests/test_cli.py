@@ -378,3 +378,36 @@ def test_serve_rejects_an_unknown_kv_type():
 
     r = CliRunner().invoke(main_app, ["serve", "--kv", "q4_0", "--port", "1"])
     assert r.exit_code == 2 and "--kv must be f16 or q8_0" in r.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--lora", "no-name-given"], "--lora takes NAME=PATH"),
+    (["--lora", "a=x", "--lora", "a=y"], "two --lora adapters share a name"),
+    (["--lora-dir", "/nonexistent/adapters"], "is not a directory"),
+    (["--lora-budget", "lots"], "--lora-budget"),
+])
+def test_serve_rejects_bad_adapter_options(args, message):
+    from edgeinfer.cli import app as main_app
+
+    r = CliRunner().invoke(main_app, ["serve", "--port", "1", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_convert_lora_writes_an_adapter_and_names_a_bad_base(tmp_path):
+    """`edgeinfer convert-lora`: a PEFT folder to a LoRA GGUF; a --base that is no checkpoint folder exits 1."""
+    require("torch")
+    require("peft")
+    from edgeinfer.cli import app as main_app
+    from edgeinfer.gguf import GGUFFile
+    from tests.support import tiny_checkpoints
+
+    base = tiny_checkpoints.build("llama", tmp_path / "base")
+    adapter = tiny_checkpoints.build_lora(base, tmp_path / "adapter")
+    out = tmp_path / "adapter.gguf"
+    r = CliRunner().invoke(main_app, ["convert-lora", str(adapter), "--base", str(base), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    with GGUFFile(out) as f:
+        assert f.get("general.type") == "adapter" and f.get("adapter.type") == "lora"
+        assert "blk.0.attn_q.weight.lora_a" in f.tensors
+    r = CliRunner().invoke(main_app, ["convert-lora", str(adapter), "--base", str(out), "-o", str(tmp_path / "x")])
+    assert r.exit_code == 1 and "--base must be the base model's Hugging Face folder" in r.output, r.output
