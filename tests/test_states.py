@@ -331,3 +331,50 @@ def test_hybrid_plan_cli_prices_the_state(hybrid):
     assert f"state     {P.human(per_slot)} per slot" in r.output
     row = next(line.split() for line in r.output.splitlines() if line.split()[:2] == ["256", "2"])
     assert row[4:6] == P.human(2 * per_slot).split()   # ctx, slots, KV (value, unit), state
+
+
+# ----------------------------------------------------------------- kept copies within a byte budget
+def test_snapshot_count_follows_the_byte_budget():
+    """A small state keeps SNAPSHOTS_MAX copies (a prompt end and spec_max_k drafts); a large
+    one as many as SNAPSHOT_BUDGET holds, never under SNAPSHOTS_MIN. At Qwen3.5-0.8B's shape
+    (config.json: 24 layers, 3 Gated DeltaNet to 1 attention, 16 key and 16 value heads of 128,
+    conv kernel 4, hidden 1024) a copy is ~19 MiB: 16 copies cost 300+ MiB a slot, the budget 64."""
+    from types import SimpleNamespace
+
+    assert KVPlan.snapshots_for(1 << 10) == KVPlan.SNAPSHOTS_MAX
+    assert KVPlan.snapshots_for(KVPlan.SNAPSHOT_BUDGET // 3) == 3
+    assert KVPlan.snapshots_for(KVPlan.SNAPSHOT_BUDGET) == KVPlan.SNAPSHOTS_MIN
+    kinds = ["recurrent", "recurrent", "recurrent", "attention"] * 6
+    cfg = SimpleNamespace(layer_kinds=kinds, n_layer=24, conv_kernel=4, n_embd=1024,
+                          ssm_conv_dim=2 * 16 * 128 + 16 * 128, ssm_inner=16 * 128, ssm_head_dim=128)
+    copy = sum(P.layer_state_floats(cfg)) * 4
+    assert 18 << 20 < copy < 20 << 20
+    n = KVPlan.snapshots_for(copy)
+    assert n == 3 and n * copy <= KVPlan.SNAPSHOT_BUDGET
+
+
+def test_hybrid_few_kept_copies_keep_speculation_exact(hybrid, monkeypatch):
+    """With a budget of three copies (a state bigger than the tiny model's), the engine keeps
+    three, info() and `plan` price 1 + 3 per slot, a step drafts at most two tokens although
+    the policy asks for four, and rejected drafts still give a fresh engine's tokens."""
+    src, path = hybrid
+    copy = sum(_state_floats_from_config(src)) * 4
+    monkeypatch.setattr(KVPlan, "SNAPSHOT_BUDGET", 3 * copy)
+    prompt = IDS[:24]
+    eng, want = _speculate_native(path, prompt)
+    sizes: list[int] = []
+    execute = eng.runner.execute
+
+    def execute_recording(plan):
+        sizes.extend(len(d) for d in plan.drafts)
+        return execute(plan)
+
+    eng.runner.execute = execute_recording
+    with eng:
+        info = eng.info()
+        got = _greedy(eng, prompt)
+    assert info["state_snapshots"] == 3
+    assert info["state_bytes"] == (1 + 3) * copy == P.state_bytes(P.model_shape(path), 1)
+    assert max(sizes) == 2, sizes     # fixed_k = 4, held to kept copies - 1
+    assert 0 < got.stats.spec_accepted < got.stats.spec_proposed, got.stats   # drafts were rolled back
+    _assert_fresh(got, want)

@@ -9,7 +9,7 @@ their top-k candidates. Everything the engine may ask about a runtime is in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
@@ -33,8 +33,21 @@ class KVPlan:
     kv_type: str = "f16"
     slack: int = 0
     # recurrent models: copies of a slot's recurrent state kept at once (prompt ends, drafts);
-    # when full the runtime lets the one after the fewest positions go (SequenceStates mirrors it)
-    n_snapshots: int = 16
+    # when full the runtime lets the one after the fewest positions go (SequenceStates mirrors it,
+    # and lets a step draft at most n_snapshots - 1 tokens). Engine.load sets snapshots_for().
+    n_snapshots: int = 9
+    # a prompt end plus spec_max_k (8) drafts; a copy is the whole state (Qwen3.5-0.8B: ~19 MiB)
+    SNAPSHOTS_MAX: ClassVar[int] = 9
+    SNAPSHOT_BUDGET: ClassVar[int] = 64 << 20   # bytes of kept copies per slot
+    SNAPSHOTS_MIN: ClassVar[int] = 2             # a prompt end and one draft
+
+    @classmethod
+    def snapshots_for(cls, copy_bytes: int) -> int:
+        """Kept copies per slot for a recurrent state of `copy_bytes`: SNAPSHOTS_MAX, or as many
+        as SNAPSHOT_BUDGET holds when fewer, never under SNAPSHOTS_MIN."""
+        if copy_bytes <= 0:
+            return cls.SNAPSHOTS_MAX
+        return max(cls.SNAPSHOTS_MIN, min(cls.SNAPSHOTS_MAX, cls.SNAPSHOT_BUDGET // copy_bytes))
 
     @property
     def cells(self) -> int:

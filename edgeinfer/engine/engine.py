@@ -13,6 +13,7 @@ from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, local_ring_cells
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from ..tools.plan import layer_state_floats
 from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
 from .embedding import Pooler, check_pooling, file_pooling
@@ -181,7 +182,8 @@ class Engine:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         template = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         n_sink = min(n_sink, n_ctx // 4)
-        plan = KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type, slack=slack_cells(overflow, max_batch))
+        plan = KVPlan(n_slots, n_ctx, n_sink, max_batch, kv_type, slack=slack_cells(overflow, max_batch),
+                      n_snapshots=KVPlan.snapshots_for(sum(layer_state_floats(cfg)) * 4))
         ring = KVRing(n_slots, n_ctx, n_sink=n_sink, overflow=overflow, swa_window=cfg.swa_window,
                       local_cells=local_ring_cells(cfg.swa_window, plan.cells, max_batch), slack=plan.slack)
         runtime = backend.create_runtime(gguf, cfg, plan)

@@ -543,7 +543,8 @@ class Scheduler:
         out: dict[int, list[int]] = {}
         for r in spec:
             seq = r.seq
-            k_limit = min(budget, ring.max_chunk(r.slot) - 1)   # the token and its drafts in one chunk
+            # the token and its drafts in one chunk, each draft's recurrent state kept
+            k_limit = self.states.max_drafts(min(budget, ring.max_chunk(r.slot) - 1))
             if seq.limit is not None:
                 k_limit = min(k_limit, seq.limit - len(seq.tokens) - 1)
             drafted = r.spec.mode == "draft"

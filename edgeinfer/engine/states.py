@@ -32,6 +32,14 @@ class SequenceStates:
         self.max_kept = caps.max_snapshots   # 0: no bound
         self._kept: list[set[int]] = [set() for _ in range(ring.n_slots)]   # positions seen, per slot
 
+    def max_drafts(self, k: int) -> int:
+        """k, or fewer: the most draft tokens one step may verify. A rollback restores the copy
+        kept after the last confirmed draft, so every draft's copy must still be held beside an
+        older one a reuse may want (the runtime keeps the max_kept latest)."""
+        if not self.keeps_states or not self.max_kept:
+            return k
+        return min(k, self.max_kept - 1)
+
     def clear(self, slot: int) -> None:
         """Forgets everything the slot holds."""
         self.ring.truncate(slot, 0)

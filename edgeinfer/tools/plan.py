@@ -190,11 +190,15 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
     return total
 
 
-def state_bytes(m: ModelShape, slots: int, n_snapshots: int = KVPlan.n_snapshots) -> int:
+def state_bytes(m: ModelShape, slots: int, n_snapshots: int | None = None) -> int:
     """The recurrent layers' states (0 for attention-only models): per slot its live state and
-    n_snapshots kept copies (prefix reuse, n > 1 siblings, speculative rollback), each the
-    layers' state floats in F32. Independent of the context."""
-    return slots * (1 + n_snapshots) * sum(m.layer_state) * 4
+    n_snapshots kept copies (prefix reuse, n > 1 siblings, speculative rollback; by default as
+    many as Engine.load keeps, KVPlan.snapshots_for), each the layers' state floats in F32.
+    Independent of the context."""
+    copy = sum(m.layer_state) * 4
+    if n_snapshots is None:
+        n_snapshots = KVPlan.snapshots_for(copy)
+    return slots * (1 + n_snapshots) * copy
 
 
 HUGE_PAGE = 2 << 20   # the packed weights, K and V arenas sit on 2 MiB pages (runtime.c: alloc_huge)
