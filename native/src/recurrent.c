@@ -80,7 +80,8 @@ void ei_deltanet_layer(ei_runtime *rt, int l, int64_t n_tok, const int32_t *slot
     const int64_t cd = ei_deltanet_conv_dim(c), inner = ei_deltanet_inner(c), K = c->conv_kernel;
     float *qkv = rt->dn_buf, *y = qkv + B * cd, *z = y + B * cd, *o = z + B * inner;
     float *alpha = o + B * inner, *beta = alpha + B * nv, *scratch = beta + B * nv;
-    ei_mm_job in[4] = {{&L->ssm_qkv, qkv, NULL}, {&L->ssm_gate, z, NULL}, {&L->ssm_alpha, alpha, NULL},
+    const void **pk = rt->packed + (size_t)l * EI_PACKED_PER_LAYER;
+    ei_mm_job in[4] = {{&L->ssm_qkv, qkv, pk[EI_PK_Q]}, {&L->ssm_gate, z, pk[EI_PK_K]}, {&L->ssm_alpha, alpha, NULL},
                        {&L->ssm_beta, beta, NULL}};
     ei_parallel_matmul(rt, in, 3, rt->xn, n_tok);
     ei_parallel_matmul(rt, in + 3, 1, rt->xn, n_tok);
@@ -110,6 +111,6 @@ void ei_deltanet_layer(ei_runtime *rt, int l, int64_t n_tok, const int32_t *slot
         i = j + 1;
     }
     rt->kt->gated_norm(o, L->ssm_norm.data, z, n_tok * nv, d, c->rms_eps);
-    ei_mm_job out = {&L->ssm_out, rt->xn, NULL};
+    ei_mm_job out = {&L->ssm_out, rt->xn, pk[EI_PK_O]};
     ei_parallel_matmul(rt, &out, 1, o, n_tok);
 }

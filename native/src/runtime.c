@@ -55,10 +55,15 @@ static const ei_weight *packable(const ei_model *m, int i) {
     const int n = m->cfg.n_layer * EI_PACKED_PER_LAYER;
     if (i == n) return ei_model_output(m);
     const ei_layer *L = &m->layers[i / EI_PACKED_PER_LAYER];
-    if (ei_layer_kind_of(&m->cfg, i / EI_PACKED_PER_LAYER) == EI_LAYER_SHORTCONV) {   /* q's and o's places */
-        static const ei_weight none = {0};
-        const int k = i % EI_PACKED_PER_LAYER;
+    static const ei_weight none = {0};
+    const int k = i % EI_PACKED_PER_LAYER;
+    switch (ei_layer_kind_of(&m->cfg, i / EI_PACKED_PER_LAYER)) {
+    case EI_LAYER_SHORTCONV:   /* q's and o's places */
         return k == EI_PK_Q ? &L->shortconv_in : k == EI_PK_O ? &L->shortconv_out : k >= EI_PK_GATE ? packable_ffn(L, k) : &none;
+    case EI_LAYER_DELTANET:    /* q, k and o's places: in_proj's qkv and z parts, out_proj (alpha, beta: a few rows) */
+        return k == EI_PK_Q ? &L->ssm_qkv : k == EI_PK_K ? &L->ssm_gate : k == EI_PK_O ? &L->ssm_out
+             : k >= EI_PK_GATE ? packable_ffn(L, k) : &none;
+    default: break;
     }
     switch (i % EI_PACKED_PER_LAYER) {
     case EI_PK_Q: return &L->wq;
