@@ -233,7 +233,7 @@ def test_qwen35_replies():
     call = "<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>"
     # thoughts, then text before the call (the template allows it), then the call
     assert every_split(plan, spec, "Hmm.\n</think>\n\nLet me check.\n\n" + call) == (
-        "Hmm.\n", "Let me check.\n\n", [{"name": "get_time", "arguments": {"tz": "UTC"}}])
+        "Hmm.\n", "Let me check.", [{"name": "get_time", "arguments": {"tz": "UTC"}}])   # the gap is layout
     # a call straight from the thoughts, without </think> (llama.cpp accepts it too)
     assert every_split(plan, spec, "Hmm.\n" + call) == ("Hmm.\n", "", [{"name": "get_time", "arguments": {"tz": "UTC"}}])
     # two calls; a number in a string parameter stays text; JSON in an integer parameter is typed

@@ -351,7 +351,8 @@ class Engine:
             return None
         try:
             return ReasoningSpec.for_prompt(fmt, self.tokenize(fmt.start, add_special=False),
-                                            self.tokenize(fmt.end, add_special=False), prompt_ids, budget)
+                                            self.tokenize(fmt.end, add_special=False), prompt_ids, budget,
+                                            [self.tokenize(m, add_special=False) for m in fmt.also_ends])
         except ValueError as e:
             raise SamplingParamsError(str(e)) from None
 

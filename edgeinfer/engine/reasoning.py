@@ -26,18 +26,20 @@ class ReasoningFormat:
     """The markers around a family's thinking block. `label`: text the model writes right
     after `start` that belongs to the opening (Gemma 4 names its channel: "<|channel>thought");
     `also_ends`: texts that close the block when the model skips `end`, left in the answer
-    (Qwen3.5 may open a tool call straight from its thoughts); `requires`: what else a
-    template must write to have this format."""
+    (Qwen3.5 may open a tool call straight from its thoughts); `strays`: markers dropped
+    where they stand outside the block (Gemma 4 may close a channel it never opened, at the
+    end of its answer); `requires`: what else a template must write to have this format."""
     name: str
     start: str
     end: str
     label: str = ""
     also_ends: tuple[str, ...] = ()
+    strays: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
 
     def __post_init__(self):   # from_dict hands back lists
-        object.__setattr__(self, "also_ends", tuple(self.also_ends))
-        object.__setattr__(self, "requires", tuple(self.requires))
+        for f in ("also_ends", "strays", "requires"):
+            object.__setattr__(self, f, tuple(getattr(self, f)))
 
     @property
     def opening(self) -> str:
@@ -49,7 +51,7 @@ class ReasoningFormat:
 #: Markers checked against the templates in llama.cpp's models/templates and its
 #: common/chat.cpp (thinking_start_tag / thinking_end_tags of each family).
 FORMATS: tuple[ReasoningFormat, ...] = (
-    ReasoningFormat("gemma4", "<|channel>", "<channel|>", label="thought"),     # Gemma 4
+    ReasoningFormat("gemma4", "<|channel>", "<channel|>", label="thought", strays=("<channel|>",)),  # Gemma 4
     ReasoningFormat("think-xml-tools", "<think>", "</think>", also_ends=("<tool_call>",),
                     requires=("<function=",)),                                 # Qwen3.5
     ReasoningFormat("think", "<think>", "</think>"),     # Qwen3, DeepSeek-R1, SmolLM3, LFM2
@@ -69,28 +71,33 @@ def reasoning_format(template_source: str) -> ReasoningFormat | None:
 
 @dataclass(frozen=True)
 class ReasoningSpec:
-    """One sequence's thinking block: its markers (text and token ids), whether the prompt
-    left it open, and the most tokens it may hold (None: no bound)."""
+    """One sequence's thinking block: its markers (text and token ids; `also_end_ids`: the
+    ids of each of the format's `also_ends`), whether the prompt left it open, and the most
+    tokens it may hold (None: no bound)."""
     fmt: ReasoningFormat
     start_ids: tuple[int, ...]
     end_ids: tuple[int, ...]
     open_at_start: bool
     budget: int | None = None
+    also_end_ids: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
     def from_dict(cls, d: dict) -> "ReasoningSpec":
         """The inverse of dataclasses.asdict (SamplingParams.to_dict)."""
         return cls(ReasoningFormat(**d["fmt"]), tuple(d["start_ids"]), tuple(d["end_ids"]),
-                   bool(d["open_at_start"]), d.get("budget"))
+                   bool(d["open_at_start"]), d.get("budget"),
+                   tuple(tuple(m) for m in d.get("also_end_ids", ())))
 
     @classmethod
     def for_prompt(cls, fmt: ReasoningFormat, start_ids: Sequence[int], end_ids: Sequence[int],
-                   prompt_ids: Sequence[int], budget: int | None = None) -> "ReasoningSpec":
+                   prompt_ids: Sequence[int], budget: int | None = None,
+                   also_end_ids: Sequence[Sequence[int]] = ()) -> "ReasoningSpec":
         """The spec of a prompt: open when its last start marker comes after its last end marker."""
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
             raise ValueError(f"the thinking budget must be an int >= 0 (tokens), got {budget!r}")
         return cls(fmt, tuple(start_ids), tuple(end_ids),
-                   _last(prompt_ids, start_ids) > _last(prompt_ids, end_ids), budget)
+                   _last(prompt_ids, start_ids) > _last(prompt_ids, end_ids), budget,
+                   tuple(tuple(m) for m in also_end_ids if m))
 
 
 def _last(ids: Sequence[int], marker: Sequence[int]) -> int:
@@ -104,13 +111,16 @@ def _last(ids: Sequence[int], marker: Sequence[int]) -> int:
 
 class ThinkingBudget:
     """(stepping thread) Follows the block over the generated ids; `forced()` gives the ids
-    the sequence must take next: the closing marker once the budget is spent."""
+    the sequence must take next: the closing marker once the budget is spent. One of the
+    format's `also_ends` closes the block as the end marker does (Qwen3.5's <tool_call>
+    straight from the thoughts): no closing marker is forced into the call."""
 
     def __init__(self, spec: ReasoningSpec):
         self.spec = spec
         self.inside = spec.open_at_start
         self.spent = 0                  # tokens inside the open block
-        self._tail: deque[int] = deque(maxlen=max(len(spec.start_ids), len(spec.end_ids)))
+        self._ends = (spec.end_ids, *spec.also_end_ids)
+        self._tail: deque[int] = deque(maxlen=max(len(m) for m in (spec.start_ids, *self._ends)))
         self._forced: deque[int] = deque()
         self._check()
 
@@ -122,7 +132,7 @@ class ThinkingBudget:
         if not self.inside:
             if self._ends_with(self.spec.start_ids):
                 self.inside, self.spent = True, 0
-        elif self._ends_with(self.spec.end_ids):
+        elif any(self._ends_with(m) for m in self._ends):
             self.inside = False
             self._forced.clear()
         elif not self._forced:
@@ -160,6 +170,8 @@ class ReasoningSplitter:
                 break
             self._emit(parts, buf[:i])
             buf = buf[i + (0 if keep else len(marker)):]
+            if not self.inside and marker in self.fmt.strays:
+                continue                  # dropped, the side stays
             self.inside = not self.inside
             self._strip = True
         hold = 0 if final else max(_partial(buf, m) for m in self._markers())
@@ -169,7 +181,7 @@ class ReasoningSplitter:
 
     def _markers(self) -> tuple[str, ...]:
         """What may change the side next: the closing markers inside, the opening outside."""
-        return (self.fmt.end, *self.fmt.also_ends) if self.inside else (self.fmt.opening,)
+        return (self.fmt.end, *self.fmt.also_ends) if self.inside else (self.fmt.opening, *self.fmt.strays)
 
     def _next(self, buf: str) -> tuple[int, str, bool]:
         """The first marker in `buf`: (where, which, whether it stays in the text); -1 if none."""

@@ -163,21 +163,35 @@ class ToolPlan:
     def streamer(self) -> CallStreamer | None:
         """A CallStreamer when the reply is forced to be one call by a grammar (else None:
         read it at the end, or with `scanner`)."""
-        return CallStreamer(self.fmt) if self.choice == "required" and self.fmt in _HEADS else None
+        return CallStreamer(self.fmt) if self.forced_json else None
+
+    @property
+    def forced_json(self) -> bool:
+        """A call forced by a grammar in a JSON format: read by `streamer` / `parse`."""
+        return self.choice == "required" and self.fmt in _HEADS
 
     def scanner(self) -> "CallScanner | None":
-        """A CallScanner for a format with call markers (None: generic / bare JSON)."""
-        return CallScanner(self) if self.active and self.call_format is not None else None
+        """A CallScanner for a format with call markers (None: generic / bare JSON, or a call
+        a grammar forces, which `streamer` reads)."""
+        if self.active and self.call_format is not None and not self.forced_json:
+            return CallScanner(self)
+        return None
+
+    def parts(self, text: str) -> list[tuple[str, Any]]:
+        """A whole reply as the scanner streams it: ("text", str) and ("call", tool_call)
+        in the order the model wrote them (a reply without markers: all text, or its calls)."""
+        sc = self.scanner()
+        if sc is None:
+            calls = self.parse(text)
+            return [("call", c) for c in calls] if calls else ([("text", text)] if text else [])
+        return [(k, _strip_index(v) if k == "call" else v) for k, v in sc.feed_parts(text, final=True)]
 
     def split(self, text: str) -> tuple[str, list[dict] | None]:
         """(the text outside the call blocks, the calls) of a reply; (text, None) when it makes
         no call."""
-        sc = self.scanner()
-        if sc is None:
-            calls = self.parse(text)
-            return ("" if calls else text), calls
-        content, calls = sc.feed(text, final=True)
-        return content, ([_strip_index(c) for c in calls] or None)
+        parts = self.parts(text)
+        calls = [v for k, v in parts if k == "call"]
+        return "".join(v for k, v in parts if k == "text"), (calls or None)
 
     def parse(self, text: str) -> list[dict] | None:
         """The calls in a reply (OpenAI tool_calls, ids new), or None when it is plain text. A
@@ -186,16 +200,19 @@ class ToolPlan:
         if not self.active:
             return None
         calls = self._parse(text)
-        if calls is None and self.choice == "required" and self.fmt in _HEADS:
+        if calls is None and self.forced_json:
             st = CallStreamer(self.fmt)
             st.feed(text, final=True)
             calls = [st.call] if st.call is not None else None
         return calls
 
     def _parse(self, text: str) -> list[dict] | None:
-        if self.call_format is not None:
+        if self.call_format is not None and not self.forced_json:
             _, calls = self.split(text)
             return calls
+        if self.call_format is not None:     # a forced Hermes call: the block as the grammar writes it
+            content, calls = CallScanner(self).feed(text, final=True)
+            return [_strip_index(c) for c in calls] or None
         obj = _loads(_unfence(text))
         if self.fmt == "generic":
             obj = obj.get("tool_call") if isinstance(obj, dict) else None
@@ -270,31 +287,44 @@ class CallScanner:
     """(consumer side) Reads a reply in a format with call markers as it comes: `feed(text)`
     returns (content, calls): the text outside the call blocks, released once it cannot be
     the start of the opening marker, and the calls of the blocks completed so far (OpenAI
-    tool_calls, each with its "index" in the reply). `final=True` ends the reply: held text is
+    tool_calls, each with its "index" in the reply); `feed_parts` gives the same as ("text",
+    str) / ("call", tool_call) in the reply's order. `final=True` ends the reply: held text is
     released, a block cut short is parsed as it stands. A block that does not parse as calls of
-    the given functions is content, as the model wrote it."""
+    the given functions is content, as the model wrote it. Whitespace around a call block is
+    the format's layout, not content: it is held until text follows it."""
 
     def __init__(self, plan: ToolPlan):
         self.plan = plan
         self.fmt = plan.call_format
         self._buf = ""
         self._in_block = False
+        self._gap = ""                 # the whitespace before the open block
+        self._after_call = False       # the whitespace that follows a call block is dropped
         self.n_calls = 0
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        parts = self.feed_parts(text, final)
+        return "".join(v for k, v in parts if k == "text"), [v for k, v in parts if k == "call"]
+
+    def feed_parts(self, text: str, final: bool = False) -> list[tuple[str, Any]]:
         self._buf += text
-        content: list[str] = []
-        calls: list[dict] = []
+        out: list[tuple[str, Any]] = []
         while True:
             if not self._in_block:
+                if self._after_call:
+                    self._buf = self._buf.lstrip()
+                    self._after_call = not self._buf
                 i = self._buf.find(self.fmt.open)
                 if i < 0:
-                    hold = 0 if final else _partial(self._buf, self.fmt.open)
-                    content.append(self._buf[:len(self._buf) - hold])
-                    self._buf = self._buf[len(self._buf) - hold:]
+                    # hold what may start the marker, and the whitespace that may come before it
+                    keep = len(self._buf) if final else \
+                        len(self._buf[:len(self._buf) - _partial(self._buf, self.fmt.open)].rstrip())
+                    out.append(("text", self._buf[:keep]))
+                    self._buf = self._buf[keep:]
                     break
-                content.append(self._buf[:i])
-                self._buf = self._buf[i:]
+                before = self._buf[:i].rstrip()
+                out.append(("text", before))
+                self._gap, self._buf = self._buf[len(before):i], self._buf[i:]
                 self._in_block = True
             j = self._buf.find(self.fmt.close, len(self.fmt.open))
             if j < 0 and not final:
@@ -305,14 +335,15 @@ class CallScanner:
             found = self.plan._calls(_BODIES[self.fmt.body](
                 self.plan, block[len(self.fmt.open):len(block) - (0 if j < 0 else len(self.fmt.close))]) or [None])
             if found is None:
-                content.append(block)
+                out.append(("text", self._gap + block))
             else:
+                self._after_call = True
                 for c in found:
-                    calls.append({"index": self.n_calls, **c})
+                    out.append(("call", {"index": self.n_calls, **c}))
                     self.n_calls += 1
             if not self._buf:
                 break
-        return "".join(content), calls
+        return [p for p in out if p[0] == "call" or p[1]]
 
 
 def _strip_index(call: dict) -> dict:

@@ -29,7 +29,7 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                 429: "rate_limit_error", 503: "overloaded_error"}
 _TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
-_CALL_START = "{<[`"      # a reply starting with one of these may be a tool call: held until it ends
+_CALL_START = "{<[`"      # a reply starting with one of these may be a bare JSON call: held until it ends
 
 
 def error_body(e: APIError) -> dict:
@@ -158,12 +158,18 @@ async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError
             elif isinstance(ev, ErrorEvent):
                 raise fail(ev)
     answer, thought = "".join(text), "".join(thinking)
-    calls = ctx.plan.parse(answer) if ctx.plan is not None else None
+    parts = ctx.plan.parts(answer) if ctx.plan is not None else ([("text", answer)] if answer else [])
+    calls = [c for kind, c in parts if kind == "call"]
     content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
-    if calls:
-        content += _tool_blocks(calls)
-    elif answer or not content:
-        content.append({"type": "text", "text": answer})
+    for kind, part in parts:          # text and tool_use blocks in the order the model wrote them
+        if kind == "call":
+            content += _tool_blocks([part])
+        elif content and content[-1]["type"] == "text":
+            content[-1]["text"] += part
+        else:
+            content.append({"type": "text", "text": part})
+    if not content:
+        content.append({"type": "text", "text": ""})
     return _message(ctx, content, _stop(done, calls), done.stats.completion_tokens)
 
 
@@ -202,13 +208,27 @@ class _Blocks:
 
 async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                        fail: Callable[[ErrorEvent], APIError]) -> web.StreamResponse:
-    """The reply as Anthropic's server-sent events. With tools, text that may be a call is held
-    until the reply ends and is parsed (tool_use blocks, their input in one delta each)."""
+    """The reply as Anthropic's server-sent events. With tools in a format with call markers
+    the text streams up to each call block and the block's calls become tool_use blocks once
+    it closes (CallScanner, as `reply` splits the whole answer); with a bare JSON call, text
+    that may be a call is held until the reply ends and is parsed. A tool_use block's input
+    goes in one delta."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     await resp.prepare(request)
     blocks = _Blocks()
-    held: list[str] | None = [] if ctx.plan is not None else None
+    scanner = ctx.plan.scanner() if ctx.plan is not None else None
+    held: list[str] | None = [] if ctx.plan is not None and scanner is None else None
+    n_calls = 0
+
+    def tool_use(calls: list[dict]) -> list[bytes]:
+        out: list[bytes] = []
+        for block in _tool_blocks(calls):
+            out += blocks.start({**block, "input": {}})
+            out.append(_event("content_block_delta", index=blocks.index,
+                              delta={"type": "input_json_delta",
+                                     "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
+        return out
     try:
         await resp.write(_event("message_start", message=_message(ctx, [], (None, None), 0)) + _event("ping"))
         while True:
@@ -221,7 +241,11 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                     finished = True
                     break
                 out += blocks.delta("thinking", ev.reasoning)
-                if held is not None:
+                if scanner is not None:
+                    for kind, part in scanner.feed_parts(ev.text, isinstance(ev, DoneEvent)):
+                        out += tool_use([part]) if kind == "call" else blocks.delta("text", part)
+                    n_calls = scanner.n_calls
+                elif held is not None:
                     held.append(ev.text)
                     start = "".join(held).lstrip()
                     if start and start[0] not in _CALL_START:
@@ -233,17 +257,13 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                     ctx.done(ev)
                     calls = ctx.plan.parse("".join(held)) if held is not None else None
                     if calls:
-                        for block in _tool_blocks(calls):
-                            out += blocks.start({**block, "input": {}})
-                            out.append(_event("content_block_delta", index=blocks.index,
-                                              delta={"type": "input_json_delta",
-                                                     "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
+                        out += tool_use(calls)
                     elif held:
                         out += blocks.delta("text", "".join(held))
                     if blocks.index < 0:       # an empty reply still has its text block
                         out += blocks.start({"type": "text", "text": ""})
                     out += blocks.stop()
-                    reason, sequence = _stop(ev, calls)
+                    reason, sequence = _stop(ev, calls or n_calls)
                     out.append(_event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
                                       usage={"output_tokens": ev.stats.completion_tokens}))
                     out.append(_event("message_stop"))

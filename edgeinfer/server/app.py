@@ -766,8 +766,10 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
     for i in range(n):
         text = "".join(parts[i])
         if ctx.kind == "chat":
-            calls = ctx.plan.parse(text) if ctx.plan is not None else None
-            msg = {"role": "assistant", "content": None if calls else text, "refusal": None}
+            content, calls = ctx.plan.split(text) if ctx.plan is not None else (text, None)
+            # with tools, no text is null content (as the streamed reply accumulates)
+            msg = {"role": "assistant", "content": content if content or ctx.plan is None else None,
+                   "refusal": None}
             if calls:
                 msg["tool_calls"] = calls
             if ctx.reasoning:
@@ -814,11 +816,16 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
             c["usage"] = None
         return _sse(c)
 
-    # With tools: a forced call streams its arguments as they come (CallStreamer); with "auto"
-    # a reply that may be a call is held back until it ends and is parsed, and one that starts
-    # like text streams as content from there on.
+    # With tools: a forced JSON call streams its arguments as they come (CallStreamer); a format
+    # with call markers streams its text up to each call block and the block's calls once it
+    # closes (CallScanner, as the whole reply is split); with a bare JSON call a reply that may
+    # be a call is held back until it ends and is parsed, and one that starts like text streams
+    # as content from there on.
     streamers = [ctx.plan.streamer() if ctx.plan is not None else None for _ in range(n)]
-    held: list[list[str] | None] = [[] if ctx.plan is not None and st is None else None for st in streamers]
+    scanners = [ctx.plan.scanner() if ctx.plan is not None else None for _ in range(n)]
+    held: list[list[str] | None] = [[] if ctx.plan is not None and st is None and sc is None else None
+                                    for st, sc in zip(streamers, scanners)]
+    pending: list[list[TokenLogprob]] = [[] for _ in range(n)]   # logprobs of tokens not out yet
 
     def reasoning_delta(index: int, ev) -> list[bytes]:
         if not ev.reasoning:
@@ -834,29 +841,47 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
         out = []
         for i, c in enumerate(calls):
             f = c["function"]
-            out += call_deltas(index, [{"index": i, "id": c["id"], "type": "function",
+            at = c.get("index", i)
+            out += call_deltas(index, [{"index": at, "id": c["id"], "type": "function",
                                         "function": {"name": f["name"], "arguments": ""}}])
             args = f["arguments"]
-            out += call_deltas(index, [{"index": i, "function": {"arguments": args[j:j + 16]}}
+            out += call_deltas(index, [{"index": at, "function": {"arguments": args[j:j + 16]}}
                                        for j in range(0, len(args), 16)])
+        return out
+
+    def scanned(index: int, text: str, final: bool) -> list[bytes]:
+        """The scanner's parts of `text` as content chunks and tool_calls deltas; the tokens'
+        logprobs go out with the next content chunk."""
+        out = []
+        for kind, part in scanners[index].feed_parts(text, final):
+            if kind == "text":
+                out.append(chunk(index, part, None, pending[index]))
+                pending[index] = []
+            else:
+                out += held_call(index, [part])
         return out
 
     done: dict[int, DoneEvent] = {}
     try:
         if chat:
-            # a forced call has no content (null in the accumulated message, as OpenAI's)
-            await resp.write(b"".join(chunk(i, "" if streamers[i] is None else None, None, None, first=True)
+            # a reply with tools has no content until text comes (null in the accumulated
+            # message when it only calls, as the whole reply's)
+            await resp.write(b"".join(chunk(i, "" if ctx.plan is None else None, None, None, first=True)
                                       for i in range(n)))
         while len(done) < n:
             index, events = await queue.get()
             out: list[bytes] = []
             failed = False
             for ev in events:
-                st, hd = streamers[index], held[index]
+                st, sc, hd = streamers[index], scanners[index], held[index]
                 if isinstance(ev, (TokenEvent, DoneEvent)):
                     out.extend(reasoning_delta(index, ev))
                 if isinstance(ev, TokenEvent) and st is not None:
                     out.extend(call_deltas(index, st.feed(ev.text)))
+                elif isinstance(ev, TokenEvent) and sc is not None:
+                    if ev.logprob is not None:
+                        pending[index].append(ev.logprob)
+                    out.extend(scanned(index, ev.text, False))
                 elif isinstance(ev, TokenEvent) and hd is not None:
                     hd.append(ev.text)
                     start = "".join(hd).lstrip()
@@ -873,6 +898,9 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
                     if st is not None:
                         out.extend(call_deltas(index, st.feed(ev.text, final=True)))
                         finish = call_finish(finish, st.call)
+                    elif sc is not None:
+                        out.extend(scanned(index, ev.text, True))
+                        finish = call_finish(finish, sc.n_calls)
                     elif hd is not None:
                         text = "".join(hd) + ev.text
                         calls = ctx.plan.parse(text)
@@ -883,7 +911,8 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
                             out.append(chunk(index, text, None, None))
                     elif ev.text:
                         out.append(chunk(index, ev.text, None, None))
-                    out.append(chunk(index, None if chat else "", finish, None))
+                    out.append(chunk(index, None if chat else "", finish, pending[index]))
+                    pending[index] = []
                 elif isinstance(ev, ErrorEvent):
                     out.append(_sse(_engine_error(ev).body()))
                     failed = True
