@@ -11,12 +11,10 @@ several calls, a call cut short, a malformed block)."""
 from __future__ import annotations
 
 import json
-import tarfile
-import tempfile
 from pathlib import Path
 
 import pytest
-from tests.support.llama_cpp_convert import SDIST, converter_dir
+from tests.support.llama_cpp_convert import unpack_sdist
 from tests.support.strict import require
 
 from edgeinfer.engine.reasoning import ReasoningSpec, ReasoningSplitter, reasoning_format
@@ -32,17 +30,7 @@ _DIR: dict[str, Path] = {}
 def template(name: str) -> str:
     """llama.cpp's models/templates/<name>.jinja."""
     if "d" not in _DIR:
-        tmp = Path(tempfile.mkdtemp(prefix="family_chat_"))
-        if not SDIST.is_file():
-            converter_dir(tmp)                # fetches the sdist
-        with tarfile.open(SDIST) as tf:
-            members = []
-            for m in tf.getmembers():
-                rel = m.name.split("/vendor/llama.cpp/", 1)[-1]
-                if rel.startswith("models/templates/") and rel.endswith(".jinja"):
-                    m.name = rel
-                    members.append(m)
-            tf.extractall(tmp, members=members, filter="data")
+        tmp = unpack_sdist("family_chat_", lambda rel: rel.startswith("models/templates/") and rel.endswith(".jinja"))
         _DIR["d"] = tmp / "models" / "templates"
     return (_DIR["d"] / f"{name}.jinja").read_text(encoding="utf-8")
 

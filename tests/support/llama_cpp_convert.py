@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 SDIST = (Path(os.environ.get("EDGEINFER_CACHE") or Path.home() / ".cache" / "edgeinfer")
@@ -45,6 +46,29 @@ def converter_dir(tmp: Path) -> Path:
     return out
 
 
+def unpack_sdist(prefix: str, keep) -> Path:
+    """The files of llama.cpp's tree in the sdist whose path (relative to llama.cpp) `keep` accepts,
+    unpacked into a new temporary folder (the sdist fetched first when it is not cached)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    if not SDIST.is_file():
+        converter_dir(tmp)                # fetches the sdist
+    with tarfile.open(SDIST) as tf:
+        members = []
+        for m in tf.getmembers():
+            rel = m.name.split("/vendor/llama.cpp/", 1)[-1]
+            if keep(rel):
+                m.name = rel
+                members.append(m)
+        tf.extractall(tmp, members=members, filter="data")
+    return tmp
+
+
+def _run(code: str, what: str) -> None:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"{what}:\n{r.stderr[-3000:]}")
+
+
 def convert(src: Path, out: Path, outtype: str, tmp: Path, pre: str | None = None) -> Path:
     """Runs llama.cpp's converter on checkpoint `src` (outtype f32, f16, bf16, q8_0); `pre` names
     the pre-tokenizer of a tokenizer its hash table does not know."""
@@ -54,9 +78,7 @@ def convert(src: Path, out: Path, outtype: str, tmp: Path, pre: str | None = Non
     code = (f"import sys; sys.path[:0] = [{str(d)!r}, {str(d / 'gguf-py')!r}]; {patch}"
             f"import convert_hf_to_gguf as c; sys.argv = ['convert', {str(src)!r}, '--outfile', "
             f"{str(out)!r}, '--outtype', {outtype!r}]; c.main()")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(f"llama.cpp's converter failed on {src}:\n{r.stderr[-3000:]}")
+    _run(code, f"llama.cpp's converter failed on {src}")
     return out
 
 
@@ -67,7 +89,5 @@ def convert_lora(adapter: Path, base: Path, out: Path, outtype: str, tmp: Path) 
             f"import runpy; sys.argv = ['convert_lora', {str(adapter)!r}, '--base', "
             f"{str(base)!r}, '--outfile', {str(out)!r}, '--outtype', {outtype!r}]; "
             f"runpy.run_path({str(d / 'convert_lora_to_gguf.py')!r}, run_name='__main__')")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(f"llama.cpp's LoRA converter failed on {adapter}:\n{r.stderr[-3000:]}")
+    _run(code, f"llama.cpp's LoRA converter failed on {adapter}")
     return out

@@ -6,12 +6,10 @@ fetches it) into a temporary folder, once per process."""
 from __future__ import annotations
 
 import re
-import tarfile
-import tempfile
 from itertools import pairwise
 from pathlib import Path
 
-from .llama_cpp_convert import SDIST, converter_dir
+from .llama_cpp_convert import unpack_sdist
 
 _SEP = "\n__ggml_vocab_test__\n"
 _UNPACKED: dict[str, Path] = {}
@@ -19,18 +17,8 @@ _UNPACKED: dict[str, Path] = {}
 
 def _root() -> Path:
     if "root" not in _UNPACKED:
-        tmp = Path(tempfile.mkdtemp(prefix="llama_vocabs_"))
-        if not SDIST.is_file():
-            converter_dir(tmp)                # fetches the sdist
-        with tarfile.open(SDIST) as tf:
-            members = []
-            for m in tf.getmembers():
-                rel = m.name.split("/vendor/llama.cpp/", 1)[-1]
-                if rel.startswith("models/ggml-vocab-") or rel == "src/unicode-data.cpp":
-                    m.name = rel
-                    members.append(m)
-            tf.extractall(tmp, members=members, filter="data")
-        _UNPACKED["root"] = tmp
+        _UNPACKED["root"] = unpack_sdist(
+            "llama_vocabs_", lambda rel: rel.startswith("models/ggml-vocab-") or rel == "src/unicode-data.cpp")
     return _UNPACKED["root"]
 
 
