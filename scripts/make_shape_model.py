@@ -49,7 +49,7 @@ _LLAMA3_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_RX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_PRE = {"llama3": "llama-bpe", "qwen2": "qwen2", "gpt2": "gpt-2"}
+_PRE = {"llama3": "llama-bpe", "qwen2": "qwen2", "gpt2": "gpt-2", "gemma4": "default"}
 
 _LLAMA3_SPECIALS = (["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                      "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>",
@@ -143,6 +143,65 @@ SHAPES: dict[str, dict] = {
         "rope_scaling": None, "rope_theta": 5000000.0, "sliding_window": None, "use_sliding_window": False,
         "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 128256},
         "tokenizer": _LLAMA3_TOK, "edgeinfer": True},
+    # Hybrids and Gemma 4 (issues 25, 26): config.json as published (Qwen/Qwen3.5-0.8B's text part,
+    # LiquidAI/LFM2-1.2B, google/gemma-4-E2B's text part), field names as transformers 5's config
+    # classes read them. Their tensors come from that class's model built on the meta device
+    # ("from_model"), so every name and shape is the one transformers and both converters expect.
+    "qwen35-0.8b": {"config": {
+        "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "attention_bias": False,
+        "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": None, "eos_token_id": 248044,
+        "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 1024,
+        "initializer_range": 0.02, "intermediate_size": 3584,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+        "mamba_ssm_dtype": "float32", "mtp_num_hidden_layers": 1, "num_attention_heads": 8,
+        "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                            "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 248320},
+        # 248044 byte-level pieces, then the specials; the embedding has padding rows (as the real one)
+        "tokenizer": {**_QWEN_TOK, "n_base": 248044}, "edgeinfer": True, "from_model": True},
+    "lfm2-1.2b": {"config": {
+        "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "block_auto_adjust_ff_dim": True,
+        "block_dim": 2048, "block_ff_dim": 12288, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256,
+        "block_norm_eps": 1e-05, "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0, "conv_L_cache": 3,
+        "conv_bias": False, "conv_dim": 2048, "conv_dim_out": 2048, "hidden_size": 2048,
+        "intermediate_size": 12288,   # auto-adjusted: 2/3 x 12288 -> 8192 (a multiple of 256)
+        "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+        "layer_types": ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+        "max_position_embeddings": 128000, "norm_eps": 1e-05, "num_attention_heads": 32,
+        "num_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "rope_theta": 1000000.0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 65536},
+        "tokenizer": {"style": "llama3", "n_base": 65536 - 8,
+                      "front": ["<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>",
+                                "<|fim_suf|>", "<|im_start|>", "<|im_end|>"], "back": [],
+                      "bos": "<|startoftext|>", "eos": "<|im_end|>", "pad": "<|pad|>", "add_bos": True,
+                      "chat_template": _CHATML},
+        "edgeinfer": True, "from_model": True},
+    "gemma4-e2b": {"config": {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "attention_bias": False,
+        "attention_dropout": 0.0, "attention_k_eq_v": False, "bos_token_id": 2, "eos_token_id": 1,
+        "pad_token_id": 0, "enable_moe_block": False, "final_logit_softcapping": 30.0, "global_head_dim": 512,
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1536,
+        "hidden_size_per_layer_input": 256, "initializer_range": 0.02, "intermediate_size": 6144,
+        "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+        "max_position_embeddings": 131072, "num_attention_heads": 8, "num_global_key_value_heads": None,
+        "num_hidden_layers": 35, "num_key_value_heads": 1, "num_kv_shared_layers": 20, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                               "rope_type": "proportional"},
+                            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        "sliding_window": 512, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+        "use_double_wide_mlp": True, "vocab_size": 262144, "vocab_size_per_layer_input": 262144},
+        # Gemma 4's form: BPE over "▁"-spaces with <0xXX> byte fallback ("gemma4" in llama.cpp)
+        "tokenizer": {"style": "gemma4", "n_base": 262144 - 15,
+                      "front": ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"],
+                      "back": ["<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>", "<|tool_call>",
+                               "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>'],
+                      "bos": "<bos>", "eos": "<turn|>", "pad": "<pad>", "add_bos": True,
+                      "chat_template": _GEMMA_CHAT},
+        "edgeinfer": True, "from_model": True},
 }
 # Small shapes with the same structure, for tests (seconds to build and convert); larger
 # weights than the real shapes' 0.02 so that attention is peaked and the logits spread out,
@@ -171,11 +230,56 @@ The model reads its weights from memory for every token it decodes, so bandwidth
 """
 
 
+def _build_gemma4_tokenizer(spec: dict, out: Path) -> int:
+    """Gemma 4's form (tests/support/tiny_gemma4.py at full size): BPE over "▁"-spaces with
+    <0xXX> byte fallback; the front specials, the 256 byte pieces, pieces trained on a few
+    lines, synthetic merges (piece + one character) up to the real size, then the back specials."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    front, back, n_base = spec["front"], spec["back"], spec["n_base"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.train_from_iterator([_TEXT] * 4, trainers.BpeTrainer(vocab_size=1000, show_progress=False,
+                                                             special_tokens=list(front)))
+    tj = json.loads(tok.to_str())
+    trained = tj["model"]["vocab"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in tj["model"]["merges"]]
+    order = [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(trained, key=trained.get) if t not in front]
+    seen = set(order) | set(front)
+    chars = sorted(t for t in order if len(t) == 1)
+    i = 256
+    while len(order) < n_base:
+        a = order[i]
+        i += 1
+        for c in chars:
+            if a + c not in seen:
+                seen.add(a + c)
+                order.append(a + c)
+                merges.append((a, c))
+                if len(order) == n_base:
+                    break
+    vocab = {t: k for k, t in enumerate(list(front) + order)}
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in front])
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in back])
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {"tokenizer_class": "GemmaTokenizer", "bos_token": spec["bos"], "eos_token": spec["eos"],
+           "unk_token": "<unk>", "pad_token": spec["pad"], "add_bos_token": True, "add_eos_token": False,
+           "chat_template": spec["chat_template"], "extra_special_tokens": back[:3]}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    return len(front) + n_base + len(back)
+
+
 def build_tokenizer(spec: dict, out: Path) -> int:
     """Writes tokenizer.json + tokenizer_config.json; returns the number of tokens."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers, decoders, processors
 
     style, n_base = spec["style"], spec["n_base"]
+    if style == "gemma4":
+        return _build_gemma4_tokenizer(spec, out)
     tok = Tokenizer(models.BPE(ignore_merges=(style == "llama3")))
     bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=(style == "gpt2"))
     if style == "gpt2":
@@ -265,6 +369,56 @@ def _tensors(shape: dict, layer: int | None):
     return out
 
 
+def _model_tensors(shape: dict) -> list[tuple[int | None, str, tuple, str]]:
+    """(layer or None, name, shape, kind) of every tensor the transformers class of the config
+    holds (built on the meta device: no memory), tied heads left out. kind: "w" a matrix or conv,
+    "n" a norm or scalar (near 1), "b" any other vector (A_log, dt_bias: small)."""
+    import re
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    c = dict(shape["config"])
+    cfg = AutoConfig.for_model(c.pop("model_type"), **c)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    out = []
+    for tname, t in model.state_dict().items():
+        if tname == "lm_head.weight" and shape["config"].get("tie_word_embeddings"):
+            continue
+        m = re.search(r"\.layers\.(\d+)\.", tname)
+        kind = "w" if t.ndim >= 2 else "n" if ("norm" in tname or "scalar" in tname) else "b"
+        out.append((int(m.group(1)) if m else None, tname, tuple(t.shape), kind))
+    return out
+
+
+def _save_streaming(path: Path, tensors: list[tuple[str, tuple, str]], fill, chunk: int = 1 << 24) -> int:
+    """A bf16 safetensors file written in row blocks of at most `chunk` elements (the per-layer
+    embedding of Gemma 4 E2B is 4.7 GB in bf16); fill(kind, shape) -> a bf16 tensor. Bytes written."""
+    import numpy as np
+    import torch
+
+    header, off = {}, 0
+    for tname, tshape, _ in tensors:
+        n = int(np.prod(tshape)) * 2
+        header[tname] = {"dtype": "BF16", "shape": list(tshape), "data_offsets": [off, off + n]}
+        off += n
+    header["__metadata__"] = {"format": "pt"}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(path, "wb") as f:
+        f.write(len(hb).to_bytes(8, "little"))
+        f.write(hb)
+        for _, tshape, kind in tensors:
+            rows = tshape[0] if len(tshape) > 1 else 1
+            per_row = int(np.prod(tshape)) // rows
+            step = max(1, chunk // per_row)
+            for r0 in range(0, rows, step):
+                part = (min(step, rows - r0),) + tuple(tshape[1:]) if len(tshape) > 1 else tshape
+                f.write(fill(kind, part).contiguous().view(torch.int16).numpy().tobytes())
+    return off
+
+
 def build_checkpoint(name: str, out: Path, seed: int = 0, log=print) -> Path:
     """config.json, one bf16 safetensors shard per layer (+ one for the embedding), the index,
     and the tokenizer. Never holds more than one shard's tensors."""
@@ -280,9 +434,21 @@ def build_checkpoint(name: str, out: Path, seed: int = 0, log=print) -> Path:
     (out / "config.json").write_text(json.dumps(c, indent=1), encoding="utf-8")
     gen = torch.Generator().manual_seed(seed)
     std = shape.get("std", STD)
-    norm_center = 0.0 if shape.get("gemma") else 1.0   # Gemma's RMSNorm multiplies by (1 + w)
+    norm_center = 0.0 if shape.get("gemma") else 1.0   # Gemma 1-3's RMSNorm multiplies by (1 + w)
     groups = [None] + list(range(c["num_hidden_layers"]))
     weight_map, total = {}, 0
+    if shape.get("from_model"):
+        def fill(kind, tshape):
+            t = torch.randn(tshape, generator=gen, dtype=torch.bfloat16)
+            return t.mul_(std) if kind == "w" else t.mul_(0.1).add_(norm_center) if kind == "n" else t.mul_(0.1)
+
+        listed = _model_tensors(shape)
+        for gi, layer in enumerate(groups):
+            fname = f"model-{gi + 1:05d}-of-{len(groups):05d}.safetensors"
+            mine = [(n, sh, k) for lay, n, sh, k in listed if lay == layer]
+            total += _save_streaming(out / fname, mine, fill)
+            weight_map.update({n: fname for n, _, _ in mine})
+        groups = []
     for gi, layer in enumerate(groups):
         fname = f"model-{gi + 1:05d}-of-{len(groups):05d}.safetensors"
         tensors = {}
