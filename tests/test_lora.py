@@ -234,6 +234,7 @@ def test_server_routes_adapters(files, tmp_path):
 
         def complete(**kw):
             r = client.completions.create(prompt=TEXT, max_tokens=8, temperature=0, **kw)
+            assert r.model == kw["model"]           # the adapter's name when `model` named one
             return r.choices[0].text
 
         with_a = complete(model="a")

@@ -583,6 +583,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     if adapter is not None:
         req.lora.insert(0, {"name": adapter, "scale": 1.0})
+        req.adapter = adapter
     loop = asyncio.get_running_loop()
     route = state.registry.route(served) if not req.lora else [(served, None)]   # adapters are the model's own
     if req.prompt_ids is not None:   # token ids belong to one vocabulary: no fallback across vocabularies
@@ -696,7 +697,7 @@ class _Ctx:
         self.eng = served.engine
         self.id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self.model = served.name           # the model that serves it (the fallback's, when it fell back)
+        self.model = req.adapter or served.name   # the model that serves it (the fallback's, when it fell back)
         self.text_offset = [0] * req.n
 
     def usage(self, stats: list) -> dict:

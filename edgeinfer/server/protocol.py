@@ -266,6 +266,7 @@ class GenRequest:
     template_kwargs: dict = field(default_factory=dict)   # chat: extra chat-template variables
     reasoning_budget: int | None = None     # chat: most tokens of the thinking block (None: no bound)
     lora: list[dict] = field(default_factory=list)   # LoRA adapters: {"id" or "name", "scale"}
+    adapter: str | None = None              # `model` named this LoRA adapter: the reply's model
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -440,3 +441,4 @@ class MessagesBody(CountTokensBody):
     seed: int | None = None
     ignore_eos: bool | None = None
     logit_bias: dict | None = None
+    grammar: str | None = None         # a GBNF (or Lark) grammar the output follows
