@@ -268,3 +268,13 @@ def test_server_without_lora_dir_loads_nothing(files):
     with edgeinfer.load(str(files["llama.gguf"]), n_ctx=128, n_threads=2) as e, ServerThread(e) as srv:
         status, body = _post(srv.url + "/v1/lora-adapters", {"name": "a", "path": "a"})
         assert status == 501
+
+
+def test_speculative_lookup_with_an_adapter_gives_the_plain_tokens(files):
+    """Drafts are verified by the adapted model: an adapter request speculating gives its plain greedy run."""
+    prompt = TEXT + " " + TEXT          # repeats, so prompt lookup proposes drafts
+    with edgeinfer.load(str(files["llama.gguf"]), n_ctx=256, n_threads=2, loras={"a": str(files["a"])}) as e:
+        plain = e.generate(prompt, max_tokens=24, temperature=0, ignore_eos=True, lora="a")
+        spec = e.generate(prompt, max_tokens=24, temperature=0, ignore_eos=True, lora="a", speculative="lookup")
+    assert spec.stats.spec_proposed > 0
+    assert spec.tokens == plain.tokens
