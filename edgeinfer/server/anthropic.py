@@ -56,7 +56,7 @@ def _chat_body(b: CountTokensBody) -> dict:
         chat.update({k: v for k, v in (("max_tokens", b.max_tokens), ("stream", b.stream),
                                        ("temperature", b.temperature), ("top_p", b.top_p),
                                        ("top_k", b.top_k), ("seed", b.seed), ("ignore_eos", b.ignore_eos),
-                                       ("logit_bias", b.logit_bias)) if v is not None})
+                                       ("logit_bias", b.logit_bias), ("grammar", b.grammar)) if v is not None})
         if b.lora:
             chat["lora"] = [r.model_dump(exclude_none=True) for r in b.lora]
     if b.tools:
