@@ -591,6 +591,27 @@ static void test_activations(const path *p) {
     }
 }
 
+/* LoRA's up projection (lora_up.c): each path's kernel against the scalar loop, on widths that leave
+ * a SIMD tail, only columns [0, n) of a wider B^T, nothing past n written. */
+static void test_lora_up(const path *p) {
+    enum { R = 9, LD = 150 };
+    const int64_t sizes[] = {1, 15, 33, 143};
+    check(p->k.lora_up != NULL, "%s [%s]: kernel missing", "lora_up", p->name, 0);
+    if (!p->k.lora_up) return;
+    float bt[R * LD], c[R], got[LD], ref[LD];
+    for (int i = 0; i < R * LD; i++) bt[i] = rnd_unit();
+    for (int i = 0; i < R; i++) c[i] = 2 * rnd_unit();
+    for (int si = 0; si < 4; si++) {
+        const int64_t n = sizes[si];
+        for (int i = 0; i < LD; i++) got[i] = ref[i] = rnd_unit();
+        scalar_ref()->lora_up(n, R, c, bt, LD, ref);
+        p->k.lora_up(n, R, c, bt, LD, got);
+        const double e = nmse(got, ref, n);
+        check(e <= 1e-10, "%s [%s]: NMSE %.3g vs scalar", "lora_up", p->name, e);
+        check(!memcmp(got + n, ref + n, (LD - n) * sizeof(float)), "%s [%s]: wrote past n", "lora_up", p->name, 0);
+    }
+}
+
 /* The F16 KV rows: each path's converter against the scalar one, bit for bit (specials,
  * ties, a NaN with a payload), on a length that leaves a SIMD tail. */
 static void test_to_f16(const path *p) {
@@ -644,6 +665,7 @@ int main(int argc, char **argv) {
         rng_state = 0x9e3779b97f4a7c15ULL;
         test_quantize_act(&paths[pi]);
         test_activations(&paths[pi]);
+        test_lora_up(&paths[pi]);
         test_to_f16(&paths[pi]);
         for (int ti = 0; ti < N_TYPES; ti++) test_type(&TYPES[ti], &paths[pi]);
         int before = n_fail;
