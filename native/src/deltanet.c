@@ -1,5 +1,7 @@
 /* Qwen3.5's Gated DeltaNet kernels (deltanet.h): the bodies live once in deltanet_impl.h,
- * included here per ISA over that ISA's vector primitives; the scalar ones are the reference. */
+ * included here per ISA over that ISA's vector primitives; the scalar ones are the reference.
+ * The chunked form's matrix products (gemm) are deltanet_gemm.h's register-tiled loop over the
+ * ISA's vector type (VT ... GEMM_NV below); the tile sizes fit each ISA's register file. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +28,31 @@ static inline float dot_scalar(int64_t n, const float *x, const float *y) {
 static inline void gate_rows_scalar(int64_t n, float r, float *x, const float *w, const float *g) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * r * w[i] * silu1(g[i]);
 }
+static inline void decay_scalar(int64_t n, float ci, const float *c, float s, float *x) {
+    for (int64_t j = 0; j < n; j++) x[j] *= s * expf(ci - c[j]);
+}
+#define VT float
+#define VW 1
+#define VLD(p) (*(p))
+#define VST(p, x) (*(p) = (x))
+#define VSET1(a) (a)
+#define VZERO() 0.0f
+#define VFMA(a, b, c) ((c) + (a) * (b))
+#define GEMM_MR 4
+#define GEMM_NV 4
 #define SFX scalar
 #define TGT
+#include "deltanet_gemm.h"
 #include "deltanet_impl.h"
+#undef VT
+#undef VW
+#undef VLD
+#undef VST
+#undef VSET1
+#undef VZERO
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV
 #undef SFX
 #undef TGT
 
@@ -65,9 +89,37 @@ static inline A2 void gate_rows_avx2(int64_t n, float r, float *x, const float *
     }
     for (; i < n; i++) x[i] = x[i] * r * w[i] * silu1(g[i]);
 }
+static inline A2 void decay_avx2(int64_t n, float ci, const float *c, float s, float *x) {
+    const __m256 civ = _mm256_set1_ps(ci), sv = _mm256_set1_ps(s);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(civ, _mm256_loadu_ps(c + j)));
+        _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_mul_ps(sv, e)));
+    }
+    for (; j < n; j++) x[j] *= s * expf(ci - c[j]);
+}
+#define VT __m256
+#define VW 8
+#define VLD(p) _mm256_loadu_ps(p)
+#define VST(p, x) _mm256_storeu_ps(p, x)
+#define VSET1(a) _mm256_set1_ps(a)
+#define VZERO() _mm256_setzero_ps()
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define GEMM_MR 6   /* 12 accumulators + 2 rows of B + 1 broadcast of 16 registers */
+#define GEMM_NV 2
 #define SFX avx2
 #define TGT A2
+#include "deltanet_gemm.h"
 #include "deltanet_impl.h"
+#undef VT
+#undef VW
+#undef VLD
+#undef VST
+#undef VSET1
+#undef VZERO
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV
 #undef SFX
 #undef TGT
 
@@ -106,9 +158,36 @@ static inline A5 void gate_rows_avx512(int64_t n, float r, float *x, const float
                                                       _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), s)));
     }
 }
+static inline A5 void decay_avx512(int64_t n, float ci, const float *c, float s, float *x) {
+    const __m512 civ = _mm512_set1_ps(ci), sv = _mm512_set1_ps(s);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = tail16(n - j);
+        const __m512 e = exp16(_mm512_sub_ps(civ, _mm512_maskz_loadu_ps(m, c + j)));
+        _mm512_mask_storeu_ps(x + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), _mm512_mul_ps(sv, e)));
+    }
+}
+#define VT __m512
+#define VW 16
+#define VLD(p) _mm512_loadu_ps(p)
+#define VST(p, x) _mm512_storeu_ps(p, x)
+#define VSET1(a) _mm512_set1_ps(a)
+#define VZERO() _mm512_setzero_ps()
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define GEMM_MR 6   /* 24 accumulators + 4 rows of B + 1 broadcast of 32 registers */
+#define GEMM_NV 4
 #define SFX avx512
 #define TGT A5
+#include "deltanet_gemm.h"
 #include "deltanet_impl.h"
+#undef VT
+#undef VW
+#undef VLD
+#undef VST
+#undef VSET1
+#undef VZERO
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV
 #undef SFX
 #undef TGT
 #endif
@@ -143,9 +222,35 @@ static inline void gate_rows_neon(int64_t n, float r, float *x, const float *w, 
     }
     for (; i < n; i++) x[i] = x[i] * r * w[i] * silu1(g[i]);
 }
+static inline void decay_neon(int64_t n, float ci, const float *c, float s, float *x) {
+    const float32x4_t civ = vdupq_n_f32(ci);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        vst1q_f32(x + j, vmulq_f32(vld1q_f32(x + j), vmulq_n_f32(exp4(vsubq_f32(civ, vld1q_f32(c + j))), s)));
+    for (; j < n; j++) x[j] *= s * expf(ci - c[j]);
+}
+#define VT float32x4_t
+#define VW 4
+#define VLD(p) vld1q_f32(p)
+#define VST(p, x) vst1q_f32(p, x)
+#define VSET1(a) vdupq_n_f32(a)
+#define VZERO() vdupq_n_f32(0.0f)
+#define VFMA(a, b, c) vfmaq_f32(c, a, b)
+#define GEMM_MR 6   /* 24 accumulators + 4 rows of B + 1 broadcast of 32 registers */
+#define GEMM_NV 4
 #define SFX neon
 #define TGT
+#include "deltanet_gemm.h"
 #include "deltanet_impl.h"
+#undef VT
+#undef VW
+#undef VLD
+#undef VST
+#undef VSET1
+#undef VZERO
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV
 #undef SFX
 #undef TGT
 #endif
@@ -160,7 +265,7 @@ ei_status ei_kernel_delta_rule(int isa, int chunk, const float *q, const float *
         return ei_fail(EI_ERR_INVALID_ARG, "kernel_delta_rule: bad arguments");
     const ei_kernels *kt = ei_kernels_get(isa);
     if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
-    float *scratch = malloc((size_t)ei_delta_scratch_floats(chunk, dv) * sizeof(float));
+    float *scratch = malloc((size_t)ei_delta_scratch_floats(chunk, dk, dv) * sizeof(float));
     if (!scratch) return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_delta_rule: out of memory");
     for (int h = 0; h < n_heads; h++) {
         const int kh = h % n_k_heads;   /* tiled value heads */

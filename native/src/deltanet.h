@@ -16,10 +16,14 @@ typedef struct {
 } ei_delta_head;
 
 /* chunk: tokens per chunk (the chunked form; ignored token by token); scratch holds
- * ei_delta_scratch_floats(chunk, dv) floats. */
+ * ei_delta_scratch_floats(chunk, dk, dv) floats. */
 typedef void (*ei_delta_fn)(const ei_delta_head *a, int chunk, float *scratch);
-static inline int64_t ei_delta_scratch_floats(int chunk, int dv) {
-    return (int64_t)(chunk > 1 ? chunk : 1) * (dv + 1);
+/* The chunked form's row length of its chunk x chunk products and of K^T: whole vectors of every ISA. */
+static inline int64_t ei_delta_chunk_pad(int chunk) { return ((int64_t)(chunk > 1 ? chunk : 1) + 15) / 16 * 16; }
+/* u [chunk][dv]; c, w [pad]; K^T [dk][pad]; one chunk x chunk product [chunk][pad] (>= dv for the step) */
+static inline int64_t ei_delta_scratch_floats(int chunk, int dk, int dv) {
+    const int64_t m = chunk > 1 ? chunk : 1, pad = ei_delta_chunk_pad(chunk);
+    return m * dv + pad * (2 + dk + m);
 }
 
 /* x[r] = x[r] * scale / sqrt(sum x[r]^2 + eps) for n_rows rows of d floats. */

@@ -1,7 +1,9 @@
 /* The Gated DeltaNet kernels' bodies (deltanet.h), written once over four vector primitives
- * that deltanet.c defines per ISA before each inclusion:
+ * (and two for the chunked form's products) that deltanet.c defines per ISA before each inclusion:
  *   axpy(n, a, x, y): y += a x     scale(n, a, y): y *= a     dot(n, x, y): sum x y
  *   gate_rows(n, r, x, w, g): x = x r w silu(g)
+ *   decay(n, ci, c, s, x): x[j] *= s exp(ci - c[j])
+ *   gemm(M, N, K, A, sa, sp, B, ldb, C, ldc, acc): C (+)= A B, a(i, p) = A[i sa + p sp] (deltanet_gemm.h)
  * and SFX (the name suffix) and TGT (the target attribute). No include guard: included once per ISA. */
 #define DN_CAT2(a, b) a##_##b
 #define DN_CAT(a, b) DN_CAT2(a, b)
@@ -36,42 +38,70 @@ TGT void DN(ei_delta_step)(const ei_delta_head *a, int chunk, float *scratch) {
  *   u_i = beta_i (v_i - exp(c_i) S0^T k_i) - sum_{j<i} beta_i exp(c_i - c_j) (k_i.k_j) u_j
  *   o_i = exp(c_i) S0^T q_i + sum_{j<=i} exp(c_i - c_j) (q_i.k_j) u_j
  *   S   = exp(c_last) S0 + sum_j exp(c_last - c_j) k_j u_j^T
- * Every exponent is <= 0 (g <= 0), so nothing overflows. scratch: u [C][dv], then c [C]. */
+ * as small matrix products (gemm): U = K S0 and O = Q S0 [m x dk][dk x dv], the m x m K K^T and
+ * Q K^T (by blocks of DN_BLOCK rows, lower triangle only), the forward substitution by blocks
+ * (the rows before a block in one product, then the block's own rows), O += P U, and
+ * S = e S0 + K^T (w U) [dk x m][m x dv]. Every exponent is <= 0 (g <= 0), so nothing overflows.
+ * scratch (deltanet.h): u [C][dv], c [pad], w [pad], K^T [dk][pad] (zero past m), A [C][pad]. */
+#ifndef DN_BLOCK
+#define DN_BLOCK 16
+#endif
 TGT void DN(ei_delta_chunked)(const ei_delta_head *a, int chunk, float *scratch) {
     const int dk = a->dk, dv = a->dv;
-    float *S = a->state, *u = scratch, *c = scratch + (int64_t)chunk * dv;
+    const int64_t pad = ei_delta_chunk_pad(chunk), ld = a->ld_qk, ldo = a->ld_o;
+    float *S = a->state, *u = scratch, *c = u + (int64_t)chunk * dv, *w = c + pad, *kt = w + pad;
+    float *am = kt + (int64_t)dk * pad;
     for (int64_t c0 = 0; c0 < a->n_tok; c0 += chunk) {
         const int m = (int)(a->n_tok - c0 < chunk ? a->n_tok - c0 : chunk);
-        const float *q0 = a->q + c0 * a->ld_qk, *k0 = a->k + c0 * a->ld_qk;
+        const float *q0 = a->q + c0 * ld, *k0 = a->k + c0 * ld, *g0 = a->g + c0 * a->ld_gb, *b0 = a->beta + c0 * a->ld_gb;
+        float *o0 = a->o + c0 * ldo;
         float acc = 0.0f;
-        for (int i = 0; i < m; i++) c[i] = acc += a->g[(c0 + i) * a->ld_gb];
-        /* u_i = beta_i v_i - beta_i exp(c_i) S0^T k_i;  o_i = exp(c_i) S0^T q_i (row p of S0 read once) */
-        memset(u, 0, (size_t)m * dv * sizeof(float));
-        for (int i = 0; i < m; i++) memset(a->o + (c0 + i) * a->ld_o, 0, (size_t)dv * sizeof(float));
-        for (int p = 0; p < dk; p++)
-            for (int i = 0; i < m; i++) {
-                DN(axpy)(dv, k0[i * a->ld_qk + p], S + (int64_t)p * dv, u + (int64_t)i * dv);
-                DN(axpy)(dv, q0[i * a->ld_qk + p], S + (int64_t)p * dv, a->o + (c0 + i) * a->ld_o);
-            }
-        for (int i = 0; i < m; i++) {
-            const float beta = a->beta[(c0 + i) * a->ld_gb], e = expf(c[i]);
-            float *ui = u + (int64_t)i * dv, *oi = a->o + (c0 + i) * a->ld_o;
-            const float *ki = k0 + i * a->ld_qk, *qi = q0 + i * a->ld_qk;
-            DN(scale)(dv, -beta * e, ui);
-            DN(axpy)(dv, beta, a->v + (c0 + i) * a->ld_v, ui);
-            for (int j = 0; j < i; j++)   /* forward substitution: u_j is final */
-                DN(axpy)(dv, -beta * expf(c[i] - c[j]) * DN(dot)(dk, ki, k0 + j * a->ld_qk), u + (int64_t)j * dv, ui);
-            DN(scale)(dv, e, oi);
-            for (int j = 0; j <= i; j++)
-                DN(axpy)(dv, expf(c[i] - c[j]) * DN(dot)(dk, qi, k0 + j * a->ld_qk), u + (int64_t)j * dv, oi);
-        }
-        const float last = c[m - 1];
-        for (int j = 0; j < m; j++) c[j] = expf(last - c[j]);
+        for (int i = 0; i < m; i++) c[i] = acc += g0[i * a->ld_gb];
         for (int p = 0; p < dk; p++) {
-            float *Sp = S + (int64_t)p * dv;
-            DN(scale)(dv, expf(last), Sp);
-            for (int j = 0; j < m; j++) DN(axpy)(dv, c[j] * k0[j * a->ld_qk + p], u + (int64_t)j * dv, Sp);
+            float *row = kt + p * pad;
+            for (int j = 0; j < m; j++) row[j] = k0[j * ld + p];
+            for (int j = m; j < pad; j++) row[j] = 0.0f;
         }
+        /* u_i = beta_i v_i - beta_i exp(c_i) S0^T k_i;  o_i = exp(c_i) S0^T q_i */
+        DN(gemm)(m, dv, dk, k0, ld, 1, S, dv, u, dv, 0);
+        DN(gemm)(m, dv, dk, q0, ld, 1, S, dv, o0, ldo, 0);
+        for (int i = 0; i < m; i++) {
+            const float beta = b0[i * a->ld_gb], e = expf(c[i]);
+            DN(scale)(dv, -beta * e, u + (int64_t)i * dv);
+            DN(axpy)(dv, beta, a->v + (c0 + i) * a->ld_v, u + (int64_t)i * dv);
+            DN(scale)(dv, e, o0 + i * ldo);
+        }
+        /* forward substitution: A_ij = -beta_i exp(c_i - c_j) (k_i.k_j), j < i; u_i += sum_j A_ij u_j */
+        for (int i0 = 0; i0 < m; i0 += DN_BLOCK) {
+            const int r = m - i0 < DN_BLOCK ? m - i0 : DN_BLOCK;
+            const int64_t ncol = (i0 + r + 15) / 16 * 16 < pad ? (i0 + r + 15) / 16 * 16 : pad;
+            float *ab = am + (int64_t)i0 * pad, *ub = u + (int64_t)i0 * dv;
+            DN(gemm)(r, ncol, dk, k0 + i0 * ld, ld, 1, kt, pad, ab, pad, 0);
+            for (int i = i0; i < i0 + r; i++) DN(decay)(i, c[i], c, -b0[i * a->ld_gb], am + (int64_t)i * pad);
+            if (i0) DN(gemm)(r, dv, i0, ab, pad, 1, u, dv, ub, dv, 1);
+            for (int i = i0 + 1; i < i0 + r; i++)   /* the block's own earlier rows, final by now */
+                for (int j = i0; j < i; j++) DN(axpy)(dv, am[(int64_t)i * pad + j], u + (int64_t)j * dv, u + (int64_t)i * dv);
+        }
+        /* o_i += sum_{j<=i} P_ij u_j, P_ij = exp(c_i - c_j) (q_i.k_j) (0 for j > i) */
+        for (int i0 = 0; i0 < m; i0 += DN_BLOCK) {
+            const int r = m - i0 < DN_BLOCK ? m - i0 : DN_BLOCK;
+            const int64_t ncol = (i0 + r + 15) / 16 * 16 < pad ? (i0 + r + 15) / 16 * 16 : pad;
+            float *pb = am + (int64_t)i0 * pad;
+            DN(gemm)(r, ncol, dk, q0 + i0 * ld, ld, 1, kt, pad, pb, pad, 0);
+            for (int i = i0; i < i0 + r; i++) {
+                float *pi = am + (int64_t)i * pad;
+                DN(decay)(i + 1, c[i], c, 1.0f, pi);
+                for (int j = i + 1; j < i0 + r; j++) pi[j] = 0.0f;
+            }
+            DN(gemm)(r, dv, i0 + r, pb, pad, 1, u, dv, o0 + i0 * ldo, ldo, 1);
+        }
+        /* S = exp(c_last) S0 + K^T (w U), w_j = exp(c_last - c_j) */
+        const float last = c[m - 1];
+        for (int j = 0; j < m; j++) w[j] = 1.0f;
+        DN(decay)(m, last, c, 1.0f, w);
+        for (int j = 0; j < m; j++) DN(scale)(dv, w[j], u + (int64_t)j * dv);
+        DN(scale)((int64_t)dk * dv, expf(last), S);
+        DN(gemm)(dk, dv, m, kt, pad, 1, u, dv, S, dv, 1);
     }
 }
 

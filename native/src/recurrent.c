@@ -51,7 +51,7 @@ int64_t ei_deltanet_scratch_floats(const ei_runtime *rt) {
     if (!c->ssm_head_dim) return 0;
     const int64_t B = rt->p.max_batch;
     return B * (2 * ei_deltanet_conv_dim(c) + 2 * ei_deltanet_inner(c) + 2 * c->ssm_v_heads) +
-           c->ssm_v_heads * ei_delta_scratch_floats(DELTA_CHUNK, c->ssm_head_dim);
+           c->ssm_v_heads * ei_delta_scratch_floats(DELTA_CHUNK, c->ssm_head_dim, c->ssm_head_dim);
 }
 
 typedef struct {
@@ -68,7 +68,7 @@ static void delta_head(void *raw, int64_t h) {
     ei_delta_head a = t->head;
     a.q += kh * d, a.k += kh * d, a.v += h * d, a.g += h, a.beta += h, a.o += h * d, a.state += h * d * d;
     (t->chunk ? t->rt->kt->delta_chunked : t->rt->kt->delta_step)(&a, t->chunk,
-                                                                  t->scratch + h * ei_delta_scratch_floats(DELTA_CHUNK, (int)d));
+                                                                  t->scratch + h * ei_delta_scratch_floats(DELTA_CHUNK, (int)d, (int)d));
 }
 
 static float softplus1(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
