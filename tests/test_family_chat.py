@@ -76,10 +76,10 @@ def chat(family: str, args: dict, reasoning: str | None = "Need the weather tool
     return head, head + [turn]
 
 
-def render(src: str, msgs: list, gen: bool) -> str:
-    ours = ChatTemplate(src, bos_token="<bos>").render(msgs, add_generation_prompt=gen, tools=TOOLS,
+def render(src: str, msgs: list, gen: bool, tools: list = TOOLS) -> str:
+    ours = ChatTemplate(src, bos_token="<bos>").render(msgs, add_generation_prompt=gen, tools=tools,
                                                       enable_thinking=True)
-    hf = render_jinja_template([msgs], tools=TOOLS, chat_template=src, add_generation_prompt=gen,
+    hf = render_jinja_template([msgs], tools=tools, chat_template=src, add_generation_prompt=gen,
                                enable_thinking=True, bos_token="<bos>")
     hf = hf[0][0] if isinstance(hf, tuple) else hf[0]
     assert ours == hf, "our sandbox renders the template as transformers does"

@@ -86,6 +86,19 @@ class GrammarSpec:
     "json_schema", "regex", "lark", "gbnf")."""
     kind: str
     grammar: str
+    # special-token markers of a Lark grammar (a forced tool call's): rule `mk{i}` is the text
+    # markers[i], which `for_tokenizer` turns into that token where the vocabulary has it
+    markers: tuple[str, ...] = ()
+
+    def for_tokenizer(self, tok: "Tokenizer") -> str:
+        """The grammar for `tok`: each marker its one special token (text cannot spell a
+        special token: the model writes the marker as that token), else the marker's text."""
+        g = self.grammar
+        for i, m in enumerate(self.markers):
+            ids = tok.encode(m, add_special=False, parse_special=True)
+            if len(ids) == 1 and tok._attrs[ids[0]] & _ATTR_SPECIAL_MASK:
+                g = g.replace(f"\nmk{i}: {json.dumps(m)}\n", f"\nmk{i}: <[{ids[0]}]>\n")
+        return g
 
     def __repr__(self) -> str:
         return f"GrammarSpec({self.kind}, {len(self.grammar)} chars)"
@@ -258,7 +271,7 @@ class Constraint:
         ll = _ll()
         self.spec = spec
         self.lltok = ll_tokenizer(tokenizer)
-        self.matcher = ll.LLMatcher(self.lltok, spec.grammar, log_level=0)
+        self.matcher = ll.LLMatcher(self.lltok, spec.for_tokenizer(tokenizer), log_level=0)
         if self.matcher.is_error():
             raise ConstraintError(f"invalid {spec.kind}: {self.matcher.get_error()}")
         self.n_words = self.lltok.vocab_size

@@ -717,6 +717,313 @@ _WRITERS = {
 }
 
 
+# --------------------------------------------------------------------------- forced calls
+
+def _forced_spec(fmt: str, tools: list[dict], only: str | None) -> GrammarSpec:
+    """The grammar of one call (tool_choice "required": of any function; named: of that one)
+    as the family's template writes it, each function's arguments typed by its JSON Schema."""
+    if fmt in ("json", "generic"):
+        schema = {**_call_schema(tools, only), "x-guidance": JSON_STYLE}
+        if fmt == "generic":
+            schema = {"type": "object", "additionalProperties": False, "required": ["tool_call"],
+                      "properties": {"tool_call": schema}}
+        return grammar_spec(json_schema=schema)
+    return _CallGrammar(_BY_NAME[fmt]).spec([t["function"] for t in tools if only in (None, t["function"]["name"])])
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
+_ANNOTATIONS = {"type", "description", "title", "default", "examples", "format", "nullable", "deprecated",
+                "readOnly", "writeOnly", "$comment", "$schema", "$id", "$defs", "definitions"}
+# what each Gemma value kind can say beyond its type (other keywords: ConstraintError)
+_GEMMA_KEYS = {"string": {"minLength", "maxLength", "pattern"}, "array": {"items", "minItems", "maxItems"},
+               "object": {"properties", "required", "additionalProperties"},
+               "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}}
+_GEMMA_KEYS["number"] = _GEMMA_KEYS["integer"]
+_TYPED_KEYS = set().union(*_GEMMA_KEYS.values())
+
+
+class _CallGrammar:
+    """A Lark grammar (llguidance) of one forced call in a format with call markers. The
+    markers are rules mk0, mk1, ... spelled as text here; GrammarSpec.for_tokenizer makes each
+    the vocabulary's special token where it has one (the grammar's text literals cannot). Values
+    are written as the family's template writes them, so that they parse back typed:
+      hermes   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+      xml      <tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n</tool_call>
+               (a string as its text; True / False / None; anything else JSON)
+      pythonic <|tool_call_start|>[f(k="x", n=1, b=True)]<|tool_call_end|>  (JSON values, Python's
+               True / False / None)
+      gemma    <|tool_call>call:f{k:<|"|>x<|"|>,n:1}<tool_call|>  (keys in the template's
+               dictsort order, bare; strings between <|"|>; true / false / None)"""
+
+    def __init__(self, fmt: CallFormat):
+        self.fmt = fmt
+        self.rules: list[str] = []
+        self.markers: list[str] = []
+        self.n = 0
+        self.any: str | None = None
+
+    # ---- building blocks
+
+    def mark(self, text: str) -> str:
+        if text not in self.markers:
+            self.markers.append(text)
+        return f"mk{self.markers.index(text)}"
+
+    def rule(self, body: str, terminal: bool = False) -> str:
+        name = f"{'T' if terminal else 'r'}{self.n}"
+        self.n += 1
+        self.rules.append(f"{name}: {body}")
+        return name
+
+    @staticmethod
+    def lit(text: str) -> str:
+        return json.dumps(text, ensure_ascii=False)
+
+    def json(self, schema: Any, root: Mapping) -> str:
+        return self.rule("%json " + json.dumps({**_with_defs(schema, root), "x-guidance": JSON_STYLE}))
+
+    def text(self, schema: Mapping, forbid: str, lo_min: int = 0) -> str | None:
+        """A terminal of the text of a string (its length and pattern), never holding `forbid`;
+        None when it can only be empty."""
+        lo = max(int(schema.get("minLength", 0)), lo_min)
+        hi = schema.get("maxLength")
+        if hi is not None and int(hi) < lo:
+            return None
+        body = f"/(?s:.){{{lo},{'' if hi is None else int(hi)}}}/ & ~/(?s:.*){_rx(forbid)}(?s:.*)/"
+        if isinstance(schema.get("pattern"), str):
+            body += " & /" + _anchored(schema["pattern"]) + "/"
+        return self.rule(body, terminal=True)
+
+    def seq(self, items: list[tuple[str, bool]], sep: str) -> str | None:
+        """The items in order, each (rule, required), `sep` between those written; None: empty."""
+        memo: dict[tuple[int, bool], str | None] = {}
+
+        def tail(i: int, first: bool) -> str | None:
+            if i == len(items):
+                return None
+            if (i, first) not in memo:
+                r, required = items[i]
+                head = r if first or not sep else f"{self.lit(sep)} {r}"
+                rest = tail(i + 1, False)
+                take = head if rest is None else f"{head} {rest}"
+                skip = None if required else tail(i + 1, first)
+                body = take if required else (f"({take})?" if skip is None else f"{take} | {skip}")
+                memo[(i, first)] = self.rule(body)
+            return memo[(i, first)]
+
+        return tail(0, True)
+
+    # ---- the call
+
+    def spec(self, funcs: list[dict]) -> GrammarSpec:
+        fmt = self.fmt
+        if fmt.body == "json":
+            schema = {**_call_schema([{"function": f} for f in funcs], None), "x-guidance": JSON_STYLE}
+            start = f'{self.mark(fmt.open)} "\\n" {self.rule("%json " + json.dumps(schema))} "\\n" {self.mark(fmt.close)}'
+        else:
+            calls = " | ".join(self.function(f) for f in funcs)
+            start = f"{self.mark(fmt.open)} {self.rule(calls)} {self.mark(fmt.close)}"
+        lines = [f"start: {start}", *self.rules, *(f"mk{i}: {self.lit(m)}" for i, m in enumerate(self.markers))]
+        spec = grammar_spec(grammar={"type": "lark", "grammar": "\n".join(lines) + "\n"})
+        return GrammarSpec(spec.kind, spec.grammar, tuple(self.markers))
+
+    def function(self, f: dict) -> str:
+        root = tight_schema(f["parameters"])
+        params = _resolve(root, root)
+        props = dict(params.get("properties") or {})
+        required = [k for k in params.get("required") or () if isinstance(k, str)]
+        for k in required:
+            props.setdefault(k, {})
+        name, body = f["name"], self.fmt.body
+        keys = sorted(props, key=lambda k: (k.lower(), k)) if body == "gemma" else list(props)
+        items = [(self.arg(k, _resolve(props[k], root), root), k in required) for k in keys]
+        if body == "xml":
+            args = self.seq(items, "")
+            return f'{self.lit(chr(10) + "<function=" + name + ">" + chr(10))} {args or ""} "</function>\\n"'
+        args = self.seq(items, ", " if body == "pythonic" else ",")
+        if body == "pythonic":
+            return f'"[" {self.lit(name + "(")} {args or ""} ")]"'
+        return f'{self.lit("call:" + name + "{")} {args or ""} "}}"'
+
+    def arg(self, key: str, s: Mapping, root: Mapping) -> str:
+        body = self.fmt.body
+        if body == "xml":
+            head = self.lit(f"<parameter={key}>\n")
+            close = "\n</parameter>\n"
+            types = _types(s)
+            if "enum" in s or "const" in s:
+                vals = s["enum"] if "enum" in s else [s["const"]]
+                value = "(" + " | ".join(self.lit(_xml_text(v, types == {"string"}) + close) for v in vals) + ")"
+            elif types == {"string"}:     # its text, then the closing tag (one lexeme: no text holds it)
+                t = self.text(s, "</parameter>")
+                value = self.rule(f"{t} {self.lit(close)}", terminal=True) if t else self.lit(close)
+            elif types and types <= {"boolean", "null"}:
+                value = f'({" | ".join(_PY_LITS[t] for t in sorted(types))}) {self.lit(close)}'
+            else:
+                value = f"{self.json(s, root)} {self.lit(close)}"
+            return self.rule(f"{head} {value}")
+        if body == "pythonic":
+            types = _types(s)
+            if types and types <= {"boolean", "null"} and "enum" not in s and "const" not in s:
+                value = f'({" | ".join(_PY_LITS[t] for t in sorted(types))})'
+            else:
+                value = self.json(s, root)
+            return self.rule(f"{self.lit(key + '=')} {value}")
+        k = key if _BARE_KEY.fullmatch(key) else None
+        key_rule = self.lit(k + ":") if k else f'{self.quote()} {self.lit(key)} {self.quote()} ":"'
+        return self.rule(f"{key_rule} {self.gemma(s, root, 0)}")
+
+    # ---- Gemma 4's values
+
+    def quote(self) -> str:
+        return self.mark(_Values.GEMMA_QUOTE)
+
+    def gemma(self, s: Any, root: Mapping, depth: int) -> str:
+        if depth > 32:
+            raise ConstraintError("a tool's parameters nest too deeply for the gemma4 call grammar")
+        s = _resolve(s, root)
+        if s is True or s == {} or not isinstance(s, Mapping):
+            return self.gemma_any()
+        if "enum" in s or "const" in s:
+            vals = s["enum"] if "enum" in s else [s["const"]]
+            return self.rule(" | ".join(self.gemma_lit(v) for v in vals))
+        for k in ("anyOf", "oneOf"):
+            if k in s:
+                rest = {x: y for x, y in s.items() if x != k}
+                return self.rule(" | ".join(self.gemma({**rest, **_resolve(a, root)}, root, depth + 1)
+                                            for a in s[k]))
+        types = sorted(_types(s)) or ["any"]
+        if len(types) > 1:
+            # each type with the keywords that apply to it (JSON Schema's: `minimum` says nothing of null)
+            return self.rule(" | ".join(self.gemma({**{k: v for k, v in s.items() if k not in _TYPED_KEYS
+                                                       or k in _GEMMA_KEYS.get(t, ())}, "type": t},
+                                                   root, depth + 1) for t in types))
+        t = types[0]
+        extra = set(s) - _ANNOTATIONS - _GEMMA_KEYS.get(t, set())
+        if t == "any" or extra:
+            if extra or set(s) - _ANNOTATIONS:
+                raise ConstraintError(f"the gemma4 call grammar cannot express {sorted(extra or set(s) - _ANNOTATIONS)} "
+                                      "in a tool's parameters")
+            return self.gemma_any()
+        if t == "string":
+            q, body = self.quote(), self.text(s, _Values.GEMMA_QUOTE, 1)
+            empty = s.get("minLength", 0) == 0
+            inner = "" if body is None else (f"{body}?" if empty else body)
+            return self.rule(f"{q} {inner} {q}")
+        if t in ("integer", "number"):
+            return self.json(s, root)
+        if t in ("boolean", "null"):
+            return self.rule('"true" | "false"' if t == "boolean" else '"None"')
+        if t == "array":
+            item = self.gemma(s.get("items", {}), root, depth + 1)
+            lo, hi = int(s.get("minItems", 0)), s.get("maxItems")
+            if hi is not None and int(hi) == 0:
+                return self.rule('"[" "]"')
+            more = f'("," {item}){{{max(lo - 1, 0)},{"" if hi is None else int(hi) - 1}}}'
+            return self.rule(f'"[" {item} {more} "]"' if lo > 0 else f'"[" ({item} {more})? "]"')
+        props = dict(s.get("properties") or {})
+        required = [k for k in s.get("required") or () if isinstance(k, str)]
+        for k in required:
+            props.setdefault(k, {})
+        if not props and s.get("additionalProperties", True) is not False:
+            return self.gemma_obj()
+        items = []
+        for k in sorted(props, key=lambda k: (k.lower(), k)):
+            key_rule = self.lit(k + ":") if _BARE_KEY.fullmatch(k) else \
+                f'{self.quote()} {self.lit(k)} {self.quote()} ":"'
+            items.append((self.rule(f"{key_rule} {self.gemma(props[k], root, depth + 1)}"), k in required))
+        inner = self.seq(items, ",")
+        return self.rule(f'"{{" {inner or ""} "}}"')
+
+    def gemma_lit(self, v: Any) -> str:
+        if isinstance(v, str):
+            return f"{self.quote()} {self.lit(v)} {self.quote()}" if v else f"{self.quote()} {self.quote()}"
+        if isinstance(v, bool) or v is None:
+            return self.lit("true" if v is True else "false" if v is False else "None")
+        if isinstance(v, (int, float)):
+            return self.lit(json.dumps(v))
+        if isinstance(v, list):
+            return '"[" ' + ' "," '.join(self.gemma_lit(x) for x in v) + ' "]"'
+        if isinstance(v, Mapping):
+            return '"{" ' + ' "," '.join(self.lit(f"{k}:") + " " + self.gemma_lit(v[k])
+                                         for k in sorted(v, key=lambda k: (k.lower(), k))) + ' "}"'
+        raise ConstraintError(f"a tool's enum holds {v!r}, which is not JSON")
+
+    def gemma_any(self) -> str:
+        if self.any is None:
+            self.any = "gany"
+            q = self.quote()
+            text = self.text({}, _Values.GEMMA_QUOTE, 1)
+            self.rules += [
+                f'gany: {q} {text}? {q} | GNUM | "true" | "false" | "None" | garr | gobj',
+                'garr: "[" (gany ("," gany)*)? "]"',
+                'gobj: "{" (GKEY ":" gany ("," GKEY ":" gany)*)? "}"',
+                r"GKEY: /[A-Za-z0-9_.\-]+/",
+                r"GNUM: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"]
+        return self.any
+
+    def gemma_obj(self) -> str:
+        self.gemma_any()
+        return "gobj"
+
+
+_PY_LITS = {"boolean": '"True" | "False"', "null": '"None"'}
+
+
+def _types(s: Any) -> set[str]:
+    t = s.get("type") if isinstance(s, Mapping) else None
+    return {t} if isinstance(t, str) else {x for x in t or () if isinstance(x, str)}
+
+
+def _xml_text(v: Any, string_typed: bool) -> str:
+    """A value as Qwen3.5's template writes a parameter (a string as its text where the schema
+    says string, else JSON, so that it reads back as it was)."""
+    if isinstance(v, str) and string_typed:
+        return v
+    if isinstance(v, bool) or v is None:
+        return "True" if v is True else "False" if v is False else "None"
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _rx(text: str) -> str:
+    """`text` as a Lark /regex/ matching it literally."""
+    return re.escape(text).replace("/", "\\/")
+
+
+def _anchored(pattern: str) -> str:
+    """A JSON Schema pattern (found anywhere in the string) as a regex of the whole string."""
+    p = pattern.replace("/", "\\/")
+    start = p.startswith("^")
+    p = p[1:] if start else p
+    end = p.endswith("$") and not p.endswith("\\$")
+    p = p[:-1] if end else p
+    return ("" if start else "(?s:.*)") + f"(?:{p})" + ("" if end else "(?s:.*)")
+
+
+def _resolve(s: Any, root: Mapping, depth: int = 0) -> Any:
+    """A schema with its local $ref ("#/$defs/X") replaced by what it names."""
+    if not isinstance(s, Mapping) or "$ref" not in s:
+        return s
+    ref = s["$ref"]
+    if not isinstance(ref, str) or not ref.startswith("#") or depth > 32:
+        raise ConstraintError(f"a tool's parameters hold a $ref the call grammar cannot follow: {ref!r}")
+    node: Any = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConstraintError(f"a tool's parameters hold a $ref to nothing: {ref!r}")
+        node = node[part]
+    rest = {k: v for k, v in s.items() if k != "$ref"}
+    return _resolve({**node, **rest} if isinstance(node, Mapping) else node, root, depth + 1)
+
+
+def _with_defs(s: Any, root: Mapping) -> Any:
+    """A sub-schema with the root's definitions, so that its $ref resolve where it stands alone."""
+    if not isinstance(s, Mapping):
+        return s
+    return {**{k: root[k] for k in ("$defs", "definitions") if k in root and k not in s}, **s}
+
+
 def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choice: Any = None) -> ToolPlan:
     """The prompt, constraint and parser of a chat with `tools` (ToolError when malformed)."""
     tools = check_tools(tools)
@@ -732,19 +1039,9 @@ def plan_tools(template_source: str, messages: list[dict], tools: Any, tool_choi
         msgs = _generic_messages(messages, _generic_block(tools, choice, only) if choice != "none" else None)
         extra = {}
     spec = None
-    if choice == "required" and fmt in _HEADS:
-        schema = {**_call_schema(tools, only), "x-guidance": JSON_STYLE}
-        if fmt == "hermes":
-            grammar = {"grammar": {"type": "lark", "grammar":
-                                   'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json '
-                                   + json.dumps(schema)}}
-        elif fmt == "json":
-            grammar = {"json_schema": schema}
-        else:
-            grammar = {"json_schema": {"type": "object", "additionalProperties": False,
-                                       "required": ["tool_call"], "properties": {"tool_call": schema}}}
+    if choice == "required":
         try:
-            spec = grammar_spec(**grammar)
+            spec = _forced_spec(fmt, tools, only)
         except ConstraintError as e:   # a function's parameters the grammar engine refuses
             raise ToolError(f"tools: {e}") from None
     return ToolPlan(fmt=fmt, tools=tools, choice=choice, messages=msgs, render_extra=extra, spec=spec)
