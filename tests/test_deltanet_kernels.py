@@ -60,6 +60,22 @@ def test_delta_rule_matches_numpy(isa, chunk, shape):
     np.testing.assert_allclose(s, want_s, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dims", [(128, 128), (40, 36)])
+def test_delta_rule_chunked_at_qwen35_head(isa, dims):
+    """Qwen3.5's head (dk = dv = 128) over two whole chunks of 64 and a partial one: the chunked
+    form's matrix products run every register tile, the remainders of rows and columns, and the
+    forward substitution's blocks after the first (and an odd shape for the column tails)."""
+    level = _level(isa)
+    dk, dv = dims
+    q, k, v, g, beta, s0 = _inputs(150, 2, 1, dk, dv, seed=4)
+    want_o, want_s = ref.gated_delta_rule(np.tile(q, (1, 2, 1)), np.tile(k, (1, 2, 1)), v, g, beta, s0)
+    for chunk in (0, 64):
+        o, s = _native(level, chunk, q, k, v, g, beta, s0)   # errors seen: ~3e-8 (o), ~2e-7 (state)
+        np.testing.assert_allclose(o, want_o, rtol=0, atol=2e-6)
+        np.testing.assert_allclose(s, want_s, rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize("isa", ISAS[1:])
 @pytest.mark.parametrize("chunk", [0, 16])
 def test_delta_rule_matches_scalar(isa, chunk):

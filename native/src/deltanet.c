@@ -31,15 +31,20 @@ static inline void gate_rows_scalar(int64_t n, float r, float *x, const float *w
 static inline void decay_scalar(int64_t n, float ci, const float *c, float s, float *x) {
     for (int64_t j = 0; j < n; j++) x[j] *= s * expf(ci - c[j]);
 }
-#define VT float
-#define VW 1
-#define VLD(p) (*(p))
-#define VST(p, x) (*(p) = (x))
-#define VSET1(a) (a)
-#define VZERO() 0.0f
+/* The scalar tile: 4-float groups in GCC's generic vectors (plain per-element arithmetic, the
+ * same sums as a scalar loop; lowered to whatever the baseline target has). */
+typedef float ei_f4 __attribute__((vector_size(16)));
+static inline ei_f4 ld_f4(const float *p) { ei_f4 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st_f4(float *p, ei_f4 v) { memcpy(p, &v, sizeof v); }
+#define VT ei_f4
+#define VW 4
+#define VLD(p) ld_f4(p)
+#define VST(p, x) st_f4(p, x)
+#define VSET1(a) ((ei_f4){(a), (a), (a), (a)})
+#define VZERO() ((ei_f4){0.0f, 0.0f, 0.0f, 0.0f})
 #define VFMA(a, b, c) ((c) + (a) * (b))
 #define GEMM_MR 4
-#define GEMM_NV 4
+#define GEMM_NV 2
 #define SFX scalar
 #define TGT
 #include "deltanet_gemm.h"

@@ -57,11 +57,9 @@ TGT void DN(ei_delta_chunked)(const ei_delta_head *a, int chunk, float *scratch)
         float *o0 = a->o + c0 * ldo;
         float acc = 0.0f;
         for (int i = 0; i < m; i++) c[i] = acc += g0[i * a->ld_gb];
-        for (int p = 0; p < dk; p++) {
-            float *row = kt + p * pad;
-            for (int j = 0; j < m; j++) row[j] = k0[j * ld + p];
-            for (int j = m; j < pad; j++) row[j] = 0.0f;
-        }
+        for (int j0 = 0; j0 < pad; j0 += 8)   /* K^T (pad is whole 16s): 8 rows of k read along at once */
+            for (int p = 0; p < dk; p++)
+                for (int j = j0; j < j0 + 8; j++) kt[p * pad + j] = j < m ? k0[j * ld + p] : 0.0f;
         /* u_i = beta_i v_i - beta_i exp(c_i) S0^T k_i;  o_i = exp(c_i) S0^T q_i */
         DN(gemm)(m, dv, dk, k0, ld, 1, S, dv, u, dv, 0);
         DN(gemm)(m, dv, dk, q0, ld, 1, S, dv, o0, ldo, 0);
