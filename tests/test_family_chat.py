@@ -288,7 +288,7 @@ def test_plan_split_matches_parse():
     assert plan.parse("No call here.") is None and plan.split("No call here.") == ("No call here.", None)
     none = plan_tools(src, [{"role": "user", "content": "hi"}], TOOLS, "none")
     assert none.parse(text) is None and none.scanner() is None
-    # a forced call is not constrained by a grammar in these formats (their markers are special
-    # tokens); it is read back as in "auto"
+    # a forced call has a grammar (tests/test_forced_calls.py) and is read back by the scanner,
+    # as in "auto": its markers are special tokens, not JSON the CallStreamer reads
     req = plan_tools(src, [{"role": "user", "content": "hi"}], TOOLS, "required")
-    assert req.spec is None and req.streamer() is None and req.parse(text) is not None
+    assert req.spec is not None and req.streamer() is None and req.parse(text) is not None

@@ -135,7 +135,7 @@ def test_the_template_written_call_is_a_string_of_the_grammar(served):
     src = template(MODELS[family][0])
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         spec = plan_tools(src, MSGS, TOOLS, choice).spec
-        assert spec is not None and spec.markers
+        assert spec is not None and spec.kind == "tool_call"
         for args in TEMPLATE_ARGS[family]:
             call = _template_call(family, args)
             if family == "lfm2":    # its strings between " (they hold no quote)
@@ -200,4 +200,4 @@ def test_a_schema_the_gemma_grammar_cannot_write_is_a_clear_error():
 def test_every_family_format_gets_a_grammar():
     for family in FAMILIES.values():
         plan = plan_tools(template(family[0]), MSGS, FORCED, "required")
-        assert plan.fmt == family[1] and plan.spec is not None and plan.spec.markers
+        assert plan.fmt == family[1] and plan.spec is not None and plan.spec.kind == "tool_call"

@@ -277,7 +277,7 @@ def test_tool_plan_formats():
     calls = hermes.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "metric": false}}\n'
                          '</tool_call>')
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo", "metric": False}
-    assert hermes.spec.kind == "lark"
+    assert hermes.spec.kind == "tool_call"   # its markers: special tokens where the vocabulary has them
     none = plan_tools("{{ tools }}", msgs, [WEATHER], "none")
     assert none.render_extra == {} and none.parse('{"name": "get_weather", "arguments": {}}') is None
     for tools, choice in [([], None), ([{"type": "function", "function": {"name": "a b"}}], None),

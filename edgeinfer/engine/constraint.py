@@ -13,6 +13,7 @@ computes them with the GIL released, so they overlap the forward (which releases
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,25 +84,29 @@ def ll_tokenizer(tok: "Tokenizer"):
 @dataclass(frozen=True)
 class GrammarSpec:
     """A validated llguidance grammar (its JSON text) and what it came from ("json_object",
-    "json_schema", "regex", "lark", "gbnf")."""
+    "json_schema", "regex", "lark", "gbnf", "tool_call": a forced call's Lark grammar)."""
     kind: str
     grammar: str
-    # special-token markers of a Lark grammar (a forced tool call's): rule `mk{i}` is the text
-    # markers[i], which `for_tokenizer` turns into that token where the vocabulary has it
-    markers: tuple[str, ...] = ()
 
     def for_tokenizer(self, tok: "Tokenizer") -> str:
-        """The grammar for `tok`: each marker its one special token (text cannot spell a
-        special token: the model writes the marker as that token), else the marker's text."""
-        g = self.grammar
-        for i, m in enumerate(self.markers):
-            ids = tok.encode(m, add_special=False, parse_special=True)
-            if len(ids) == 1 and tok._attrs[ids[0]] & _ATTR_SPECIAL_MASK:
-                g = g.replace(f"\nmk{i}: {json.dumps(m)}\n", f"\nmk{i}: <[{ids[0]}]>\n")
-        return g
+        """The grammar for `tok`. A forced tool call's Lark grammar (kind "tool_call") spells its
+        call markers as text in rules mk0, mk1, ...: each becomes the vocabulary's special token
+        where it has one (a model writes the marker as that token; text cannot spell it)."""
+        if self.kind != "tool_call":
+            return self.grammar
+
+        def token(m: "re.Match") -> str:
+            ids = tok.encode(json.loads(m.group(2)), add_special=False, parse_special=True)
+            special = len(ids) == 1 and tok._attrs[ids[0]] & _ATTR_SPECIAL_MASK
+            return f"{m.group(1)}: <[{ids[0]}]>" if special else m.group(0)
+
+        return _MARKER_RULE.sub(token, self.grammar)
 
     def __repr__(self) -> str:
         return f"GrammarSpec({self.kind}, {len(self.grammar)} chars)"
+
+
+_MARKER_RULE = re.compile(r'^(mk[0-9]+): ("[^\n]*")$', re.M)
 
 
 # JSON output as the model writes it: no indentation, ", " / ": " separators; no whitespace

@@ -825,7 +825,7 @@ class _CallGrammar:
             start = f"{self.mark(fmt.open)} {self.rule(calls)} {self.mark(fmt.close)}"
         lines = [f"start: {start}", *self.rules, *(f"mk{i}: {self.lit(m)}" for i, m in enumerate(self.markers))]
         spec = grammar_spec(grammar={"type": "lark", "grammar": "\n".join(lines) + "\n"})
-        return GrammarSpec(spec.kind, spec.grammar, tuple(self.markers))
+        return GrammarSpec("tool_call", spec.grammar)
 
     def function(self, f: dict) -> str:
         root = tight_schema(f["parameters"])
