@@ -59,11 +59,14 @@ MSGS = [{"role": "user", "content": "Book a table in Paris for two."}]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in FORCED}
 
 
-def _build(root, family: str):
+def _build(root, family: str, markers: list[str] | None = None):
+    """A tiny checkpoint with the family's template and `markers` (default: the family's) as
+    special tokens, converted to GGUF."""
     import transformers
     from tokenizers import AddedToken, Tokenizer
 
-    name, markers = MODELS[family]
+    name, family_markers = MODELS[family]
+    markers = family_markers if markers is None else markers
     d = tiny_checkpoints.build("qwen3", root / "ckpt")
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))
     tok.add_special_tokens([AddedToken(m, special=True) for m in markers])
@@ -185,6 +188,30 @@ def test_forced_calls_through_the_server_validate(served, choice):
         got = final.message.tool_calls
         assert [(c.function.name, json.loads(c.function.arguments)) for c in got] == [(name, args)]
     assert seen
+
+
+def test_markers_the_vocabulary_lacks_are_text(tmp_path):
+    """A vocabulary without the markers' tokens: the grammar spells them as text (its rules
+    mk0.. left as they are) and still writes each family's call, Gemma 4's strings included
+    (their closing <|"|> lexed with the text before it); a forced reply parses and validates."""
+    import edgeinfer
+
+    eng = edgeinfer.load(str(_build(tmp_path, "gemma4", markers=[])), n_ctx=4096, n_threads=2, n_slots=1)
+    try:
+        for family in MODELS:
+            src = template(MODELS[family][0])
+            assert len(eng.tokenizer.encode(OPEN[family], add_special=False, parse_special=True)) > 1
+            spec = plan_tools(src, MSGS, FORCED, "required").spec
+            assert spec.for_tokenizer(eng.tokenizer) == spec.grammar
+            call = _template_call(family, BOOK_ARGS, "book", FORCED)
+            assert _accepts(eng, spec, call.replace("'", '"') if family == "lfm2" else call), call
+        for seed in range(3):
+            g = eng.chat(MSGS, tools=FORCED, tool_choice="required", max_tokens=400, temperature=1.0, seed=seed)
+            assert g.finish_reason == "tool_calls" and len(g.tool_calls) == 1, g.text
+            f = g.tool_calls[0]["function"]
+            jsonschema.validate(json.loads(f["arguments"]), SCHEMAS[f["name"]])
+    finally:
+        eng.close()
 
 
 def test_a_schema_the_gemma_grammar_cannot_write_is_a_clear_error():

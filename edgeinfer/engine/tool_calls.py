@@ -906,10 +906,7 @@ class _CallGrammar:
                                       "in a tool's parameters")
             return self.gemma_any()
         if t == "string":
-            q, body = self.quote(), self.text(s, _Values.GEMMA_QUOTE, 1)
-            empty = s.get("minLength", 0) == 0
-            inner = "" if body is None else (f"{body}?" if empty else body)
-            return self.rule(f"{q} {inner} {q}")
+            return self.gemma_string(s)
         if t in ("integer", "number"):
             return self.json(s, root)
         if t in ("boolean", "null"):
@@ -935,6 +932,18 @@ class _CallGrammar:
         inner = self.seq(items, ",")
         return self.rule(f'"{{" {inner or ""} "}}"')
 
+    def gemma_string(self, s: Mapping) -> str:
+        """<|"|>text<|"|>. Where the vocabulary has no <|"|> token (GrammarSpec.for_tokenizer
+        leaves it text) the closing quote is one lexeme with the text before it, as the text
+        would otherwise lex greedily into the quote; where it has one, that text alternative
+        writes the same string."""
+        q, quote = self.quote(), _Values.GEMMA_QUOTE
+        body = self.text(s, quote, 1)
+        inner = "" if body is None else (f"{body}?" if s.get("minLength", 0) == 0 else body)
+        whole = self.text(s, quote)
+        closed = self.lit(quote) if whole is None else self.rule(f"{whole} {self.lit(quote)}", terminal=True)
+        return self.rule(f"{q} {inner} {q} | {q} {closed}")
+
     def gemma_lit(self, v: Any) -> str:
         if isinstance(v, str):
             return f"{self.quote()} {self.lit(v)} {self.quote()}" if v else f"{self.quote()} {self.quote()}"
@@ -952,10 +961,8 @@ class _CallGrammar:
     def gemma_any(self) -> str:
         if self.any is None:
             self.any = "gany"
-            q = self.quote()
-            text = self.text({}, _Values.GEMMA_QUOTE, 1)
             self.rules += [
-                f'gany: {q} {text}? {q} | GNUM | "true" | "false" | "None" | garr | gobj',
+                f'gany: {self.gemma_string({})} | GNUM | "true" | "false" | "None" | garr | gobj',
                 'garr: "[" (gany ("," gany)*)? "]"',
                 'gobj: "{" (GKEY ":" gany ("," GKEY ":" gany)*)? "}"',
                 r"GKEY: /[A-Za-z0-9_.\-]+/",
