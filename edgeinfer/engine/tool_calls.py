@@ -10,11 +10,11 @@ template without tools (SmolLM2's ChatML) gets a generic block in the system pro
 the functions and asks for ``{"tool_call": {"name": ..., "arguments": {...}}}``, as llama.cpp's
 server does; earlier calls and tool results are written back into the chat in that format.
 
-With ``tool_choice`` "required" or a named function the output is constrained to the call
-format, with each function's JSON Schema for its arguments, so it always parses (JSON bodies:
-generic, json, hermes; the XML, pythonic and Gemma 4 bodies are not constrained yet: their
-markers are special tokens, which the grammar's text literals cannot spell); with "auto"
-the model may answer in text, and an answer that parses as a call becomes one.
+With ``tool_choice`` "required" or a named function the output is constrained to one call in
+the format, with each function's JSON Schema for its arguments, so it always parses (`_CallGrammar`
+for the formats with markers: the markers as the vocabulary's special tokens, values written as
+the family's template writes them); with "auto" the model may answer in text, and an answer that
+parses as a call becomes one.
 """
 from __future__ import annotations
 
