@@ -155,13 +155,16 @@ SHAPES: dict[str, dict] = {
         "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
         "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
         "linear_num_value_heads": 16, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
-        "mamba_ssm_dtype": "float32", "mtp_num_hidden_layers": 1, "num_attention_heads": 8,
+        # the real file has 1 MTP layer; the transformers class holds none of its tensors, so 0 here
+        # (and llama.cpp's converter, which asserts MTP layers, runs with --no-mtp: "llamacpp_args")
+        "mamba_ssm_dtype": "float32", "mtp_num_hidden_layers": 0, "num_attention_heads": 8,
         "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
                             "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
         "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 248320},
         # 248044 byte-level pieces, then the specials; the embedding has padding rows (as the real one)
-        "tokenizer": {**_QWEN_TOK, "n_base": 248044}, "edgeinfer": True, "from_model": True},
+        "tokenizer": {**_QWEN_TOK, "n_base": 248044}, "edgeinfer": True, "from_model": True,
+        "llamacpp_args": ["--no-mtp"]},
     "lfm2-1.2b": {"config": {
         "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "block_auto_adjust_ff_dim": True,
         "block_dim": 2048, "block_ff_dim": 12288, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256,
@@ -513,10 +516,10 @@ def _atomic(dst: Path):
     return dst.with_name(dst.name + ".part")
 
 
-def convert_llamacpp(hf: Path, dst: Path, outtype: str, pre: str, lcpp: Path) -> Path:
+def convert_llamacpp(hf: Path, dst: Path, outtype: str, pre: str, lcpp: Path, extra: list[str] = ()) -> Path:
     tmp = _atomic(dst)
     subprocess.run([sys.executable, "-c", _CONVERT_CHILD, str(lcpp), pre, str(hf), "--outfile", str(tmp),
-                    "--outtype", outtype], check=True)
+                    "--outtype", outtype, *extra], check=True)
     tmp.rename(dst)
     return dst
 
@@ -563,7 +566,7 @@ def make(name: str, out: Path, types: list[str], engines: list[str], hf_only: bo
         todo = [t for t in types if not (out / f"{name}.llamacpp.{t}.gguf").exists()]
         if todo and not bf16.exists():
             t0 = time.time()
-            convert_llamacpp(hf, bf16, "bf16", _PRE[shape["tokenizer"]["style"]], lcpp)
+            convert_llamacpp(hf, bf16, "bf16", _PRE[shape["tokenizer"]["style"]], lcpp, shape.get("llamacpp_args", []))
             log(f"  llama.cpp convert -> {bf16.name} in {time.time() - t0:.0f} s")
         for t in todo:
             t0 = time.time()

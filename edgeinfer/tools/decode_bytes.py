@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..gguf.reader import GGUFFile
 from .plan import KV_TYPES
 
@@ -102,7 +104,8 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
         n_embd = int(key("embedding_length", 0) or 0)
         k_len = int(key("attention.key_length", n_embd // max(n_head, 1)) or 0)
         v_len = int(key("attention.value_length", k_len) or 0)
-        n_head_kv = int(key("attention.head_count_kv", n_head) or 0)
+        # per layer in a hybrid's file (0 on recurrent layers): an attention layer's count
+        n_head_kv = int(max(np.atleast_1d(key("attention.head_count_kv", n_head)), default=0) or 0)
         return DecodeBytes(
             name=str(md.get("general.name", "") or path.stem), path=path, file_bytes=path.stat().st_size,
             tensor_bytes=sum(int(t.nbytes) for t in tensors.values()), weights=weights,
