@@ -285,3 +285,13 @@ def test_cuda_lora_tests_pass_on_the_simulator(sim_build):
     mixed-adapter batches against their solo runs."""
     counts = _run_cuda_tests(sim_build, "", "test_cuda_lora.py", EDGEINFER_STRICT="1")
     assert counts.get("passed", 0) >= 9 and not counts.get("skipped"), counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("select", ["lfm2 and not gqa4", "lfm2_gqa4", "qwen35 and not qwen35_b", "qwen35_b"])
+def test_cuda_hybrid_tests_pass_on_the_simulator(sim_build, select):
+    """tests/test_cuda_hybrid.py, one hybrid layout a process: LFM2 and Qwen3.5 on the CUDA runtime
+    against the CPU backend (logits, greedy tokens), prefix reuse, n = 2 and speculative rollback
+    against fresh engines, restore / drop of the device states."""
+    counts = _run_cuda_tests(sim_build, select, "test_cuda_hybrid.py", EDGEINFER_STRICT="1")
+    assert counts.get("passed", 0) >= 7 and not counts.get("skipped"), counts

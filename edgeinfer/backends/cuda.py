@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .._native import check as _check
+from ..arch.table import NATIVE_LAYER_KINDS
 from ..errors import EdgeInferError, UnsupportedArchitectureError
 from ..model.lora import AdapterError, LoraWeights, check_pairs, role_pairs
 from .base import Batch, Capabilities, KVPlan, require_kv_type
@@ -166,8 +167,11 @@ class CudaBackend:
 
     @staticmethod
     def unsupported(cfg) -> str | None:
-        """Why the CUDA forward cannot run `cfg`, or None: it has attention layers only."""
-        kinds = sorted(set(getattr(cfg, "layer_kinds", ()) or ()) - {"attention"})
+        """Why the CUDA forward cannot run `cfg`, or None: it runs every native layer kind of the
+        trunk (attention, LFM2's short convolutions, Qwen3.5's Gated DeltaNet; an MTP head after
+        the trunk is the proposer's, not the forward's)."""
+        trunk = (getattr(cfg, "layer_kinds", ()) or ())[:cfg.n_layer]
+        kinds = sorted(set(trunk) - set(NATIVE_LAYER_KINDS))
         if kinds:
             return (f"the CUDA forward has no {' / '.join(kinds)} layers yet ({cfg.arch}); "
                     f"run it with device='cpu'")
@@ -216,27 +220,31 @@ class CudaRuntime:
         p.n_slots, p.n_ctx, p.max_batch = plan.n_slots, plan.cells, plan.max_batch
         p.n_sink, p.slide_window = plan.n_sink, plan.slide_window
         p.use_graphs, p.drop_host_pages = int(use_graphs), int(drop_host_pages)
+        p.n_snapshots = plan.n_snapshots
         sizes = ffi.new("ei_cuda_sizes *")
         out = ffi.new("ei_cuda_runtime **")
         check(lib.ei_cuda_runtime_create(c, tensors, len(items), p, sizes, out), "runtime_create")
         self.handle = ffi.gc(out[0], lib.ei_cuda_runtime_free)
         cc = device.compute_capability if device else (0, 0)
+        hybrid = bool(cfg.is_hybrid)
         self.caps = Capabilities(
             device="cuda", isa=f"cuda sm_{cc[0]}{cc[1]}", kv_type=plan.kv_type, kv_types=CudaBackend.kv_types,
             max_batch=plan.max_batch, n_vocab=cfg.n_vocab, max_topk=self.MAX_TOPK, kv_bytes=int(sizes.kv),
-            scratch_bytes=int(sizes.scratch), device_bytes=int(sizes.weights),
+            state_bytes=int(sizes.state), scratch_bytes=int(sizes.scratch), device_bytes=int(sizes.weights),
             copy_prefix=False,   # no ei_cuda_runtime_copy_prefix: siblings compute their prompt
+            recurrent_state=hybrid, state_snapshots=hybrid, max_snapshots=plan.n_snapshots if hybrid else 0,
             lora=True)
 
     def _i32(self, arr: np.ndarray):
         return self.ffi.from_buffer("int32_t[]", arr)
 
     def _run(self, batch: Batch, logits: np.ndarray | None) -> None:
-        n_out = batch.n_out
+        n_out, n_keep = batch.n_out, len(batch.keep_rows)
         out_ptr = self.ffi.from_buffer("float[]", logits) if n_out and logits is not None else self.ffi.NULL
         check(self.lib.ei_cuda_forward(self.handle, len(batch), self._i32(batch.tokens), self._i32(batch.slots),
                                        self._i32(batch.pos), self._i32(batch.cells), n_out,
-                                       self._i32(batch.out_rows) if n_out else self.ffi.NULL, out_ptr), "forward")
+                                       self._i32(batch.out_rows) if n_out else self.ffi.NULL, out_ptr,
+                                       n_keep, self._i32(batch.keep_rows) if n_keep else self.ffi.NULL), "forward")
 
     def forward(self, batch: Batch, logits: np.ndarray | None = None) -> np.ndarray:
         if logits is None:
@@ -269,6 +277,13 @@ class CudaRuntime:
 
     def forget_from(self, slot: int, pos: int) -> None:
         check(self.lib.ei_cuda_forget_from(self.handle, slot, pos), "forget_from")
+
+    def restore_state(self, slot: int, n: int) -> None:
+        check(self.lib.ei_cuda_restore_state(self.handle, slot, n), "restore_state")
+
+    def drop_states(self, slot: int, ns: list[int]) -> None:
+        for n in ns:
+            check(self.lib.ei_cuda_drop_state(self.handle, slot, n), "drop_state")
 
     def add_adapter(self, weights: LoraWeights) -> CudaLora:
         return CudaLora(self, weights)

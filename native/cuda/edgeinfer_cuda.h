@@ -53,30 +53,38 @@ typedef struct {
                                   upload so the host keeps no second copy (Jetson) */
     int32_t n_sink, slide_window;  /* as ei_runtime_params: with slide_window > 0 a token at pos
                                       sees positions [0, n_sink) and (pos - slide_window, pos] */
+    int32_t n_snapshots;       /* as ei_runtime_params: recurrent models' kept state copies per slot */
 } ei_cuda_params;
 
 /* Bytes the runtime will allocate on the device, as sized before allocation. */
 typedef struct {
     uint64_t weights, kv, scratch, total;
+    uint64_t state;            /* recurrent layers: each slot's live state and its n_snapshots copies */
 } ei_cuda_sizes;
 
 typedef struct ei_cuda_runtime ei_cuda_runtime;
 
 /* Sizes everything, checks it fits the device's free memory (a clear
  * EI_ERR_OUT_OF_MEMORY with the numbers when not), uploads the weights and
- * allocates the KV ring [slot][layer][kv_head][cell][head_dim] f16 once.
+ * allocates the KV ring [slot][layer][kv_head][cell][head_dim] f16 once (attention
+ * layers only) and, for hybrids (LFM2's short convolutions, Qwen3.5's Gated DeltaNet),
+ * the recurrent states with ei_runtime's layout and rules (state.h).
  * sizes (optional) gets the figures even when the model does not fit. */
 ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei_cuda_tensor *tensors, int32_t n_tensors,
                                  const ei_cuda_params *p, ei_cuda_sizes *sizes, ei_cuda_runtime **out);
 void ei_cuda_runtime_free(ei_cuda_runtime *rt);
 ei_status ei_cuda_runtime_sizes(const ei_cuda_runtime *rt, ei_cuda_sizes *out);
+/* As ei_runtime_clear_slot / forget_from / restore_state / drop_state. */
 ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot);
 ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
-/* As ei_forward, except that logits may be NULL with n_out > 0: the n_out rows are computed
- * but stay on the device, for ei_cuda_argmax / ei_cuda_topk (no n_out x n_vocab download). */
+ei_status ei_cuda_restore_state(ei_cuda_runtime *rt, int32_t slot, int32_t n);
+ei_status ei_cuda_drop_state(ei_cuda_runtime *rt, int32_t slot, int32_t n);
+/* As ei_forward (keep_rows included), except that logits may be NULL with n_out > 0: the n_out
+ * rows are computed but stay on the device, for ei_cuda_argmax / ei_cuda_topk (no n_out x n_vocab
+ * download). */
 ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                           const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
-                          float *logits);
+                          float *logits, int32_t n_keep, const int32_t *keep_rows);
 /* out[j] = argmax of logits row j of the last forward (on the device), j < n_out. */
 ei_status ei_cuda_argmax(ei_cuda_runtime *rt, int32_t n_out, int32_t *out);
 /* ids[j*k + i], vals[j*k + i] (i < k): the k largest logits of row j < n_out of the last forward

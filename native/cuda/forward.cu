@@ -123,9 +123,9 @@ typedef struct {
 } eic_slot_loras;
 
 enum { MAX_GRAPH_TOKENS = 16, MAX_SLOTS = 4096, MAX_CTX = 1 << 20, MAX_BATCH = 1 << 16 };
-/* Device batch arrays: tokens, slots, pos, cells, n_cells, out_rows, and for the sliding-window
- * layers' ring their cells and n_cells. */
-#define EIC_BATCH_ARRAYS 8
+/* Device batch arrays: tokens, slots, pos, cells, n_cells, out_rows, for the sliding-window
+ * layers' ring their cells and n_cells, and the kept state copy of each row (-1: none). */
+#define EIC_BATCH_ARRAYS 9
 
 struct ei_cuda_runtime {
     ei_model_config cfg;
@@ -169,6 +169,16 @@ struct ei_cuda_runtime {
     float *h_lora_scale, *d_lora_scale;
     float *d_lora_t;                     /* [max_batch][lora_rank]: A x of one group */
     int32_t n_lora_groups, lora_cap, lora_rank;
+
+    /* Recurrent layers (LFM2, Qwen3.5): each slot's live state [slot][state_floats] and its n_snap
+     * kept copies [slot][n_snap][state_floats] on the device, layer l's block at state_off[l] (the
+     * CPU's layout, native/src/state.c); which positions each has seen is kept on the host. */
+    float *d_state, *d_snap;
+    int64_t state_floats, *state_off;
+    int32_t n_snap;
+    int32_t *state_seen, *snap_n;   /* [slot], [slot][n_snap]: positions seen (-1: none / forgotten) */
+    float *rec_a, *rec_b;           /* the recurrent blocks' scratch */
+    float *qg, *agate;              /* gated attention: attn_q's rows (query, gate) and the gates */
 };
 
 static int32_t *batch_arr(const ei_cuda_runtime *rt, int32_t *base, int i) {
@@ -214,7 +224,8 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
     void *dev[] = {rt->w_arena, rt->kv.k, rt->kv.v, rt->d_cell_pos, rt->d_batch, rt->x, rt->q, rt->kc, rt->vc,
                    rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
                    rt->d_top_ids, rt->d_top_vals, rt->rope_cos_l, rt->rope_sin_l, rt->post, rt->kv_l.k, rt->kv_l.v,
-                   rt->d_cell_pos_l, rt->d_lora_rows, rt->d_lora_scale, rt->d_lora_t};
+                   rt->d_cell_pos_l, rt->d_lora_rows, rt->d_lora_scale, rt->d_lora_t, rt->d_state, rt->d_snap,
+                   rt->rec_a, rt->rec_b, rt->qg, rt->agate};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (rt->h_batch) cudaFreeHost(rt->h_batch);
@@ -230,6 +241,9 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
     free(rt->lora_count);
     free(rt->h_lora_rows);
     free(rt->h_lora_scale);
+    free(rt->state_off);
+    free(rt->state_seen);
+    free(rt->snap_n);
     free(rt);
 }
 
@@ -251,6 +265,16 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         (c->head_dim_swa && c->head_dim_swa != c->head_dim) || (c->rope_dim_swa && c->rope_dim_swa != c->rope_dim))
         return eic_fail(EI_ERR_UNSUPPORTED, "the CUDA runtime has no per-layer inputs, KV-shared layers, v norms or "
                                             "per-layer head sizes and FFN widths yet (Gemma 4)");
+    int n_rec = 0;
+    for (int l = 0; l < c->n_layer; l++) n_rec += ei_layer_is_recurrent(c, l);
+    if (n_rec && (c->conv_kernel < 2 || c->conv_kernel > EIC_CONV_MAX_K || c->ssm_head_dim > EIC_MAX_SSM_DK))
+        return eic_fail(EI_ERR_UNSUPPORTED, "CUDA recurrent layers support conv kernels of 2..%d taps and delta-net "
+                                            "heads <= %d (got %d, %d)", EIC_CONV_MAX_K, EIC_MAX_SSM_DK,
+                        c->conv_kernel, c->ssm_head_dim);
+    if (c->has_attn_gate && c->has_qkv_bias)
+        return eic_fail(EI_ERR_UNSUPPORTED, "the CUDA runtime has no gated attention with Q/K/V biases");
+    if (n_rec && (p->n_snapshots < 0 || p->n_snapshots > 4096))
+        return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: n_snapshots=%d out of [0, 4096]", p->n_snapshots);
     if (c->head_dim > EIC_MAX_HEAD_DIM || c->n_head / c->n_head_kv > EIC_MAX_GROUP)
         return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d and GQA groups <= %d (got %d, %d)",
                         EIC_MAX_HEAD_DIM, EIC_MAX_GROUP, c->head_dim, c->n_head / c->n_head_kv);
@@ -281,10 +305,10 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     /* sliding-window layers: their own ring when window + max_batch - 1 < n_ctx */
     const int32_t local_cells = c->swa_window > 0 && (int64_t)c->swa_window + p->max_batch - 1 < p->n_ctx
                                     ? c->swa_window + p->max_batch - 1 : 0;
-    int n_local = 0;
+    int n_local = 0;   /* KV is held by the attention layers only */
     for (int l = 0; local_cells && l < c->n_layer; l++)
-        n_local += ei_layer_is_local(c, l);
-    const size_t kv_elems = (size_t)p->n_slots * (c->n_layer - n_local) * kvd * (size_t)p->n_ctx;
+        n_local += !ei_layer_is_recurrent(c, l) && ei_layer_is_local(c, l);
+    const size_t kv_elems = (size_t)p->n_slots * (c->n_layer - n_rec - n_local) * kvd * (size_t)p->n_ctx;
     const size_t kv_elems_l = (size_t)p->n_slots * n_local * kvd * (size_t)(local_cells ? local_cells : 1);
     const size_t kv_bytes = 2 * al256(kv_elems * 2) + (n_local ? 2 * al256(kv_elems_l * 2) : 0);
     const int max_chunks = (p->n_ctx + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
@@ -297,6 +321,22 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     for (int32_t i = 0; i < n_tensors; i++) has_freqs |= tensors[i].layer < 0 && tensors[i].role == EI_T_ROPE_FREQS;
     const int local_rope = c->swa_window > 0 && ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) ||
                                                  c->rope_freq_scale != 1.0f || has_freqs);
+    /* the recurrent states: per layer a block padded to 16 floats (as the CPU) */
+    int64_t state_floats = 0;
+    for (int l = 0; l < c->n_layer; l++) state_floats += (ei_layer_state_floats(c, l) + 15) & ~(int64_t)15;
+    const int32_t n_snap = state_floats ? p->n_snapshots : 0;
+    const size_t state_bytes = (size_t)p->n_slots * (1 + (size_t)n_snap) * (size_t)state_floats * 4;
+    /* recurrent scratch per token: short conv B, C, x then its output; delta net qkv, z, alpha, beta
+     * then the conv's output and o */
+    size_t rec_a = 0, rec_b = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        const size_t cd = (size_t)ei_deltanet_conv_dim(c), inner = (size_t)ei_deltanet_inner(c);
+        const int kind = ei_layer_kind_of(c, l);
+        const size_t a = kind == EI_LAYER_SHORTCONV ? 3 * d : kind == EI_LAYER_DELTANET ? cd + inner + 2 * c->ssm_v_heads : 0;
+        const size_t b = kind == EI_LAYER_SHORTCONV ? d : kind == EI_LAYER_DELTANET ? cd + inner : 0;
+        if (a > rec_a) rec_a = a;
+        if (b > rec_b) rec_b = b;
+    }
     const size_t scr[] = {EIC_BATCH_ARRAYS * B * 4,  B * d * 4,  B * qd * 4,   B * kvd * 4,  B * kvd * 4, B * qd * 4,
                           B * ff * 4, B * ff * 4, B * half * 4, B * half * 4, B * d * 4,
                           B * (size_t)c->n_vocab * 4, attn_tokens * part_per_tok, B * EIC_TOPK_MAX * 4,
@@ -305,10 +345,12 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
                           /* local RoPE tables and the post-norm buffer, when the model has them */
                           local_rope ? B * half * 4 : 0, local_rope ? B * half * 4 : 0,
                           c->has_post_norms ? B * d * 4 : 0,
-                          n_local ? (size_t)p->n_slots * local_cells * 4 : 0};
+                          n_local ? (size_t)p->n_slots * local_cells * 4 : 0,
+                          B * rec_a * 4, B * rec_b * 4, c->has_attn_gate ? 2 * B * qd * 4 : 0,
+                          c->has_attn_gate ? B * qd * 4 : 0};
     size_t scratch = 0;
     for (size_t i = 0; i < sizeof scr / sizeof scr[0]; i++) scratch += al256(scr[i]);
-    ei_cuda_sizes sz = {wbytes, kv_bytes, scratch, wbytes + kv_bytes + scratch};
+    ei_cuda_sizes sz = {wbytes, kv_bytes, scratch, wbytes + kv_bytes + scratch + state_bytes, state_bytes};
     if (sizes) *sizes = sz;
 
     int n_dev = ei_cuda_device_count();
@@ -324,10 +366,10 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         if (cudaGetDeviceProperties(&prop, p->device) != cudaSuccess) cudaGetLastError();
         return eic_fail(EI_ERR_OUT_OF_MEMORY,
                         "model does not fit on %s: needs %.1f MiB (weights %.1f + KV %.1f for %d slots x %d cells + "
-                        "scratch %.1f for max_batch %d) plus %.0f MiB reserve, but only %.1f MiB of %.1f MiB are free; "
-                        "lower n_ctx, n_slots or max_batch, or use a smaller quantization",
-                        prop.name, MiB(sz.total), MiB(wbytes), MiB(kv_bytes), p->n_slots, p->n_ctx, MiB(scratch),
-                        p->max_batch, MiB(reserve), MiB(fr), MiB(tot));
+                        "recurrent state %.1f + scratch %.1f for max_batch %d) plus %.0f MiB reserve, but only %.1f MiB "
+                        "of %.1f MiB are free; lower n_ctx, n_slots or max_batch, or use a smaller quantization",
+                        prop.name, MiB(sz.total), MiB(wbytes), MiB(kv_bytes), p->n_slots, p->n_ctx, MiB(state_bytes),
+                        MiB(scratch), p->max_batch, MiB(reserve), MiB(fr), MiB(tot));
     }
 
     /* ---- allocate ---- */
@@ -343,13 +385,26 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     rt->h_cell_pos = (int32_t *)malloc((size_t)p->n_slots * p->n_ctx * sizeof(int32_t));
     rt->h_n_used = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
     rt->kv_index = (int32_t *)calloc((size_t)c->n_layer, sizeof(int32_t));
+    rt->state_off = (int64_t *)calloc((size_t)c->n_layer, sizeof(int64_t));
+    rt->state_floats = state_floats;
+    rt->n_snap = n_snap;
+    if (state_floats) {
+        rt->state_seen = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
+        rt->snap_n = (int32_t *)malloc(((size_t)p->n_slots * n_snap + 1) * sizeof(int32_t));
+        for (size_t i = 0; rt->snap_n && i < (size_t)p->n_slots * n_snap; i++) rt->snap_n[i] = -1;
+    }
+    for (int64_t l = 0, off = 0; rt->state_off && l < c->n_layer; l++) {
+        rt->state_off[l] = off;
+        off += (ei_layer_state_floats(c, (int)l) + 15) & ~(int64_t)15;
+    }
     if (n_local) {
         rt->local_cells = local_cells;
         rt->max_chunks_l = (local_cells + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
         rt->h_cell_pos_l = (int32_t *)malloc((size_t)p->n_slots * local_cells * sizeof(int32_t));
         rt->h_n_used_l = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
     }
-    if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used || !rt->kv_index ||
+    if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used || !rt->kv_index || !rt->state_off ||
+        (state_floats && (!rt->state_seen || !rt->snap_n)) ||
         (n_local && (!rt->h_cell_pos_l || !rt->h_n_used_l))) {
         ei_cuda_runtime_free(rt);
         return eic_fail(EI_ERR_OUT_OF_MEMORY, "cuda_runtime_create: out of host memory");
@@ -359,7 +414,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     {
         int ng = 0, nl = 0;
         for (int l = 0; l < c->n_layer; l++)
-            rt->kv_index[l] = n_local && ei_layer_is_local(c, l) ? nl++ : ng++;
+            rt->kv_index[l] = ei_layer_is_recurrent(c, l) ? -1 : n_local && ei_layer_is_local(c, l) ? nl++ : ng++;
     }
 
 #define DALLOC(ptr, bytes)                                                                       \
@@ -396,13 +451,26 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         DALLOC(rt->rope_sin_l, B * half * 4);
     }
     if (c->has_post_norms) DALLOC(rt->post, B * d * 4);
+    if (state_floats) {
+        DALLOC(rt->d_state, (size_t)p->n_slots * state_floats * 4);
+        if (n_snap) DALLOC(rt->d_snap, (size_t)p->n_slots * n_snap * state_floats * 4);
+        DALLOC(rt->rec_a, B * rec_a * 4);
+        DALLOC(rt->rec_b, B * rec_b * 4);
+    }
+    if (c->has_attn_gate) {
+        DALLOC(rt->qg, 2 * B * qd * 4);
+        DALLOC(rt->agate, B * qd * 4);
+    }
 #undef DALLOC
     if ((st = eic_check(cudaMallocHost((void **)&rt->h_batch, EIC_BATCH_ARRAYS * B * 4), "cudaMallocHost")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->kv.k, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->kv.v, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->d_cell_pos, 0xff, (size_t)p->n_slots * p->n_ctx * 4), "cudaMemset")) != EI_OK)
         goto fail;
-    rt->kv.n_layer = c->n_layer - n_local;
+    if (state_floats &&   /* every slot starts from a zero state */
+        (st = eic_check(cudaMemset(rt->d_state, 0, (size_t)p->n_slots * state_floats * 4), "cudaMemset")) != EI_OK)
+        goto fail;
+    rt->kv.n_layer = c->n_layer - n_rec - n_local;
     rt->kv.n_head_kv = c->n_head_kv;
     rt->kv.n_ctx = p->n_ctx;
     rt->kv.hd = c->head_dim;
@@ -508,6 +576,96 @@ static ei_status sync_slot(ei_cuda_runtime *rt, int32_t slot) {
     return eic_check(cudaStreamSynchronize(rt->stream), "cell_pos upload");
 }
 
+/* ---------------------------------------------------------------- recurrent states (state.c's rules) */
+static float *state_live(const ei_cuda_runtime *rt, int slot) { return rt->d_state + (size_t)slot * rt->state_floats; }
+static float *state_kept(const ei_cuda_runtime *rt, int slot, int k) {
+    return rt->d_snap + ((size_t)slot * rt->n_snap + k) * rt->state_floats;
+}
+
+/* The kept copy of slot after n positions, -1 when none. */
+static int find_kept(const ei_cuda_runtime *rt, int slot, int32_t n) {
+    const int32_t *tags = rt->snap_n + (size_t)slot * rt->n_snap;
+    for (int k = 0; k < rt->n_snap; k++)
+        if (tags[k] == n) return k;
+    return -1;
+}
+
+/* Where a copy after n positions goes: its own, a free one, else the one after the fewest
+ * positions when that is fewer than n (the slot keeps the n_snap latest); -1: none. */
+static int place_kept(ei_cuda_runtime *rt, int slot, int32_t n) {
+    int32_t *tags = rt->snap_n + (size_t)slot * rt->n_snap;
+    int k = find_kept(rt, slot, n), oldest = -1;
+    for (int j = 0; k < 0 && j < rt->n_snap; j++) {
+        if (tags[j] < 0) k = j;
+        else if (oldest < 0 || tags[j] < tags[oldest]) oldest = j;
+    }
+    if (k < 0 && oldest >= 0 && tags[oldest] < n) k = oldest;
+    if (k >= 0) tags[k] = n;
+    return k;
+}
+
+/* Each slot's rows continue its live state in position order (EI_ERR_STATE otherwise). */
+static ei_status state_check(const ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *slots, const int32_t *pos) {
+    for (int32_t i = 0; rt->d_state && i < n_tokens; i++) {
+        int32_t seen = rt->state_seen[slots[i]];
+        for (int32_t j = i - 1; j >= 0; j--)
+            if (slots[j] == slots[i]) {
+                seen = pos[j] + 1;
+                break;
+            }
+        if (pos[i] != seen)
+            return eic_fail(EI_ERR_STATE, seen < 0 ? "slot %d: its recurrent state was forgotten and not restored "
+                                                     "(batch row %d at position %d)"
+                                                   : "slot %d: batch row %d at position %d does not continue its "
+                                                     "recurrent state (%d positions seen)",
+                            slots[i], i, pos[i], seen);
+    }
+    return EI_OK;
+}
+
+/* forget_from's part for the states, queued on rt->stream (the caller synchronizes). */
+static ei_status state_forget(ei_cuda_runtime *rt, int slot, int32_t pos) {
+    if (!rt->d_state) return EI_OK;
+    int32_t *tags = rt->snap_n + (size_t)slot * rt->n_snap;
+    for (int k = 0; k < rt->n_snap; k++)
+        if (tags[k] > pos) tags[k] = -1;
+    if (pos == 0) {   /* the slot starts over from a zero state */
+        rt->state_seen[slot] = 0;
+        return eic_check(cudaMemsetAsync(state_live(rt, slot), 0, (size_t)rt->state_floats * 4, rt->stream),
+                         "state reset");
+    }
+    if (rt->state_seen[slot] > pos) rt->state_seen[slot] = -1;   /* cannot be rewound: restore_state brings a copy back */
+    return EI_OK;
+}
+
+extern "C" ei_status ei_cuda_restore_state(ei_cuda_runtime *rt, int32_t slot, int32_t n) {
+    if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "null runtime");
+    if (slot < 0 || slot >= rt->p.n_slots) return eic_fail(EI_ERR_RANGE, "slot %d out of [0, %d)", slot, rt->p.n_slots);
+    if (!rt->d_state || rt->state_seen[slot] == n) return EI_OK;
+    ei_status st = use_device(rt);
+    if (st != EI_OK) return st;
+    if (n == 0) {
+        if ((st = state_forget(rt, slot, 0)) != EI_OK) return st;
+        return eic_check(cudaStreamSynchronize(rt->stream), "state reset");
+    }
+    const int k = n > 0 ? find_kept(rt, slot, n) : -1;
+    if (k < 0) return eic_fail(EI_ERR_STATE, "slot %d kept no recurrent state after %d positions", slot, n);
+    st = eic_check(cudaMemcpyAsync(state_live(rt, slot), state_kept(rt, slot, k), (size_t)rt->state_floats * 4,
+                                   cudaMemcpyDeviceToDevice, rt->stream), "state restore");
+    if (st == EI_OK) st = eic_check(cudaStreamSynchronize(rt->stream), "state restore");
+    if (st == EI_OK) rt->state_seen[slot] = n;
+    return st;
+}
+
+extern "C" ei_status ei_cuda_drop_state(ei_cuda_runtime *rt, int32_t slot, int32_t n) {
+    if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "null runtime");
+    if (slot < 0 || slot >= rt->p.n_slots) return eic_fail(EI_ERR_RANGE, "slot %d out of [0, %d)", slot, rt->p.n_slots);
+    if (!rt->d_state) return EI_OK;
+    const int k = find_kept(rt, slot, n);
+    if (k >= 0) rt->snap_n[(size_t)slot * rt->n_snap + k] = -1;
+    return EI_OK;
+}
+
 extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos) {
     if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "null runtime");
     if (slot < 0 || slot >= rt->p.n_slots) return eic_fail(EI_ERR_RANGE, "slot %d out of [0, %d)", slot, rt->p.n_slots);
@@ -528,7 +686,8 @@ extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int3
         }
         rt->h_n_used_l[slot] = used;
     }
-    const ei_status st = use_device(rt);
+    ei_status st = use_device(rt);
+    if (st == EI_OK) st = state_forget(rt, slot, pos);   /* queued before sync_slot's wait */
     return st != EI_OK ? st : sync_slot(rt, slot);
 }
 
@@ -776,21 +935,142 @@ static cudaError_t matmul_by_type(cudaStream_t s, const eic_mm_part *parts, cons
     return cudaSuccess;
 }
 
+/* A mixing block's output projection (W in -> n_embd) joining the residual: added to x, or
+ * through the post-norm (Gemma 3) from rt->post. */
+static cudaError_t block_out(ei_cuda_runtime *rt, int l, const ei_weight *w, const float *in, int64_t n_in, int32_t T,
+                             int lora_k) {
+    const ei_model_config *c = &rt->cfg;
+    const int64_t d = c->n_embd;
+    float *y = c->has_post_norms ? rt->post : rt->x;
+    LCK(eic_matmul(rt->stream, w->type, w->data, d, n_in, in, n_in, T, NULL, !c->has_post_norms, y, d));
+    if (lora_k >= 0 && rt->n_lora_groups) LCK(lora_apply(rt, l, lora_k, in, n_in, y, d));
+    if (c->has_post_norms)
+        LCK(eic_rmsnorm_add(rt->stream, rt->post, (const float *)rt->layers[l].attn_post_norm.data, T, d, c->rms_eps,
+                            rt->x));
+    return cudaSuccess;
+}
+
+/* Layer l's recurrent state on the device, for the step's rows. */
+static eic_rstate layer_state(const ei_cuda_runtime *rt, int l, int64_t extra_off) {
+    eic_rstate rs = {rt->d_state, rt->d_snap, rt->state_floats, rt->state_off[l] + extra_off, rt->n_snap,
+                     batch_arr(rt, rt->d_batch, 1), batch_arr(rt, rt->d_batch, 8)};
+    return rs;
+}
+
+/* LFM2's gated short convolution: in_proj (with attn_norm) -> B, C, x; C * conv(B * x); out_proj. */
+static cudaError_t shortconv_block(ei_cuda_runtime *rt, int l, int32_t T) {
+    const ei_model_config *c = &rt->cfg;
+    const ei_layer *L = &rt->layers[l];
+    const int64_t d = c->n_embd;
+    const eic_mm_part in = {L->shortconv_in.data, NULL, rt->rec_a, 3 * d, 3 * d};
+    LCK(eic_matmul_multi(rt->stream, L->shortconv_in.type, &in, 1, d, rt->x, d, T, (const float *)L->attn_norm.data,
+                         c->rms_eps, 0));
+    const eic_rstate rs = layer_state(rt, l, 0);
+    LCK(eic_conv1d_state(rt->stream, EIC_CONV_SHORTCONV, rt->rec_a, (const float *)L->shortconv_conv.data,
+                         c->conv_kernel, d, T, &rs, rt->rec_b));
+    return block_out(rt, l, &L->shortconv_out, rt->rec_b, d, T, -1);
+}
+
+/* Qwen3.5's Gated DeltaNet: qkv, z, alpha, beta (with attn_norm); silu(conv(qkv)); the gated
+ * delta rule; gated RMSNorm by z; out_proj. */
+static cudaError_t deltanet_block(ei_cuda_runtime *rt, int l, int32_t T) {
+    const ei_model_config *c = &rt->cfg;
+    const ei_layer *L = &rt->layers[l];
+    const size_t B = (size_t)rt->p.max_batch;
+    const int64_t d = c->n_embd, cd = ei_deltanet_conv_dim(c), inner = ei_deltanet_inner(c), nv = c->ssm_v_heads;
+    float *qkv = rt->rec_a, *z = qkv + B * cd, *alpha = z + B * inner, *beta = alpha + B * nv;
+    float *y = rt->rec_b, *o = y + B * cd;
+    const float *norm = (const float *)L->attn_norm.data;
+    const eic_mm_part parts[3] = {{L->ssm_qkv.data, NULL, qkv, cd, cd}, {L->ssm_gate.data, NULL, z, inner, inner},
+                                  {L->ssm_alpha.data, NULL, alpha, nv, nv}};
+    const int types[3] = {L->ssm_qkv.type, L->ssm_gate.type, L->ssm_alpha.type};
+    LCK(matmul_by_type(rt->stream, parts, types, 3, d, rt->x, T, norm, c->rms_eps));
+    const eic_mm_part bp = {L->ssm_beta.data, NULL, beta, nv, nv};
+    LCK(eic_matmul_multi(rt->stream, L->ssm_beta.type, &bp, 1, d, rt->x, d, T, norm, c->rms_eps, 0));
+    const eic_rstate conv = layer_state(rt, l, 0);
+    LCK(eic_conv1d_state(rt->stream, EIC_CONV_SILU, qkv, (const float *)L->ssm_conv1d.data, c->conv_kernel, cd, T,
+                         &conv, y));
+    const eic_rstate mat = layer_state(rt, l, (int64_t)(c->conv_kernel - 1) * cd);   /* the matrices follow the window */
+    const eic_delta_args a = {y, alpha, beta, (const float *)L->ssm_a.data, (const float *)L->ssm_dt.data, o,
+                              c->ssm_k_heads, c->ssm_v_heads, c->ssm_head_dim, c->ssm_head_dim};
+    LCK(eic_delta_rule(rt->stream, &a, T, &mat));
+    LCK(eic_gated_norm(rt->stream, o, (const float *)L->ssm_norm.data, z, (int64_t)T * nv, c->ssm_head_dim, c->rms_eps));
+    return block_out(rt, l, &L->ssm_out, o, inner, T, -1);
+}
+
+/* The attention block of layer l: QKV (with attn_norm), RoPE and the KV store, attention over the
+ * ring in chunks, O into the residual. */
+static cudaError_t attention_block(ei_cuda_runtime *rt, int l, int32_t T, int n_chunks, int n_chunks_l) {
+    const ei_model_config *c = &rt->cfg;
+    const ei_layer *L = &rt->layers[l];
+    cudaStream_t s = rt->stream;
+    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
+    int32_t *slots = batch_arr(rt, rt->d_batch, 1), *pos = batch_arr(rt, rt->d_batch, 2);
+    int32_t *cells = batch_arr(rt, rt->d_batch, 3), *ncells = batch_arr(rt, rt->d_batch, 4);
+    int32_t *cells_l = batch_arr(rt, rt->d_batch, 6), *ncells_l = batch_arr(rt, rt->d_batch, 7);
+    const int lora = rt->n_lora_groups > 0;
+    const int local = ei_layer_is_local(c, l);
+
+    const eic_qk_norm qkn = {(const float *)L->q_norm.data, (const float *)L->k_norm.data, c->rms_eps};
+    const float *rc = local && rt->rope_cos_l ? rt->rope_cos_l : rt->rope_cos;
+    const float *rsn = local && rt->rope_sin_l ? rt->rope_sin_l : rt->rope_sin;
+    const int ring = local && rt->local_cells;   /* the layer's KV lives in the local ring */
+    const eic_kv *kv = ring ? &rt->kv_l : &rt->kv;
+    const int li = rt->kv_index[l];
+    /* attn_norm + Q, K, V: one launch unless the recipe mixes their types */
+    /* gated attention: attn_q's rows are each head's query then its gate, into qg first */
+    float *qout = c->has_attn_gate ? rt->qg : rt->q;
+    const int64_t qrows = c->has_attn_gate ? 2 * qd : qd;
+    const eic_mm_part qkv[3] = {{L->wq.data, (const float *)L->bq.data, qout, qrows, qrows},
+                                {L->wk.data, (const float *)L->bk.data, rt->kc, kvd, kvd},
+                                {L->wv.data, (const float *)L->bv.data, rt->vc, kvd, kvd}};
+    const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
+    LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
+    if (lora && (lora_touches(rt, l, 0) || lora_touches(rt, l, 1) || lora_touches(rt, l, 2))) {
+        /* the adapters read the normed input the fused launch never stores: onorm (the head's, later) */
+        LCK(eic_rmsnorm(s, rt->x, (const float *)L->attn_norm.data, NULL, T, d, c->rms_eps, rt->onorm));
+        LCK(lora_apply(rt, l, 0, rt->onorm, d, qout, qrows));
+        LCK(lora_apply(rt, l, 1, rt->onorm, d, rt->kc, kvd));
+        LCK(lora_apply(rt, l, 2, rt->onorm, d, rt->vc, kvd));
+    }
+    if (c->has_attn_gate) LCK(eic_split_gate(s, rt->qg, T, qd, c->head_dim, rt->q, rt->agate));
+    /* a layer without RoPE: the same launch rotating no dimensions */
+    LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim,
+                       ei_layer_uses_rope(c, l) ? c->rope_dim : 0, c->rope_neox, rc, rsn, kv, li, slots,
+                       ring ? cells_l : cells, c->has_qk_norm ? &qkn : NULL));
+    for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
+        const int32_t nt = T - t0 < rt->attn_tokens ? T - t0 : rt->attn_tokens;
+        LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, kv, li, slots + t0, pos + t0,
+                          (ring ? ncells_l : ncells) + t0, ring ? rt->d_cell_pos_l : rt->d_cell_pos,
+                          ring ? n_chunks_l : n_chunks, rt->part, rt->att + t0 * qd, c->attn_scale,
+                          local ? c->swa_window : rt->p.slide_window, local ? 0 : rt->p.n_sink));
+    }
+    if (c->has_attn_gate) LCK(eic_sigmoid_gate(s, rt->att, rt->agate, (int64_t)T * qd));
+    if (c->has_post_norms) {   /* Gemma 3: O, then its post-norm, into the residual */
+        LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 0, rt->post, d));
+        if (lora) LCK(lora_apply(rt, l, 3, rt->att, qd, rt->post, d));
+        LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->attn_post_norm.data, T, d, c->rms_eps, rt->x));
+    } else {
+        LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
+        if (lora) LCK(lora_apply(rt, l, 3, rt->att, qd, rt->x, d));
+    }
+    return cudaSuccess;
+}
+
 /* Every launch of one step, on rt->stream; batch arrays already on the device.
- * Per layer: QKV (with attn_norm), rope_store, attention (chunks + merge), O,
+ * Per attention layer: QKV (with attn_norm), rope_store, attention (chunks + merge), O,
  * gate/up/SwiGLU (with ffn_norm), down: 7 launches when Q, K, V share a type
- * and gate, up share one. */
+ * and gate, up share one. A recurrent layer's mixing block is its own (shortconv_block,
+ * deltanet_block); the FFN is the same. */
 static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, int n_chunks, int n_chunks_l) {
     const ei_model_config *c = &rt->cfg;
     cudaStream_t s = rt->stream;
-    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
-    const int64_t ff = c->n_ff, half = c->rope_dim / 2;
+    const int64_t d = c->n_embd, ff = c->n_ff, half = c->rope_dim / 2;
     int32_t *tokens = batch_arr(rt, rt->d_batch, 0), *slots = batch_arr(rt, rt->d_batch, 1);
     int32_t *pos = batch_arr(rt, rt->d_batch, 2), *cells = batch_arr(rt, rt->d_batch, 3);
-    int32_t *ncells = batch_arr(rt, rt->d_batch, 4), *orows = batch_arr(rt, rt->d_batch, 5);
+    int32_t *orows = batch_arr(rt, rt->d_batch, 5), *cells_l = batch_arr(rt, rt->d_batch, 6);
     const float *freqs = (const float *)rt->globals.rope_freqs.data;
     const int lora = rt->n_lora_groups > 0;   /* never while capturing a graph (ei_cuda_forward) */
-    int32_t *cells_l = batch_arr(rt, rt->d_batch, 6), *ncells_l = batch_arr(rt, rt->d_batch, 7);
 
     LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta, c->rope_freq_scale, freqs, c->rope_attn_factor, rt->rope_cos, rt->rope_sin,
                         rt->d_cell_pos, slots, cells, rt->p.n_ctx));
@@ -805,45 +1085,10 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     if (c->embd_scale > 0 && c->embd_scale != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, c->embd_scale));
     for (int l = 0; l < c->n_layer; l++) {
         const ei_layer *L = &rt->layers[l];
-        const int local = ei_layer_is_local(c, l);
-        const eic_qk_norm qkn = {(const float *)L->q_norm.data, (const float *)L->k_norm.data, c->rms_eps};
-        const float *rc = local && rt->rope_cos_l ? rt->rope_cos_l : rt->rope_cos;
-        const float *rsn = local && rt->rope_sin_l ? rt->rope_sin_l : rt->rope_sin;
-        const int ring = local && rt->local_cells;   /* the layer's KV lives in the local ring */
-        const eic_kv *kv = ring ? &rt->kv_l : &rt->kv;
-        const int li = rt->kv_index[l];
-        /* attn_norm + Q, K, V: one launch unless the recipe mixes their types */
-        const eic_mm_part qkv[3] = {{L->wq.data, (const float *)L->bq.data, rt->q, qd, qd},
-                                    {L->wk.data, (const float *)L->bk.data, rt->kc, kvd, kvd},
-                                    {L->wv.data, (const float *)L->bv.data, rt->vc, kvd, kvd}};
-        const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
-        LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
-        if (lora && (lora_touches(rt, l, 0) || lora_touches(rt, l, 1) || lora_touches(rt, l, 2))) {
-            /* the adapters read the normed input the fused launch never stores: onorm (the head's, later) */
-            LCK(eic_rmsnorm(s, rt->x, (const float *)L->attn_norm.data, NULL, T, d, c->rms_eps, rt->onorm));
-            LCK(lora_apply(rt, l, 0, rt->onorm, d, rt->q, qd));
-            LCK(lora_apply(rt, l, 1, rt->onorm, d, rt->kc, kvd));
-            LCK(lora_apply(rt, l, 2, rt->onorm, d, rt->vc, kvd));
-        }
-        /* a layer without RoPE: the same launch rotating no dimensions */
-        LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim,
-                           ei_layer_uses_rope(c, l) ? c->rope_dim : 0, c->rope_neox, rc, rsn, kv, li, slots,
-                           ring ? cells_l : cells, c->has_qk_norm ? &qkn : NULL));
-        for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
-            const int32_t nt = T - t0 < rt->attn_tokens ? T - t0 : rt->attn_tokens;
-            LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, kv, li, slots + t0, pos + t0,
-                              (ring ? ncells_l : ncells) + t0, ring ? rt->d_cell_pos_l : rt->d_cell_pos,
-                              ring ? n_chunks_l : n_chunks, rt->part, rt->att + t0 * qd, c->attn_scale,
-                              local ? c->swa_window : rt->p.slide_window, local ? 0 : rt->p.n_sink));
-        }
-        if (c->has_post_norms) {   /* Gemma 3: O, then its post-norm, into the residual */
-            LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 0, rt->post, d));
-            if (lora) LCK(lora_apply(rt, l, 3, rt->att, qd, rt->post, d));
-            LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->attn_post_norm.data, T, d, c->rms_eps, rt->x));
-        } else {
-            LCK(eic_matmul(s, L->wo.type, L->wo.data, d, qd, rt->att, qd, T, NULL, 1, rt->x, d));
-            if (lora) LCK(lora_apply(rt, l, 3, rt->att, qd, rt->x, d));
-        }
+        const int kind = ei_layer_kind_of(c, l);
+        if (kind == EI_LAYER_SHORTCONV) LCK(shortconv_block(rt, l, T));
+        else if (kind == EI_LAYER_DELTANET) LCK(deltanet_block(rt, l, T));
+        else LCK(attention_block(rt, l, T, n_chunks, n_chunks_l));
         /* ffn_norm + gate, up and SwiGLU: one launch when gate and up share a type (and no adapter
          * needs gate and up apart) */
         const float *fn = (const float *)L->ffn_norm.data;
@@ -910,7 +1155,8 @@ static int run_graph(ei_cuda_runtime *rt, int32_t T, int32_t n_out) {
 
 extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, const int32_t *tokens,
                                      const int32_t *slots, const int32_t *pos, const int32_t *cells, int32_t n_out,
-                                     const int32_t *out_rows, float *logits) {
+                                     const int32_t *out_rows, float *logits, int32_t n_keep,
+                                     const int32_t *keep_rows) {
     if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "forward: null runtime");
     const ei_model_config *c = &rt->cfg;
     if (n_tokens < 1 || n_tokens > rt->p.max_batch)
@@ -931,9 +1177,15 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
     for (int32_t j = 0; j < n_out; j++)
         if (out_rows[j] < 0 || out_rows[j] >= n_tokens)
             return eic_fail(EI_ERR_RANGE, "output row %d outside [0, %d)", out_rows[j], n_tokens);
+    if (n_keep < 0 || (n_keep > 0 && !keep_rows))
+        return eic_fail(EI_ERR_INVALID_ARG, "forward: bad keep rows (n_keep=%d)", n_keep);
+    for (int32_t j = 0; j < n_keep; j++)
+        if (keep_rows[j] < 0 || keep_rows[j] >= n_tokens)
+            return eic_fail(EI_ERR_RANGE, "keep row %d outside [0, %d)", keep_rows[j], n_tokens);
 
-    ei_status st = use_device(rt);
+    ei_status st = state_check(rt, n_tokens, slots, pos);
     if (st != EI_OK) return st;
+    if ((st = use_device(rt)) != EI_OK) return st;
     rt->last_n_out = 0;   /* until this step succeeds, argmax / topk have no rows to read */
 
     /* Host bookkeeping, as layer 0 of the CPU pass does it before any attention. */
@@ -964,6 +1216,9 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
         }
     }
     for (int32_t j = 0; j < n_out; j++) hb[5 * B + j] = out_rows[j];
+    for (int32_t i = 0; i < n_tokens; i++) hb[8 * B + i] = -1;
+    for (int32_t j = 0; rt->d_state && j < n_keep; j++)   /* the copy each keep row fills */
+        hb[8 * B + keep_rows[j]] = place_kept(rt, slots[keep_rows[j]], pos[keep_rows[j]] + 1);
     st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, EIC_BATCH_ARRAYS * B * 4, cudaMemcpyHostToDevice, rt->stream),
                              "batch upload");
     if (st != EI_OK) return st;
@@ -982,6 +1237,7 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
                                         rt->stream), "logits download")) != EI_OK)
         return st;
     if ((st = eic_check(cudaStreamSynchronize(rt->stream), "forward")) != EI_OK) return st;
+    for (int32_t i = 0; rt->d_state && i < n_tokens; i++) rt->state_seen[slots[i]] = pos[i] + 1;
     rt->last_n_out = n_out;
     return EI_OK;
 }

@@ -1052,3 +1052,180 @@ cudaError_t eic_lora_up(cudaStream_t s, const float *B, int64_t n_out, int rank,
     lora_up_kernel<<<dim3((unsigned)n, (unsigned)blocks), LORA_THREADS, 0, s>>>(B, n_out, rank, t, rows, scale, y, ldy);
     return cudaGetLastError();
 }
+
+/* ---------------------------------------------------------------- recurrent layers (LFM2, Qwen3.5) */
+/* Row t's slot state block of this layer, and its kept copy rs.keep[t] (>= 0) if the row keeps one. */
+__device__ __forceinline__ float *rstate_live(const eic_rstate &rs, int64_t t) {
+    return rs.state + (int64_t)rs.slots[t] * rs.stride + rs.off;
+}
+__device__ __forceinline__ float *rstate_kept(const eic_rstate &rs, int64_t t) {
+    const int32_t k = rs.keep[t];
+    return k < 0 ? NULL : rs.snap + ((int64_t)rs.slots[t] * rs.n_snap + k) * rs.stride + rs.off;
+}
+
+/* A thread per channel runs the rows in order (a slot's rows continue its window; slots may
+ * interleave), so a window is only ever read and written by its own thread. */
+__global__ void conv1d_state_kernel(int mode, const float *__restrict__ in, const float *__restrict__ w, int K,
+                                    int64_t ch, int64_t n_tok, eic_rstate rs, float *__restrict__ y) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    float tap[EIC_CONV_MAX_K];
+    for (int k = 0; k < K; k++) tap[k] = w[c * K + k];
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *win = rstate_live(rs, t);   /* [K - 1][ch], oldest first */
+        const float u = mode == EIC_CONV_SHORTCONV ? in[t * 3 * ch + c] * in[t * 3 * ch + 2 * ch + c] : in[t * ch + c];
+        float acc = 0.0f;
+        for (int k = 0; k < K - 1; k++) acc += tap[k] * win[k * ch + c];
+        acc += tap[K - 1] * u;
+        for (int k = 0; k + 1 < K - 1; k++) win[k * ch + c] = win[(k + 1) * ch + c];
+        win[(int64_t)(K - 2) * ch + c] = u;
+        y[t * ch + c] = mode == EIC_CONV_SHORTCONV ? in[t * 3 * ch + ch + c] * acc : acc / (1.0f + expf(-acc));
+        float *kept = rstate_kept(rs, t);
+        if (kept)
+            for (int k = 0; k < K - 1; k++) kept[k * ch + c] = win[k * ch + c];
+    }
+}
+
+cudaError_t eic_conv1d_state(cudaStream_t s, int mode, const float *in, const float *w, int K, int64_t ch,
+                             int64_t n_tok, const eic_rstate *rs, float *y) {
+    if (n_tok <= 0) return cudaSuccess;
+    if (K < 2 || K > EIC_CONV_MAX_K || ch < 1 || !rs) return cudaErrorInvalidValue;
+    const int64_t blocks = (ch + 127) / 128;
+    if (blocks > 65535) return cudaErrorInvalidValue;
+    conv1d_state_kernel<<<(unsigned)blocks, 128, 0, s>>>(mode, in, w, K, ch, n_tok, *rs, y);
+    return cudaGetLastError();
+}
+
+/* Block h (a value head), thread j < dv: column j of the head's state S [dk][dv] in registers while
+ * the rows of one slot run; q and k (key head h % nk) L2-normed in shared memory per row. As the
+ * CPU's ei_delta_step: S = exp(g) S; delta = beta (v - S^T k); S += k delta^T; o = S^T q. */
+__global__ void delta_rule_kernel(eic_delta_args a, int64_t n_tok, eic_rstate rs) {
+    __shared__ float qs[EIC_MAX_SSM_DK], ks[EIC_MAX_SSM_DK], norms[2];
+    const int h = blockIdx.x, j = threadIdx.x, dk = a.dk, dv = a.dv, kh = h % a.nk;
+    const int64_t cd = (int64_t)(2 * a.nk) * dk + (int64_t)a.nv * dv, hoff = (int64_t)h * dk * dv;
+    float col[EIC_MAX_SSM_DK];
+    int32_t cur = -1;   /* the slot whose column is in col */
+    const float a_neg = a.a[h], dt = a.dt[h];
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *row = a.qkv + t * cd;
+        for (int i = j; i < dk; i += blockDim.x) {
+            qs[i] = row[(int64_t)kh * dk + i];
+            ks[i] = row[(int64_t)(a.nk + kh) * dk + i];
+        }
+        __syncthreads();
+        if (j < 32) {   /* warp 0: the two squared norms */
+            float sq = 0.0f, sk = 0.0f;
+            for (int i = j; i < dk; i += 32) sq += qs[i] * qs[i], sk += ks[i] * ks[i];
+            sq = warp_sum(sq);
+            sk = warp_sum(sk);
+            if (j == 0) {
+                norms[0] = rsqrtf(sq + EIC_L2_EPS) * rsqrtf((float)dk);   /* q also scaled by 1/sqrt(d_k) */
+                norms[1] = rsqrtf(sk + EIC_L2_EPS);
+            }
+        }
+        __syncthreads();
+        const float nq = norms[0], nk = norms[1];
+        const int32_t slot = rs.slots[t];
+        if (j < dv) {
+            float *S = rs.state + (int64_t)slot * rs.stride + rs.off + hoff;
+            if (slot != cur) {
+                if (cur >= 0) {
+                    float *P = rs.state + (int64_t)cur * rs.stride + rs.off + hoff;
+                    for (int i = 0; i < dk; i++) P[(int64_t)i * dv + j] = col[i];
+                }
+                for (int i = 0; i < dk; i++) col[i] = S[(int64_t)i * dv + j];
+                cur = slot;
+            }
+            const float x = a.alpha[t * a.nv + h] + dt;
+            const float g = a_neg * (x > 20.0f ? x : log1pf(expf(x)));
+            const float decay = expf(g), beta = 1.0f / (1.0f + expf(-a.beta[t * a.nv + h]));
+            float kv = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                col[i] *= decay;
+                kv += col[i] * (ks[i] * nk);
+            }
+            const float delta = beta * (row[(int64_t)2 * a.nk * dk + (int64_t)h * dv + j] - kv);
+            float o = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                col[i] += ks[i] * nk * delta;
+                o += col[i] * (qs[i] * nq);
+            }
+            a.o[t * (int64_t)a.nv * dv + (int64_t)h * dv + j] = o;
+            float *kept = rstate_kept(rs, t);
+            if (kept)
+                for (int i = 0; i < dk; i++) kept[hoff + (int64_t)i * dv + j] = col[i];
+        }
+        __syncthreads();   /* every thread has read qs / ks before the next row overwrites them */
+    }
+    if (j < dv && cur >= 0) {
+        float *P = rs.state + (int64_t)cur * rs.stride + rs.off + hoff;
+        for (int i = 0; i < dk; i++) P[(int64_t)i * dv + j] = col[i];
+    }
+}
+
+cudaError_t eic_delta_rule(cudaStream_t s, const eic_delta_args *a, int64_t n_tok, const eic_rstate *rs) {
+    if (n_tok <= 0) return cudaSuccess;
+    if (!a || !rs || a->dk < 1 || a->dk > EIC_MAX_SSM_DK || a->dv < 1 || a->dv > 1024 || a->nk < 1 || a->nv < 1 ||
+        a->nv > 65535)
+        return cudaErrorInvalidValue;
+    const int threads = (a->dv + 31) / 32 * 32;
+    delta_rule_kernel<<<(unsigned)a->nv, threads, 0, s>>>(*a, n_tok, *rs);
+    return cudaGetLastError();
+}
+
+/* A warp per row: x = x / sqrt(mean x^2 + eps) * w * silu(gate), as the CPU's gated_norm. */
+__global__ void gated_norm_kernel(float *x, const float *__restrict__ w, const float *__restrict__ gate, int64_t n_rows,
+                                  int d, float eps) {
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (r >= n_rows) return;   /* whole warps leave together: their shuffles see every lane */
+    float *xr = x + r * d;
+    const float *gr = gate + r * d;
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += 32) ss += xr[i] * xr[i];
+    ss = warp_sum(ss);
+    const float sc = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = lane; i < d; i += 32) {
+        const float g = gr[i];
+        xr[i] = xr[i] * sc * w[i] * (g / (1.0f + expf(-g)));
+    }
+}
+
+cudaError_t eic_gated_norm(cudaStream_t s, float *x, const float *w, const float *gate, int64_t n_rows, int d,
+                           float eps) {
+    if (n_rows <= 0) return cudaSuccess;
+    const int64_t blocks = (n_rows + 3) / 4;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    gated_norm_kernel<<<(unsigned)blocks, 128, 0, s>>>(x, w, gate, n_rows, d, eps);
+    return cudaGetLastError();
+}
+
+/* Gated attention (Qwen3.5): attn_q gave [t][head][query hd, gate hd]; the queries to q [t][qd],
+ * the gates to gate [t][qd]. */
+__global__ void split_gate_kernel(const float *__restrict__ qg, int64_t n, int hd, float *__restrict__ q,
+                                  float *__restrict__ gate) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t head = i / hd, e = i % hd;
+        q[i] = qg[2 * head * hd + e];
+        gate[i] = qg[2 * head * hd + hd + e];
+    }
+}
+
+__global__ void sigmoid_gate_kernel(float *x, const float *__restrict__ gate, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] /= 1.0f + expf(-gate[i]);
+}
+
+cudaError_t eic_split_gate(cudaStream_t s, const float *qg, int64_t n_tok, int64_t qd, int hd, float *q, float *gate) {
+    const int64_t n = n_tok * qd;
+    if (n <= 0) return cudaSuccess;
+    if (hd < 1 || qd % hd) return cudaErrorInvalidValue;
+    split_gate_kernel<<<ew_blocks(n), 256, 0, s>>>(qg, n, hd, q, gate);
+    return cudaGetLastError();
+}
+
+cudaError_t eic_sigmoid_gate(cudaStream_t s, float *x, const float *gate, int64_t n) {
+    if (n <= 0) return cudaSuccess;
+    sigmoid_gate_kernel<<<ew_blocks(n), 256, 0, s>>>(x, gate, n);
+    return cudaGetLastError();
+}

@@ -103,4 +103,38 @@ cudaError_t eic_argmax(cudaStream_t s, const float *x, int64_t n_rows, int64_t n
  * ties to the lower id; NaN counts as -inf. 1 <= k <= min(n, EIC_TOPK_MAX). */
 #define EIC_TOPK_MAX 256
 cudaError_t eic_topk(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int k, int32_t *ids, float *vals);
+/* ---- recurrent layers (LFM2's short convolution, Qwen3.5's Gated DeltaNet) ----
+ * A layer's per-slot state: the live block of slot s at state + s * stride + off, its kept copy k
+ * at snap + (s * n_snap + k) * stride + off (the CPU's layout, native/src/state.h). keep[t]: the
+ * copy row t fills with the state after it, -1: none. slots / keep: [n_tok] on the device. */
+typedef struct {
+    float *state, *snap;
+    int64_t stride, off;
+    int32_t n_snap;
+    const int32_t *slots, *keep;
+} eic_rstate;
+#define EIC_CONV_MAX_K 16
+#define EIC_MAX_SSM_DK 128
+#define EIC_L2_EPS 1e-6f
+enum { EIC_CONV_SHORTCONV = 0, EIC_CONV_SILU = 1 };
+/* Causal depthwise conv1d with state (taps w[c * K + k]), window [K - 1][ch] at the layer's block.
+ * EIC_CONV_SHORTCONV: in [t][3 ch] = B, C, x; y = C * conv(B * x) (LFM2). EIC_CONV_SILU: in [t][ch];
+ * y = silu(conv(in)) (the delta net's qkv). A slot's rows run in order; slots may interleave. */
+cudaError_t eic_conv1d_state(cudaStream_t s, int mode, const float *in, const float *w, int K, int64_t ch,
+                             int64_t n_tok, const eic_rstate *rs, float *y);
+/* The gated delta rule of nv value heads (head h reads key head h % nk) over qkv [t][q nk*dk, k nk*dk,
+ * v nv*dv] (after the conv): q, k L2-normed (q also times 1/sqrt(dk)), g = a[h] softplus(alpha + dt[h]),
+ * beta = sigmoid(beta); o [t][nv*dv]; the state [nv][dk][dv] at rs (off: the matrix's). dk <= EIC_MAX_SSM_DK. */
+typedef struct {
+    const float *qkv, *alpha, *beta, *a, *dt;
+    float *o;
+    int nk, nv, dk, dv;
+} eic_delta_args;
+cudaError_t eic_delta_rule(cudaStream_t s, const eic_delta_args *a, int64_t n_tok, const eic_rstate *rs);
+/* x[r] = x[r] / sqrt(mean x[r]^2 + eps) * w * silu(gate[r]), n_rows rows of d. */
+cudaError_t eic_gated_norm(cudaStream_t s, float *x, const float *w, const float *gate, int64_t n_rows, int d,
+                           float eps);
+/* Gated attention: qg [t][head][query hd, gate hd] -> q [t][qd], gate [t][qd]; x[i] *= sigmoid(gate[i]). */
+cudaError_t eic_split_gate(cudaStream_t s, const float *qg, int64_t n_tok, int64_t qd, int hd, float *q, float *gate);
+cudaError_t eic_sigmoid_gate(cudaStream_t s, float *x, const float *gate, int64_t n);
 #endif
