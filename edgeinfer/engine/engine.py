@@ -10,10 +10,9 @@ import numpy as np
 from ..backends import Capabilities, KVPlan, backend_for_model, select_backend
 from ..errors import ContextOverflowError, EmbeddingError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
-from ..model.config import ModelConfig, local_ring_cells
+from ..model.config import ModelConfig, layer_state_floats, local_ring_cells
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
-from ..tools.plan import layer_state_floats
 from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
 from .embedding import Pooler, check_pooling, file_pooling

@@ -471,3 +471,20 @@ def _family_hparams(a: Arch, f: GGUFFile, get_int, get_float, key, n_embd: int, 
         if out["rope_theta_local"] <= 0:
             raise GGUFError(f"{f.path}: {key('rope_theta_local')} must be > 0")
     return out
+
+
+def layer_state_floats(cfg) -> tuple[int, ...]:
+    """Floats of each trunk layer's recurrent state per slot, as the CPU runtime lays them out
+    (ei_layer_state_floats, edgeinfer_layout.h): the conv window, (conv_kernel - 1) x channels
+    (n_embd for a short conv; q, k and v for a delta-net layer), then a delta-net layer's
+    [value head][d_k][d_v] matrix; each layer's block rounded up to a 64-byte line (state.c)."""
+    out = []
+    for kind in cfg.layer_kinds[:cfg.n_layer]:
+        if kind == "shortconv":
+            floats = (cfg.conv_kernel - 1) * cfg.n_embd
+        elif kind == "recurrent":
+            floats = (cfg.conv_kernel - 1) * cfg.ssm_conv_dim + cfg.ssm_inner * cfg.ssm_head_dim
+        else:
+            floats = 0
+        out.append((floats + 15) // 16 * 16)
+    return tuple(out)

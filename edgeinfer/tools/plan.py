@@ -49,7 +49,7 @@ from typing import Iterable, Optional
 from ..arch import HeadDims
 from ..backends.base import KVPlan
 from ..errors import EdgeInferError
-from ..model.config import kv_layer_cells, local_ring_cells
+from ..model.config import kv_layer_cells, layer_state_floats, local_ring_cells
 
 __all__ = [
     "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "PROCESS_BASELINE", "ModelShape", "PlanRow", "model_shape",
@@ -103,23 +103,6 @@ class ModelShape(HeadDims):
     swa_layers: tuple[bool, ...] = ()
     # per layer (hybrids): floats of its recurrent state per slot (0: an attention layer)
     layer_state: tuple[int, ...] = ()
-
-
-def layer_state_floats(cfg) -> tuple[int, ...]:
-    """Floats of each trunk layer's recurrent state per slot, as the CPU runtime lays them out
-    (ei_layer_state_floats, edgeinfer_layout.h): the conv window, (conv_kernel - 1) x channels
-    (n_embd for a short conv; q, k and v for a delta-net layer), then a delta-net layer's
-    [value head][d_k][d_v] matrix; each layer's block rounded up to a 64-byte line (state.c)."""
-    out = []
-    for kind in cfg.layer_kinds[:cfg.n_layer]:
-        if kind == "shortconv":
-            floats = (cfg.conv_kernel - 1) * cfg.n_embd
-        elif kind == "recurrent":
-            floats = (cfg.conv_kernel - 1) * cfg.ssm_conv_dim + cfg.ssm_inner * cfg.ssm_head_dim
-        else:
-            floats = 0
-        out.append((floats + 15) // 16 * 16)
-    return tuple(out)
 
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
