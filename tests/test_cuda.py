@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
+from tests.support.cuda_bounds import NMSE_MAX, nmse
 from tests.support.strict import require
 from edgeinfer.backends import Batch, cuda as cb
 from edgeinfer._native import ffi as cpu_ffi, lib as cpu_lib
@@ -60,14 +61,6 @@ TYPES = {
 }
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
 FLOAT_TYPES = {"F32", "F16", "BF16"}
-NMSE_MAX = 1e-5
-
-
-def nmse(ref: np.ndarray, got: np.ndarray) -> float:
-    ref = np.asarray(ref, dtype=np.float64)
-    got = np.asarray(got, dtype=np.float64)
-    assert np.isfinite(got).all(), "NaN or inf in the CUDA output"
-    return float(np.sum((ref - got) ** 2) / max(np.sum(ref ** 2), 1e-30))
 
 
 # ------------------------------------------------------------------ build (runs here with nvcc)

@@ -20,6 +20,7 @@ import random
 import numpy as np
 import pytest
 
+from tests.support.cuda_bounds import assert_close
 from tests.support.strict import require
 
 torch = require("torch", "tiny checkpoints are built with torch")
@@ -41,30 +42,8 @@ pytestmark = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_
                                 "(tests/test_cuda_sim.py runs these on eisim)")
 
 HYBRIDS = tuple(tc.LFM2_LAYOUTS) + tuple(tc.QWEN35_KINDS)
-NMSE_MAX, KL_MAX = 1e-5, 1e-4     # tests/test_cuda.py's CPU-vs-CUDA bounds for the tiny families
 IDS = list(range(5, 29))
 N_NEW = 12
-
-
-def nmse(ref, got) -> float:
-    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    assert np.isfinite(got).all()
-    return float(np.sum((ref - got) ** 2) / max(np.sum(ref ** 2), 1e-30))
-
-
-def kl(ref, got) -> float:
-    def logp(x):
-        x = np.asarray(x, np.float64)
-        x = x - x.max(axis=1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-    lp, lq = logp(ref), logp(got)
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
-
-
-def assert_close(ref, got, what):
-    top1 = float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
-    assert nmse(ref, got) <= NMSE_MAX and kl(ref, got) <= KL_MAX and top1 >= 0.95, \
-        (what, nmse(ref, got), kl(ref, got), top1)
 
 
 @pytest.fixture(scope="module", params=HYBRIDS)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.cuda_bounds import assert_close, nmse
 from tests.support.strict import require
 
 torch = require("torch", "tiny checkpoints are built with torch")
@@ -34,29 +35,7 @@ pytestmark = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_
                                 "(tests/test_cuda_sim.py runs these on eisim)")
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then 12345 apples"
-NMSE_MAX, KL_MAX = 1e-5, 1e-4     # tests/test_cuda.py's CPU-vs-CUDA bounds for the tiny families
 EFFECT_MIN = 1e-3                 # an adapter moves the logits by far more than the bound
-
-
-def nmse(ref, got) -> float:
-    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    assert np.isfinite(got).all()
-    return float(np.sum((ref - got) ** 2) / max(np.sum(ref ** 2), 1e-30))
-
-
-def kl(ref, got) -> float:
-    def logp(x):
-        x = np.asarray(x, np.float64)
-        x = x - x.max(axis=1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-    lp, lq = logp(ref), logp(got)
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
-
-
-def assert_close(ref, got, what):
-    top1 = float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
-    assert nmse(ref, got) <= NMSE_MAX and kl(ref, got) <= KL_MAX and top1 >= 0.95, \
-        (what, nmse(ref, got), kl(ref, got), top1)
 
 
 @pytest.fixture(scope="module")
