@@ -278,3 +278,23 @@ def test_speculative_lookup_with_an_adapter_gives_the_plain_tokens(files):
         spec = e.generate(prompt, max_tokens=24, temperature=0, ignore_eos=True, lora="a", speculative="lookup")
     assert spec.stats.spec_proposed > 0
     assert spec.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("kind,targets", [
+    ("qwen35", ["q_proj", "k_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj", "down_proj"]),
+    ("lfm2", ["q_proj", "out_proj", "in_proj", "w1", "w2", "w3"])])
+def test_hybrid_adapter_equals_merged_file(tmp_path, kind, targets):
+    """Adapters on the hybrids' own matmuls: Qwen3.5's delta-net projections (the converter tiles their value
+    heads: a row reorder of in_proj_qkv / in_proj_z, a column reorder of out_proj) and gated q, LFM2's short-conv
+    in/out projections."""
+    src = tiny_checkpoints.build(kind, tmp_path / "hf")
+    adapter = tiny_checkpoints.build_lora(src, tmp_path / "adapter", targets=targets)
+    base, merged = tmp_path / "base.gguf", tmp_path / "merged.gguf"
+    convert_checkpoint(str(src), str(base), "f32")
+    convert_checkpoint(str(src), str(merged), "f32", lora_dir=str(adapter))
+    ids = list(range(5, 45))
+    with edgeinfer.load(str(base), n_ctx=128, n_threads=2, loras={"a": str(adapter)}) as e:
+        ours, plain = e.logits(ids, lora="a"), e.logits(ids)
+    want = _logits(merged, ids)
+    assert float(np.abs(want - plain).max()) > 1e-2
+    assert float(np.abs(ours - want).max()) <= TOL
