@@ -226,24 +226,3 @@ def test_conv1d_kernel_matches_numpy(isa):
     assert lib.ei_kernel_conv1d(level, f(w), K, ch, f(st), f(x), n, f(y)) == lib.EI_OK
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(st, full[-(K - 1):].astype(np.float32))
-
-
-# ----------------------------------------------------------------- CUDA
-def test_cuda_refuses_the_hybrid_and_auto_falls_back_to_the_cpu(lfm2, monkeypatch, caplog):
-    """The CUDA forward has attention layers only: device='cuda' refuses an LFM2 file by name,
-    and device='auto' on a machine with a GPU runs it on the CPU with one log line."""
-    from edgeinfer.backends import cuda as cb
-    from edgeinfer.errors import UnsupportedArchitectureError
-
-    _, files = lfm2
-    gpu = cb.DeviceInfo(0, "test GPU", (8, 9), 1, False, 1 << 30, 1 << 30, 12000, 12000)
-    monkeypatch.setattr(cb, "select_device", lambda device: ("cuda", gpu))
-    with pytest.raises(UnsupportedArchitectureError, match=r"no shortconv layers .*device='cpu'"):
-        edgeinfer.load(str(files["f32"]), n_ctx=64, device="cuda")
-    with caplog.at_level("INFO", logger="edgeinfer"):
-        with edgeinfer.load(str(files["f32"]), n_ctx=64, device="auto") as eng:
-            assert eng.info()["device"] == "cpu"
-            want = _fresh(files["f32"], IDS[:10], n_ctx=64)
-            assert eng.generate(IDS[:10], max_tokens=N_NEW, temperature=0, ignore_eos=True).tokens == want
-    lines = [r for r in caplog.records if "device='auto'" in r.getMessage()]
-    assert len(lines) == 1 and "shortconv" in lines[0].getMessage()
