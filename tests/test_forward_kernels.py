@@ -34,7 +34,9 @@ def reference(q, k, v, cell_pos, pos):
                                           # head tiles of the AVX-512 kernel: 4 + 1, 4 + 4, 2 + 1, one head of 256, hd 16
                                           (333, 64, 5), (64, 64, 8), (290, 128, 3), (40, 256, 2), (17, 16, 3),
                                           # two heads of 64; AVX2 with an odd count of 8-float vectors
-                                          (150, 64, 2), (99, 24, 3), (40, 8, 1)])
+                                          (150, 64, 2), (99, 24, 3), (40, 8, 1),
+                                          # Gemma 4's full layers: heads of 512 (AVX-512 past 16 vectors)
+                                          (300, 512, 2), (33, 512, 1), (257, 384, 3)])
 def test_attention_matches_exact_math(n_cells, hd, g):
     rng = np.random.default_rng(n_cells * 131 + hd)
     q = (rng.standard_normal((g, hd)) * 2).astype(np.float32)

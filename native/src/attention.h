@@ -54,7 +54,7 @@ static inline float ei_attn_q8_scale(const uint8_t *row, int b) {
 }
 
 /* The SIMD kernels kernels.c puts in the tables (AVX-512: hd a multiple of 16, AVX2 F16: of 8,
- * NEON F16: of 4; all at most 256). */
+ * NEON F16: of 4; AVX-512 at most 512, the others 256). */
 void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                           int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,

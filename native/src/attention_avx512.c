@@ -18,6 +18,7 @@
 #define AV5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define AI static inline __attribute__((always_inline))
 #define MAX_TILE 4 /* query heads per tile */
+#define MAX_NV 32  /* 16-float vectors of a head: up to 512 (Gemma 4's full layers; past 16 they spill, still vector) */
 
 /* Values 16i..16i+15 of an F16 KV row as floats. */
 AI AV5 __m512 ld16(const uint8_t *row, int i) {
@@ -44,7 +45,7 @@ AI AV5 __m512 tree4(__m512 a, __m512 b) {
  * into sc[j * n + c]; mx[j] gets each head's maximum. */
 AI AV5 void tile_scores(const float *q, const int JN, const uint8_t *k, const int NV, size_t rb,
                         const int32_t *cell_pos, int32_t n, int32_t pos, float scale, float *sc, float *mx) {
-    __m512 qv[MAX_TILE][16], mxv[MAX_TILE];
+    __m512 qv[MAX_TILE][MAX_NV], mxv[MAX_TILE];
     for (int j = 0; j < JN; j++) {
         mxv[j] = _mm512_set1_ps(-INFINITY);
         for (int i = 0; i < NV; i++) qv[j][i] = _mm512_mul_ps(_mm512_loadu_ps(q + (16 * NV) * j + 16 * i), _mm512_set1_ps(scale));
@@ -60,7 +61,7 @@ AI AV5 void tile_scores(const float *q, const int JN, const uint8_t *k, const in
                     int32_t c = b + 4 * qd + 2 * pr + e;
                     if (c >= n) c = n - 1; /* past the end: any row, masked below */
                     const uint8_t *kr = k + (size_t)c * rb;
-                    __m512 kz[16];
+                    __m512 kz[MAX_NV];
                     for (int i = 0; i < NV; i++) kz[i] = ld16(kr, i);
                     for (int j = 0; j < JN; j++) {
                         __m512 a = _mm512_mul_ps(kz[0], qv[j][0]);
@@ -97,13 +98,13 @@ AI AV5 void attend_tile(const float *q, const int JN, const uint8_t *k, const ui
         return;
     }
     for (int j = 0; j < JN; j++) sum[j] = exp_scores16(sc + (size_t)j * n, n, mx[j]);
-    __m512 acc[MAX_TILE][16];
+    __m512 acc[MAX_TILE][MAX_NV];
     for (int j = 0; j < JN; j++)
         for (int i = 0; i < NV; i++) acc[j][i] = _mm512_setzero_ps();
     for (int32_t c = 0; c < n; c++) {
         if (!ei_attn_visible(cell_pos[c], pos)) continue; /* not visible: weight 0 for every head */
         const uint8_t *vr = v + (size_t)c * rb;
-        __m512 vz[16];
+        __m512 vz[MAX_NV];
         for (int i = 0; i < NV; i++) vz[i] = ld16(vr, i);
         for (int j = 0; j < JN; j++) {
             const __m512 p = _mm512_set1_ps(sc[(size_t)j * n + c]);

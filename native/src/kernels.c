@@ -235,7 +235,7 @@ static void fill_avx512(ei_kernels *k) {
      * vpdpbusd build 1.7x (1B-shape Q4_K_M, per-stage profile, 2 threads), where on the
      * Intel host the zmm ones had gained 3-6% only */
     k->packed[EI_TYPE_Q6_K].x1 = ei_packed_q6_k_x1_avx2;
-    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 256, 0};
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 512, 0};
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
     k->geglu = ei_geglu_avx512;
