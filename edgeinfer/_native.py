@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - a broken install
         f"(needs a C compiler): {exc}"
     ) from exc
 
-__all__ = ["ffi", "lib", "check", "last_error", "error_class"]
+__all__ = ["ffi", "lib", "check", "last_error", "error_class", "dequantize"]
 
 # One exception per ei_status. The CUDA library returns the same enum (edgeinfer_cuda.h).
 _ERRORS: dict[int, type[NativeError]] = {
@@ -41,3 +41,16 @@ def check(status: int, what: str = "native call", message: Callable[[], str] = l
     `message` reads the failing library's thread-local error text (the CUDA backend passes its own)."""
     if status != lib.EI_OK:
         raise error_class(status)(f"{what} failed (status {status}): {message()}")
+
+
+def dequantize(data, type_id: int, n_rows: int, n_cols: int):
+    """Rows of a GGUF type's blocks (any buffer of their bytes) as float32 [n_rows, n_cols]."""
+    import numpy as np
+
+    out = np.empty((n_rows, n_cols), dtype=np.float32)
+    if int(type_id) == lib.EI_TYPE_F32:
+        out[...] = np.frombuffer(data, dtype=np.float32, count=n_rows * n_cols).reshape(n_rows, n_cols)
+        return out
+    check(lib.ei_kernel_dequantize(int(type_id), lib.EI_ISA_SCALAR, ffi.from_buffer(data),
+                                   ffi.from_buffer("float[]", out), n_rows * n_cols), "ei_kernel_dequantize")
+    return out

@@ -58,16 +58,7 @@ def quantize(x: np.ndarray, type_id: int, n_threads: int = 0) -> np.ndarray:
 
 def dequantize(q: np.ndarray, type_id: int, n_cols: int) -> np.ndarray:
     """The float32 values of `quantize`'s output `q` (rows of n_cols elements)."""
-    from .._native import check, ffi, lib
+    from .._native import dequantize as rows
 
-    type_id = int(type_id)
     q = np.ascontiguousarray(q, dtype=np.uint8)
-    n_rows = q.shape[0] if q.ndim > 1 else 1
-    out = np.empty((n_rows, n_cols), dtype=np.float32)
-    if type_id == GGMLType.F32:
-        out[...] = q.view(np.float32).reshape(n_rows, n_cols)
-        return out
-    check(lib.ei_kernel_dequantize(type_id, lib.EI_ISA_SCALAR, ffi.from_buffer(q),
-                                   ffi.from_buffer("float[]", out), n_rows * n_cols),
-          "ei_kernel_dequantize")
-    return out
+    return rows(q, type_id, q.shape[0] if q.ndim > 1 else 1, n_cols)

@@ -43,7 +43,7 @@ class Engine:
     def __init__(self, path: Path, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer,
                  template: ChatTemplate, runner: Runner, ring: KVRing, max_queue: int = 256,
                  draft: DraftModel | None = None, speculative: str | None = None, spec_max_slots: int = 2,
-                 prompt_cache: PromptCache | None = None):
+                 prompt_cache: PromptCache | None = None, lora_bytes: int = 1 << 30):
         self.path = path
         self.gguf = gguf
         self.config = cfg
@@ -57,7 +57,7 @@ class Engine:
         self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue, draft=draft,
                                    speculative=speculative, spec_max_slots=spec_max_slots,
                                    draft_cost_ratio=ratio if ratio > 0 else 1.0, prompt_cache=prompt_cache)
-        self.adapters = Adapters(runner, cfg)
+        self.adapters = Adapters(runner, cfg, max_bytes=lora_bytes)
         self.scheduler.adapters = self.adapters
 
     @property
@@ -196,8 +196,8 @@ class Engine:
             cache = PromptCache(prompt_cache, model_identity(path, gguf.data_offset), kv_type,
                                 max_bytes=prompt_cache_bytes)
         engine = cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
-                     draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots, prompt_cache=cache)
-        engine.adapters.max_bytes = lora_bytes
+                     draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots, prompt_cache=cache,
+                     lora_bytes=lora_bytes)
         try:
             for name, adapter_path in (loras or {}).items():
                 engine.load_lora(name, adapter_path)

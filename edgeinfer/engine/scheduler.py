@@ -376,14 +376,12 @@ class Scheduler:
             best, best_n = 0, -1
             key = req.adapters
             for i, s in enumerate(self._free):
-                if self._slot_adapters[s] != key:   # cells computed with other adapters
+                if self._slot_adapters[s] != key:   # cells computed with other adapters: nothing to reuse
                     n = 0
-                    if best_n < 0:
-                        best, best_n = i, 0
-                    continue
-                n = ring.common_prefix(s, ids)
-                if states.recurrent:    # only where a state was kept
-                    n = states.resume_point(s, min(n, len(ids) - 1))
+                else:
+                    n = ring.common_prefix(s, ids)
+                    if states.recurrent:    # only where a state was kept
+                        n = states.resume_point(s, min(n, len(ids) - 1))
                 if n > best_n:
                     best, best_n = i, n
             slot = self._free.pop(best)

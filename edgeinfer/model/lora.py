@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native import check, ffi, lib
+from .._native import check, dequantize, ffi, lib
 from ..errors import EdgeInferError
 from ..gguf.reader import GGUFFile
-from ..gguf.types import GGMLType
 from .config import ModelConfig
 from .native_model import NativeModel, c_role
 
@@ -39,14 +38,7 @@ class LoraWeights:
 
 def _floats(info) -> np.ndarray:
     """A GGUF tensor as float32 [ne1, ne0] (any type the native kernels can dequantize)."""
-    ne0 = info.shape[0]
-    rows = int(np.prod(info.shape[1:])) if len(info.shape) > 1 else 1
-    if info.type == GGMLType.F32:
-        return np.frombuffer(info.data, dtype=np.float32).reshape(rows, ne0).copy()
-    out = np.empty((rows, ne0), dtype=np.float32)
-    check(lib.ei_kernel_dequantize(info.type, lib.EI_ISA_SCALAR, ffi.from_buffer(info.data),
-                                   ffi.from_buffer("float[]", out), out.size), f"dequantize {info.name}")
-    return out
+    return dequantize(info.data, info.type, int(np.prod(info.shape[1:], dtype=np.int64)), info.shape[0])
 
 
 def read_gguf_adapter(path: str, cfg: ModelConfig) -> LoraWeights:

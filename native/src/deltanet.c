@@ -48,18 +48,7 @@ static inline void st_f4(float *p, ei_f4 v) { memcpy(p, &v, sizeof v); }
 #define SFX scalar
 #define TGT
 #include "deltanet_gemm.h"
-#include "deltanet_impl.h"
-#undef VT
-#undef VW
-#undef VLD
-#undef VST
-#undef VSET1
-#undef VZERO
-#undef VFMA
-#undef GEMM_MR
-#undef GEMM_NV
-#undef SFX
-#undef TGT
+#include "deltanet_impl.h"   /* both undefine what they were given */
 
 #if defined(__x86_64__)
 /* ---------------- AVX2 + FMA ---------------- */
@@ -115,18 +104,7 @@ static inline A2 void decay_avx2(int64_t n, float ci, const float *c, float s, f
 #define SFX avx2
 #define TGT A2
 #include "deltanet_gemm.h"
-#include "deltanet_impl.h"
-#undef VT
-#undef VW
-#undef VLD
-#undef VST
-#undef VSET1
-#undef VZERO
-#undef VFMA
-#undef GEMM_MR
-#undef GEMM_NV
-#undef SFX
-#undef TGT
+#include "deltanet_impl.h"   /* both undefine what they were given */
 
 /* ---------------- AVX-512 ---------------- */
 #define A5 __attribute__((target("avx512f")))
@@ -183,18 +161,7 @@ static inline A5 void decay_avx512(int64_t n, float ci, const float *c, float s,
 #define SFX avx512
 #define TGT A5
 #include "deltanet_gemm.h"
-#include "deltanet_impl.h"
-#undef VT
-#undef VW
-#undef VLD
-#undef VST
-#undef VSET1
-#undef VZERO
-#undef VFMA
-#undef GEMM_MR
-#undef GEMM_NV
-#undef SFX
-#undef TGT
+#include "deltanet_impl.h"   /* both undefine what they were given */
 #endif
 
 #if defined(__aarch64__)
@@ -246,18 +213,7 @@ static inline void decay_neon(int64_t n, float ci, const float *c, float s, floa
 #define SFX neon
 #define TGT
 #include "deltanet_gemm.h"
-#include "deltanet_impl.h"
-#undef VT
-#undef VW
-#undef VLD
-#undef VST
-#undef VSET1
-#undef VZERO
-#undef VFMA
-#undef GEMM_MR
-#undef GEMM_NV
-#undef SFX
-#undef TGT
+#include "deltanet_impl.h"   /* both undefine what they were given */
 #endif
 
 /* ---------------- public API ---------------- */

@@ -5,7 +5,7 @@
  *   C[i][j] (+)= sum_p A[i sa + p sp] B[p ldb + j]    (i < M, j < N, p < K)
  * A tile of C stays in registers while p runs: per p, NV vector loads of B's row and, per row,
  * one broadcast of A and NV FMAs. Each C element sums over p in order, as the scalar loop does.
- * No include guard: included once per ISA. */
+ * No include guard: included once per ISA; it undefines the vector primitives at its end. */
 #define DG_CAT2(a, b) a##_##b
 #define DG_CAT(a, b) DG_CAT2(a, b)
 #define DG(name) DG_CAT(name, SFX)
@@ -76,3 +76,13 @@ static TGT void DG(gemm)(int64_t M, int64_t N, int64_t K, const float *A, int64_
 #undef DG
 #undef DG_CAT
 #undef DG_CAT2
+/* the ISA's vector primitives and tile shape were this header's alone */
+#undef VT
+#undef VW
+#undef VLD
+#undef VST
+#undef VSET1
+#undef VZERO
+#undef VFMA
+#undef GEMM_MR
+#undef GEMM_NV

@@ -4,7 +4,8 @@
  *   gate_rows(n, r, x, w, g): x = x r w silu(g)
  *   decay(n, ci, c, s, x): x[j] *= s exp(ci - c[j])
  *   gemm(M, N, K, A, sa, sp, B, ldb, C, ldc, acc): C (+)= A B, a(i, p) = A[i sa + p sp] (deltanet_gemm.h)
- * and SFX (the name suffix) and TGT (the target attribute). No include guard: included once per ISA. */
+ * and SFX (the name suffix) and TGT (the target attribute), undefined at its end. No include guard:
+ * included once per ISA. */
 #define DN_CAT2(a, b) a##_##b
 #define DN_CAT(a, b) DN_CAT2(a, b)
 #define DN(name) DN_CAT(name, SFX)
@@ -120,3 +121,5 @@ TGT void DN(ei_gated_norm)(float *x, const float *w, const float *gate, int64_t 
 #undef DN
 #undef DN_CAT
 #undef DN_CAT2
+#undef SFX
+#undef TGT
