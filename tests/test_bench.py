@@ -219,6 +219,23 @@ def test_bench_q8_0_kv_on_both_engines(smollm2_path):
     assert "KV q8_0" in format_table(res)
 
 
+@pytest.mark.oracle
+def test_llama_cpp_peer_runs_flash_attention_as_its_tools_do(smollm2_path):
+    """The llama.cpp peer decodes with flash attention on (llama.cpp's tools default on a CPU;
+    llama-cpp-python's is off) unless the spec says :no-fa; its label says which."""
+    require("llama_cpp")
+    import llama_cpp
+
+    from edgeinfer.tools.peers import make_runner
+    for arg, want in ((None, llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED), ("no-fa", llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)):
+        r = make_runner("llama.cpp", arg, str(smollm2_path), 1, 256, 64)
+        try:
+            assert r.llm.context_params.flash_attn_type == want
+            assert r.label.endswith("no-fa") == (arg == "no-fa")
+        finally:
+            r.close()
+
+
 def test_helpers():
     assert parse_threads("1,2") == [1, 2]
     assert parse_threads(" 4 ") == [4]
@@ -231,6 +248,9 @@ def test_helpers():
     assert (s.median, s.min, s.max) == (2.0, 1.0, 3.0) and s.stdev == pytest.approx(1.0)
     assert Spread.of([5.0]).stdev == 0.0
     assert _parse_peer("llama.cpp") == ("llama.cpp", None)
+    assert _parse_peer("llama.cpp:no-fa") == ("llama.cpp", "no-fa")
+    with pytest.raises(ValueError, match=":no-fa"):
+        _parse_peer("llama.cpp:fast")
     assert _parse_peer("ort-genai:/m/dir") == ("ort-genai", "/m/dir")
     with pytest.raises(ValueError):
         _parse_peer("ort-genai")

@@ -35,7 +35,8 @@ def bench(
     price_per_hour: Annotated[Optional[float], typer.Option(
         "--price-per-hour", help="Machine price per hour: adds cost per 1M output tokens.")] = None,
     compare: Annotated[Optional[list[str]], typer.Option(
-        "--compare", help="Peer to measure interleaved in the same run: llama.cpp or "
+        "--compare", help="Peer to measure interleaved in the same run: llama.cpp (flash attention on, "
+                          "as its own tools run; llama.cpp:no-fa without) or "
                           "ort-genai:DIR (repeatable).")] = None,
     isa: Annotated[str, typer.Option("--isa", help="edgeinfer kernels: best, avx512, avx2, "
                                      "neon, scalar.")] = "best",

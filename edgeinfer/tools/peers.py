@@ -103,20 +103,24 @@ class LlamaCppRunner(Runner):
 
     engine = "llama.cpp"
 
-    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, kv: str = "f16"):
+    def __init__(self, path: str, threads: int, n_ctx: int, batch: int, kv: str = "f16",
+                 flash_attn: bool = True):
         try:
             import llama_cpp
         except ImportError as e:
             raise PeerSkipped(f"llama-cpp-python is not installed ({e}); pip install llama-cpp-python") from None
         self._lc = llama_cpp
-        # A quantized V cache needs llama.cpp's flash-attention path (-fa -ctk q8_0 -ctv q8_0).
-        kv_args = ({} if kv == "f16" else
-                   {"type_k": llama_cpp.GGML_TYPE_Q8_0, "type_v": llama_cpp.GGML_TYPE_Q8_0, "flash_attn": True})
+        # Flash attention on, as llama.cpp's own tools run on a CPU ("-fa auto"); llama-cpp-python's
+        # default is off. A quantized V cache needs it (-fa -ctk q8_0 -ctv q8_0).
+        if kv != "f16" and not flash_attn:
+            raise PeerSkipped("llama.cpp's quantized KV cache needs flash attention (drop :no-fa)")
+        kv_args = ({} if kv == "f16" else {"type_k": llama_cpp.GGML_TYPE_Q8_0, "type_v": llama_cpp.GGML_TYPE_Q8_0})
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads,
-                                   n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
+                                   n_threads_batch=threads, n_batch=batch, n_ubatch=batch, flash_attn=flash_attn,
                                    logits_all=False, verbose=False, **kv_args)
         self.n_vocab = int(self.llm.n_vocab())
-        self.label = f"llama.cpp {getattr(llama_cpp, '__version__', '')}".strip()
+        fa = "" if flash_attn else " no-fa"
+        self.label = f"llama.cpp {getattr(llama_cpp, '__version__', '')}{fa}".strip()
         self.kv_bytes = self._kv_bytes(KV_TYPES[kv])
 
     def _kv_bytes(self, bytes_per_value: float) -> Optional[int]:
@@ -294,8 +298,11 @@ class OrtGenaiRunner(Runner):
 def _parse_peer(spec: str) -> tuple[str, Optional[str]]:
     s = spec.strip()
     low = s.lower()
-    if low in ("llama.cpp", "llama-cpp", "llamacpp", "llama_cpp"):
-        return "llama.cpp", None
+    name, _, opt = low.partition(":")
+    if name in ("llama.cpp", "llama-cpp", "llamacpp", "llama_cpp"):
+        if opt not in ("", "fa", "no-fa"):
+            raise ValueError(f"--compare {spec!r}: llama.cpp takes :fa (the default) or :no-fa")
+        return "llama.cpp", opt or None
     for prefix in ("ort-genai:", "ort_genai:", "onnxruntime-genai:", "ort:"):
         if low.startswith(prefix):
             return "ort-genai", s[len(prefix):]
@@ -309,7 +316,7 @@ def make_runner(kind: str, arg: Optional[str], model_path: str, threads: int, n_
     if kind == "edgeinfer":
         return EdgeinferRunner(model_path, threads, n_ctx, batch, isa, kv, device)
     if kind == "llama.cpp":
-        return LlamaCppRunner(model_path, threads, n_ctx, batch, kv)
+        return LlamaCppRunner(model_path, threads, n_ctx, batch, kv, flash_attn=arg != "no-fa")
     if kind == "ort-genai":
         if kv != "f16":
             raise PeerSkipped("ONNX Runtime GenAI models keep their KV cache in the model's own type; --kv applies "
