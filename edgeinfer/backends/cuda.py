@@ -193,7 +193,7 @@ class CudaRuntime:
 
     def __init__(self, gguf, cfg, plan: KVPlan, *, device: DeviceInfo | None = None, use_graphs: bool = True,
                  drop_host_pages: bool = False):
-        from ..model.native_model import fill_config, model_tensors
+        from ..model.native_model import c_role, fill_config, model_tensors
 
         ffi, lib = load_library()
         if ffi is None:
@@ -205,9 +205,14 @@ class CudaRuntime:
         fill_config(c, cfg)
         items = []
         keep = []
+        ple_role = c_role("per_layer_token_embd")
         for layer, role, info in model_tensors(gguf, cfg, plan.n_ctx):
             buf = ffi.from_buffer(info.data)
             keep.append(buf)
+            if int(role) == ple_role:
+                # Gemma 4's per-layer table is not uploaded: each step reads its tokens' rows from the
+                # file mapping (ei_cuda_runtime's ple_host), which must outlive the runtime.
+                self._host_tables = (gguf, buf)
             items.append((layer, int(role), int(info.type), int(info.shape[0]),
                           int(info.shape[1]) if len(info.shape) > 1 else 1, buf))
         tensors = ffi.new("ei_cuda_tensor[]", max(1, len(items)))

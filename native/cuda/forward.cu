@@ -144,7 +144,11 @@ struct ei_cuda_runtime {
      * local_cells; 0 when they use the full ring. kv holds the other layers. */
     eic_kv kv_l;
     int32_t local_cells, max_chunks_l;
-    int32_t *kv_index;         /* [n_layer]: the layer's index in kv or kv_l */
+    /* [n_layer]: the KV an attention layer reads, as a one-layer view into kv or kv_l: its own, or for a
+     * KV-shared layer (Gemma 4) its source layer's. Layer-major arenas: each storing layer's block is
+     * [slot][kv_head][cell][its head size], so two head sizes share one arena. */
+    eic_kv *kv_view;
+    float *out_scale;          /* [n_layer]: each layer's output scale (Gemma 4; 1 when absent), read at upload */
     int32_t *d_cell_pos_l, *h_cell_pos_l, *h_n_used_l;
 
     /* device batch: tokens, slots, pos, cells, n_cells, out_rows; each max_batch int32 */
@@ -179,6 +183,18 @@ struct ei_cuda_runtime {
     int32_t *state_seen, *snap_n;   /* [slot], [slot][n_snap]: positions seen (-1: none / forgotten) */
     float *rec_a, *rec_b;           /* the recurrent blocks' scratch */
     float *qg, *agate;              /* gated attention: attn_q's rows (query, gate) and the gates */
+
+    /* Gemma 4's per-layer inputs. The table (n_vocab rows of n_layer x n_embd_per_layer) stays in the
+     * host's file mapping, as on the CPU: each step copies its tokens' quantized rows into a pinned
+     * buffer and up to d_ple_rows (the whole table would double the device memory of an E2B model for
+     * the few rows a step reads). ple: the step's inputs [T][n_layer][e]; ple_in: the projection's
+     * scratch, then the rows dequantized; ple_gate: [T][e]. */
+    const uint8_t *ple_host;
+    int64_t ple_row_bytes;
+    int32_t ple_type;
+    uint8_t *h_ple_rows, *d_ple_rows;
+    int32_t *d_iota;                /* 0, 1, ..., max_batch - 1: the staged rows' indices */
+    float *ple, *ple_in, *ple_gate;
 };
 
 static int32_t *batch_arr(const ei_cuda_runtime *rt, int32_t *base, int i) {
@@ -225,16 +241,19 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
                    rt->att, rt->gate, rt->up, rt->rope_cos, rt->rope_sin, rt->onorm, rt->logits, rt->part,
                    rt->d_top_ids, rt->d_top_vals, rt->rope_cos_l, rt->rope_sin_l, rt->post, rt->kv_l.k, rt->kv_l.v,
                    rt->d_cell_pos_l, rt->d_lora_rows, rt->d_lora_scale, rt->d_lora_t, rt->d_state, rt->d_snap,
-                   rt->rec_a, rt->rec_b, rt->qg, rt->agate};
+                   rt->rec_a, rt->rec_b, rt->qg, rt->agate, rt->d_ple_rows, rt->d_iota, rt->ple, rt->ple_in,
+                   rt->ple_gate};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (rt->h_batch) cudaFreeHost(rt->h_batch);
+    if (rt->h_ple_rows) cudaFreeHost(rt->h_ple_rows);
     if (rt->stream) cudaStreamDestroy(rt->stream);
     free(rt->h_cell_pos);
     free(rt->h_n_used);
     free(rt->h_cell_pos_l);
     free(rt->h_n_used_l);
-    free(rt->kv_index);
+    free(rt->kv_view);
+    free(rt->out_scale);
     free(rt->layers);
     free(rt->slot_lora);
     free((void *)rt->lora_group);
@@ -249,6 +268,9 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Gemma 4's per-layer token embedding: left in the host mapping (ei_cuda_runtime's ple_host). */
+static int is_ple_table(const ei_cuda_tensor *t) { return t->layer < 0 && t->role == EI_T_PER_LAYER_TOKEN_EMBD; }
+
 extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei_cuda_tensor *tensors,
                                             int32_t n_tensors, const ei_cuda_params *p, ei_cuda_sizes *sizes,
                                             ei_cuda_runtime **out) {
@@ -259,12 +281,6 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     char msg[256];
     if (ei_config_check(c, msg, sizeof msg) != EI_OK)
         return eic_fail(EI_ERR_INVALID_ARG, "cuda_runtime_create: inconsistent model configuration: %s", msg);
-    int per_layer_sizes = 0;
-    for (int l = 0; l < c->n_layer; l++) per_layer_sizes |= c->n_ff_per_layer[l] != 0;
-    if (c->n_embd_per_layer || c->n_kv_shared || c->has_v_norm || per_layer_sizes ||
-        (c->head_dim_swa && c->head_dim_swa != c->head_dim) || (c->rope_dim_swa && c->rope_dim_swa != c->rope_dim))
-        return eic_fail(EI_ERR_UNSUPPORTED, "the CUDA runtime has no per-layer inputs, KV-shared layers, v norms or "
-                                            "per-layer head sizes and FFN widths yet (Gemma 4)");
     int n_rec = 0;
     for (int l = 0; l < c->n_layer; l++) n_rec += ei_layer_is_recurrent(c, l);
     if (n_rec && (c->conv_kernel < 2 || c->conv_kernel > EIC_CONV_MAX_K || c->ssm_head_dim > EIC_MAX_SSM_DK))
@@ -288,6 +304,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
 
     /* ---- size everything before allocating anything on the device ---- */
     size_t wbytes = 0;
+    const ei_cuda_tensor *ple = NULL;
     for (int32_t i = 0; i < n_tensors; i++) {
         const ei_cuda_tensor *t = &tensors[i];
         if (!t->data || t->ne0 < 1 || t->ne1 < 1)
@@ -298,19 +315,36 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         if (b <= 0)
             return eic_fail(EI_ERR_UNSUPPORTED, "tensor %d (layer %d, role %d): type %d with rows of %lld has no CUDA kernel",
                             i, t->layer, t->role, t->type, (long long)t->ne0);
+        if (is_ple_table(t)) {   /* stays on the host: a step uploads its rows */
+            ple = t;
+            continue;
+        }
         wbytes += al256((size_t)b);
     }
+    const size_t e_ple = (size_t)c->n_embd_per_layer, ple_all = e_ple * c->n_layer;
+    const size_t ple_rb = ple ? (size_t)eic_row_bytes(ple->type, ple->ne0) : 0;
     const size_t B = (size_t)p->max_batch, d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim;
-    const size_t kvd = (size_t)c->n_head_kv * c->head_dim, ff = (size_t)c->n_ff, half = c->rope_dim / 2 ? c->rope_dim / 2 : 1;
+    /* the widest layer's sizes (head_dim >= head_dim_swa, n_ff >= every n_ff_per_layer: ei_config_check) */
+    const int rope_max = c->rope_dim > c->rope_dim_swa ? c->rope_dim : c->rope_dim_swa;
+    const size_t kvd = (size_t)c->n_head_kv * c->head_dim, ff = (size_t)c->n_ff, half = rope_max / 2 ? rope_max / 2 : 1;
     /* sliding-window layers: their own ring when window + max_batch - 1 < n_ctx */
     const int32_t local_cells = c->swa_window > 0 && (int64_t)c->swa_window + p->max_batch - 1 < p->n_ctx
                                     ? c->swa_window + p->max_batch - 1 : 0;
-    int n_local = 0;   /* KV is held by the attention layers only */
-    for (int l = 0; local_cells && l < c->n_layer; l++)
-        n_local += !ei_layer_is_recurrent(c, l) && ei_layer_is_local(c, l);
-    const size_t kv_elems = (size_t)p->n_slots * (c->n_layer - n_rec - n_local) * kvd * (size_t)p->n_ctx;
-    const size_t kv_elems_l = (size_t)p->n_slots * n_local * kvd * (size_t)(local_cells ? local_cells : 1);
-    const size_t kv_bytes = 2 * al256(kv_elems * 2) + (n_local ? 2 * al256(kv_elems_l * 2) : 0);
+    int n_local = 0;   /* KV is held by the attention layers that store their own (not KV-shared ones) */
+    size_t kv_elems = 0, kv_elems_l = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (!ei_layer_stores_kv(c, l)) continue;
+        const size_t per = (size_t)p->n_slots * c->n_head_kv * ei_layer_head_dim(c, l);
+        if (local_cells && ei_layer_is_local(c, l)) {
+            n_local++;
+            kv_elems_l += per * (size_t)local_cells;
+        } else {
+            kv_elems += per * (size_t)p->n_ctx;
+        }
+    }
+    /* the cells' bytes (the CPU runtime's figure); the arenas' padding counts in the total */
+    const size_t kv_bytes = 2 * (kv_elems + kv_elems_l) * 2;
+    const size_t kv_alloc = 2 * al256(kv_elems * 2) + (n_local ? 2 * al256(kv_elems_l * 2) : 0);
     const int max_chunks = (p->n_ctx + EIC_ATTN_CHUNK - 1) / EIC_ATTN_CHUNK;
     const size_t part_per_tok = (size_t)c->n_head * max_chunks * EIC_PART_FLOATS(c->head_dim) * sizeof(float);
     size_t attn_tokens = ((size_t)64 << 20) / part_per_tok;   /* partials of at most ~64 MiB at once */
@@ -320,7 +354,8 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     int has_freqs = 0;   /* rope_freqs: the global layers' factors, not the local ones' */
     for (int32_t i = 0; i < n_tensors; i++) has_freqs |= tensors[i].layer < 0 && tensors[i].role == EI_T_ROPE_FREQS;
     const int local_rope = c->swa_window > 0 && ((c->rope_theta_local > 0 && c->rope_theta_local != c->rope_theta) ||
-                                                 c->rope_freq_scale != 1.0f || has_freqs);
+                                                 c->rope_freq_scale != 1.0f || has_freqs ||
+                                                 (c->rope_dim_swa > 0 && c->rope_dim_swa != c->rope_dim));
     /* the recurrent states: per layer a block padded to 16 floats (as the CPU) */
     int64_t state_floats = 0;
     for (int l = 0; l < c->n_layer; l++) state_floats += (ei_layer_state_floats(c, l) + 15) & ~(int64_t)15;
@@ -344,13 +379,15 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
                           (size_t)p->n_slots * p->n_ctx * 4,
                           /* local RoPE tables and the post-norm buffer, when the model has them */
                           local_rope ? B * half * 4 : 0, local_rope ? B * half * 4 : 0,
-                          c->has_post_norms ? B * d * 4 : 0,
+                          c->has_post_norms || e_ple ? B * d * 4 : 0,
                           n_local ? (size_t)p->n_slots * local_cells * 4 : 0,
                           B * rec_a * 4, B * rec_b * 4, c->has_attn_gate ? 2 * B * qd * 4 : 0,
-                          c->has_attn_gate ? B * qd * 4 : 0};
+                          c->has_attn_gate ? B * qd * 4 : 0,
+                          /* per-layer inputs: ple, ple_in, ple_gate, the staged rows, d_iota */
+                          B * ple_all * 4, B * ple_all * 4, B * e_ple * 4, B * ple_rb, e_ple ? B * 4 : 0};
     size_t scratch = 0;
     for (size_t i = 0; i < sizeof scr / sizeof scr[0]; i++) scratch += al256(scr[i]);
-    ei_cuda_sizes sz = {wbytes, kv_bytes, scratch, wbytes + kv_bytes + scratch + state_bytes, state_bytes};
+    ei_cuda_sizes sz = {wbytes, kv_bytes, scratch, wbytes + kv_alloc + scratch + state_bytes, state_bytes};
     if (sizes) *sizes = sz;
 
     int n_dev = ei_cuda_device_count();
@@ -384,7 +421,9 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     rt->layers = (ei_layer *)calloc((size_t)c->n_layer, sizeof(ei_layer));
     rt->h_cell_pos = (int32_t *)malloc((size_t)p->n_slots * p->n_ctx * sizeof(int32_t));
     rt->h_n_used = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
-    rt->kv_index = (int32_t *)calloc((size_t)c->n_layer, sizeof(int32_t));
+    rt->kv_view = (eic_kv *)calloc((size_t)c->n_layer, sizeof(eic_kv));
+    rt->out_scale = (float *)malloc((size_t)c->n_layer * sizeof(float));
+    for (int l = 0; rt->out_scale && l < c->n_layer; l++) rt->out_scale[l] = 1.0f;
     rt->state_off = (int64_t *)calloc((size_t)c->n_layer, sizeof(int64_t));
     rt->state_floats = state_floats;
     rt->n_snap = n_snap;
@@ -403,7 +442,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         rt->h_cell_pos_l = (int32_t *)malloc((size_t)p->n_slots * local_cells * sizeof(int32_t));
         rt->h_n_used_l = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
     }
-    if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used || !rt->kv_index || !rt->state_off ||
+    if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used || !rt->kv_view || !rt->out_scale || !rt->state_off ||
         (state_floats && (!rt->state_seen || !rt->snap_n)) ||
         (n_local && (!rt->h_cell_pos_l || !rt->h_n_used_l))) {
         ei_cuda_runtime_free(rt);
@@ -411,11 +450,6 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     }
     for (size_t i = 0; i < (size_t)p->n_slots * p->n_ctx; i++) rt->h_cell_pos[i] = -1;
     for (size_t i = 0; n_local && i < (size_t)p->n_slots * local_cells; i++) rt->h_cell_pos_l[i] = -1;
-    {
-        int ng = 0, nl = 0;
-        for (int l = 0; l < c->n_layer; l++)
-            rt->kv_index[l] = ei_layer_is_recurrent(c, l) ? -1 : n_local && ei_layer_is_local(c, l) ? nl++ : ng++;
-    }
 
 #define DALLOC(ptr, bytes)                                                                       \
     if ((st = eic_check(cudaMalloc((void **)&(ptr), al256(bytes)), "cudaMalloc " #ptr)) != EI_OK) \
@@ -450,7 +484,14 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         DALLOC(rt->rope_cos_l, B * half * 4);
         DALLOC(rt->rope_sin_l, B * half * 4);
     }
-    if (c->has_post_norms) DALLOC(rt->post, B * d * 4);
+    if (c->has_post_norms || e_ple) DALLOC(rt->post, B * d * 4);
+    if (e_ple) {
+        DALLOC(rt->ple, B * ple_all * 4);
+        DALLOC(rt->ple_in, B * ple_all * 4);
+        DALLOC(rt->ple_gate, B * e_ple * 4);
+        DALLOC(rt->d_ple_rows, B * (ple_rb ? ple_rb : 1));
+        DALLOC(rt->d_iota, B * 4);
+    }
     if (state_floats) {
         DALLOC(rt->d_state, (size_t)p->n_slots * state_floats * 4);
         if (n_snap) DALLOC(rt->d_snap, (size_t)p->n_slots * n_snap * state_floats * 4);
@@ -463,6 +504,14 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     }
 #undef DALLOC
     if ((st = eic_check(cudaMallocHost((void **)&rt->h_batch, EIC_BATCH_ARRAYS * B * 4), "cudaMallocHost")) != EI_OK) goto fail;
+    if (e_ple) {
+        if ((st = eic_check(cudaMallocHost((void **)&rt->h_ple_rows, B * (ple_rb ? ple_rb : 1)), "cudaMallocHost")) != EI_OK)
+            goto fail;
+        for (size_t i = 0; i < B; i++) rt->h_batch[i] = (int32_t)i;   /* staged through h_batch, before its first use */
+        if ((st = eic_check(cudaMemcpy(rt->d_iota, rt->h_batch, B * 4, cudaMemcpyHostToDevice), "iota upload")) != EI_OK)
+            goto fail;
+        rt->ple_row_bytes = (int64_t)ple_rb;
+    }
     if ((st = eic_check(cudaMemset(rt->kv.k, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->kv.v, 0, kv_elems * 2), "cudaMemset")) != EI_OK) goto fail;
     if ((st = eic_check(cudaMemset(rt->d_cell_pos, 0xff, (size_t)p->n_slots * p->n_ctx * 4), "cudaMemset")) != EI_OK)
@@ -470,15 +519,26 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (state_floats &&   /* every slot starts from a zero state */
         (st = eic_check(cudaMemset(rt->d_state, 0, (size_t)p->n_slots * state_floats * 4), "cudaMemset")) != EI_OK)
         goto fail;
-    rt->kv.n_layer = c->n_layer - n_rec - n_local;
-    rt->kv.n_head_kv = c->n_head_kv;
-    rt->kv.n_ctx = p->n_ctx;
-    rt->kv.hd = c->head_dim;
+    {   /* each storing layer's block, in layer order in its arena; a KV-shared layer reads its source's */
+        size_t off = 0, off_l = 0;
+        for (int l = 0; l < c->n_layer; l++) {
+            if (!ei_layer_stores_kv(c, l)) continue;
+            const int ring = n_local && ei_layer_is_local(c, l);
+            eic_kv *v = &rt->kv_view[l];
+            v->n_layer = 1;
+            v->n_head_kv = c->n_head_kv;
+            v->n_ctx = ring ? local_cells : p->n_ctx;
+            v->hd = ei_layer_head_dim(c, l);
+            v->slot_stride = (int64_t)v->n_head_kv * v->n_ctx * v->hd;
+            size_t *at = ring ? &off_l : &off;
+            v->k = (ring ? rt->kv_l.k : rt->kv.k) + *at;
+            v->v = (ring ? rt->kv_l.v : rt->kv.v) + *at;
+            *at += (size_t)p->n_slots * v->slot_stride;
+        }
+        for (int l = 0; l < c->n_layer; l++)
+            if (!ei_layer_is_recurrent(c, l) && !ei_layer_stores_kv(c, l)) rt->kv_view[l] = rt->kv_view[ei_layer_kv_source(c, l)];
+    }
     if (n_local) {
-        rt->kv_l.n_layer = n_local;
-        rt->kv_l.n_head_kv = c->n_head_kv;
-        rt->kv_l.n_ctx = local_cells;
-        rt->kv_l.hd = c->head_dim;
         if ((st = eic_check(cudaMemset(rt->kv_l.k, 0, kv_elems_l * 2), "cudaMemset")) != EI_OK) goto fail;
         if ((st = eic_check(cudaMemset(rt->kv_l.v, 0, kv_elems_l * 2), "cudaMemset")) != EI_OK) goto fail;
         if ((st = eic_check(cudaMemset(rt->d_cell_pos_l, 0xff, (size_t)p->n_slots * local_cells * 4), "cudaMemset")) !=
@@ -495,6 +555,15 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
             if (!w) {
                 st = eic_fail(EI_ERR_INVALID_ARG, "tensor %d: role %d at layer %d is not a known role", i, t->role, t->layer);
                 goto fail;
+            }
+            if (is_ple_table(t)) {   /* a host pointer, for the layout check and the per-step gather only */
+                rt->ple_host = (const uint8_t *)t->data;
+                rt->ple_type = t->type;
+                w->data = t->data;
+                w->type = t->type;
+                w->ne0 = t->ne0;
+                w->ne1 = t->ne1;
+                continue;
             }
             const size_t b = (size_t)dev_bytes(t);
             if (ei_role_is_vector(t->role)) {   /* small: converted to f32 on the host */
@@ -514,6 +583,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
                     }
                 }
                 st = eic_check(cudaMemcpy(at, tmp, b, cudaMemcpyHostToDevice), "upload");
+                if (t->role == EI_T_LAYER_OUT_SCALE && t->layer >= 0 && t->layer < c->n_layer) rt->out_scale[t->layer] = tmp[0];
                 free(tmp);
                 w->type = EI_TYPE_F32;
             } else {
@@ -999,24 +1069,26 @@ static cudaError_t deltanet_block(ei_cuda_runtime *rt, int l, int32_t T) {
 }
 
 /* The attention block of layer l: QKV (with attn_norm), RoPE and the KV store, attention over the
- * ring in chunks, O into the residual. */
+ * ring in chunks, O into the residual. The layer's own head size and rotated dimensions (Gemma 4's
+ * sliding and full layers differ); a KV-shared layer computes q only and attends over its source's KV. */
 static cudaError_t attention_block(ei_cuda_runtime *rt, int l, int32_t T, int n_chunks, int n_chunks_l) {
     const ei_model_config *c = &rt->cfg;
     const ei_layer *L = &rt->layers[l];
     cudaStream_t s = rt->stream;
-    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim, kvd = (int64_t)c->n_head_kv * c->head_dim;
+    const int hd = ei_layer_head_dim(c, l), stores = ei_layer_stores_kv(c, l);
+    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * hd, kvd = (int64_t)c->n_head_kv * hd;
     int32_t *slots = batch_arr(rt, rt->d_batch, 1), *pos = batch_arr(rt, rt->d_batch, 2);
     int32_t *cells = batch_arr(rt, rt->d_batch, 3), *ncells = batch_arr(rt, rt->d_batch, 4);
     int32_t *cells_l = batch_arr(rt, rt->d_batch, 6), *ncells_l = batch_arr(rt, rt->d_batch, 7);
     const int lora = rt->n_lora_groups > 0;
     const int local = ei_layer_is_local(c, l);
 
-    const eic_qk_norm qkn = {(const float *)L->q_norm.data, (const float *)L->k_norm.data, c->rms_eps};
+    const eic_qk_norm qkn = {c->has_qk_norm ? (const float *)L->q_norm.data : NULL,
+                             c->has_qk_norm ? (const float *)L->k_norm.data : NULL, c->rms_eps, c->has_v_norm};
     const float *rc = local && rt->rope_cos_l ? rt->rope_cos_l : rt->rope_cos;
     const float *rsn = local && rt->rope_sin_l ? rt->rope_sin_l : rt->rope_sin;
     const int ring = local && rt->local_cells;   /* the layer's KV lives in the local ring */
-    const eic_kv *kv = ring ? &rt->kv_l : &rt->kv;
-    const int li = rt->kv_index[l];
+    const eic_kv *kv = &rt->kv_view[l];
     /* attn_norm + Q, K, V: one launch unless the recipe mixes their types */
     /* gated attention: attn_q's rows are each head's query then its gate, into qg first */
     float *qout = c->has_attn_gate ? rt->qg : rt->q;
@@ -1025,7 +1097,7 @@ static cudaError_t attention_block(ei_cuda_runtime *rt, int l, int32_t T, int n_
                                 {L->wk.data, (const float *)L->bk.data, rt->kc, kvd, kvd},
                                 {L->wv.data, (const float *)L->bv.data, rt->vc, kvd, kvd}};
     const int qkv_types[3] = {L->wq.type, L->wk.type, L->wv.type};
-    LCK(matmul_by_type(s, qkv, qkv_types, 3, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
+    LCK(matmul_by_type(s, qkv, qkv_types, stores ? 3 : 1, d, rt->x, T, (const float *)L->attn_norm.data, c->rms_eps));
     if (lora && (lora_touches(rt, l, 0) || lora_touches(rt, l, 1) || lora_touches(rt, l, 2))) {
         /* the adapters read the normed input the fused launch never stores: onorm (the head's, later) */
         LCK(eic_rmsnorm(s, rt->x, (const float *)L->attn_norm.data, NULL, T, d, c->rms_eps, rt->onorm));
@@ -1033,14 +1105,14 @@ static cudaError_t attention_block(ei_cuda_runtime *rt, int l, int32_t T, int n_
         LCK(lora_apply(rt, l, 1, rt->onorm, d, rt->kc, kvd));
         LCK(lora_apply(rt, l, 2, rt->onorm, d, rt->vc, kvd));
     }
-    if (c->has_attn_gate) LCK(eic_split_gate(s, rt->qg, T, qd, c->head_dim, rt->q, rt->agate));
+    if (c->has_attn_gate) LCK(eic_split_gate(s, rt->qg, T, qd, hd, rt->q, rt->agate));
     /* a layer without RoPE: the same launch rotating no dimensions */
-    LCK(eic_rope_store(s, rt->q, rt->kc, rt->vc, T, c->n_head, c->n_head_kv, c->head_dim,
-                       ei_layer_uses_rope(c, l) ? c->rope_dim : 0, c->rope_neox, rc, rsn, kv, li, slots,
-                       ring ? cells_l : cells, c->has_qk_norm ? &qkn : NULL));
+    LCK(eic_rope_store(s, rt->q, stores ? rt->kc : NULL, stores ? rt->vc : NULL, T, c->n_head, c->n_head_kv, hd,
+                       ei_layer_uses_rope(c, l) ? ei_layer_rope_dim(c, l) : 0, c->rope_neox, rc, rsn, kv, 0, slots,
+                       ring ? cells_l : cells, c->has_qk_norm || c->has_v_norm ? &qkn : NULL));
     for (int32_t t0 = 0; t0 < T; t0 += rt->attn_tokens) {
         const int32_t nt = T - t0 < rt->attn_tokens ? T - t0 : rt->attn_tokens;
-        LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, kv, li, slots + t0, pos + t0,
+        LCK(eic_attention(s, rt->q + t0 * qd, nt, c->n_head, kv, 0, slots + t0, pos + t0,
                           (ring ? ncells_l : ncells) + t0, ring ? rt->d_cell_pos_l : rt->d_cell_pos,
                           ring ? n_chunks_l : n_chunks, rt->part, rt->att + t0 * qd, c->attn_scale,
                           local ? c->swa_window : rt->p.slide_window, local ? 0 : rt->p.n_sink));
@@ -1057,6 +1129,39 @@ static cudaError_t attention_block(ei_cuda_runtime *rt, int l, int32_t T, int n_
     return cudaSuccess;
 }
 
+/* Gemma 4's per-layer inputs of the step (per_layer.c's ei_per_layer_inputs): the projection of the
+ * scaled token embedding / sqrt(n_embd), RMS-normed per layer, plus the token's row of the table (staged
+ * in d_ple_rows by ei_cuda_forward) times sqrt(e), all / sqrt(2): ple [T][n_layer][e]. */
+static cudaError_t per_layer_inputs(ei_cuda_runtime *rt, int32_t T) {
+    const ei_model_config *c = &rt->cfg;
+    const ei_globals *g = &rt->globals;
+    cudaStream_t s = rt->stream;
+    const int64_t d = c->n_embd, e = c->n_embd_per_layer, all = e * c->n_layer;
+    LCK(eic_matmul(s, g->ple_model_proj.type, g->ple_model_proj.data, all, d, rt->x, d, T, NULL, 0, rt->ple_in, all));
+    LCK(eic_scale(s, rt->ple_in, (int64_t)T * all, 1.0f / sqrtf((float)d)));
+    LCK(eic_rmsnorm(s, rt->ple_in, (const float *)g->ple_proj_norm.data, NULL, (int64_t)T * c->n_layer, e, c->rms_eps,
+                    rt->ple));
+    LCK(eic_embed(s, rt->ple_type, rt->d_ple_rows, all, rt->d_iota, T, rt->ple_in));
+    return eic_add_scaled(s, rt->ple, rt->ple_in, (int64_t)T * all, sqrtf((float)e), 1.0f / sqrtf(2.0f));
+}
+
+/* After layer l's FFN (ei_per_layer_block): x += post_norm(proj(gelu(inp_gate(x)) * ple[t][l])), then
+ * x *= the layer's output scale. */
+static cudaError_t per_layer_block(ei_cuda_runtime *rt, int l, int32_t T) {
+    const ei_model_config *c = &rt->cfg;
+    const ei_layer *L = &rt->layers[l];
+    cudaStream_t s = rt->stream;
+    const int64_t d = c->n_embd, e = c->n_embd_per_layer;
+    if (e > 0) {
+        LCK(eic_matmul(s, L->ple_inp_gate.type, L->ple_inp_gate.data, e, d, rt->x, d, T, NULL, 0, rt->ple_gate, e));
+        LCK(eic_geglu_rows(s, rt->ple_gate, rt->ple + (int64_t)l * e, T, e, e * c->n_layer));
+        LCK(eic_matmul(s, L->ple_proj.type, L->ple_proj.data, d, e, rt->ple_gate, e, T, NULL, 0, rt->post, d));
+        LCK(eic_rmsnorm_add(s, rt->post, (const float *)L->ple_post_norm.data, T, d, c->rms_eps, rt->x));
+    }
+    if (rt->out_scale[l] != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, rt->out_scale[l]));
+    return cudaSuccess;
+}
+
 /* Every launch of one step, on rt->stream; batch arrays already on the device.
  * Per attention layer: QKV (with attn_norm), rope_store, attention (chunks + merge), O,
  * gate/up/SwiGLU (with ffn_norm), down: 7 launches when Q, K, V share a type
@@ -1065,7 +1170,7 @@ static cudaError_t attention_block(ei_cuda_runtime *rt, int l, int32_t T, int n_
 static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, int n_chunks, int n_chunks_l) {
     const ei_model_config *c = &rt->cfg;
     cudaStream_t s = rt->stream;
-    const int64_t d = c->n_embd, ff = c->n_ff, half = c->rope_dim / 2;
+    const int64_t d = c->n_embd;
     int32_t *tokens = batch_arr(rt, rt->d_batch, 0), *slots = batch_arr(rt, rt->d_batch, 1);
     int32_t *pos = batch_arr(rt, rt->d_batch, 2), *cells = batch_arr(rt, rt->d_batch, 3);
     int32_t *orows = batch_arr(rt, rt->d_batch, 5), *cells_l = batch_arr(rt, rt->d_batch, 6);
@@ -1077,14 +1182,17 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
     if (rt->local_cells)   /* the local ring's cell positions (rope_dim 0: no tables) */
         LCK(eic_rope_tables(s, pos, T, 0, 1.0f, 1.0f, NULL, 1.0f, NULL, NULL, rt->d_cell_pos_l, slots, cells_l,
                             rt->local_cells));
-    if (rt->rope_cos_l)   /* sliding-window layers: their own base, no frequency scaling (as the CPU) */
-        LCK(eic_rope_tables(s, pos, T, c->rope_dim, c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta, 1.0f,
+    if (rt->rope_cos_l)   /* sliding-window layers: their own base and dimensions, no frequency scaling (as the CPU) */
+        LCK(eic_rope_tables(s, pos, T, c->rope_dim_swa > 0 ? c->rope_dim_swa : c->rope_dim,
+                            c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta, 1.0f,
                             NULL, c->rope_attn_factor, rt->rope_cos_l, rt->rope_sin_l,
                             NULL, slots, cells, rt->p.n_ctx));
     LCK(eic_embed(s, rt->globals.tok_embd.type, rt->globals.tok_embd.data, d, tokens, T, rt->x));
     if (c->embd_scale > 0 && c->embd_scale != 1.0f) LCK(eic_scale(s, rt->x, (int64_t)T * d, c->embd_scale));
+    if (c->n_embd_per_layer > 0) LCK(per_layer_inputs(rt, T));
     for (int l = 0; l < c->n_layer; l++) {
         const ei_layer *L = &rt->layers[l];
+        const int64_t ff = ei_layer_n_ff(c, l);
         const int kind = ei_layer_kind_of(c, l);
         if (kind == EI_LAYER_SHORTCONV) LCK(shortconv_block(rt, l, T));
         else if (kind == EI_LAYER_DELTANET) LCK(deltanet_block(rt, l, T));
@@ -1115,8 +1223,8 @@ static cudaError_t launch_step(ei_cuda_runtime *rt, int32_t T, int32_t n_out, in
             LCK(eic_matmul(s, L->w_down.type, L->w_down.data, d, ff, rt->gate, ff, T, NULL, 1, rt->x, d));
             if (lora) LCK(lora_apply(rt, l, 6, rt->gate, ff, rt->x, d));
         }
+        LCK(per_layer_block(rt, l, T));   /* Gemma 4: per-layer input, output scale */
     }
-    (void)half;
     if (n_out > 0) {
         const ei_weight *head = rt->globals.output.data ? &rt->globals.output : &rt->globals.tok_embd;
         LCK(eic_rmsnorm(s, rt->x, (const float *)rt->globals.output_norm.data, orows, n_out, d, c->rms_eps, rt->onorm));
@@ -1222,6 +1330,13 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
     st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, EIC_BATCH_ARRAYS * B * 4, cudaMemcpyHostToDevice, rt->stream),
                              "batch upload");
     if (st != EI_OK) return st;
+    if (rt->ple_host) {   /* Gemma 4: the tokens' rows of the per-layer table, from the host mapping */
+        const size_t rb = (size_t)rt->ple_row_bytes;
+        for (int32_t i = 0; i < n_tokens; i++) memcpy(rt->h_ple_rows + i * rb, rt->ple_host + (size_t)tokens[i] * rb, rb);
+        if ((st = eic_check(cudaMemcpyAsync(rt->d_ple_rows, rt->h_ple_rows, (size_t)n_tokens * rb, cudaMemcpyHostToDevice,
+                                            rt->stream), "per-layer rows upload")) != EI_OK)
+            return st;
+    }
     if ((st = lora_plan(rt, n_tokens, slots, n_out, out_rows)) != EI_OK) return st;
     /* a step with adapters runs its launches directly: a graph replays the rows and groups it was
      * captured with */

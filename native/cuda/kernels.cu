@@ -590,11 +590,17 @@ __global__ void softcap_kernel(float *x, int64_t n, float cap) {
 }
 
 /* As the CPU's ei_geglu_scalar: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) * up. */
-__global__ void geglu_kernel(float *gate, const float *__restrict__ up, int64_t n) {
+__global__ void geglu_kernel(float *gate, const float *__restrict__ up, int64_t n, int64_t n_cols, int64_t ld_up) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float x = gate[i];
-        gate[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * up[i];
+        const float u = up[i / n_cols * ld_up + i % n_cols];
+        gate[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u;
     }
+}
+
+__global__ void add_scaled_kernel(float *x, const float *__restrict__ y, int64_t n, float a, float b) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = (x[i] + y[i] * a) * b;
 }
 
 static unsigned ew_blocks(int64_t n) {
@@ -616,7 +622,19 @@ cudaError_t eic_softcap(cudaStream_t s, float *x, int64_t n, float cap) {
 
 cudaError_t eic_geglu(cudaStream_t s, float *gate, const float *up, int64_t n) {
     if (n <= 0) return cudaSuccess;
-    geglu_kernel<<<ew_blocks(n), 256, 0, s>>>(gate, up, n);
+    geglu_kernel<<<ew_blocks(n), 256, 0, s>>>(gate, up, n, n, n);
+    return cudaGetLastError();
+}
+
+cudaError_t eic_geglu_rows(cudaStream_t s, float *gate, const float *up, int64_t n_rows, int64_t n, int64_t ld_up) {
+    if (n_rows <= 0 || n <= 0) return cudaSuccess;
+    geglu_kernel<<<ew_blocks(n_rows * n), 256, 0, s>>>(gate, up, n_rows * n, n, ld_up);
+    return cudaGetLastError();
+}
+
+cudaError_t eic_add_scaled(cudaStream_t s, float *x, const float *y, int64_t n, float a, float b) {
+    if (n <= 0) return cudaSuccess;
+    add_scaled_kernel<<<ew_blocks(n), 256, 0, s>>>(x, y, n, a, b);
     return cudaGetLastError();
 }
 
@@ -656,12 +674,36 @@ cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, i
     return cudaGetLastError();
 }
 
+/* 1 / sqrt(mean v^2 + eps) of a head of hd floats, over the block (64 threads); double sums as the CPU. */
+__device__ float head_rms_scale(const float *v, int hd, float eps, double *red) {
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)v[i] * (double)v[i];
+    red[threadIdx.x] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double tot = 0.0;
+        for (int i = 0; i < (int)blockDim.x; i++) tot += red[i];
+        red[0] = tot;
+    }
+    __syncthreads();
+    const float sc = (float)(1.0 / sqrt(red[0] / (double)hd + (double)eps));
+    __syncthreads();   /* every thread has read red[0] before the next use writes it */
+    return sc;
+}
+
+/* Element offset of (slot, layer, kv head, cell) in an arena. */
+__device__ __forceinline__ size_t kv_at(const eic_kv &kv, int slot, int layer, int kvh, int cell) {
+    const int64_t stride = kv.slot_stride ? kv.slot_stride : (int64_t)kv.n_layer * kv.n_head_kv * kv.n_ctx * kv.hd;
+    return (size_t)slot * stride + (((size_t)layer * kv.n_head_kv + kvh) * kv.n_ctx + cell) * (size_t)kv.hd;
+}
+
 /* One block per (token, head) over q heads then kv heads; a thread per rotated pair. */
 __global__ void rope_store_kernel(float *q, float *kc, const float *__restrict__ vc, int n_head, int n_head_kv, int hd,
                                   int rope_dim, int neox, const float *__restrict__ cos_t,
                                   const float *__restrict__ sin_t, eic_kv kv, int layer,
                                   const int32_t *__restrict__ slots, const int32_t *__restrict__ cells,
                                   eic_qk_norm qkn) {
+    __shared__ double red[64];
     const int64_t t = blockIdx.y;
     const int h = blockIdx.x;
     const int half = rope_dim / 2;
@@ -670,19 +712,8 @@ __global__ void rope_store_kernel(float *q, float *kc, const float *__restrict__
     float *v = is_q ? q + (t * n_head + h) * hd : kc + (t * n_head_kv + kvh) * hd;
     const float *cs = cos_t + t * half, *sn = sin_t + t * half;
     const float *nw = is_q ? qkn.q : qkn.k;
-    if (nw) {   /* per-head RMSNorm (Qwen3, Gemma 3) before the rotation; double sums as the CPU */
-        __shared__ double red[64];
-        double ss = 0.0;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)v[i] * (double)v[i];
-        red[threadIdx.x] = ss;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double tot = 0.0;
-            for (int i = 0; i < (int)blockDim.x; i++) tot += red[i];
-            red[0] = tot;
-        }
-        __syncthreads();
-        const float sc = (float)(1.0 / sqrt(red[0] / (double)hd + (double)qkn.eps));
+    if (nw) {   /* per-head RMSNorm (Qwen3, Gemma 3) before the rotation */
+        const float sc = head_rms_scale(v, hd, qkn.eps, red);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = v[i] * sc * nw[i];
         __syncthreads();
     }
@@ -694,11 +725,12 @@ __global__ void rope_store_kernel(float *q, float *kc, const float *__restrict__
     }
     if (is_q) return;
     __syncthreads();
-    const size_t off = ((((size_t)slots[t] * kv.n_layer + layer) * kv.n_head_kv + kvh) * kv.n_ctx + cells[t]) * hd;
+    const size_t off = kv_at(kv, slots[t], layer, kvh, cells[t]);
     const float *vv = vc + (t * n_head_kv + kvh) * hd;
+    const float vs = qkn.v ? head_rms_scale(vv, hd, qkn.eps, red) : 1.0f;   /* Gemma 4's v norm: no weight */
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         kv.k[off + i] = __half_as_ushort(__float2half_rn(v[i]));
-        kv.v[off + i] = __half_as_ushort(__float2half_rn(vv[i]));
+        kv.v[off + i] = __half_as_ushort(__float2half_rn(qkn.v ? vv[i] * vs : vv[i]));
     }
 }
 
@@ -765,7 +797,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     const float *qt = q + (t * n_head + (int64_t)kvh * g) * hd;
     for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = qt[i] * scale;
     __syncthreads();
-    const size_t off = (((size_t)slot * kv.n_layer + layer) * kv.n_head_kv + kvh) * kv.n_ctx * (size_t)hd;
+    const size_t off = kv_at(kv, slot, layer, kvh, 0);
     const __half *K = (const __half *)kv.k + off, *V = (const __half *)kv.v + off;
     const int32_t *cp = cell_pos + (int64_t)slot * kv.n_ctx;
     /* Scores: a warp per cell, the key row in registers, one reduction per head. */

@@ -60,6 +60,11 @@ cudaError_t eic_scale(cudaStream_t s, float *x, int64_t n, float a);
 cudaError_t eic_softcap(cudaStream_t s, float *x, int64_t n, float cap);
 /* gate[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU). */
 cudaError_t eic_geglu(cudaStream_t s, float *gate, const float *up, int64_t n);
+/* gate[r*n + i] = gelu_tanh(gate[r*n + i]) * up[r*ld_up + i], r < n_rows, i < n (a strided up: Gemma 4's
+ * per-layer input of one layer). */
+cudaError_t eic_geglu_rows(cudaStream_t s, float *gate, const float *up, int64_t n_rows, int64_t n, int64_t ld_up);
+/* x[i] = (x[i] + a * y[i]) * b. */
+cudaError_t eic_add_scaled(cudaStream_t s, float *x, const float *y, int64_t n, float a, float b);
 /* cos/sin[t*half + i] of pos[t] * freq_scale * theta^(-2i/rope_dim) / freqs[i] (double math),
  * times mscale (LongRoPE's attention factor; <= 0: 1). When cell_pos is not NULL, also cell_pos[slots[t]*n_ctx + cells[t]] = pos[t]. */
 cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, int rope_dim, float theta,
@@ -68,13 +73,16 @@ cudaError_t eic_rope_tables(cudaStream_t s, const int32_t *pos, int64_t n_tok, i
 /* RoPE on q[t][n_head][hd] in place; when kc is not NULL also on kc[t][n_head_kv][hd], then
  * K and V of every token go to their ring cell (f16) of `layer`. */
 typedef struct {
-    uint16_t *k, *v;        /* the arena: [slot][layer][kv_head][cell][hd] */
+    uint16_t *k, *v;        /* the arena: slot s at s * slot_stride, then [layer][kv_head][cell][hd] */
     int32_t n_layer, n_head_kv, n_ctx, hd;
+    int64_t slot_stride;    /* elements from one slot to the next (0: n_layer * n_head_kv * n_ctx * hd) */
 } eic_kv;
-/* Per-head RMSNorm weights (head_dim each) applied to q / k heads before RoPE; NULL: none. */
+/* Per-head RMSNorm weights (head_dim each) applied to q / k heads before RoPE (NULL: none); v: 1 to
+ * RMS-norm each v head without a weight before it is stored (Gemma 4). */
 typedef struct {
     const float *q, *k;
     float eps;
+    int v;
 } eic_qk_norm;
 cudaError_t eic_rope_store(cudaStream_t s, float *q, float *kc, const float *vc, int64_t n_tok, int n_head,
                            int n_head_kv, int hd, int rope_dim, int neox, const float *cos_t, const float *sin_t,
