@@ -14,11 +14,16 @@ class DraftModel:
     brings the draft slot up to the sequence's history (reusing the common prefix, so after
     the first step only the few new tokens are fed), then decodes k tokens greedily."""
 
+    mode = "draft"      # the speculative mode it serves (speculative.check_proposer)
+
     def __init__(self, runner: Runner, ring: KVRing):
         self.runner = runner
         self.ring = ring
         self.n_vocab = runner.caps.n_vocab
         self._row = np.empty((1, self.n_vocab), dtype=np.float32)
+
+    def observe(self, batch: Batch, slots: set[int]) -> None:
+        """After each model step (MtpDraft keeps the model's hidden states); a draft model needs none."""
 
     def lag(self, slot: int, history: list[int]) -> int:
         """Tokens of `history` the draft slot would have to be fed before drafting."""

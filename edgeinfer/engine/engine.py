@@ -159,7 +159,8 @@ class Engine:
              loras: dict[str, str | Path] | None = None, lora_bytes: int = 1 << 30) -> "Engine":
         """`draft`: a smaller GGUF sharing the vocabulary, for speculative="draft" (its own KV
         ring of n_slots x n_ctx cells). `speculative`: the default of generate/stream/chat
-        (None, "lookup" or "draft"); `spec_max_slots`: no speculation while more sequences decode.
+        (None, "lookup", "draft" or "mtp": a Qwen3.5 file's own multi-token-prediction block drafts, CPU
+        only; engine/mtp.py); `spec_max_slots`: no speculation while more sequences decode.
         `prompt_cache`: a directory where prompt prefixes' slot states outlive the process (at most
         `prompt_cache_bytes` there, least recently used out; engine/prompt_cache.py).
         `loras`: {name: PEFT folder or LoRA GGUF} adapters to load now (more with load_lora), at most
@@ -169,6 +170,8 @@ class Engine:
         check_mode(speculative)
         if speculative == "draft" and draft is None:
             raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
+        if speculative == "mtp" and draft is not None:
+            raise ValueError("speculative='mtp' drafts with the model's own MTP block: give no draft=PATH")
         backend = select_backend(device, n_threads=n_threads, isa=isa)   # 'cuda' without a GPU raises
         if not isinstance(n_ctx, int) or n_ctx < 8:
             raise ValueError(f"n_ctx must be an int >= 8, got {n_ctx!r}")
@@ -191,11 +194,15 @@ class Engine:
         drafter = None
         if draft is not None:
             drafter = _load_draft(backend, Path(resolve_model(str(draft))), gguf, plan)
+        runner = Runner(runtime)
+        if speculative == "mtp":
+            from .mtp import load_mtp
+            drafter = load_mtp(backend, gguf, cfg, plan, runner)
         cache = None
         if prompt_cache is not None:
             cache = PromptCache(prompt_cache, model_identity(path, gguf.data_offset), kv_type,
                                 max_bytes=prompt_cache_bytes)
-        engine = cls(path, gguf, cfg, tokenizer, template, Runner(runtime), ring, max_queue=max_queue,
+        engine = cls(path, gguf, cfg, tokenizer, template, runner, ring, max_queue=max_queue,
                      draft=drafter, speculative=speculative, spec_max_slots=spec_max_slots, prompt_cache=cache,
                      lora_bytes=lora_bytes)
         try:

@@ -47,7 +47,7 @@ from .prompt_cache import CacheFileError, PromptCache
 from .request import QueueFullError, Request, SchedulerClosedError, Sink
 from .runner import Runner
 from .sampling import SamplingParams
-from .speculative import PromptLookup, SpecPolicy, check_mode
+from .speculative import MODEL_MODES, PromptLookup, SpecPolicy, check_mode, check_proposer
 from .states import SequenceStates
 from .step import StepPlan
 
@@ -133,8 +133,7 @@ class Scheduler:
         self.draft = draft
         self.lookup = PromptLookup()
         self.speculative = check_mode(speculative)     # the default of submit()
-        if speculative == "draft" and draft is None:
-            raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
+        check_proposer(speculative, draft)
         self.policy = SpecPolicy(max_k=spec_max_k, max_slots=spec_max_slots, draft_ratio=draft_cost_ratio)
         self.output = OutputProcessor(self.states, self.policy)
         self.adapters: Adapters | None = None        # the engine's LoRA adapters (engine.py sets them)
@@ -148,14 +147,13 @@ class Scheduler:
                n_logprobs: int | None = None, t_arrival: float | None = None,
                speculative: str | None | object = _DEFAULT, adapters: AdapterKey = ()) -> Request:
         """Queues a sequence; events reach `sink(list_of_events)` from the delivery thread.
-        `speculative`: None, "lookup" or "draft" (default: the scheduler's `speculative`).
+        `speculative`: None, "lookup", "draft" or "mtp" (default: the scheduler's `speculative`).
         `adapters`: the LoRA adapters it runs with (Adapters.resolve).
 
         Raises QueueFullError when `max_queue` requests already wait for a slot, and
         SchedulerClosedError while draining or after close."""
         mode = check_mode(self.speculative if speculative is _DEFAULT else speculative)  # type: ignore[arg-type]
-        if mode == "draft" and self.draft is None:
-            raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
+        check_proposer(mode, self.draft)
         seq = SequenceState(self.tokenizer, list(prompt_ids), params, n_logprobs, t_arrival)
         req = Request(self.tokenizer, seq, sink, self._wake)
         req.spec = self.policy.new_slot(mode) if mode else None
@@ -545,7 +543,7 @@ class Scheduler:
             k_limit = self.states.max_drafts(min(budget, ring.max_chunk(r.slot) - 1))
             if seq.limit is not None:
                 k_limit = min(k_limit, seq.limit - len(seq.tokens) - 1)
-            drafted = r.spec.mode == "draft"
+            drafted = r.spec.mode in MODEL_MODES
             lag = self.draft.lag(r.slot, seq.history) if drafted else 0
             k = self.policy.choose_k(r.spec, n_batch, len(decoding) - 1, k_limit, drafted, lag)
             r.spec.k = k
@@ -581,6 +579,8 @@ class Scheduler:
             t0 = time.perf_counter()
             try:
                 out = self.runner.execute(plan)
+                if self.draft is not None:     # the MTP block's input: the model's hidden states
+                    self.draft.observe(plan.batch, {r.slot for r in reqs if r.spec is not None and r.spec.mode == "mtp"})
             finally:
                 masks.wait()
             self.policy.costs.observe_step(plan.n_tokens, time.perf_counter() - t0)
@@ -665,7 +665,7 @@ class Scheduler:
                 out_rows.append(len(toks) - 1)
                 owners.append(r)
                 drafts_of.append([])
-                if r.spec is not None and r.spec.mode == "draft":
+                if r.spec is not None and r.spec.mode in MODEL_MODES:
                     prefilled.append(r)
         if not toks:
             return None

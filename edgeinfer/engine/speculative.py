@@ -13,6 +13,8 @@ plain decoding token for token, and sampled output has the target model's distri
 Proposers:
   PromptLookup  n-gram match of the last tokens against the prompt and the text so far.
   DraftModel    (draft.py) a second, smaller model sharing the vocabulary, with its own KV ring; greedy.
+  MtpDraft      (mtp.py) Qwen3.5's multi-token-prediction block, fed the model's own hidden states,
+                with its own KV ring; greedy. Scheduled as a draft model is.
 
 SpecPolicy chooses k per slot from the measured acceptance rate and the measured costs of
 verify steps (by batch size) and draft steps, and chooses 0 (plain decoding) whenever
@@ -26,13 +28,23 @@ from dataclasses import dataclass
 import numpy as np
 
 
-MODES = ("lookup", "draft")
+MODES = ("lookup", "draft", "mtp")
+#: the modes whose proposer is a model of its own (DraftModel's interface; scheduler.draft)
+MODEL_MODES = ("draft", "mtp")
 
 
 def check_mode(mode: str | None) -> str | None:
     if mode is not None and mode not in MODES:
-        raise ValueError(f"speculative must be None, 'lookup' or 'draft', got {mode!r}")
+        raise ValueError(f"speculative must be None, 'lookup', 'draft' or 'mtp', got {mode!r}")
     return mode
+
+
+def check_proposer(mode: str | None, proposer) -> None:
+    """A model-drafted mode needs its proposer loaded: 'draft' a draft model, 'mtp' the MTP block."""
+    if mode in MODEL_MODES and getattr(proposer, "mode", None) != mode:
+        if mode == "draft":
+            raise ValueError("speculative='draft' needs a draft model (load(..., draft=PATH))")
+        raise ValueError("speculative='mtp' needs the model's MTP block loaded (load(..., speculative='mtp'))")
 
 
 class PromptLookup:
@@ -153,7 +165,7 @@ class SpecPolicy:
         self.min_gain = min_gain
         self.fixed_k: int | None = None     # tests and benchmarks: always this k (no adaptation)
         self.costs = StepCosts(draft_ratio)
-        self.seen = {"lookup": SlotSpec("lookup"), "draft": SlotSpec("draft")}   # every request's record
+        self.seen = {m: SlotSpec(m) for m in MODES}   # every request's record
 
     def new_slot(self, mode: str) -> SlotSpec:
         """A request's record, starting from what earlier requests of the mode saw (weight 2);

@@ -272,6 +272,21 @@ ei_status ei_forward_hidden(ei_runtime *rt, int32_t n_tokens, const int32_t *tok
                             int32_t n_out, const int32_t *out_rows, float *hidden,
                             int32_t n_keep, const int32_t *keep_rows);
 
+/* ---- Qwen3.5's multi-token-prediction block as a draft (model.c, forward.c; owner: engine/mtp.py) ----
+ * The block runs as a one-layer model whose input is eh_proj([enorm(embed(token)); hnorm(hidden)]),
+ * hidden being the trunk's final-normed state one position earlier. */
+enum { EI_NEXTN_EH_PROJ = 0, EI_NEXTN_ENORM = 1, EI_NEXTN_HNORM = 2 };
+ei_status ei_model_set_nextn(ei_model *m, int which, const void *data, int type, int64_t ne0, int64_t ne1);
+/* The model's runtimes read `trunk`'s packed output head (same tensor; trunk must outlive them). */
+ei_status ei_model_share_head(ei_model *m, const ei_runtime *trunk);
+/* As ei_forward on a model with the block's input tensors, row i's input combining tokens[i] with
+ * hidden_in[i * n_embd ...]; hidden_out (may be NULL) gets each output row's final-normed state. */
+ei_status ei_forward_nextn(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const float *hidden_in,
+                           const int32_t *slots, const int32_t *pos, const int32_t *cells,
+                           int32_t n_out, const int32_t *out_rows, float *logits, float *hidden_out);
+/* The final-normed hidden state (n_embd floats each) of rows of the latest ei_forward, before any other call runs. */
+ei_status ei_runtime_last_hidden(const ei_runtime *rt, int32_t n_rows, const int32_t *rows, float *out);
+
 /* ---- LoRA adapters (native/src/lora.c; owner: the engine's adapters) ----
  * An adapter holds float32 pairs for some of the model's matrices (copied at ei_lora_set): A [rank][ne0]
  * and B [ne1][rank] for a weight of ne1 rows of ne0 (scale folded into B or given per slot). A slot with adapters computes W x + sum_i scale_i B_i (A_i x) for every adapted W;

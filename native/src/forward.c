@@ -366,11 +366,29 @@ static ei_status lora_done(ei_runtime *rt) {
     return EI_OK;
 }
 
-/* hidden: out gets each output row's final-normed hidden state (n_embd floats) instead of its logits. */
+/* An MTP block's input (ei_forward_nextn): row t of rt->x (its token's embedding) through enorm and
+ * the trunk's hidden row t through hnorm, side by side ([embedding; hidden], as vLLM's
+ * qwen3_next_mtp.py concatenates them), through eh_proj back into rt->x. */
+static void nextn_input(ei_runtime *rt, const float *hidden, int64_t T) {
+    const ei_model *m = rt->m;
+    const int64_t d = m->cfg.n_embd;
+    for (int64_t t = 0; t < T; t++) {
+        ei_rmsnorm(rt->nextn_in + t * 2 * d, rt->x + t * d, m->nextn_enorm.data, d, m->cfg.rms_eps);
+        ei_rmsnorm(rt->nextn_in + t * 2 * d + d, hidden + t * d, m->nextn_hnorm.data, d, m->cfg.rms_eps);
+    }
+    ei_mm_job fc = {&m->nextn_eh_proj, rt->x, NULL};
+    ei_matmul_base(rt, &fc, 1, rt->nextn_in, T);   /* no adapter touches the MTP block */
+}
+
+/* hidden: out gets each output row's final-normed hidden state (n_embd floats) instead of its logits.
+ * nextn_h (an MTP block's model): the trunk's hidden rows its input combines with the tokens;
+ * hidden_out: also each output row's final-normed state, beside its logits. */
 static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                          const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
-                         float *logits, int hidden, int32_t n_keep, const int32_t *keep_rows) {
+                         float *logits, int hidden, int32_t n_keep, const int32_t *keep_rows,
+                         const float *nextn_h, float *hidden_out) {
     if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "forward: null runtime");
+    rt->last_n = 0;
     ei_status st = check_batch(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits);
     if (st != EI_OK) return st;
     if ((st = ei_state_begin(rt, n_tokens, slots, pos, n_keep, keep_rows)) != EI_OK) return st;
@@ -381,6 +399,7 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
     rt->lora_slots = batch_has_loras(rt, slots, T) ? slots : NULL;
     double t = now_s();
     if ((st = embed(rt, tokens, T)) != EI_OK || (st = ei_per_layer_inputs(rt, tokens, T)) != EI_OK) return st;
+    if (nextn_h) nextn_input(rt, nextn_h, T);
     rope_tables(rt, pos, T);
     record_cells(rt, T, slots, pos, cells);
     lap(rt, EI_PROF_EMBED, &t);
@@ -414,6 +433,7 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
         lap(rt, EI_PROF_FFN_DOWN, &t);
     }
     ei_state_end(rt, n_tokens, slots, pos);
+    rt->last_n = n_tokens;
     if (n_out == 0) return lora_done(rt);
     float *normed = hidden ? logits : rt->out_rows;
     for (int32_t j = 0; j < n_out; j++)
@@ -426,6 +446,7 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
     ei_mm_job head = {ei_model_output(m), logits, rt->packed[(size_t)c->n_layer * EI_PACKED_PER_LAYER]};
     ei_parallel_matmul(rt, &head, 1, rt->out_rows, n_out);
     softcap(logits, (int64_t)n_out * c->n_vocab, c->final_softcap);
+    if (hidden_out) memcpy(hidden_out, rt->out_rows, (size_t)n_out * d * sizeof(float));
     lap(rt, EI_PROF_HEAD, &t);
     return lora_done(rt);
 }
@@ -433,11 +454,34 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
 ei_status ei_forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                      const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
                      float *logits, int32_t n_keep, const int32_t *keep_rows) {
-    return forward(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits, 0, n_keep, keep_rows);
+    return forward(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits, 0, n_keep, keep_rows, NULL, NULL);
 }
 
 ei_status ei_forward_hidden(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const int32_t *slots,
                             const int32_t *pos, const int32_t *cells, int32_t n_out, const int32_t *out_rows,
                             float *hidden, int32_t n_keep, const int32_t *keep_rows) {
-    return forward(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, hidden, 1, n_keep, keep_rows);
+    return forward(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, hidden, 1, n_keep, keep_rows, NULL, NULL);
+}
+
+ei_status ei_forward_nextn(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens, const float *hidden_in,
+                           const int32_t *slots, const int32_t *pos, const int32_t *cells,
+                           int32_t n_out, const int32_t *out_rows, float *logits, float *hidden_out) {
+    if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "forward_nextn: null runtime");
+    if (!rt->nextn_in) return ei_fail(EI_ERR_STATE, "forward_nextn: the model has no MTP block input tensors");
+    if (!hidden_in) return ei_fail(EI_ERR_INVALID_ARG, "forward_nextn: null hidden rows");
+    return forward(rt, n_tokens, tokens, slots, pos, cells, n_out, out_rows, logits, 0, 0, NULL, hidden_in,
+                   hidden_out);
+}
+
+ei_status ei_runtime_last_hidden(const ei_runtime *rt, int32_t n_rows, const int32_t *rows, float *out) {
+    if (!rt || (n_rows > 0 && (!rows || !out))) return ei_fail(EI_ERR_INVALID_ARG, "last_hidden: null argument");
+    if (n_rows < 0) return ei_fail(EI_ERR_INVALID_ARG, "last_hidden: %d rows", n_rows);
+    const ei_model_config *c = &rt->m->cfg;
+    const int64_t d = c->n_embd;
+    for (int32_t j = 0; j < n_rows; j++) {
+        if (rows[j] < 0 || rows[j] >= rt->last_n)
+            return ei_fail(EI_ERR_RANGE, "last_hidden: row %d outside the latest forward's [0, %d)", rows[j], rt->last_n);
+        ei_rmsnorm(out + j * d, rt->x + (int64_t)rows[j] * d, rt->m->globals.output_norm.data, d, c->rms_eps);
+    }
+    return EI_OK;
 }

@@ -94,8 +94,17 @@ static ei_status pack_weights(ei_runtime *rt) {
         free(bytes);
         return EI_ERR_OUT_OF_MEMORY;
     }
+    const ei_runtime *head_rt = rt->m->head_rt;
+    if (head_rt) {   /* the trunk's packed head: the same tensor (checked), no second copy */
+        const ei_weight *mine = ei_model_output(rt->m), *theirs = ei_model_output(head_rt->m);
+        if (mine->type != theirs->type || mine->ne0 != theirs->ne0 || mine->ne1 != theirs->ne1) {
+            free(bytes);
+            return ei_fail(EI_ERR_INVALID_ARG, "runtime_create: the shared output head differs from this model's");
+        }
+    }
     for (int i = 0; i < n; i++) {
         const ei_weight *w = packable(rt->m, i);
+        if (head_rt && i == n - 1) continue;
         bytes[i] = (ei_packed_bytes(rt->kt, w->type, w->ne1, w->ne0) + 63) & ~(size_t)63;
         sizes_total += bytes[i];
     }
@@ -120,6 +129,7 @@ static ei_status pack_weights(ei_runtime *rt) {
         rt->packed[i] = at;
         at += bytes[i];
     }
+    if (head_rt) rt->packed[n - 1] = head_rt->packed[(size_t)head_rt->m->cfg.n_layer * EI_PACKED_PER_LAYER];
     rt->pack_bytes = sizes_total;
     free(bytes);
     return EI_OK;
@@ -185,7 +195,8 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
 
     size_t B = (size_t)prm.max_batch, d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim;
     size_t kvd = (size_t)c->n_head_kv * c->head_dim, ff = (size_t)c->n_ff;
-    size_t widest = EI_MAX(EI_MAX(EI_MAX(d, ff), qd), (size_t)ei_deltanet_inner(c));
+    const int nextn = m->nextn_eh_proj.data != NULL;   /* an MTP block: eh_proj reads 2 n_embd wide rows */
+    size_t widest = EI_MAX(EI_MAX(EI_MAX(d, ff), qd), EI_MAX((size_t)ei_deltanet_inner(c), nextn ? 2 * d : 0));
     rt->x = alloc_zeroed(B * d * sizeof(float), &scratch);
     rt->xn = alloc_zeroed(B * d * sizeof(float), &scratch);
     rt->q = alloc_zeroed(B * qd * (c->has_attn_gate ? 2 : 1) * sizeof(float), &scratch);   /* gated: query, gate */
@@ -210,6 +221,8 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->rope_sin = alloc_zeroed(B * half * sizeof(float), &scratch);
     rt->rope_freq = alloc_zeroed(half * sizeof(double), &scratch);
     rt->out_rows = alloc_zeroed(B * d * sizeof(float), &scratch);
+    rt->nextn_in = nextn ? alloc_zeroed(B * 2 * d * sizeof(float), &scratch) : NULL;
+    swa_fail |= nextn && !rt->nextn_in;
     /* A window on attention (sliding-window layers, or a ring with slack): per-thread cell
      * positions masked to it. */
     if (c->swa_window > 0 || prm.slide_window > 0) {
@@ -255,9 +268,10 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     const double base_l = c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta;
     for (int i = 0; rt->rope_freq_local && i < rope_dim_l / 2; i++)
         rt->rope_freq_local[i] = pow(base_l, -2.0 * i / (double)rope_dim_l);
-    if (pack_weights(rt) != EI_OK) {
+    const ei_status st_pack = pack_weights(rt);
+    if (st_pack != EI_OK) {
         ei_runtime_free(rt);
-        return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot allocate packed weights");
+        return st_pack == EI_ERR_OUT_OF_MEMORY ? ei_fail(st_pack, "runtime_create: cannot allocate packed weights") : st_pack;
     }
     rt->pool = ei_pool_create(prm.n_threads);
     if (!rt->pool) {
@@ -277,7 +291,7 @@ void ei_runtime_free(ei_runtime *rt) {
                     rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows,
                     rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local,
                     rt->layer_off, rt->local_cell_pos, rt->local_used, rt->ple, rt->ple_gate, rt->ple_in, rt->attn_gate,
-                    rt->slot_lora, (void *)rt->lora_seen, rt->lora_rows, rt->lora_row_scale, rt->lora_head_slots, rt->lora_buf};
+                    rt->slot_lora, (void *)rt->lora_seen, rt->lora_rows, rt->lora_row_scale, rt->lora_head_slots, rt->lora_buf, rt->nextn_in};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     ei_state_free(rt);
     free(rt);

@@ -49,6 +49,8 @@ struct ei_runtime {
     float *rope_cos, *rope_sin;  /* [max_batch][rope_dim / 2] */
     double *rope_freq;           /* [rope_dim / 2]: scale * theta^(-2i/rope_dim) / factor_i, fixed at creation */
     float *out_rows;     /* [max_batch][n_embd]: normed hidden rows for logits */
+    float *nextn_in;     /* [max_batch][2 n_embd]: an MTP block's normed [embedding; hidden] rows; NULL without */
+    int32_t last_n;      /* rows of the latest forward whose final residual rt->x still holds (ei_runtime_last_hidden) */
     /* Sliding-window layers (NULL without them): [n_threads][n_ctx] cell positions masked to a
      * query's window; the local layers' RoPE tables when their base differs from rope_theta. */
     int32_t *swa_cell_pos;
