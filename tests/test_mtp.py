@@ -29,7 +29,8 @@ import edgeinfer  # noqa: E402
 from edgeinfer.arch.nextn import NextnReference  # noqa: E402
 from edgeinfer.backends.base import Batch  # noqa: E402
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
-from edgeinfer.engine.mtp import MtpDraft, forward_block, load_mtp  # noqa: E402
+from edgeinfer.engine.mtp import MtpDraft, forward_block, load_mtp, trunk_hidden  # noqa: E402
+from edgeinfer.errors import NativeError  # noqa: E402
 from edgeinfer.engine.speculative import SpecPolicy  # noqa: E402
 from edgeinfer.gguf.reader import GGUFFile  # noqa: E402
 from tests.support import tiny_checkpoints as tc  # noqa: E402
@@ -215,6 +216,51 @@ def test_greedy_mtp_equals_plain_on_one_and_two_slots(qwen35):
             assert eng.scheduler.output.spec_proposed >= sum(r.stats.spec_proposed for r in results)
 
 
+def test_a_reused_prefix_keeps_drafting_when_the_block_holds_it(qwen35):
+    """The second prompt extends the first request's: the trunk resumes from its cells and the
+    block from its own ring, and drafting goes on; after a plain request the block lacks the
+    trunk's states for the reused prefix, so that request decodes plainly (same tokens)."""
+    _, path = qwen35
+    first, second = IDS[:12], IDS[:12] + [7, 9, 11, 13]
+    want = _truth(path, second, 16)
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2, speculative="mtp") as eng:
+        eng.fix_speculation(3)
+        eng.generate(first, max_tokens=6, **GREEDY)
+        got = eng.generate(second, max_tokens=16, **GREEDY)
+        assert got.stats.cached_tokens > 0 and got.stats.spec_proposed > 0, got.stats
+        assert got.tokens == want[0]
+        np.testing.assert_allclose([lp.logprob for lp in got.logprobs], want[1], atol=1e-4)
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2, speculative="mtp") as eng:
+        eng.fix_speculation(3)
+        eng.generate(first, max_tokens=6, speculative=None, **GREEDY)
+        got = eng.generate(second, max_tokens=16, **GREEDY)
+        assert got.stats.cached_tokens > 0 and got.stats.spec_proposed == 0, got.stats
+        assert got.tokens == want[0]
+
+
+def test_greedy_mtp_equals_plain_across_a_ring_slide(qwen35, monkeypatch):
+    """A 40-cell ring that slides: the block's ring slides with it and keeps drafting after."""
+    _, path = qwen35
+    load = dict(n_ctx=40, n_threads=2, n_sink=4, overflow="slide")
+    with edgeinfer.load(str(path), **load) as eng:
+        want = eng.generate(IDS, max_tokens=60, **GREEDY)
+    lengths: list[int] = []
+    propose = MtpDraft.propose
+
+    def counted(self, slot, history, k):
+        out = propose(self, slot, history, k)
+        lengths.append(len(history) if out else 0)
+        return out
+
+    monkeypatch.setattr(MtpDraft, "propose", counted)
+    with edgeinfer.load(str(path), speculative="mtp", **load) as eng:
+        eng.fix_speculation(3)
+        got = eng.generate(IDS, max_tokens=60, **GREEDY)
+    assert got.tokens == want.tokens
+    np.testing.assert_allclose([lp.logprob for lp in got.logprobs], [lp.logprob for lp in want.logprobs], atol=1e-4)
+    assert sum(n > 50 for n in lengths) >= 5, lengths      # drafts made after the ring slid
+
+
 def _priced(eng, ks: list[int]) -> None:
     """Fixed step and draft costs (no clock in the test): a step of n tokens 30 + 2 (n - 1) ms, a
     draft token 4 ms, so that drafting pays when the drafts are mostly right and loses otherwise;
@@ -288,3 +334,11 @@ def test_bad_mtp_arguments_are_typed_errors(qwen35, tmp_path):
 
         with pytest.raises(ValueError, match="CPU backend only"):
             load_mtp(OtherBackend(), eng.gguf, eng.config, None, eng.runner)
+        eng.generate([1, 2, 3], max_tokens=1)
+        rt = eng.runner.runtime
+        assert trunk_hidden(rt, [0, 2]).shape == (2, eng.config.n_embd)
+        with pytest.raises(NativeError, match="outside the latest forward"):
+            trunk_hidden(rt, [3])
+        with pytest.raises(NativeError, match="no MTP block input"):   # the trunk is not a block
+            forward_block(rt, Batch.of_slot(0, [1], [0], [0], [0]), np.zeros((1, eng.config.n_embd)),
+                          np.empty((1, eng.config.n_vocab), np.float32), np.empty((1, eng.config.n_embd), np.float32))

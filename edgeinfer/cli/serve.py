@@ -79,7 +79,8 @@ def serve_cmd(
                                                  "fails to load (/ready answers 503 with the reason) "
                                                  "instead of exiting with status 1.")] = False,
     speculative: Annotated[Optional[str], typer.Option("--speculative", help="Speculative decoding for "
-                                                       "every request: lookup, or draft (needs --draft).")]
+                                                       "every request: lookup, draft (needs --draft), or mtp (a Qwen3.5 "
+                                                       "file's own MTP block; CPU).")]
     = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="Draft model (a smaller GGUF with the "
                                                  "same vocabulary) for --speculative draft.")] = None,
@@ -110,8 +111,8 @@ def serve_cmd(
     if kv not in ("f16", "q8_0"):
         print("error: --kv must be f16 or q8_0", file=sys.stderr)
         raise typer.Exit(2)
-    if speculative not in (None, "lookup", "draft") or (speculative == "draft" and not draft):
-        print("error: --speculative must be lookup, or draft with --draft PATH", file=sys.stderr)
+    if speculative not in (None, "lookup", "draft", "mtp") or (speculative == "draft" and not draft):
+        print("error: --speculative must be lookup, mtp, or draft with --draft PATH", file=sys.stderr)
         raise typer.Exit(2)
     try:
         served = parse_models(model, models or [])

@@ -22,6 +22,11 @@ class DraftModel:
         self.n_vocab = runner.caps.n_vocab
         self._row = np.empty((1, self.n_vocab), dtype=np.float32)
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one draft token reads (the policy's prior for its cost)."""
+        return self.runner.caps.packed_bytes
+
     def observe(self, batch: Batch, slots: set[int]) -> None:
         """After each model step (MtpDraft keeps the model's hidden states); a draft model needs none."""
 

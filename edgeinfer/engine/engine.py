@@ -53,7 +53,7 @@ class Engine:
         self.n_ctx = ring.capacity
         self.draft = draft
         # prior for the policy until a draft token is measured: its share of a step's weight reads
-        ratio = draft.runner.caps.packed_bytes / max(1, runner.caps.packed_bytes) if draft else 1.0
+        ratio = draft.weight_bytes / max(1, runner.caps.packed_bytes) if draft else 1.0
         self.scheduler = Scheduler(runner, ring, tokenizer, max_queue=max_queue, draft=draft,
                                    speculative=speculative, spec_max_slots=spec_max_slots,
                                    draft_cost_ratio=ratio if ratio > 0 else 1.0, prompt_cache=prompt_cache)

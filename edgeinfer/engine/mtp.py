@@ -105,14 +105,19 @@ class MtpDraft(DraftModel):
 
     mode = "mtp"
 
-    def __init__(self, runner: Runner, ring: KVRing, trunk: Runner):
+    def __init__(self, runner: Runner, ring: KVRing, trunk: Runner, head_bytes: int = 0):
         super().__init__(runner, ring)
         self.trunk = trunk
+        self.head_bytes = head_bytes    # the trunk's head, which each draft token also reads
         self.n_embd = runner.runtime.model.cfg.n_embd
         self.hidden: dict[int, dict[int, np.ndarray]] = {}   # slot -> position -> trunk state
         self.first: dict[int, int] = {}                        # slot -> the token at position 0 its entries follow
         self._state = np.empty((1, self.n_embd), dtype=np.float32)   # the block's output state of its latest row
         self.last_logits: np.ndarray | None = None             # tests: the latest first draft's logits
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.runner.caps.packed_bytes + self.head_bytes
 
     # ---------------------------------------------------------- the trunk's states
     def observe(self, batch: Batch, slots: set[int]) -> None:
@@ -128,6 +133,10 @@ class MtpDraft(DraftModel):
         h = trunk_hidden(self.trunk.runtime, rows)
         for i, r in enumerate(rows):
             self.hidden.setdefault(int(batch.slots[r]), {})[int(batch.pos[r])] = h[i]
+        for held in self.hidden.values():   # a slot that stopped drafting: at most a ring's worth
+            if len(held) > self.ring.cells + 64:
+                for p in sorted(held)[:len(held) - self.ring.cells]:
+                    del held[p]
 
     def _have(self, slot: int, lo: int, hi: int) -> bool:
         held = self.hidden.get(slot, {})
@@ -232,7 +241,8 @@ def load_mtp(backend, gguf: GGUFFile, cfg: ModelConfig, plan: KVPlan, trunk: Run
     runtime = NativeRuntime(model, plan, n_threads=backend.n_threads, isa=backend.isa, drop_packed_source=True)
     ring = KVRing(plan.n_slots, plan.n_ctx, n_sink=plan.n_sink, overflow="slide" if plan.slack else "stop",
                   swa_window=0, local_cells=local_ring_cells(0, plan.cells, plan.max_batch), slack=plan.slack)
-    return MtpDraft(Runner(runtime), ring, trunk)
+    head = gguf.tensors.get("output.weight") or gguf.tensors["token_embd.weight"]
+    return MtpDraft(Runner(runtime), ring, trunk, head_bytes=len(head.data))
 
 
 __all__ = ["MtpDraft", "MtpBlockModel", "block_config", "load_mtp", "trunk_hidden", "forward_block"]
