@@ -13,7 +13,9 @@ tiny families (NMSE <= 1e-5, KL <= 1e-4, top-1 >= 0.95):
 - the KV bytes are the CPU runtime's and `plan`'s: the KV-shared layers store none;
 - greedy tokens equal the CPU backend's;
 - overflow="slide": a context ring of 24 cells that wraps (sinks, slack written ahead) gives the
-  CPU's teacher-forced logits.
+  CPU's teacher-forced logits;
+- attention over heads of 512 and 384 (Gemma 4 E2B's full layers: more key registers per lane than
+  heads up to 256) matches float64 and the CPU kernel.
 
 Needs a CUDA device; tests/test_cuda_sim.py runs this file on eisim, the CPU simulator."""
 from __future__ import annotations
@@ -145,3 +147,32 @@ def test_gemma4_sliding_context_ring_matches_cpu(gemma4):
     unwrapped = float(np.abs(out["cpu", 64][24:] - out["cpu", 24][24:]).max())
     err = float(np.abs(out["cuda", 24] - out["cpu", 24]).max())
     assert unwrapped > 20 * err, (unwrapped, err)
+
+
+@pytest.mark.parametrize("g,hd,n_cells", [(8, 512, 300), (4, 384, 70)])
+def test_attention_over_wide_heads(g, hd, n_cells):
+    from tests.test_cuda import _attention_ref, _f, _ok, _test_ops, cpu_ffi, cpu_lib
+    from tests.support.cuda_bounds import NMSE_MAX, nmse
+
+    ffi, lib = _test_ops()
+    rng = np.random.default_rng(hd + n_cells)
+    q = rng.standard_normal((g, hd)).astype(np.float32)
+    k = rng.standard_normal((n_cells, hd)).astype(np.float16)
+    v = rng.standard_normal((n_cells, hd)).astype(np.float16)
+    cell_pos = rng.permutation(n_cells).astype(np.int32)
+    cell_pos[rng.random(n_cells) < 0.1] = -1
+    pos = int(n_cells * 0.7)
+    vis = (cell_pos >= 0) & (cell_pos <= pos)
+    ref = _attention_ref(q, k, v, vis, 1 / np.sqrt(hd))
+    out = np.zeros((g, hd), dtype=np.float32)
+    _ok(lib.ei_cuda_op_attention(_f(ffi, q), g, ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+                                 ffi.from_buffer("uint16_t[]", v.view(np.uint16)),
+                                 ffi.from_buffer("int32_t[]", cell_pos), n_cells, pos, hd, _f(ffi, out)))
+    assert nmse(ref, out) <= NMSE_MAX
+    cpu = np.zeros((g, hd), dtype=np.float32)
+    assert cpu_lib.ei_kernel_attention(-1, cpu_ffi.from_buffer("float[]", q), g,
+                                       cpu_ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+                                       cpu_ffi.from_buffer("uint16_t[]", v.view(np.uint16)), cpu_lib.EI_TYPE_F16,
+                                       cpu_ffi.from_buffer("int32_t[]", cell_pos), n_cells, pos, hd,
+                                       cpu_ffi.from_buffer("float[]", cpu)) == 0
+    assert nmse(cpu, out) <= NMSE_MAX

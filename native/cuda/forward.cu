@@ -397,6 +397,15 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (st != EI_OK) return st;
     size_t fr = 0, tot = 0;
     if ((st = eic_check(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo")) != EI_OK) return st;
+    {   /* attention's shared memory for the widest heads: q[g][hd] and the chunk's scores */
+        const size_t g = (size_t)(c->n_head / c->n_head_kv), smem = 4 * g * ((size_t)c->head_dim + EIC_ATTN_CHUNK);
+        cudaDeviceProp prop = {};
+        if ((st = eic_check(cudaGetDeviceProperties(&prop, p->device), "cudaGetDeviceProperties")) != EI_OK) return st;
+        if (smem > prop.sharedMemPerBlockOptin)
+            return eic_fail(EI_ERR_UNSUPPORTED, "CUDA attention over heads of %d in groups of %d needs %zu bytes of shared "
+                                                "memory per block; %s allows %zu", c->head_dim, (int)g, smem, prop.name,
+                            (size_t)prop.sharedMemPerBlockOptin);
+    }
     const size_t reserve = (size_t)256 << 20;   /* context, graphs, kernels' own needs */
     if (sz.total + reserve > fr) {
         cudaDeviceProp prop = {};   /* zeroed: if the query fails, name is "" rather than stack garbage */

@@ -772,7 +772,9 @@ enum { ATT_THREADS = 128, ATT_WARPS = ATT_THREADS / 32 };
 
 /* Block (chunk, kv head, token): partial softmax of the chunk's cells for the
  * g query heads of the group, as the CPU's ei_attend_chunk. Shared memory:
- * q[g][hd] (scaled) then scores[g][EIC_ATTN_CHUNK]. */
+ * q[g][hd] (scaled) then scores[g][EIC_ATTN_CHUNK]. KR: registers per lane for a key row,
+ * hd <= 32 * KR (8 up to 256; 16 for Gemma 4's heads of 512, so smaller heads keep their registers). */
+template <int KR>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     const float *__restrict__ q, int n_head, eic_kv kv, int layer, const int32_t *__restrict__ slots,
     const int32_t *__restrict__ pos, const int32_t *__restrict__ n_cells, const int32_t *__restrict__ cell_pos,
@@ -808,17 +810,17 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
             for (int j = lane; j < g; j += 32) sc[j * EIC_ATTN_CHUNK + c] = -INFINITY;
             continue;
         }
-        float kr[EIC_MAX_HEAD_DIM / 32];
+        float kr[KR];
         const __half *kc = K + (size_t)(c0 + c) * hd;
 #pragma unroll
-        for (int e = 0; e < EIC_MAX_HEAD_DIM / 32; e++) {
+        for (int e = 0; e < KR; e++) {
             const int i = lane + 32 * e;
             kr[e] = i < hd ? __half2float(kc[i]) : 0.0f;
         }
         for (int j = 0; j < g; j++) {
             float s = 0.0f;
 #pragma unroll
-            for (int e = 0; e < EIC_MAX_HEAD_DIM / 32; e++) {
+            for (int e = 0; e < KR; e++) {
                 const int i = lane + 32 * e;
                 if (i < hd) s += kr[e] * qs[j * hd + i];
             }
@@ -891,12 +893,13 @@ cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_h
     const int g = n_head / kv->n_head_kv;
     if (kv->hd > EIC_MAX_HEAD_DIM || g > EIC_MAX_GROUP || n_chunks < 1 || n_tok > 65535) return cudaErrorInvalidValue;
     const size_t smem = sizeof(float) * ((size_t)g * kv->hd + (size_t)g * EIC_ATTN_CHUNK);
-    if (smem > 48 * 1024) {   /* large GQA groups: opt in to more than the default 48 KiB */
-        const cudaError_t e = cudaFuncSetAttribute(attn_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)smem);
+    void (*kern)(const float *, int, eic_kv, int, const int32_t *, const int32_t *, const int32_t *, const int32_t *,
+                 int, float *, float, int32_t, int32_t) = kv->hd <= 256 ? attn_chunk_kernel<8> : attn_chunk_kernel<16>;
+    if (smem > 48 * 1024) {   /* large GQA groups or heads: opt in to more than the default 48 KiB */
+        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    attn_chunk_kernel<<<dim3((unsigned)n_chunks, (unsigned)kv->n_head_kv, (unsigned)n_tok), ATT_THREADS, smem, s>>>(
+    kern<<<dim3((unsigned)n_chunks, (unsigned)kv->n_head_kv, (unsigned)n_tok), ATT_THREADS, smem, s>>>(
         q, n_head, *kv, layer, slots, pos, n_cells, cell_pos, n_chunks, part,
         scale > 0.0f ? scale : rsqrtf((float)kv->hd), window, keep_below);
     attn_merge_kernel<<<dim3((unsigned)n_head, (unsigned)n_tok), kv->hd < 128 ? 64 : 128, 0, s>>>(

@@ -11,7 +11,7 @@
 /* Cells per attention chunk: the same fixed chunking as the CPU (attention.h). */
 #define EIC_ATTN_CHUNK 256
 #define EIC_PART_FLOATS(hd) ((hd) + 2)
-#define EIC_MAX_HEAD_DIM 256
+#define EIC_MAX_HEAD_DIM 512   /* Gemma 4's full-attention heads */
 #define EIC_MAX_GROUP 32
 
 /* Records a message for ei_cuda_last_error() and returns st. */
