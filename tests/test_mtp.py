@@ -313,6 +313,9 @@ def test_the_blocks_memory_is_one_attention_layer_and_no_second_head(qwen35):
         assert caps.kv_bytes == 2 * 2 * 64 * cfg.n_head_kv * cfg.head_dim * 2    # K and V, 2 slots, 64 cells, f16
         head = cfg.n_vocab * cfg.n_embd * 4
         assert caps.packed_bytes < head      # its layer only: the head is the trunk's packed copy
+        info = eng.info()
+        assert (info["draft"], info["draft_kv_bytes"], info["draft_packed_weight_bytes"]) == \
+            ("mtp", caps.kv_bytes, caps.packed_bytes)
 
 
 # --------------------------------------------------------------------------- bad input

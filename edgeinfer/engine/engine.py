@@ -426,6 +426,10 @@ class Engine:
             **({"sliding_window": cfg.swa_window, "local_layers": sum(map(cfg.is_local_layer, range(cfg.n_layer))),
                 "local_kv_cells": self.ring.local_cells}
                if cfg.swa_window else {}),
+            # a draft model or the MTP block (speculative "draft" / "mtp"): its own KV ring and weights
+            **({"draft": self.draft.mode, "draft_kv_bytes": self.draft.runner.caps.kv_bytes,
+                "draft_packed_weight_bytes": self.draft.runner.caps.packed_bytes}
+               if self.draft is not None else {}),
         }
 
     def close(self) -> None:
