@@ -90,6 +90,64 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
+#if KVNNI
+/* One token, Q4_K / Q5_K (decode): kq45k's arithmetic, bit for bit, with fewer loads. Each
+ * nibble pair is loaded once for its two sub-blocks, and the activation's 4-byte groups come
+ * from two 16-byte broadcasts by in-lane shuffles instead of a broadcast load each (on Zen 4
+ * the loads, not the vpdpbusd, bound the generic kernel at one token). */
+KINL void KF(kq45k_1)(int five, const void *packed, int64_t nb, const void *act, float *y) {
+    const uint8_t *p = packed;
+    const ei_q8a *a = act;
+    const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += ub, a += 8) {
+        ei_prefetch_ahead(p, (int)ub);
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+#pragma GCC unroll 4
+        for (int pr = 0; pr < 4; pr++) {
+            const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * pr;
+            const ei_q8a *a0 = a + 2 * pr, *a1 = a0 + 1;
+            const __m256i x0l = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a0->q));
+            const __m256i x0h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a0->q + 16)));
+            const __m256i x1l = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a1->q));
+            const __m256i x1h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a1->q + 16)));
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+            __m256i u0 = _mm256_setzero_si256(), u1 = _mm256_setzero_si256();
+#define KQ1(k, x0, x1, sh)                                                                                   \
+    do {                                                                                                     \
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qp + 32 * (k)));                              \
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);            \
+        if (five) {                                                                                          \
+            lo = _mm256_or_si256(lo, KF(khbits)(p + EI_PK_Q4K_BYTES + 32 * (2 * pr) + 4 * (k)));            \
+            hi = _mm256_or_si256(hi, KF(khbits)(p + EI_PK_Q4K_BYTES + 32 * (2 * pr + 1) + 4 * (k)));        \
+        }                                                                                                    \
+        if ((k) & 1) {                                                                                       \
+            s1 = _mm256_dpbusd_epi32(s1, lo, _mm256_shuffle_epi32(x0, sh));                                  \
+            u1 = _mm256_dpbusd_epi32(u1, hi, _mm256_shuffle_epi32(x1, sh));                                  \
+        } else {                                                                                             \
+            s0 = _mm256_dpbusd_epi32(s0, lo, _mm256_shuffle_epi32(x0, sh));                                  \
+            u0 = _mm256_dpbusd_epi32(u0, hi, _mm256_shuffle_epi32(x1, sh));                                  \
+        }                                                                                                    \
+    } while (0)
+            KQ1(0, x0l, x1l, 0x00); KQ1(1, x0l, x1l, 0x55); KQ1(2, x0l, x1l, 0xaa); KQ1(3, x0l, x1l, 0xff);
+            KQ1(4, x0h, x1h, 0x00); KQ1(5, x0h, x1h, 0x55); KQ1(6, x0h, x1h, 0xaa); KQ1(7, x0h, x1h, 0xff);
+#undef KQ1
+            const __m256 dsc0 = _mm256_mul_ps(dv, KF(kcvt8)(p + 32 + 16 * pr, 0));
+            const __m256 dmn0 = _mm256_mul_ps(mv, KF(kcvt8)(p + 96 + 16 * pr, 0));
+            const __m256 dsc1 = _mm256_mul_ps(dv, KF(kcvt8)(p + 40 + 16 * pr, 0));
+            const __m256 dmn1 = _mm256_mul_ps(mv, KF(kcvt8)(p + 104 + 16 * pr, 0));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_mul_ps(dsc0, _mm256_set1_ps(a0->d)), acc);
+            acc = _mm256_fnmadd_ps(dmn0, _mm256_set1_ps(a0->s), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(u0, u1)), _mm256_mul_ps(dsc1, _mm256_set1_ps(a1->d)), acc);
+            acc = _mm256_fnmadd_ps(dmn1, _mm256_set1_ps(a1->s), acc);
+        }
+    }
+    _mm256_storeu_ps(y, acc);
+}
+#endif
+
 /* 32 * (sum of a's first 16 quants) in every lane, and of the last 16. */
 KINL void KF(kasum)(const ei_q8a *a, __m256i *lo, __m256i *hi) {
     const __m256i y = _mm256_loadu_si256((const __m256i *)a->q);
@@ -297,13 +355,23 @@ KT void KF(ei_packed_q6_k_x16r16)(const void *pk, int64_t nb, const void *act, i
 #endif
 
 KT void KF(ei_packed_q4_k_x1)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+#if KVNNI
+    (void)st, (void)ldy;
+    KF(kq45k_1)(0, pk, nb, act, y);
+#else
     KF(kq45k)(0, 1, pk, nb, act, st, y, ldy);
+#endif
 }
 KT void KF(ei_packed_q4_k_x4)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(kq45k)(0, 4, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q5_k_x1)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+#if KVNNI
+    (void)st, (void)ldy;
+    KF(kq45k_1)(1, pk, nb, act, y);
+#else
     KF(kq45k)(1, 1, pk, nb, act, st, y, ldy);
+#endif
 }
 KT void KF(ei_packed_q5_k_x4)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(kq45k)(1, 4, pk, nb, act, st, y, ldy);
