@@ -230,11 +230,10 @@ static void fill_avx512(ei_kernels *k) {
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)
 #undef XW2
-    /* Decode (one token) stays on 8-row ymm kernels, and Q6_K's on the maddubs one: on an
-     * AMD EPYC (Zen 4) host the 16-row zmm decode kernels took 2x as long and Q6_K's
-     * vpdpbusd build 1.7x (1B-shape Q4_K_M, per-stage profile, 2 threads), where on the
-     * Intel host the zmm ones had gained 3-6% only */
-    k->packed[EI_TYPE_Q6_K].x1 = ei_packed_q6_k_x1_avx2;
+    /* Decode (one token) stays on 8-row ymm kernels: on an AMD EPYC (Zen 4) host the 16-row
+     * zmm decode kernels took 2x as long (1B-shape Q4_K_M, per-stage profile, 2 threads), where
+     * on the Intel host they had gained 3-6% only. The K-quants' one-token kernels are their
+     * own (packed_k_simd.h kq45k_1, kq6k_1: fewer loads a block than the generic ones) */
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 512, 0};
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
