@@ -216,6 +216,18 @@ def test_greedy_mtp_equals_plain_on_one_and_two_slots(qwen35):
             assert eng.scheduler.output.spec_proposed >= sum(r.stats.spec_proposed for r in results)
 
 
+def test_seeded_sampling_with_mtp_draws_plain_sampling_tokens(qwen35):
+    """Sampled output goes through the same verification: with a seed, plain decoding's tokens."""
+    _, path = qwen35
+    kw = dict(max_tokens=24, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2) as eng:
+        want = eng.generate(IDS, **kw).tokens
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2, speculative="mtp") as eng:
+        eng.fix_speculation(3)
+        got = eng.generate(IDS, **kw)
+    assert got.tokens == want and got.stats.spec_proposed > 0, got.stats
+
+
 def test_a_reused_prefix_keeps_drafting_when_the_block_holds_it(qwen35):
     """The second prompt extends the first request's: the trunk resumes from its cells and the
     block from its own ring, and drafting goes on; after a plain request the block lacks the
