@@ -103,7 +103,9 @@ def q8_attention_model(q, k_raw, v_raw, cell_pos, pos, chunk=256, wmax=32767.0):
 
 @pytest.mark.parametrize("n_cells,hd,g", [(9, 64, 3), (300, 64, 3), (520, 128, 2), (70, 32, 1), (300, 64, 5),
                                           (260, 128, 3), (333, 96, 2), (100, 256, 2), (40, 64, 11), (600, 64, 1),
-                                          (70, 32, 3)])
+                                          (70, 32, 3),
+                                          # Gemma 4's full layers: heads of 512 (a group wider than 8 too), and 384
+                                          (300, 512, 2), (40, 512, 9), (257, 384, 3)])
 def test_attention_over_q8_0_kv(n_cells, hd, g):
     """A Q8_0 KV arena: every ISA computes the documented quantized algorithm (numpy model), and
     that algorithm stays close to the exact softmax over the dequantized rows."""
@@ -126,6 +128,26 @@ def test_attention_over_q8_0_kv(n_cells, hd, g):
     for isa in each_level(ISAS):
         out = attend(isa, q, k_raw, v_raw, cell_pos, pos, kv_type=lib.EI_TYPE_Q8_0)
         assert np.abs(out - model).max() < 1e-4, isa
+
+
+@pytest.mark.parametrize("hd", [384, 512])
+def test_attention_simd_levels_take_wide_heads(hd):
+    """Heads of 384 and 512 (Gemma 4's full layers) run each level's own kernel, F16 and Q8_0 KV,
+    not the scalar fallback: the tests above would pass either way, but a SIMD kernel sums in
+    another order (and Q8_0's in another exp), so its result is never bit-identical to scalar's."""
+    require("gguf", "gguf.quants is the Q8_0 oracle")
+    rng = np.random.default_rng(hd)
+    g, n_cells = 3, 300
+    q = (rng.standard_normal((g, hd)) * 2).astype(np.float32)
+    f16 = [rng.standard_normal((n_cells, hd)).astype(np.float16).view(np.uint16) for _ in range(2)]
+    q8 = [q8_0_rows(rng.standard_normal((n_cells, hd)))[0] for _ in range(2)]
+    cell_pos = np.arange(n_cells, dtype=np.int32)
+    for kv_type, (k, v) in ((lib.EI_TYPE_F16, f16), (lib.EI_TYPE_Q8_0, q8)):
+        scalar = attend(lib.EI_ISA_SCALAR, q, k, v, cell_pos, n_cells - 1, kv_type)
+        for isa in each_level(ISAS):
+            if isa != lib.EI_ISA_SCALAR:
+                out = attend(isa, q, k, v, cell_pos, n_cells - 1, kv_type)
+                assert not np.array_equal(out, scalar), (isa, kv_type, "the scalar fallback ran")
 
 
 def test_attention_q8_0_tiny_weights_stay_finite():

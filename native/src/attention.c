@@ -161,7 +161,7 @@ static inline __attribute__((always_inline)) AV __m256 ld_kv8(const uint8_t *row
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16 * i)));
 }
 
-/* F16 K/V, hd a multiple of 8, at most 256: per head, scores of the chunk, one vector
+/* F16 K/V, hd a multiple of 8, at most EI_ATTN_MAX_HD: per head, scores of the chunk, one vector
  * exp pass, then V accumulated in registers (hd / 8 accumulators). Inlined
  * with a constant hd for the common head sizes so the arrays live in registers. */
 static inline __attribute__((always_inline)) AV void chunk_avx2_body(
@@ -170,18 +170,21 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     const int32_t n = c1 - c0;
     const int nv = hd / 8;
     const size_t rb = (size_t)hd * 2;
+    k += (size_t)c0 * rb;
+    v += (size_t)c0 * rb;
+    cell_pos += c0;
     for (int j = 0; j < g; j++) {
         const float *qj = q + (size_t)j * hd;
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
-        __m256 qv[32];
+        __m256 qv[EI_ATTN_MAX_HD / 8];
         for (int i = 0; i < nv; i++) qv[i] = _mm256_mul_ps(_mm256_loadu_ps(qj + 8 * i), _mm256_set1_ps(scale));
         float mx = -INFINITY;
         for (int32_t c = 0; c < n; c++) {
-            if (!ei_attn_visible(cell_pos[c0 + c], pos)) {
+            if (!ei_attn_visible(cell_pos[c], pos)) {
                 sc[c] = -INFINITY;
                 continue;
             }
-            const uint8_t *kc = k + (size_t)(c0 + c) * rb;
+            const uint8_t *kc = k + (size_t)c * rb;
             __m256 a0 = _mm256_mul_ps(ld_kv8(kc, 0), qv[0]), a1 = _mm256_setzero_ps();
             for (int i = 1; i + 1 < nv; i += 2) {
                 a1 = _mm256_fmadd_ps(ld_kv8(kc, i), qv[i], a1);
@@ -194,12 +197,12 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
         ei_attn_empty_parts(pj, 1, hd);
         if (mx == -INFINITY) continue;
         const float sum = exp_scores8(sc, n, mx);
-        __m256 acc[32];
+        __m256 acc[EI_ATTN_MAX_HD / 8];
         for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
         for (int32_t c = 0; c < n; c++) {
             if (sc[c] == 0.0f) continue;
             const __m256 p = _mm256_set1_ps(sc[c]);
-            const uint8_t *vc = v + (size_t)(c0 + c) * rb;
+            const uint8_t *vc = v + (size_t)c * rb;
             for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_kv8(vc, i), acc[i]);
         }
         for (int i = 0; i < nv; i++) _mm256_storeu_ps(pj + 2 + 8 * i, acc[i]);
@@ -208,12 +211,21 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     }
 }
 
+/* Any other head size, in a function of its own: inlined with the others, its frame took
+ * registers from their loops. */
+static __attribute__((noinline)) AV void chunk_avx2_any(const float *q, int g, const uint8_t *k, const uint8_t *v,
+                                                       const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos,
+                                                       int hd, float scale, float *scores, float *part) {
+    chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+}
+
 AV void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                              int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     switch (hd) {   /* constant head sizes keep the accumulators in registers */
     case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
     case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 128, scale, scores, part); break;
-    default: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part); break;
+    case 256: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 256, scale, scores, part); break;
+    default: chunk_avx2_any(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part); break;
     }
 }
 #endif

@@ -18,6 +18,9 @@
 
 #define EI_ATTN_CHUNK 256
 #define EI_ATTN_MAX_GROUP 8 /* query heads an x86 Q8_0 SIMD kernel takes in one call */
+/* The largest head a SIMD kernel takes (Gemma 4's full layers); their per-head arrays are
+ * sized by it. Larger heads (up to 1024) go to the scalar reference. */
+#define EI_ATTN_MAX_HD 512
 /* The Q8_0 kernels sum V in int32: a chunk of 256 cells x |weight| 32767 x |v| 128 fits. */
 _Static_assert((long long)EI_ATTN_CHUNK * 32767 * 128 <= 2147483647LL, "Q8_0 V sums overflow int32");
 
@@ -54,7 +57,7 @@ static inline float ei_attn_q8_scale(const uint8_t *row, int b) {
 }
 
 /* The SIMD kernels kernels.c puts in the tables (AVX-512: hd a multiple of 16, AVX2 F16: of 8,
- * NEON F16: of 4; AVX-512 at most 512, the others 256). */
+ * NEON F16: of 4, Q8_0: of 32; all at most EI_ATTN_MAX_HD). */
 void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                           int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,

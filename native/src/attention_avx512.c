@@ -18,7 +18,7 @@
 #define AV5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define AI static inline __attribute__((always_inline))
 #define MAX_TILE 4 /* query heads per tile */
-#define MAX_NV 32  /* 16-float vectors of a head: up to 512 (Gemma 4's full layers; past 16 they spill, still vector) */
+#define MAX_NV (EI_ATTN_MAX_HD / 16) /* 16-float vectors of a head (past 16 they spill, still vector) */
 
 /* Values 16i..16i+15 of an F16 KV row as floats. */
 AI AV5 __m512 ld16(const uint8_t *row, int i) {

@@ -26,7 +26,7 @@ AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *
     const size_t rb = (size_t)hd * 2;
     for (int j = 0; j < g; j++) {
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
-        float32x4_t qv[64];
+        float32x4_t qv[EI_ATTN_MAX_HD / 4];
         for (int i = 0; i < nv; i++) qv[i] = vmulq_n_f32(vld1q_f32(q + (size_t)j * hd + 4 * i), scale);
         float mx = -INFINITY;
         for (int32_t c = 0; c < n; c++) {
@@ -45,7 +45,7 @@ AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *
         memset(pj + 2, 0, sizeof(float) * (size_t)hd);
         if (mx == -INFINITY) continue;
         pj[1] = exp_scores4(sc, n, mx);
-        float32x4_t acc[64];
+        float32x4_t acc[EI_ATTN_MAX_HD / 4];
         for (int i = 0; i < nv; i++) acc[i] = vdupq_n_f32(0.0f);
         for (int32_t c = 0; c < n; c++) {
             if (sc[c] == 0.0f) continue;
@@ -76,9 +76,9 @@ void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint
     k += (size_t)c0 * rb;
     v += (size_t)c0 * rb;
     cell_pos += c0;
-    int8_t q8[256];
-    float dq[8], dv[EI_ATTN_CHUNK];
-    int32_t qsum[8];
+    int8_t q8[EI_ATTN_MAX_HD];
+    float dq[EI_ATTN_MAX_HD / 32], dv[EI_ATTN_CHUNK];
+    int32_t qsum[EI_ATTN_MAX_HD / 32];
     int16_t w[EI_ATTN_CHUNK];
     for (int j = 0; j < g; j++) {
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * pf;

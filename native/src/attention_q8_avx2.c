@@ -45,16 +45,19 @@ static AV2 void quantize_q(const float *q, int hd, float scale, __m256 *qf, floa
     }
 }
 
-AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                                 int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
-    const int nb = hd / 32, pf = EI_ATTN_PART_FLOATS(hd);
+/* The kernel for nb = hd / 32 blocks; a constant nb where inlined unrolls the block loops. */
+static inline __attribute__((always_inline)) AV2 void chunk_q8_body(
+    const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos, int32_t c0, int32_t c1,
+    int32_t pos, const int nb, float scale, float *scores, float *part) {
+    const int hd = 32 * nb, pf = EI_ATTN_PART_FLOATS(hd);
     const int32_t n = c1 - c0;
     const size_t rb = (size_t)nb * 34;
     k += (size_t)c0 * rb;
     v += (size_t)c0 * rb;
     cell_pos += c0;
-    __m256 qf[EI_ATTN_MAX_GROUP][32];
-    float dq[EI_ATTN_MAX_GROUP][8], mxs[EI_ATTN_MAX_GROUP], dv[8][EI_ATTN_CHUNK], w[8][EI_ATTN_CHUNK];
+    __m256 qf[EI_ATTN_MAX_GROUP][EI_ATTN_MAX_HD / 8];
+    float dq[EI_ATTN_MAX_GROUP][EI_ATTN_MAX_HD / 32], mxs[EI_ATTN_MAX_GROUP];
+    float dv[EI_ATTN_MAX_HD / 32][EI_ATTN_CHUNK], w[EI_ATTN_MAX_HD / 32][EI_ATTN_CHUNK];
     for (int j = 0; j < g; j++) {
         quantize_q(q + (size_t)j * hd, hd, scale, qf[j], dq[j]);
         mxs[j] = -INFINITY;
@@ -98,7 +101,7 @@ AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const 
         }
         pj[1] = exp_scores8(sc, n, mx);
         /* 15-bit weights per block (as floats), then one pass over the cells for all blocks */
-        float unit[8];
+        float unit[EI_ATTN_MAX_HD / 32];
         for (int b = 0; b < nb; b++) {
             __m256 m8 = _mm256_setzero_ps();
             int32_t c = 0;
@@ -113,7 +116,7 @@ AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const 
             for (; c < n; c++) w[b][c] = nearbyintf(sc[c] * dv[b][c] * inv);
             unit[b] = wmax / EI_ATTN_WMAX;
         }
-        __m256 acc[32];
+        __m256 acc[EI_ATTN_MAX_HD / 8];
         for (int i = 0; i < 4 * nb; i++) acc[i] = _mm256_setzero_ps();
         for (int32_t c = 0; c < n; c++) {
             if (sc[c] == 0.0f) continue;
@@ -126,6 +129,16 @@ AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const 
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < 4; i++)
                 _mm256_storeu_ps(pj + 2 + 32 * b + 8 * i, _mm256_mul_ps(_mm256_set1_ps(unit[b]), acc[4 * b + i]));
+    }
+}
+
+AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
+                                 int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+    switch (hd) {   /* the common head sizes with constant block counts */
+    case 64: chunk_q8_body(q, g, k, v, cell_pos, c0, c1, pos, 2, scale, scores, part); break;
+    case 128: chunk_q8_body(q, g, k, v, cell_pos, c0, c1, pos, 4, scale, scores, part); break;
+    case 256: chunk_q8_body(q, g, k, v, cell_pos, c0, c1, pos, 8, scale, scores, part); break;
+    default: chunk_q8_body(q, g, k, v, cell_pos, c0, c1, pos, hd / 32, scale, scores, part); break;
     }
 }
 #endif

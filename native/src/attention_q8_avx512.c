@@ -19,6 +19,7 @@
 #define AVQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define AI static inline __attribute__((always_inline))
 #define ROW_BYTES(nb) ((size_t)(nb) * 34)
+#define MAX_NB (EI_ATTN_MAX_HD / 32) /* Q8_0 blocks of a head */
 
 /* The f16 block scales of block b of 16 cells (rows cell0.., clamped to the chunk) as floats. */
 AI AVQ __m512 block_scales(const uint8_t *base, __m512i row_offsets, int b) {
@@ -185,6 +186,27 @@ AI AVQ void q8_values(const int JN, const int NB, const uint8_t *v, size_t rb, i
         }
 }
 
+/* V for other head sizes (96, 384, 512, ...): one head at a time, in runs of 8 blocks, then
+ * of 1. Not inlined, so that the constant shapes' registers are left alone. */
+static __attribute__((noinline)) AVQ void q8_values_any(int jn, int nb, const uint8_t *v, size_t rb, int32_t n,
+                                                         const int32_t *cell_pos, int32_t pos, const int16_t *w,
+                                                         size_t wst, const float *unit, float *part, int pf) {
+    for (int j = 0; j < jn; j++)
+        for (int b = 0; b < nb;) {
+            const uint8_t *vb = v + 34 * b;
+            const int16_t *wb = w + (j * nb + b) * wst;
+            const float *ub = unit + j * nb + b;
+            float *ob = part + (size_t)j * pf + 32 * b;
+            if (nb - b >= 8) {
+                q8_values(1, 8, vb, rb, n, cell_pos, pos, wb, wst, ub, ob, pf);
+                b += 8;
+            } else {
+                q8_values(1, 1, vb, rb, n, cell_pos, pos, wb, wst, ub, ob, pf);
+                b++;
+            }
+        }
+}
+
 AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                                    int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
     const int nb = hd / 32, pf = EI_ATTN_PART_FLOATS(hd);
@@ -193,9 +215,9 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
     k += (size_t)c0 * rb;
     v += (size_t)c0 * rb;
     cell_pos += c0;
-    int8_t q8[EI_ATTN_MAX_GROUP * 256];
-    float dq[EI_ATTN_MAX_GROUP * 8], mx[EI_ATTN_MAX_GROUP], sum[EI_ATTN_MAX_GROUP];
-    int32_t qsum[EI_ATTN_MAX_GROUP * 8];
+    int8_t q8[EI_ATTN_MAX_GROUP * EI_ATTN_MAX_HD];
+    float dq[EI_ATTN_MAX_GROUP * MAX_NB], mx[EI_ATTN_MAX_GROUP], sum[EI_ATTN_MAX_GROUP];
+    int32_t qsum[EI_ATTN_MAX_GROUP * MAX_NB];
     for (int j = 0; j < g; j++) quantize_q(q + (size_t)j * hd, hd, scale, q8 + j * hd, dq + j * nb, qsum + j * nb);
     mx[0] = -INFINITY;
     q8_scores(q8, dq, qsum, g, k, v, nb, cell_pos, n, pos, scores, mx);
@@ -209,16 +231,16 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
         part[j * pf + 1] = sum[j];
     }
     /* V's block scales, once for every head */
-    float dv[8][EI_ATTN_CHUNK];
+    float dv[MAX_NB][EI_ATTN_CHUNK];
     for (int32_t c = 0; c < n; c += 16) {
         const __m512i offs = row_offsets(c, n, rb);
         for (int b = 0; b < nb; b++) _mm512_storeu_ps(dv[b] + c, block_scales(v, offs, b));
     }
     /* heads in tiles whose int32 accumulators (2 per head and block) fit the registers */
     const int tile = nb <= 2 ? 4 : nb == 4 ? 2 : 1;
-    enum { WST = EI_ATTN_CHUNK + 2 };
-    int16_t w[4 * 8 * WST];
-    float unit[4 * 8];
+    enum { WST = EI_ATTN_CHUNK + 2, WROWS = MAX_NB > 8 ? MAX_NB : 8 };   /* tile * nb rows: at most max(8, nb) */
+    int16_t w[WROWS * WST];
+    float unit[WROWS];
     for (int j0 = 0; j0 < g; j0 += tile) {
         const int jn = g - j0 < tile ? g - j0 : tile;
         for (int j = 0; j < jn; j++)
@@ -237,12 +259,7 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
         case 4 * 8 + 1: q8_values(1, 4, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
         case 4 * 8 + 2: q8_values(2, 4, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
         case 8 * 8 + 1: q8_values(1, 8, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
-        default:   /* other head sizes (96, 160, ...): one head at a time, blocks not unrolled */
-            for (int j = 0; j < jn; j++)
-                for (int b = 0; b < nb; b++)
-                    q8_values(1, 1, v + 34 * b, rb, n, cell_pos, pos, w + (j * nb + b) * WST, WST, unit + j * nb + b,
-                              pt + (size_t)j * pf + 32 * b, pf);
-            break;
+        default: q8_values_any(jn, nb, v, rb, n, cell_pos, pos, w, WST, unit, pt, pf); break;
         }
     }
 }

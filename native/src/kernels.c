@@ -205,8 +205,8 @@ static void fill_avx2(ei_kernels *k) {
     PACKED(EI_TYPE_Q4_0, q4_0, avx2) PACKED(EI_TYPE_Q4_1, q4_1, avx2)
     PACKED(EI_TYPE_Q5_0, q5_0, avx2) PACKED(EI_TYPE_Q5_1, q5_1, avx2)
     PACKED_K(EI_TYPE_Q4_K, q4_k, avx2, 8) PACKED_K(EI_TYPE_Q5_K, q5_k, avx2, 8) PACKED_K(EI_TYPE_Q6_K, q6_k, avx2, 8)
-    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
-    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, 256, EI_ATTN_MAX_GROUP};
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
+    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
     k->geglu = ei_geglu_avx2;
     k->conv1d = ei_conv1d_avx2;
@@ -234,9 +234,9 @@ static void fill_avx512(ei_kernels *k) {
      * zmm decode kernels took 2x as long (1B-shape Q4_K_M, per-stage profile, 2 threads), where
      * on the Intel host they had gained 3-6% only. The K-quants' one-token kernels are their
      * own (packed_k_simd.h kq45k_1, kq6k_1: fewer loads a block than the generic ones) */
-    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, 512, 0};
-    k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, 256, 0};
-    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, 256, EI_ATTN_MAX_GROUP};
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, EI_ATTN_MAX_HD, 0};
+    k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
+    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};
     k->geglu = ei_geglu_avx512;
     k->conv1d = ei_conv1d_avx512;
     DELTANET(k, avx512)
@@ -268,8 +268,8 @@ static void fill_neon(ei_kernels *k, int dotprod) {
         PACKED_NEON(EI_TYPE_Q4_K, q4_k, neon) PACKED_NEON(EI_TYPE_Q5_K, q5_k, neon) PACKED_NEON(EI_TYPE_Q6_K, q6_k, neon)
     }
 #undef PACKED_NEON
-    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, 256, 0};
-    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, 256, 0};
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_neon, 4, EI_ATTN_MAX_HD, 0};
+    k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_neon, 32, EI_ATTN_MAX_HD, 0};
     k->geglu = ei_geglu_neon;
     k->conv1d = ei_conv1d_neon;
     k->lora_up = ei_lora_up_neon;
