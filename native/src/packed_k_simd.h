@@ -91,15 +91,21 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
 }
 
 #if KVNNI
-/* One token, Q4_K / Q5_K (decode): kq45k's arithmetic, bit for bit, with fewer loads. Each
- * nibble pair is loaded once for its two sub-blocks, and the activation's 4-byte groups come
- * from two 16-byte broadcasts by in-lane shuffles instead of a broadcast load each (on Zen 4
- * the loads, not the vpdpbusd, bound the generic kernel at one token). */
+/* One token, Q4_K / Q5_K (decode): kq45k's arithmetic, bit for bit, in half the instructions
+ * a block. Two 4-byte groups a zmm register (the 8 rows of group k, then of k + 1, one 64-byte
+ * load), the activation's dwords k and k + 1 put under them by one vpermd; each nibble pair is
+ * loaded once for its two sub-blocks. The chain's halves sum their groups' products and are
+ * added before the float part, so the integers (and all else) are kq45k's. Zen 4 runs each zmm
+ * op as two halves, yet this is 1.17x the ymm form of the same scheme (cache-resident matrix,
+ * scripts/bench_matvec.py), itself 1.15x kq45k: the generic kernel is bound by loads and
+ * instruction count at one token, not by vpdpbusd. */
 KINL void KF(kq45k_1)(int five, const void *packed, int64_t nb, const void *act, float *y) {
     const uint8_t *p = packed;
     const ei_q8a *a = act;
     const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i i01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i two = _mm512_set1_epi32(2);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += ub, a += 8) {
         ei_prefetch_ahead(p, (int)ub);
@@ -109,38 +115,32 @@ KINL void KF(kq45k_1)(int five, const void *packed, int64_t nb, const void *act,
         for (int pr = 0; pr < 4; pr++) {
             const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * pr;
             const ei_q8a *a0 = a + 2 * pr, *a1 = a0 + 1;
-            const __m256i x0l = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a0->q));
-            const __m256i x0h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a0->q + 16)));
-            const __m256i x1l = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a1->q));
-            const __m256i x1h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a1->q + 16)));
-            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-            __m256i u0 = _mm256_setzero_si256(), u1 = _mm256_setzero_si256();
-#define KQ1(k, x0, x1, sh)                                                                                   \
-    do {                                                                                                     \
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(qp + 32 * (k)));                              \
-        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);            \
-        if (five) {                                                                                          \
-            lo = _mm256_or_si256(lo, KF(khbits)(p + EI_PK_Q4K_BYTES + 32 * (2 * pr) + 4 * (k)));            \
-            hi = _mm256_or_si256(hi, KF(khbits)(p + EI_PK_Q4K_BYTES + 32 * (2 * pr + 1) + 4 * (k)));        \
-        }                                                                                                    \
-        if ((k) & 1) {                                                                                       \
-            s1 = _mm256_dpbusd_epi32(s1, lo, _mm256_shuffle_epi32(x0, sh));                                  \
-            u1 = _mm256_dpbusd_epi32(u1, hi, _mm256_shuffle_epi32(x1, sh));                                  \
-        } else {                                                                                             \
-            s0 = _mm256_dpbusd_epi32(s0, lo, _mm256_shuffle_epi32(x0, sh));                                  \
-            u0 = _mm256_dpbusd_epi32(u0, hi, _mm256_shuffle_epi32(x1, sh));                                  \
-        }                                                                                                    \
-    } while (0)
-            KQ1(0, x0l, x1l, 0x00); KQ1(1, x0l, x1l, 0x55); KQ1(2, x0l, x1l, 0xaa); KQ1(3, x0l, x1l, 0xff);
-            KQ1(4, x0h, x1h, 0x00); KQ1(5, x0h, x1h, 0x55); KQ1(6, x0h, x1h, 0xaa); KQ1(7, x0h, x1h, 0xff);
-#undef KQ1
+            const __m512i x0 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a0->q));
+            const __m512i x1 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a1->q));
+            __m512i s = _mm512_setzero_si512(), u = _mm512_setzero_si512();
+            __m512i idx = i01;
+            for (int k = 0; k < 8; k += 2, idx = _mm512_add_epi32(idx, two)) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qp + 32 * k));
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (five) {
+                    uint64_t ml, mh;
+                    memcpy(&ml, p + EI_PK_Q4K_BYTES + 32 * (2 * pr) + 4 * k, 8);
+                    memcpy(&mh, p + EI_PK_Q4K_BYTES + 32 * (2 * pr + 1) + 4 * k, 8);
+                    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8((__mmask64)ml, _mm512_set1_epi8(16)));
+                    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8((__mmask64)mh, _mm512_set1_epi8(16)));
+                }
+                s = _mm512_dpbusd_epi32(s, lo, _mm512_permutexvar_epi32(idx, x0));
+                u = _mm512_dpbusd_epi32(u, hi, _mm512_permutexvar_epi32(idx, x1));
+            }
+            const __m256i s0 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+            const __m256i u0 = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
             const __m256 dsc0 = _mm256_mul_ps(dv, KF(kcvt8)(p + 32 + 16 * pr, 0));
             const __m256 dmn0 = _mm256_mul_ps(mv, KF(kcvt8)(p + 96 + 16 * pr, 0));
             const __m256 dsc1 = _mm256_mul_ps(dv, KF(kcvt8)(p + 40 + 16 * pr, 0));
             const __m256 dmn1 = _mm256_mul_ps(mv, KF(kcvt8)(p + 104 + 16 * pr, 0));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_mul_ps(dsc0, _mm256_set1_ps(a0->d)), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dsc0, _mm256_set1_ps(a0->d)), acc);
             acc = _mm256_fnmadd_ps(dmn0, _mm256_set1_ps(a0->s), acc);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(u0, u1)), _mm256_mul_ps(dsc1, _mm256_set1_ps(a1->d)), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u0), _mm256_mul_ps(dsc1, _mm256_set1_ps(a1->d)), acc);
             acc = _mm256_fnmadd_ps(dmn1, _mm256_set1_ps(a1->s), acc);
         }
     }
@@ -196,7 +196,7 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
  * share the 2-bit tops of quad h go together, so each ql and qh byte is loaded once
  * (kq6k loads qh four times and ql twice); each half's chain starts at the activation
  * row's -32 * (sum of the half) (ei_act_half_sums, as zq6k) instead of kasum's sum; the
- * activation groups come by in-lane shuffles as in kq45k_1. */
+ * activation groups come by in-lane shuffles of 16-byte broadcasts. */
 KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) {
     const uint8_t *p = packed;
     const ei_q8a *a = act;
