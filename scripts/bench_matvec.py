@@ -176,7 +176,9 @@ def main() -> None:
                 for bi, b in enumerate(builds):
                     med = float(np.median(times[bi]))
                     cells.append(f"{b.label} {nbytes / best[bi] / 1e9:6.1f} (med {nbytes / med / 1e9:5.1f})")
-                ratio = f"  {builds[-1].label}/{builds[0].label} {best[0] / best[-1]:.3f}" if len(builds) > 1 else ""
+                # the medians' ratio too: one lucky (or mistimed) rep moves a best
+                ratio = (f"  {builds[-1].label}/{builds[0].label} best {best[0] / best[-1]:.3f}"
+                         f" med {np.median(times[0]) / np.median(times[-1]):.3f}") if len(builds) > 1 else ""
                 print(f"{name} {size:5s} {nbytes / 2**20:7.1f} MiB  {nthr} thr  GB/s best: " + " | ".join(cells)
                       + ratio + ("" if same else "  OUTPUTS DIFFER"), flush=True)
             for b in builds:
