@@ -733,8 +733,8 @@ def test_cuda_status_codes_raise_their_native_errors(tmp_path):
         with pytest.raises(RangeError, match="topk of 1 rows"):
             rt.topk(1, 1)
         plan = KVPlan(n_slots=1, n_ctx=16, n_sink=0, max_batch=4)
-        with pytest.raises(NativeUnsupportedError, match="head_dim <= 256"):
-            cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, head_dim=512), plan, device=DEVICES[0])
+        with pytest.raises(NativeUnsupportedError, match="head_dim <= 512"):
+            cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, head_dim=1024), plan, device=DEVICES[0])
         with pytest.raises(InvalidArgumentError, match="inconsistent model configuration"):
             cb.CudaRuntime(gpu.gguf, dataclasses.replace(gpu.config, n_head_kv=gpu.config.n_head + 1), plan,
                            device=DEVICES[0])
