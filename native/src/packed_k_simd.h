@@ -249,6 +249,61 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
     }
     _mm256_storeu_ps(y, acc);
 }
+#else
+/* One token, Q6_K, AVX2: kq6k_1's scheme in ymm (each ql and qh byte loaded once for the four
+ * blocks of a quad, the chains started at the activation's half sums, in-lane shuffles):
+ * 1.12x kq6k (AVX2 table, Zen 4, cache-resident, scripts/bench_matvec.py --isa 1). */
+KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) {
+    const uint8_t *p = packed;
+    const ei_q8a *a = act;
+    const int32_t *hs = ei_act_half_sums(act, 8 * nb);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES, a += 8, hs += 16) {
+        ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const ei_q8a *aq = a + 4 * h;
+            const int32_t *hq = hs + 8 * h;
+            __m256i s[8];   /* block i's halves: s[2i], s[2i + 1] */
+            for (int i = 0; i < 8; i++) s[i] = _mm256_set1_epi32(hq[i]);
+            for (int half = 0; half < 2; half++) {
+                __m256i x[4];
+                for (int i = 0; i < 4; i++)
+                    x[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(aq[i].q + 16 * half)));
+#define KQ6S(kk, sh)                                                                                          \
+    do {                                                                                                      \
+        const int k = 4 * half + (kk);                                                                        \
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h) + 32 * k));               \
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + 1) + 32 * k));           \
+        const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));                      \
+        const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(u, 4), m30)); \
+        const __m256i w1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(u, 2), m30)); \
+        const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(u, m30)); \
+        const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                   \
+                                           _mm256_and_si256(_mm256_srli_epi16(u, 2), m30));                   \
+        s[0 + half] = KF(kdp)(s[0 + half], w0, _mm256_shuffle_epi32(x[0], sh));                               \
+        s[2 + half] = KF(kdp)(s[2 + half], w1, _mm256_shuffle_epi32(x[1], sh));                               \
+        s[4 + half] = KF(kdp)(s[4 + half], w2, _mm256_shuffle_epi32(x[2], sh));                               \
+        s[6 + half] = KF(kdp)(s[6 + half], w3, _mm256_shuffle_epi32(x[3], sh));                               \
+    } while (0)
+                KQ6S(0, 0x00); KQ6S(1, 0x55); KQ6S(2, 0xaa); KQ6S(3, 0xff);
+#undef KQ6S
+            }
+            for (int i = 0; i < 4; i++) {
+                const int j = 4 * h + i;
+                const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
+                const __m256i sclo = _mm256_cvtepi8_epi32(sc2), schi = _mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8));
+                const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(s[2 * i], sclo),
+                                                      _mm256_mullo_epi32(s[2 * i + 1], schi));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(aq[i].d)), acc);
+            }
+        }
+    }
+    _mm256_storeu_ps(y, acc);
+}
 #endif
 
 /* Q6_K, rows 8g..8g+7, nt tokens. Per activation block j and token:
@@ -418,7 +473,7 @@ KT void KF(ei_packed_q4_k_x1)(const void *pk, int64_t nb, const void *act, int64
 #if KVNNI
     (void)st, (void)ldy;
     KF(kq45k_1)(0, pk, nb, act, y);
-#else
+#else   /* the scheme in ymm with maddubs measured 0.91x kq45k (AVX2 table, Zen 4) */
     KF(kq45k)(0, 1, pk, nb, act, st, y, ldy);
 #endif
 }
@@ -429,7 +484,7 @@ KT void KF(ei_packed_q5_k_x1)(const void *pk, int64_t nb, const void *act, int64
 #if KVNNI
     (void)st, (void)ldy;
     KF(kq45k_1)(1, pk, nb, act, y);
-#else
+#else   /* the scheme in ymm with maddubs measured 0.91x kq45k (AVX2 table, Zen 4) */
     KF(kq45k)(1, 1, pk, nb, act, st, y, ldy);
 #endif
 }
@@ -437,12 +492,8 @@ KT void KF(ei_packed_q5_k_x4)(const void *pk, int64_t nb, const void *act, int64
     KF(kq45k)(1, 4, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q6_k_x1)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-#if KVNNI
     (void)st, (void)ldy;
     KF(kq6k_1)(pk, nb, act, y);
-#else
-    KF(kq6k)(1, pk, nb, act, st, y, ldy);
-#endif
 }
 KT void KF(ei_packed_q6_k_x4)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(kq6k)(4, pk, nb, act, st, y, ldy);
