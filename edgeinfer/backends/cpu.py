@@ -99,6 +99,29 @@ class NativeRuntime:
     def forward_topk(self, batch: Batch, k: int) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError("the CPU backend has no device top-k (caps.max_topk = 0)")
 
+    def last_hidden(self, rows: np.ndarray) -> np.ndarray:
+        """The final-normed hidden states of rows of the latest forward (the MTP block's input)."""
+        out = np.empty((len(rows), self.model.cfg.n_embd), dtype=np.float32)
+        if len(rows):
+            check(lib.ei_runtime_last_hidden(self.handle, len(rows), _i32(rows), ffi.from_buffer("float[]", out)),
+                  "last_hidden")
+        return out
+
+    def forward_nextn(self, batch: Batch, hidden: np.ndarray, logits: np.ndarray, states: np.ndarray) -> None:
+        """One step of an MTP block's runtime: row i from batch.tokens[i] and hidden[i]; the output
+        rows' logits and final-normed states."""
+        n_out = batch.n_out
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        if hidden.shape != (len(batch), self.model.cfg.n_embd):
+            raise ValueError(f"hidden rows of shape {hidden.shape}, want {(len(batch), self.model.cfg.n_embd)}")
+        if logits.shape != (n_out, self.caps.n_vocab) or states.shape != (n_out, self.model.cfg.n_embd):
+            raise ValueError("forward_nextn: output arrays of the wrong shape")
+        f32 = (lambda a: ffi.from_buffer("float[]", a)) if n_out else (lambda a: ffi.NULL)
+        check(lib.ei_forward_nextn(self.handle, len(batch), _i32(batch.tokens), ffi.from_buffer("float[]", hidden),
+                                   _i32(batch.slots), _i32(batch.pos), _i32(batch.cells), n_out,
+                                   _i32(batch.out_rows) if n_out else ffi.NULL, f32(logits), f32(states)),
+              "forward_nextn")
+
     def clear_slot(self, slot: int) -> None:
         check(lib.ei_runtime_clear_slot(self.handle, slot), "clear_slot")
 
