@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -23,17 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from edgeinfer.tools.bench import BenchConfig, run_bench  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from edgeinfer.tools.bench import BenchConfig, cpu_name, run_bench  # noqa: E402
 
 
 def floor_gb_s(path: str, threads: int, depth: int) -> float:
@@ -54,7 +43,7 @@ def main() -> int:
     a = ap.parse_args()
     from edgeinfer.backends.cpu import cpu_report
 
-    print(f"host: {cpu_model()}, {os.cpu_count()} CPUs, kernels {cpu_report()['best_isa']}; "
+    print(f"host: {cpu_name()}, {os.cpu_count()} CPUs, kernels {cpu_report()['best_isa']}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load {os.getloadavg()[0]:.2f}", flush=True)
     head = ("| file | edgeinfer pp / tg (t/s) | llama.cpp pp / tg | prefill | decode | decode GB/s "
             "(ours / llama.cpp) | floor GB/s | share of floor (ours) |")

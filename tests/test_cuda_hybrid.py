@@ -20,7 +20,7 @@ import random
 import numpy as np
 import pytest
 
-from tests.support.cuda_bounds import assert_close
+from tests.support.cuda_bounds import assert_close, assert_steps_match
 from tests.support.strict import require
 
 torch = require("torch", "tiny checkpoints are built with torch")
@@ -79,19 +79,8 @@ def test_hybrid_logits_match_cpu(hybrid):
             assert info["state_bytes"] == cpu_info["state_bytes"] > 0
             assert info["kv_bytes"] == P.kv_bytes(P.model_shape(path), 64, 2, "f16", max_batch)
             assert_close(ref, gpu.logits(IDS), (fam, "prefill", max_batch))
-            rt = gpu.runner.runtime
-            rt.clear_slot(1)
-            decode = np.array([rt.forward(Batch([t], [1], [i], [i], [0]))[0].copy() for i, t in enumerate(IDS)])
-            assert_close(ref, decode, (fam, "decode", max_batch))
-            if max_batch == 64:   # rows of slots 0 and 1 interleaved: 2 x 24 rows in one step
-                rt.clear_slot(0)
-                rt.clear_slot(1)
-                n = len(IDS)
-                toks = [t for t in IDS for _ in range(2)]
-                slots, pos = [0, 1] * n, [i for i in range(n) for _ in range(2)]
-                got = rt.forward(Batch(toks, slots, pos, pos, list(range(2 * n))))
-                assert_close(ref, got[0::2], (fam, "interleaved slot 0"))
-                assert_close(ref, got[1::2], (fam, "interleaved slot 1"))
+            # with max_batch 64: rows of slots 0 and 1 interleaved, 2 x 24 rows in one step
+            assert_steps_match(gpu.runner.runtime, ref, IDS, (fam, max_batch), interleave=max_batch == 64)
 
 
 def test_hybrid_greedy_tokens_equal_cpu(hybrid):

@@ -24,3 +24,23 @@ def assert_close(ref, got, what) -> None:
     top1 = float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
     assert nmse(ref, got) <= NMSE_MAX and kl(ref, got) <= KL_MAX and top1 >= TOP1_MIN, \
         (what, nmse(ref, got), kl(ref, got), top1)
+
+
+def assert_steps_match(rt, ref, ids, tag, interleave: bool) -> None:
+    """A runtime's token-by-token decode in slot 1 and, with `interleave`, slots 0 and 1's rows
+    interleaved in one step (each slot's rows continue its own state) against `ref`, the logits of
+    `ids` in one prefill."""
+    from edgeinfer.backends import Batch
+
+    rt.clear_slot(1)
+    decode = np.array([rt.forward(Batch([t], [1], [i], [i], [0]))[0].copy() for i, t in enumerate(ids)])
+    assert_close(ref, decode, (*tag, "decode"))
+    if interleave:
+        rt.clear_slot(0)
+        rt.clear_slot(1)
+        n = len(ids)
+        toks = [t for t in ids for _ in range(2)]
+        slots, pos = [0, 1] * n, [i for i in range(n) for _ in range(2)]
+        got = rt.forward(Batch(toks, slots, pos, pos, list(range(2 * n))))
+        assert_close(ref, got[0::2], (*tag, "interleaved slot 0"))
+        assert_close(ref, got[1::2], (*tag, "interleaved slot 1"))
