@@ -10,11 +10,13 @@ real checkpoints use):
   through accepted and rejected drafts alike (the block's ring in step with the sequence);
 * greedy output and its log-probabilities equal plain decoding's, one and two slots, acceptance
   reported; the adaptive switch turns drafting off when it loses;
-* memory: the block's KV is one attention layer's cells, and no second packed head;
+* memory: the block's KV is one attention layer's cells, and no second packed head; `edgeinfer
+  plan --speculative mtp` prices it as the engine allocates it;
 * bad input: a file without the block, a draft file beside it, another backend: typed errors.
 """
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -328,6 +330,66 @@ def test_the_blocks_memory_is_one_attention_layer_and_no_second_head(qwen35):
         info = eng.info()
         assert (info["draft"], info["draft_kv_bytes"], info["draft_packed_weight_bytes"]) == \
             ("mtp", caps.kv_bytes, caps.packed_bytes)
+
+
+# --------------------------------------------------------------------------- the memory plan
+
+@pytest.mark.parametrize("ctx,slots,max_batch,kv", [(64, 2, 256, "f16"), (200, 3, 64, "q8_0")])
+def test_plan_prices_the_blocks_kv_as_the_engine_allocates_it(qwen35, ctx, slots, max_batch, kv):
+    """`edgeinfer plan --speculative mtp` (tools/plan.py): the block's KV ring equals what info()
+    reports and the native runtime allocated (ei_runtime_kv_bytes), its buffers the block
+    runtime's within 5%, its weights the block's tensors; without the flag none of it is counted
+    and the trunk's weights leave the block's tensors out (the trunk never reads them)."""
+    from edgeinfer.tools import plan as P
+
+    _, path = qwen35
+    m = P.model_shape(path)
+    kv = kv if m.head_dim % 32 == 0 else "f16"   # a Q8_0 arena needs heads of whole blocks
+    with edgeinfer.load(str(path), n_ctx=ctx, n_slots=slots, max_batch=max_batch, kv_type=kv, n_threads=2,
+                        speculative="mtp") as eng:
+        info, caps = eng.info(), eng.scheduler.draft.runner.caps
+        row = P.plan_one(m, ctx, slots, kv, max_batch=max_batch, n_threads=info["n_threads"], speculative="mtp")
+        assert row.mtp_kv_bytes == info["draft_kv_bytes"] == caps.kv_bytes > 0
+        assert abs(row.mtp_scratch - caps.scratch_bytes) <= 0.05 * caps.scratch_bytes, (row.mtp_scratch, caps.scratch_bytes)
+        assert row.kv_bytes == info["kv_bytes"] and row.state_bytes == info["state_bytes"]
+        n = eng.config.n_layer
+        block = {k: t.nbytes for k, t in eng.gguf.tensors.items() if k.startswith(f"blk.{n}.")}
+        assert row.mtp_weights == sum(block.values()) >= caps.packed_bytes
+        assert m.weights_bytes + m.mtp_file_bytes == sum(t.nbytes for t in eng.gguf.tensors.values())
+        assert m.mtp_file_bytes == sum(block.values())
+    plain = P.plan_one(m, ctx, slots, kv, max_batch=max_batch, n_threads=info["n_threads"])
+    assert (plain.mtp_kv_bytes, plain.mtp_weights, plain.mtp_scratch) == (0, 0, 0)
+    assert row.total - plain.total >= row.mtp_kv_bytes + row.mtp_weights + row.mtp_scratch
+
+
+def test_plan_cli_shows_the_mtp_draft_apart(qwen35, tmp_path):
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+
+    src, path = qwen35
+    cli = CliRunner()
+    args = ["plan", str(path), "--ctx", "128,512", "--slots", "1,2", "--memory", "8GiB"]
+    plain = cli.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    assert "MTP block" in plain.output and "unused" in plain.output and "MTP KV" not in plain.output
+    spec = cli.invoke(app, args + ["--speculative", "mtp"])
+    assert spec.exit_code == 0, spec.output
+    assert "MTP KV" in spec.output and "unused" not in spec.output
+    got = json.loads(cli.invoke(app, args + ["--speculative", "mtp", "--json"]).output)
+    for r in got["rows"]:   # one attention layer's cells, f16: 2 (K, V) x heads x head_dim x 2 B per cell
+        with edgeinfer.load(str(path), n_ctx=r["ctx"], n_slots=r["slots"], n_threads=1, speculative="mtp") as eng:
+            assert r["mtp_kv_bytes"] == eng.info()["draft_kv_bytes"]
+    base = json.loads(cli.invoke(app, args + ["--json"]).output)
+    assert [r["total"] < s["total"] for r, s in zip(base["rows"], got["rows"])] == [True] * 4
+    # a file without the block: a clear error naming it, no table
+    no_mtp = tmp_path / "no_mtp.gguf"
+    convert_checkpoint(str(src), str(no_mtp), "f32", keep_mtp=False)
+    bad = cli.invoke(app, ["plan", str(no_mtp), "--speculative", "mtp"])
+    assert bad.exit_code == 1 and "no MTP block" in bad.output and "ctx" not in bad.output.split("error:")[0]
+    assert "MTP block" not in cli.invoke(app, ["plan", str(no_mtp), "--ctx", "128"]).output
+    other = cli.invoke(app, ["plan", str(path), "--speculative", "lookup"])
+    assert other.exit_code == 1 and "--speculative" in other.output
 
 
 # --------------------------------------------------------------------------- bad input

@@ -52,6 +52,9 @@ def plan_cmd(
                                                   "(default 1,2,4,8).")] = None,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Tokens per forward call (engine default 256).")] = 256,
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Threads (default: physical cores).")] = None,
+    speculative: Annotated[Optional[str], typer.Option(
+        "--speculative", help="mtp: also price the file's MTP block as the draft (its own KV ring, "
+        "weights, buffers), as `serve --speculative mtp` loads it.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows instead of a table.")] = False,
 ) -> None:
     """Memory plan: weights + KV arena + working buffers for a grid of contexts and slots."""
@@ -69,14 +72,23 @@ def plan_cmd(
     else:
         budget = P.parse_size(memory)
         budget_src = memory
+    if speculative is not None and speculative not in P.SPECULATIVE:
+        raise ValueError(f"--speculative: plan prices {', '.join(P.SPECULATIVE)} (the file's MTP block); "
+                         f"lookup needs no memory, and a draft model is planned with its own "
+                         f"`edgeinfer plan DRAFT`; got {speculative!r}")
     m = P.model_shape(model)
+    mtp = speculative == "mtp"
+    if mtp:
+        P.mtp_kv_bytes(m, 1, 1, kv)   # a file without the block: the error before any table
     ctxs = _ints(ctx, "--ctx") or P.default_ctxs(m)
     slot_list = _ints(slots, "--slots") or list(P.DEFAULT_SLOTS)
-    rows = P.plan_grid(m, ctxs, slot_list, kv=kv, memory=budget, max_batch=max_batch, n_threads=threads)
-    fits = P.largest_fit(m, budget, slot_list, kv, max_batch, threads) if budget else {}
+    rows = P.plan_grid(m, ctxs, slot_list, kv=kv, memory=budget, max_batch=max_batch, n_threads=threads,
+                       speculative=speculative)
+    fits = P.largest_fit(m, budget, slot_list, kv, max_batch, threads, speculative=speculative) if budget else {}
     if as_json:
         out = {"model": m.name, "path": m.path, "memory": budget, "kv": kv,
-               "max_batch": max_batch, "rows": [r.as_dict() for r in rows],
+               "max_batch": max_batch, "speculative": speculative,
+               "mtp_block_bytes": m.mtp_file_bytes, "rows": [r.as_dict() for r in rows],
                "largest_ctx_by_slots": {str(k): v for k, v in fits.items()}}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
@@ -86,6 +98,9 @@ def plan_cmd(
     w(f"          {m.n_layer} layers, {m.n_head_kv} KV heads x {m.head_dim}, trained context {m.n_ctx_train}\n")
     w(f"budget    {H(budget) if budget else '?'} ({budget_src})\n")
     w(f"weights   {H(m.weights_bytes)} (tensor bytes, memory-mapped)\n")
+    if m.mtp_file_bytes and not mtp:   # Qwen3.5's NextN block: in the file, never read by the trunk
+        w(f"          + MTP block {H(m.mtp_file_bytes)} in the file, unused (not resident); "
+          f"--speculative mtp prices it as the draft\n")
     per_tok = P.kv_bytes(m, 1, 1, kv)
     n_kv = sum(map(bool, m.layer_kv_elems)) if m.layer_kv_elems else m.n_layer   # hybrids: attention layers only
     w(f"KV        {kv}: {H(per_tok)} per token per slot "
@@ -97,15 +112,21 @@ def plan_cmd(
           f"{m.swa_window + max_batch - 1} cells per slot once ctx is larger\n")
     if m.layer_state:   # hybrids: recurrent layers hold a state per slot, not cells (plan.state_bytes)
         w(f"state     {H(P.state_bytes(m, 1))} per slot (live + kept copies), whatever the context\n")
+    if mtp:   # the block as serve --speculative mtp loads it: a one-layer model with its own ring
+        w(f"MTP draft {H(P.mtp_kv_bytes(m, 1, 1, kv))} KV per token per slot (one attention layer), weights "
+          f"{H(m.mtp.weights_bytes)} (its layer; the head is the trunk's), its own buffers\n")
     w(f"buffers   max_batch {max_batch}; overhead ~{H(P.overhead_bytes(m, 1))} (Python, tokenizer; estimate)\n\n")
     # table: one line per (ctx, slots)
     st = (lambda r: f" {H(r.state_bytes):>11}") if m.layer_state else (lambda r: "")
-    w(f"{'ctx':>7} {'slots':>5} {'KV':>11}{' state'.rjust(12) if m.layer_state else ''} {'buffers':>11} "
-      f"{'total':>11}  fits\n")
+    # the MTP draft's KV ring apart from the model's; its weights and buffers are in the total
+    dk = (lambda r: f" {H(r.mtp_kv_bytes):>11}") if mtp else (lambda r: "")
+    w(f"{'ctx':>7} {'slots':>5} {'KV':>11}{' state'.rjust(12) if m.layer_state else ''}"
+      f"{' MTP KV'.rjust(12) if mtp else ''} {'buffers':>11} {'total':>11}  fits\n")
     for r in rows:
         mark = "-" if r.fits is None else ("yes" if r.fits else "NO")
         extra = f"  ({'; '.join(r.notes)})" if r.notes else ""
-        w(f"{r.ctx:>7} {r.slots:>5} {H(r.kv_bytes):>11}{st(r)} {H(r.scratch):>11} {H(r.total):>11}  {mark}{extra}\n")
+        w(f"{r.ctx:>7} {r.slots:>5} {H(r.kv_bytes):>11}{st(r)}{dk(r)} {H(r.scratch + r.mtp_scratch):>11} "
+          f"{H(r.total):>11}  {mark}{extra}\n")
     if fits:
         w("\nlargest context that fits:\n")
         for s, c in fits.items():

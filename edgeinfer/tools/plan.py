@@ -4,7 +4,8 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
 
     total = weights + mapped + KV arena + working buffers + overhead
 
-* weights: the GGUF file's tensor bytes. The runtime packs every matrix into an arena of its
+* weights: the GGUF file's tensor bytes, less an MTP block's (Qwen3.5's NextN layer after the
+  trunk: the trunk never reads it; see "MTP draft" below). The runtime packs every matrix into an arena of its
   own (``packed_weight_bytes`` in ``Engine.info()``, within 0.1% of the tensor bytes) and drops
   the packed tensors' pages of the file mapping; what it does not pack (norms, an untied token
   embedding) it reads from the mapping. Each weight byte is resident once;
@@ -30,6 +31,12 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
   token table (``GRAMMAR_BYTES_PER_TOKEN``), one logits row per slot, and up to 2 MiB per big
   arena (packed weights, K, V), which the runtime places on 2 MiB pages.
 
+* MTP draft (``speculative="mtp"``, planned only when asked for): the block runs as its own
+  one-layer model, ``block_config`` (model/mtp_block.py; the same function Engine.load builds it
+  from), so its KV ring, weights and working buffers are that model's ``kv_bytes``,
+  tensor bytes and ``scratch_bytes`` (``Engine.info()["draft_kv_bytes"]`` is the first); its
+  head is the trunk's packed copy, counted once.
+
 ``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
 ``Engine.info()["scratch_bytes"]``) to well within 5%, and its total with the peak RSS of a
 real load (every slot prefilled to its context with prompts that walk the vocabulary, then
@@ -54,7 +61,8 @@ from ..model.config import kv_layer_cells, layer_state_floats, local_ring_cells
 __all__ = [
     "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "PROCESS_BASELINE", "ModelShape", "PlanRow", "model_shape",
     "kv_bytes", "kv_layer_cells", "state_bytes", "layer_state_floats", "scratch_bytes", "mapped_bytes", "overhead_bytes", "plan_one", "plan_grid",
-    "largest_fit", "parse_size", "human", "ServePlan", "plan_serve", "MemoryBudgetError",
+    "largest_fit", "parse_size", "human", "ServePlan", "plan_serve", "MemoryBudgetError", "SPECULATIVE",
+    "mtp_kv_bytes",
 ]
 
 # bytes per KV element; "implemented" is whether ei_runtime_create accepts it today
@@ -75,6 +83,9 @@ TOKENIZER_BYTES_PER_TOKEN = 420
 # llguidance's token table, per vocabulary entry: built by a server's first constrained request
 # (response_format, a schema or grammar, a forced tool call) and kept; SmolLM2: 21.9 MiB
 GRAMMAR_BYTES_PER_TOKEN = 470
+# speculative modes whose memory the plan prices ("lookup" needs none; a draft model is planned
+# on its own file)
+SPECULATIVE = ("mtp",)
 
 
 @dataclass
@@ -103,31 +114,52 @@ class ModelShape(HeadDims):
     swa_layers: tuple[bool, ...] = ()
     # per layer (hybrids): floats of its recurrent state per slot (0: an attention layer)
     layer_state: tuple[int, ...] = ()
+    attn_gate: bool = False   # gated attention (Qwen3.5): q rows hold query and gate, plus a gate buffer
+    nextn: bool = False       # an MTP block's model: its eh_proj reads 2 x n_embd wide rows
+    # Qwen3.5: the first MTP block as the one-layer model speculative="mtp" runs (weights_bytes:
+    # its own tensors), and the tensor bytes of all the file's blocks, which the trunk never reads
+    mtp: Optional["ModelShape"] = None
+    mtp_file_bytes: int = 0
 
 
 def model_shape(path: str | os.PathLike) -> ModelShape:
     """Reads the shape and tensor bytes of a GGUF model (a path or a known model name)."""
     from ..gguf.reader import GGUFFile
     from ..model.config import ModelConfig
+    from ..model.mtp_block import block_config   # imports the native library: only here
     from ..hub import resolve_model
 
     p = Path(resolve_model(str(path)))
     g = GGUFFile(p)
     try:
         cfg = ModelConfig.from_gguf(g)
+        layer = {w.name: w.layer for w in cfg.weights()}
         weights = sum(int(t.nbytes) for t in g.tensors.values())
+        # MTP blocks (layers after the trunk): the trunk skips them (native_model.model_tensors)
+        blocks = {n: int(t.nbytes) for n, t in g.tensors.items() if layer.get(n, -1) >= cfg.n_layer}
         name = str(g.metadata.get("general.name", "") or p.stem)
         header = int(g.data_offset)
         tied = int(g.tensors[cfg.global_tensor_names()["token_embd"]].nbytes) if cfg.tied_output else 0
     finally:
         g.close()
-    return ModelShape(name=name, arch=cfg.arch, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
+    mtp = None
+    if cfg.n_mtp:
+        first = sum(b for n, b in blocks.items() if layer[n] == cfg.n_layer)   # the block speculative="mtp" runs
+        mtp = _shape(block_config(cfg), name=f"{name} (MTP block)", weights_bytes=first, nextn=True)
+    return _shape(cfg, name=name, weights_bytes=weights - sum(blocks.values()), file_bytes=p.stat().st_size,
+                  path=str(p), header_bytes=header, tied_embd_bytes=tied, mtp=mtp,
+                  mtp_file_bytes=sum(blocks.values()))
+
+
+def _shape(cfg, **extra) -> ModelShape:
+    """The planner's view of a ModelConfig (the trunk, or the MTP block's one-layer model)."""
+    return ModelShape(arch=cfg.arch, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head,
                       n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, n_ff=cfg.n_ff, n_vocab=cfg.n_vocab,
-                      n_ctx_train=cfg.n_ctx_train, rope_dim=cfg.rope_dim, weights_bytes=weights,
-                      file_bytes=p.stat().st_size, path=str(p), swa_window=cfg.swa_window,
-                      swa_pattern=cfg.swa_pattern, header_bytes=header, tied_embd_bytes=tied,
+                      n_ctx_train=cfg.n_ctx_train, rope_dim=cfg.rope_dim, swa_window=cfg.swa_window,
+                      swa_pattern=cfg.swa_pattern,
                       layer_kv_elems=tuple(e if c else 0 for e, c in zip(cfg.kv_layer_elems(), cfg.kv_layer_cells(1, 1))),
-                      swa_layers=cfg.swa_layers, layer_state=layer_state_floats(cfg))
+                      swa_layers=cfg.swa_layers, layer_state=layer_state_floats(cfg),
+                      attn_gate=cfg.has_attn_gate, **extra)
 
 
 def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: int = DEFAULT_MAX_BATCH) -> int:
@@ -142,17 +174,31 @@ def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: in
     return int(round(2 * sum(e * c for e, c in zip(elems, cells)) * per_elem * slots))
 
 
+def mtp_kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: int = DEFAULT_MAX_BATCH) -> int:
+    """The MTP block's own KV ring (speculative="mtp"): its one-layer model's kv_bytes, slots x
+    ctx cells like the trunk's ring (Engine.info()["draft_kv_bytes"])."""
+    return kv_bytes(_require_mtp(m), ctx, slots, kv, max_batch)
+
+
+def _require_mtp(m: ModelShape) -> ModelShape:
+    if m.mtp is None:
+        raise ValueError(f"speculative 'mtp' drafts with the model file's own MTP block (Qwen3.5's NextN layer, "
+                         f"{m.arch}.nextn_predict_layers >= 1), and {m.name} ({m.path or m.arch}) has no MTP block"
+                         + (" (converted without it?)" if m.arch == "qwen35" else ""))
+    return m.mtp
+
+
 def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_MAX_BATCH,
                   n_threads: Optional[int] = None) -> int:
     """Working buffers as ei_runtime_create allocates them (everything but the KV arena)."""
     B, d, qd, kvd, ff = max_batch, m.n_embd, m.q_dim, m.kv_dim, m.n_ff
     threads = n_threads or _physical_cores()
-    widest = max(d, ff, qd)
+    widest = max(d, ff, qd, 2 * d if m.nextn else 0)
     half = max(m.rope_dim // 2, 1)
     f32 = 4
     total = slots * ctx * 4 + slots * 4                       # cell_pos, n_used
     total += B * d * f32 * 3                                  # x, xn, out_rows
-    total += B * qd * f32 * 2                                 # q, att
+    total += B * qd * f32 * (4 if m.attn_gate else 2)         # q, att (gated: q holds the gate, + its buffer)
     total += B * kvd * f32 * 2                                # kc, vc (this step's K/V before the arena)
     total += B * ff * f32 * 2                                 # gate, up
     total += B * ((widest + 31) // 32) * Q8A_BLOCK_BYTES      # quantized activations
@@ -163,6 +209,7 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
     attn_tokens = max(1, min((1 << 20) // part_per_tok, B))
     total += attn_tokens * part_per_tok * f32
     total += B * half * f32 * 2                               # rope cos, sin
+    total += B * 2 * d * f32 if m.nextn else 0                # an MTP block's eh_proj input rows
     if m.swa_window:                                          # sliding-window layers
         total += m.n_layer * 8 + threads * ctx * 4            # layer offsets, masked cell positions
         r = local_ring_cells(m.swa_window, ctx, max_batch)
@@ -217,6 +264,11 @@ class PlanRow:
     fits: Optional[bool] = None
     mapped: int = 0
     state_bytes: int = 0     # hybrids' recurrent states, priced apart from the KV arena
+    # speculative="mtp": the MTP block's own KV ring, weights and working buffers (0: not planned)
+    speculative: Optional[str] = None
+    mtp_kv_bytes: int = 0
+    mtp_weights: int = 0
+    mtp_scratch: int = 0
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -225,18 +277,28 @@ class PlanRow:
 
 def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optional[int] = None,
              max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
-             process: str = "serve") -> PlanRow:
+             process: str = "serve", speculative: Optional[str] = None) -> PlanRow:
     """The peak RSS of one model with `slots` slots of `ctx` cells, in a `process` ("serve":
-    `edgeinfer serve`; "engine": a script that calls edgeinfer.load)."""
+    `edgeinfer serve`; "engine": a script that calls edgeinfer.load); with speculative="mtp",
+    plus the MTP block's KV ring, weights and buffers (ValueError when the file has no block)."""
+    if speculative is not None and speculative not in SPECULATIVE:
+        raise ValueError(f"the plan prices speculative {' / '.join(map(repr, SPECULATIVE))} (lookup needs no "
+                         f"memory; plan a draft model with its own file), got {speculative!r}")
     kvb = kv_bytes(m, ctx, slots, kv, max_batch)
     stb = state_bytes(m, slots)
     scr = scratch_bytes(m, ctx, slots, max_batch, n_threads)
     ovh = overhead_bytes(m, slots, process)
     mapped = mapped_bytes(m)
-    total = m.weights_bytes + mapped + kvb + stb + scr + ovh
+    mkv = mw = mscr = 0
+    if speculative == "mtp":
+        block = _require_mtp(m)
+        mkv, mw = mtp_kv_bytes(m, ctx, slots, kv, max_batch), block.weights_bytes
+        mscr = scratch_bytes(block, ctx, slots, max_batch, n_threads)
+        ovh += 3 * HUGE_PAGE + m.n_vocab * 4   # its packed, K and V arenas' last pages; its logits row
+    total = m.weights_bytes + mapped + kvb + stb + scr + ovh + mkv + mw + mscr
     row = PlanRow(ctx=ctx, slots=slots, kv=kv, weights=m.weights_bytes, kv_bytes=kvb, scratch=scr,
                   overhead=ovh, total=total, fits=None if memory is None else total <= memory, mapped=mapped,
-                  state_bytes=stb)
+                  state_bytes=stb, speculative=speculative, mtp_kv_bytes=mkv, mtp_weights=mw, mtp_scratch=mscr)
     if m.n_ctx_train and ctx > m.n_ctx_train:
         row.notes.append(f"ctx above the trained context ({m.n_ctx_train})")
     return row
@@ -244,8 +306,8 @@ def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optio
 
 def plan_grid(m: ModelShape, ctxs: Iterable[int] = DEFAULT_CTXS, slots: Iterable[int] = DEFAULT_SLOTS,
               kv: str = "f16", memory: Optional[int] = None, max_batch: int = DEFAULT_MAX_BATCH,
-              n_threads: Optional[int] = None) -> list[PlanRow]:
-    return [plan_one(m, c, s, kv, memory, max_batch, n_threads) for c in ctxs for s in slots]
+              n_threads: Optional[int] = None, speculative: Optional[str] = None) -> list[PlanRow]:
+    return [plan_one(m, c, s, kv, memory, max_batch, n_threads, speculative=speculative) for c in ctxs for s in slots]
 
 
 def default_ctxs(m: ModelShape) -> list[int]:
@@ -259,7 +321,7 @@ def default_ctxs(m: ModelShape) -> list[int]:
 
 def largest_fit(m: ModelShape, memory: int, slots: Iterable[int] = DEFAULT_SLOTS, kv: str = "f16",
                 max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
-                ctx_cap: Optional[int] = None) -> dict[int, Optional[int]]:
+                ctx_cap: Optional[int] = None, speculative: Optional[str] = None) -> dict[int, Optional[int]]:
     """For each slot count, the largest context (a multiple of 256, at most the trained
     context or ctx_cap) whose plan fits in `memory`; None when not even 256 fits."""
     cap = ctx_cap or m.n_ctx_train or 131072
@@ -268,7 +330,7 @@ def largest_fit(m: ModelShape, memory: int, slots: Iterable[int] = DEFAULT_SLOTS
         lo, hi = 0, cap // 256
         while lo < hi:   # largest k with plan(256 k) <= memory; the total grows with k
             mid = (lo + hi + 1) // 2
-            if plan_one(m, 256 * mid, s, kv, memory, max_batch, n_threads).fits:
+            if plan_one(m, 256 * mid, s, kv, memory, max_batch, n_threads, speculative=speculative).fits:
                 lo = mid
             else:
                 hi = mid - 1
@@ -295,7 +357,9 @@ class ServePlan:
 
     def describe(self) -> str:
         parts = [f"{name}: weights {human(r.weights)} + mapped {human(r.mapped)} + KV {human(r.kv_bytes)}"
-                 + (f" + state {human(r.state_bytes)}" if r.state_bytes else "") + f" + buffers {human(r.scratch)} + overhead {human(r.overhead - PROCESS_OVERHEAD)}"
+                 + (f" + state {human(r.state_bytes)}" if r.state_bytes else "")
+                 + (f" + MTP draft {human(r.mtp_kv_bytes + r.mtp_weights + r.mtp_scratch)}" if r.speculative else "")
+                 + f" + buffers {human(r.scratch)} + overhead {human(r.overhead - PROCESS_OVERHEAD)}"
                  for name, r in self.rows]
         adapters = f"; LoRA adapters {human(self.adapter_bytes)}" if self.adapter_bytes else ""
         return "; ".join(parts) + adapters + f"; process {human(PROCESS_OVERHEAD)}"
@@ -303,20 +367,25 @@ class ServePlan:
 
 def plan_serve(models: list[tuple[str, ModelShape]], ctx: int, slots: int, kv: str = "f16",
                memory: Optional[int] = None, max_batch: int = DEFAULT_MAX_BATCH,
-               n_threads: Optional[int] = None, adapter_bytes: int = 0) -> ServePlan:
+               n_threads: Optional[int] = None, adapter_bytes: int = 0,
+               speculative: Optional[dict[str, str]] = None) -> ServePlan:
     """What `serve` needs for every model at once, each with `slots` slots of `ctx` cells, plus
     the LoRA adapters' budget. Every model counts its weights in full, even two names for one
-    file: each engine packs its own copy."""
-    rows = [(name, plan_one(m, ctx, slots, kv, memory, max_batch, n_threads)) for name, m in models]
+    file: each engine packs its own copy. `speculative`: model name -> mode ("mtp") of the models
+    that draft with their MTP block."""
+    spec = speculative or {}
+    rows = [(name, plan_one(m, ctx, slots, kv, memory, max_batch, n_threads, speculative=spec.get(name)))
+            for name, m in models]
     total = sum(r.total for _, r in rows) - PROCESS_OVERHEAD * (len(rows) - 1) + adapter_bytes   # one process
     return ServePlan(rows, total, memory, adapter_bytes)
 
 
 def check_serve(models: list[tuple[str, ModelShape]], ctx: int, slots: int, kv: str, memory: int,
                 max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
-                budget_source: str = "", adapter_bytes: int = 0) -> ServePlan:
+                budget_source: str = "", adapter_bytes: int = 0,
+                speculative: Optional[dict[str, str]] = None) -> ServePlan:
     """plan_serve, raising MemoryBudgetError naming every figure when the models do not fit."""
-    p = plan_serve(models, ctx, slots, kv, memory, max_batch, n_threads, adapter_bytes)
+    p = plan_serve(models, ctx, slots, kv, memory, max_batch, n_threads, adapter_bytes, speculative)
     if not p.fits:
         src = f" ({budget_source})" if budget_source else ""
         raise MemoryBudgetError(
