@@ -880,3 +880,36 @@ def test_tiny_family_end_to_end_matches_cpu(tmp_path, fam):
             kl, top1 = _kl_top1(ref, got)
             assert top1 >= 0.95 and kl <= 1e-4, (fam, max_batch, kl, top1)
             assert nmse(ref, got) <= NMSE_MAX, (fam, max_batch, nmse(ref, got))
+
+
+@needs_gpu
+@pytest.mark.parametrize("fam", ["qwen3", "gemma3"])
+def test_tiny_n2_sibling_copies_the_prompt(tmp_path, fam):
+    """n = 2 on the CUDA runtime, the second request arriving once the first's prompt is in: it
+    copies the first's cells (ei_cuda_copy_prefix: one copy of all but the last prompt token,
+    cached_tokens says so) and both give the CPU backend's and a fresh engine's greedy tokens.
+    gemma3 with max_batch 4: the prompt of 24 comes in 6 chunks and the local layers' ring of
+    16 + 4 - 1 = 19 cells has wrapped when it is copied (the window the next token sees goes)."""
+    torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
+    torch.set_num_threads(1)
+    from tests.support import tiny_checkpoints
+    from tests.support.siblings import run_siblings
+    from edgeinfer.convert import convert_checkpoint
+
+    d = tiny_checkpoints.build(fam, tmp_path / fam)
+    path = tmp_path / f"{fam}.gguf"
+    convert_checkpoint(str(d), str(path), "f16")
+    n_new, kw = 12, {"max_batch": 4} if fam == "gemma3" else {}
+    with edgeinfer.load(str(path), n_ctx=64, device="cpu", n_threads=2) as cpu:
+        prompt = cpu.tokenize("Once upon a time, in a small village, there lived an old clockmaker")[:24]
+        assert len(prompt) == 24
+        want = cpu.generate(prompt, max_tokens=n_new, temperature=0, ignore_eos=True).tokens
+    with edgeinfer.load(str(path), n_ctx=64, device="cuda", **kw) as fresh:
+        assert fresh.generate(prompt, max_tokens=n_new, temperature=0, ignore_eos=True).tokens == want
+    with edgeinfer.load(str(path), n_ctx=64, device="cuda", n_slots=2, **kw) as gpu:
+        if fam == "gemma3":
+            assert gpu.info()["local_kv_cells"] == 19
+        first, second, copies = run_siblings(gpu, prompt, n_new, after=6 if fam == "gemma3" else 1)
+    assert len(copies) == 1 and copies[0][0] != copies[0][1] and copies[0][2] == len(prompt) - 1, copies
+    assert (first.stats.cached_tokens, second.stats.cached_tokens) == (0, len(prompt) - 1)
+    assert first.tokens == want and second.tokens == want

@@ -8,8 +8,11 @@ Qwen3.5's Gated DeltaNet + gated attention with partial RoPE), converted to F32:
   CPU-vs-CUDA bounds for tiny families (NMSE <= 1e-5, KL <= 1e-4, top-1 >= 0.95); the state and
   KV bytes are the CPU runtime's;
 - greedy tokens equal the CPU backend's;
-- a prompt extending an earlier one (prefix reuse from a kept state), an n = 2 pair and a
-  speculative run with rejections (rollback = forget + restore) each give a fresh engine's tokens;
+- a prompt extending an earlier one (prefix reuse from a kept state), an n = 2 pair, an n = 2
+  sibling that copies the first's prompt (ei_cuda_copy_prefix: cells and the kept state) and a
+  speculative run with rejections (rollback = forget + restore) each give a fresh engine's tokens
+  (and the sibling the CPU backend's); copy_prefix on the runtime gives the source slot's logits
+  and refuses a prefix without a kept state by name;
   a skipped restore is refused by name; restore / drop on the runtime behave as the CPU's.
 
 Needs a CUDA device; tests/test_cuda_sim.py runs this file on eisim, the CPU simulator."""
@@ -36,6 +39,7 @@ from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.errors import StateError
 from edgeinfer.tools import plan as P
 from tests.support import tiny_checkpoints as tc
+from tests.support.siblings import run_siblings
 
 DEVICES, NO_GPU_REASON = cb.probe()
 pytestmark = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_REASON} "
@@ -120,6 +124,49 @@ def test_hybrid_n2_pair_gives_a_fresh_engines_tokens(hybrid):
         got = [g.result().tokens for g in gens]
     want = _fresh(path, prompt)
     assert got == [want, want]
+
+
+def test_hybrid_n2_sibling_copies_the_prompt(hybrid):
+    """The second request of n = 2 arrives once the first's prompt is in: it copies the first's
+    cells and the device state kept at the prompt's end (one copy of 11 positions, cached_tokens
+    11), and both give the CPU backend's and a fresh engine's tokens."""
+    _, path = hybrid
+    prompt = IDS[:12]
+    with _cpu(path) as cpu:
+        want = cpu.generate(prompt, max_tokens=N_NEW, temperature=0, ignore_eos=True).tokens
+    with _cuda(path, n_slots=2) as eng:
+        first, second, copies = run_siblings(eng, prompt, N_NEW)
+    assert len(copies) == 1 and copies[0][0] != copies[0][1] and copies[0][2] == len(prompt) - 1, copies
+    assert (first.stats.cached_tokens, second.stats.cached_tokens) == (0, len(prompt) - 1)
+    assert first.tokens == want and second.tokens == want
+    assert _fresh(path, prompt) == want
+
+
+def test_hybrid_copy_prefix_on_the_runtime(hybrid):
+    """copy_prefix(0, 1, 10) after a forward that kept the state at 10: slot 1 goes on from there
+    with slot 0's logits, and keeps that state (a rollback of slot 1 to 10 restores it); a prefix
+    whose state was not kept, or that slot 0 does not hold, is a StateError naming it."""
+    _, path = hybrid
+    n = len(IDS)
+    pos = list(range(n))
+    with _cuda(path, n_slots=2, max_batch=64) as gpu:
+        rt = gpu.runner.runtime
+        assert rt.caps.copy_prefix
+        for s in (0, 1):
+            rt.clear_slot(s)
+        first = rt.forward(Batch(IDS, [0] * n, pos, pos, list(range(n)), keep_rows=[9])).copy()
+        rt.forward(Batch(IDS[:5], [1] * 5, pos[:5], pos[:5], []))   # something for the copy to replace
+        rt.copy_prefix(0, 1, 10)
+        tail = Batch(IDS[10:], [1] * (n - 10), pos[10:], pos[10:], list(range(n - 10)))
+        np.testing.assert_allclose(rt.forward(tail), first[10:], rtol=0, atol=1e-5)
+        rt.forget_from(1, 10)
+        rt.restore_state(1, 10)   # the copy is kept in slot 1 too
+        np.testing.assert_allclose(rt.forward(tail), first[10:], rtol=0, atol=1e-5)
+        with pytest.raises(StateError, match="slot 0 kept no recurrent state after 12 positions"):
+            rt.copy_prefix(0, 1, 12)
+        rt.forget_from(0, 20)
+        with pytest.raises(StateError, match="slot 0 does not hold position 20 in cell 20"):
+            rt.copy_prefix(0, 1, 21)
 
 
 class _Proposer:

@@ -236,7 +236,7 @@ class CudaRuntime:
             device="cuda", isa=f"cuda sm_{cc[0]}{cc[1]}", kv_type=plan.kv_type, kv_types=CudaBackend.kv_types,
             max_batch=plan.max_batch, n_vocab=cfg.n_vocab, max_topk=self.MAX_TOPK, kv_bytes=int(sizes.kv),
             state_bytes=int(sizes.state), scratch_bytes=int(sizes.scratch), device_bytes=int(sizes.weights),
-            copy_prefix=False,   # no ei_cuda_runtime_copy_prefix: siblings compute their prompt
+            copy_prefix=True,
             recurrent_state=hybrid, state_snapshots=hybrid, max_snapshots=plan.n_snapshots if hybrid else 0,
             lora=True)
 
@@ -282,6 +282,9 @@ class CudaRuntime:
 
     def forget_from(self, slot: int, pos: int) -> None:
         check(self.lib.ei_cuda_forget_from(self.handle, slot, pos), "forget_from")
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        check(self.lib.ei_cuda_copy_prefix(self.handle, src, dst, n), "copy_prefix")
 
     def restore_state(self, slot: int, n: int) -> None:
         check(self.lib.ei_cuda_restore_state(self.handle, slot, n), "restore_state")

@@ -79,6 +79,12 @@ ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot);
 ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int32_t pos);
 ei_status ei_cuda_restore_state(ei_cuda_runtime *rt, int32_t slot, int32_t n);
 ei_status ei_cuda_drop_state(ei_cuda_runtime *rt, int32_t slot, int32_t n);
+/* As ei_runtime_copy_prefix: slot dst holds slot src's positions [0, n) (src's cell c holds position
+ * c for c < n, else EI_ERR_STATE): the KV cells of every storing layer (a sliding-window ring: the
+ * window the next token sees, else EI_ERR_STATE) and, for hybrids, the recurrent state after n
+ * positions (a kept copy, or src's live state when it has seen n; EI_ERR_STATE when neither), which
+ * dst also keeps. src == dst: forget_from(n) and restore_state(n). */
+ei_status ei_cuda_copy_prefix(ei_cuda_runtime *rt, int32_t src, int32_t dst, int32_t n);
 /* As ei_forward (keep_rows included), except that logits may be NULL with n_out > 0: the n_out
  * rows are computed but stay on the device, for ei_cuda_argmax / ei_cuda_topk (no n_out x n_vocab
  * download). */

@@ -772,6 +772,82 @@ extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int3
 
 extern "C" ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot) { return ei_cuda_forget_from(rt, slot, 0); }
 
+/* The first position of a prefix of n that a sliding-window layer keeps: what the next token still
+ * sees (slot_io.c's window_first). */
+static int32_t window_first(const ei_cuda_runtime *rt, int32_t n) {
+    return rt->cfg.swa_window < n ? n - rt->cfg.swa_window : 0;
+}
+
+extern "C" ei_status ei_cuda_copy_prefix(ei_cuda_runtime *rt, int32_t src, int32_t dst, int32_t n) {
+    if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "null runtime");
+    const int32_t ns = rt->p.n_slots, nc = rt->p.n_ctx, L = rt->local_cells;
+    if (src < 0 || src >= ns || dst < 0 || dst >= ns)
+        return eic_fail(EI_ERR_RANGE, "slots %d, %d out of [0, %d)", src, dst, ns);
+    if (n < 0 || n > nc) return eic_fail(EI_ERR_RANGE, "%d positions out of [0, %d]", n, nc);
+    const int32_t *sp = rt->h_cell_pos + (size_t)src * nc;
+    for (int32_t c = 0; c < n; c++)   /* cell c must hold position c: the prefix never wrapped */
+        if (c >= rt->h_n_used[src] || sp[c] != c)
+            return eic_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", src, c, c);
+    const int32_t first = window_first(rt, n);
+    if (L) {   /* the sliding layers' ring still holds the window the next token sees */
+        const int32_t *lp = rt->h_cell_pos_l + (size_t)src * L;
+        for (int32_t q = first; q < n; q++)
+            if (lp[q % L] != q) return eic_fail(EI_ERR_STATE, "slot %d: its sliding-window ring lost position %d", src, q);
+    }
+    if (src == dst) {
+        const ei_status st = ei_cuda_forget_from(rt, dst, n);
+        return st == EI_OK ? ei_cuda_restore_state(rt, dst, n) : st;
+    }
+    /* the recurrent state after n positions (state.c's ei_state_copy): a kept copy, or the live
+     * state when it has seen n; refused before anything of dst changes */
+    const float *from = NULL;
+    if (rt->d_state && n > 0) {
+        const int k = find_kept(rt, src, n);
+        from = k >= 0 ? state_kept(rt, src, k) : rt->state_seen[src] == n ? state_live(rt, src) : NULL;
+        if (!from) return eic_fail(EI_ERR_STATE, "slot %d kept no recurrent state after %d positions", src, n);
+    }
+    ei_status st = use_device(rt);
+    if (st == EI_OK) st = state_forget(rt, dst, 0);   /* dst starts over: tags cleared, live state zero */
+    if (st == EI_OK && from) {   /* ei_state_put: the live state, and a kept copy for a rollback to n */
+        const size_t bytes = (size_t)rt->state_floats * 4;
+        st = eic_check(cudaMemcpyAsync(state_live(rt, dst), from, bytes, cudaMemcpyDeviceToDevice, rt->stream),
+                       "state copy");
+        rt->state_seen[dst] = n;
+        const int k = place_kept(rt, dst, n);
+        if (st == EI_OK && k >= 0)
+            st = eic_check(cudaMemcpyAsync(state_kept(rt, dst, k), from, bytes, cudaMemcpyDeviceToDevice, rt->stream),
+                           "state copy");
+    }
+    /* each storing layer's cells, through its one-layer view: [0, n) of the full ring, the whole
+     * slot of the local ring (its cells outside [first, n) are marked empty below) */
+    for (int l = 0; st == EI_OK && l < rt->cfg.n_layer; l++) {
+        if (!ei_layer_stores_kv(&rt->cfg, l)) continue;
+        const eic_kv *v = &rt->kv_view[l];
+        const int ring = L && ei_layer_is_local(&rt->cfg, l);
+        const int64_t head = (int64_t)v->n_ctx * v->hd;
+        const size_t bytes = (ring ? (size_t)v->slot_stride : (size_t)n * v->hd) * sizeof(uint16_t);
+        for (int h = 0; st == EI_OK && h < (ring ? 1 : v->n_head_kv) && bytes; h++) {
+            const int64_t s_off = src * v->slot_stride + h * head, d_off = dst * v->slot_stride + h * head;
+            st = eic_check(cudaMemcpyAsync(v->k + d_off, v->k + s_off, bytes, cudaMemcpyDeviceToDevice, rt->stream),
+                           "KV copy");
+            if (st == EI_OK)
+                st = eic_check(cudaMemcpyAsync(v->v + d_off, v->v + s_off, bytes, cudaMemcpyDeviceToDevice,
+                                               rt->stream), "KV copy");
+        }
+    }
+    if (st != EI_OK) return st;
+    int32_t *dp = rt->h_cell_pos + (size_t)dst * nc;
+    for (int32_t c = 0; c < rt->h_n_used[dst] || c < n; c++) dp[c] = c < n ? c : -1;
+    rt->h_n_used[dst] = n;
+    if (L) {
+        int32_t *lp = rt->h_cell_pos_l + (size_t)dst * L;
+        for (int32_t c = 0; c < L; c++) lp[c] = -1;
+        for (int32_t q = first; q < n; q++) lp[q % L] = q;
+        rt->h_n_used_l[dst] = n < L ? n : L;
+    }
+    return sync_slot(rt, dst);   /* uploads dst's cell positions once the copies are queued, and waits */
+}
+
 /* ---------------------------------------------------------------- LoRA adapters */
 static int lora_role_index(int role) {
     for (int k = 0; k < N_LORA_ROLES; k++)
