@@ -449,3 +449,38 @@ def test_bench_profile_and_floor(smollm2_path):
     assert tg["gb_per_s"]["median"] == pytest.approx(tg["tokens_per_s"]["median"] * tg["bytes_per_token"] / 1e9)
     table = format_table(d)
     assert "decode profile, 1 thread(s)" in table and "ABOVE THE MEMORY FLOOR" in table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["lfm2", "qwen35"])
+def test_bench_profile_of_a_hybrid(kind, tmp_path):
+    """A hybrid's recurrent layers: their mixer is timed as one "recurrent" stage holding exactly
+    those layers' mixer tensors (none left as "other"), and only attention layers read KV."""
+    gguf = require("gguf")
+    require("transformers")
+    from edgeinfer.convert import convert_checkpoint
+    from tests.support import tiny_checkpoints as tc
+
+    path = tmp_path / "f32.gguf"
+    convert_checkpoint(str(tc.build(kind, tmp_path / "hf")), str(path), "f32")
+    cfg = BenchConfig(model=str(path), threads=[1], pp=8, tg=4, reps=1, prompt_len=8, output_len=2,
+                      isolated_rss=False, profile=True)
+    (prof,) = run_bench(cfg).to_dict()["profile"]
+    stages = {r["stage"]: r for r in prof["stages"]}
+    assert "other" not in stages and stages["recurrent"]["ms_per_token"] > 0
+    layers: dict[str, dict[str, int]] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.name.startswith("blk."):
+            blk, base = t.name.split(".")[1], t.name.split(".")[2]
+            layers.setdefault(blk, {})[base] = layers.setdefault(blk, {}).get(base, 0) + int(t.n_bytes)
+    mtp = {blk for blk, b in layers.items() if "nextn" in b}   # Qwen3.5's MTP block: no plain decode reads it
+    layers = {blk: b for blk, b in layers.items() if blk not in mtp}
+    ffn_side = {"attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_attention_norm"}
+    rec = [b for b in layers.values() if any(k.startswith(("ssm_", "shortconv")) for k in b)]
+    assert 0 < len(rec) < len(layers)
+    assert stages["recurrent"]["bytes_per_token"] == sum(n for b in rec for k, n in b.items() if k not in ffn_side)
+    kv_rows = [int(t.shape[1]) for t in gguf.GGUFReader(str(path)).tensors
+               if t.name.endswith("attn_k.weight") and t.name.split(".")[1] not in mtp]
+    assert len(kv_rows) == len(layers) - len(rec)
+    # the K and V rows (f16) one token writes: in each attention layer, none in a recurrent one
+    assert stages["rope_kv"]["bytes_per_token"] == sum(2 * 2 * r for r in kv_rows)

@@ -12,7 +12,7 @@ KV_TYPES = {"f16": lib.EI_TYPE_F16, "q8_0": lib.EI_TYPE_Q8_0}
 ISA_NAMES = {"best": lib.EI_ISA_BEST, "scalar": lib.EI_ISA_SCALAR, "avx2": lib.EI_ISA_AVX2,
              "avx512": lib.EI_ISA_AVX512, "neon": lib.EI_ISA_NEON}
 PROFILE_STAGES = ("embed", "norm", "qkv", "rope_kv", "attention", "attn_out", "ffn_up", "ffn_act",
-                  "ffn_down", "head")
+                  "ffn_down", "head", "recurrent")
 
 
 def cpu_report() -> dict:

@@ -30,14 +30,33 @@ _STAGE_OF = {
     "attn_norm": "norm", "ffn_norm": "norm",
     "ffn_gate": "ffn_up", "ffn_up": "ffn_up",
     "ffn_down": "ffn_down", "post_ffw_norm": "ffn_down",
-    "output": "head", "output_norm": "head",
+    "output": "head", "output_norm": "head", "token_embd_norm": "head",   # LFM2's final norm
 }
 
 
-def stage_of(name: str) -> str:
-    """The profile stage that reads tensor `name` ('other' when this table does not know it)."""
+# a recurrent layer's (LFM2 short convolution, Qwen3.5 Gated DeltaNet) own tensors start so
+_RECURRENT_PREFIXES = ("shortconv", "ssm_")
+# ... and these of its tensors are not its mixer's
+_OUTSIDE_THE_MIXER = ("attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_attention_norm")
+
+
+def _base(name: str) -> str:
     parts = name.split(".")
-    base = parts[2] if parts[0] == "blk" and len(parts) > 2 else parts[0]
+    return parts[2] if parts[0] == "blk" and len(parts) > 2 else parts[0]
+
+
+def _recurrent_layers(names) -> set[str]:
+    """The 'blk.N' prefixes of the layers holding a recurrent mixer."""
+    return {n.rsplit(".", n.count(".") - 1)[0] for n in names
+            if n.startswith("blk.") and _base(n).startswith(_RECURRENT_PREFIXES)}
+
+
+def stage_of(name: str, recurrent: bool = False) -> str:
+    """The profile stage that reads tensor `name` ('other' when this table does not know it);
+    `recurrent`: the tensor is in a recurrent layer, whose mixer the runtime times as one stage."""
+    base = _base(name)
+    if recurrent and base not in _OUTSIDE_THE_MIXER:
+        return "recurrent"
     return _STAGE_OF.get(base, "other")
 
 
@@ -51,7 +70,7 @@ class DecodeBytes:
     tensor_bytes: int               # every tensor in the file
     weights: dict[str, int]         # weight bytes read per token, by stage
     untied_embd_bytes: int          # a separate token embedding: gathered one row per token
-    n_layer: int
+    kv_layers: int                  # layers that read a KV ring (a hybrid's recurrent ones do not)
     kv_row_elems: int               # K and V elements per layer and context cell
 
     @property
@@ -59,8 +78,8 @@ class DecodeBytes:
         return sum(self.weights.values())
 
     def kv_read(self, depth: float, kv: str = "f16") -> int:
-        """Every layer's K and V for `depth` cells (a sliding-window layer reads fewer: an upper bound)."""
-        return int(round(self.n_layer * self.kv_row_elems * depth * KV_TYPES[kv]))
+        """Every attention layer's K and V for `depth` cells (a sliding-window layer reads fewer: an upper bound)."""
+        return int(round(self.kv_layers * self.kv_row_elems * depth * KV_TYPES[kv]))
 
     def per_token(self, depth: float, kv: str = "f16") -> int:
         """Bytes a token decoded with `depth` cells of context reads: weights + KV."""
@@ -89,8 +108,13 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
 
         weights: dict[str, int] = {}
         untied = 0
+        recurrent = _recurrent_layers(tensors)
+        # block_count counts a Qwen3.5 file's MTP block(s) last: a plain decode never reads them
+        n_trunk = int(key("block_count", 0) or 0) - int(key("nextn_predict_layers", 0) or 0)
         for name, t in tensors.items():
             n = int(t.nbytes)
+            if name.startswith("blk.") and int(name.split(".")[1]) >= n_trunk:
+                continue
             if name == "token_embd.weight":
                 weights["embed"] = weights.get("embed", 0) + int(t.row_nbytes)
                 if "output.weight" in tensors:
@@ -98,7 +122,7 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
                 else:                                                  # tied: the head reads it all
                     weights["head"] = weights.get("head", 0) + n
                 continue
-            stage = stage_of(name)
+            stage = stage_of(name, name.rsplit(".", name.count(".") - 1)[0] in recurrent)
             weights[stage] = weights.get(stage, 0) + n
         n_head = int(key("attention.head_count", 0) or 0)
         n_embd = int(key("embedding_length", 0) or 0)
@@ -109,7 +133,7 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
         return DecodeBytes(
             name=str(md.get("general.name", "") or path.stem), path=path, file_bytes=path.stat().st_size,
             tensor_bytes=sum(int(t.nbytes) for t in tensors.values()), weights=weights,
-            untied_embd_bytes=untied, n_layer=int(key("block_count", 0) or 0),
+            untied_embd_bytes=untied, kv_layers=n_trunk - len(recurrent),
             kv_row_elems=n_head_kv * (k_len + v_len))
     finally:
         g.close()

@@ -43,7 +43,8 @@ def stage_rows(stage_s: dict[str, float], stage_bytes: dict[str, int], wall_s: O
         return {"stage": stage, "ms_per_token": None if s is None else s * 1e3, "bytes_per_token": b,
                 "gb_per_s": gbs, "share_of_floor": gbs / floor_gb_s if gbs is not None and floor_gb_s else None}
 
-    rows = [row(k, s, stage_bytes.get(k, 0)) for k, s in stage_s.items()]
+    # a stage this model has not (a dense model's "recurrent") is left out
+    rows = [row(k, s, stage_bytes.get(k, 0)) for k, s in stage_s.items() if s or stage_bytes.get(k)]
     rest = sum(b for k, b in stage_bytes.items() if k not in stage_s)
     if rest:
         rows.append(row("other", None, rest))

@@ -216,10 +216,11 @@ size_t ei_runtime_scratch_bytes(const ei_runtime *rt);
 size_t ei_runtime_packed_bytes(const ei_runtime *rt);
 
 /* Seconds spent per stage of the forward pass since creation (or the last reset):
- * out[i] for i < min(n, EI_PROF_COUNT), in the order of ei_prof_stage. */
+ * out[i] for i < min(n, EI_PROF_COUNT), in the order of ei_prof_stage. RECURRENT is a
+ * recurrent layer's whole mixer (projections, convolution, delta rule, gated norm). */
 typedef enum {
     EI_PROF_EMBED = 0, EI_PROF_NORM, EI_PROF_QKV, EI_PROF_ROPE_KV, EI_PROF_ATTENTION, EI_PROF_ATTN_OUT,
-    EI_PROF_FFN_UP, EI_PROF_FFN_ACT, EI_PROF_FFN_DOWN, EI_PROF_HEAD, EI_PROF_COUNT
+    EI_PROF_FFN_UP, EI_PROF_FFN_ACT, EI_PROF_FFN_DOWN, EI_PROF_HEAD, EI_PROF_RECURRENT, EI_PROF_COUNT
 } ei_prof_stage;
 int ei_runtime_profile(ei_runtime *rt, double *out, int n, int reset);
 /* Empties a slot's cells; its recurrent state starts from zero, its kept copies are dropped. */

@@ -409,8 +409,8 @@ static ei_status forward(ei_runtime *rt, int32_t n_tokens, const int32_t *tokens
         lap(rt, EI_PROF_NORM, &t);
         const void **pk = rt->packed + (size_t)l * EI_PACKED_PER_LAYER;
         switch (ei_layer_kind_of(c, l)) {
-        case EI_LAYER_SHORTCONV: ei_shortconv_layer(rt, l, T, slots); break;
-        case EI_LAYER_DELTANET: ei_deltanet_layer(rt, l, T, slots); break;
+        case EI_LAYER_SHORTCONV: ei_shortconv_layer(rt, l, T, slots); lap(rt, EI_PROF_RECURRENT, &t); break;
+        case EI_LAYER_DELTANET: ei_deltanet_layer(rt, l, T, slots); lap(rt, EI_PROF_RECURRENT, &t); break;
         default: attention_block(rt, l, T, slots, pos, cells, &t); break;
         }
         post_norm(rt, rt->xn, &L->attn_post_norm, T);
