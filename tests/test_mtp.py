@@ -392,6 +392,33 @@ def test_plan_cli_shows_the_mtp_draft_apart(qwen35, tmp_path):
     assert other.exit_code == 1 and "--speculative" in other.output
 
 
+def test_serve_memory_check_counts_the_mtp_draft(qwen35, tmp_path):
+    """`serve --speculative mtp --memory X` checks the load it makes: the default model with its
+    MTP block's ring, weights and buffers (plan_serve's speculative map). A budget that holds the
+    plain load exactly is refused with the draft, naming it; a file without the block is left
+    to Engine.load's own error rather than a crash in the check."""
+    import typer
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+    from edgeinfer.cli.serve import _check_memory
+    from edgeinfer.tools import plan as P
+
+    src, path = qwen35
+    m = P.model_shape(path)
+    budget = P.plan_serve([("", m)], 128, 2, n_threads=2).total
+    assert P.plan_serve([("", m)], 128, 2, n_threads=2, speculative={"": "mtp"}).total > budget
+    _check_memory([("", str(path))], str(budget), 128, 2, "f16", 256, 2, False)   # fits: returns
+    with pytest.raises(typer.Exit):
+        _check_memory([("", str(path))], str(budget), 128, 2, "f16", 256, 2, False, speculative="mtp")
+    r = CliRunner().invoke(app, ["serve", str(path), "--memory", str(budget), "--ctx", "128", "--slots", "2",
+                                 "--threads", "2", "--speculative", "mtp"])
+    assert r.exit_code == 1 and "MTP draft" in r.output, r.output
+    no_mtp = tmp_path / "no_mtp.gguf"
+    convert_checkpoint(str(src), str(no_mtp), "f32", keep_mtp=False)
+    _check_memory([("", str(no_mtp))], "8GiB", 128, 2, "f16", 256, 2, False, speculative="mtp")
+
+
 # --------------------------------------------------------------------------- bad input
 
 def test_bad_mtp_arguments_are_typed_errors(qwen35, tmp_path):

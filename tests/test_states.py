@@ -313,6 +313,21 @@ def test_hybrid_state_bytes_reported_apart_from_the_ring(hybrid, slots):
     assert row.total == row.weights + row.mapped + row.kv_bytes + row.state_bytes + row.scratch + row.overhead
 
 
+@pytest.mark.parametrize("ctx,slots,max_batch", [(256, 1, 256), (512, 3, 64), (1024, 2, 17)])
+def test_hybrid_plan_buffers_are_the_runtimes(hybrid, ctx, slots, max_batch):
+    """`plan`'s working buffers for a hybrid are what ei_runtime_create allocated, to the byte:
+    the attention path's, plus the recurrent layers' (state.c: in_proj rows of the short conv,
+    conv taps, kept copies' tags; recurrent.c: the delta-net's qkv, gate, decay rows and its
+    chunked delta rule's work areas). Without the recurrent part the plan is 23-54% short here."""
+    _, path = hybrid
+    m = P.model_shape(path)
+    with edgeinfer.load(str(path), n_ctx=ctx, n_threads=2, n_slots=slots, max_batch=max_batch) as eng:
+        info = eng.info()
+    row = P.plan_one(m, ctx, slots, max_batch=max_batch, n_threads=info["n_threads"])
+    assert row.scratch == info["scratch_bytes"], (row.scratch, info["scratch_bytes"])
+    assert P.recurrent_scratch_bytes(m, slots, max_batch) > 0
+
+
 def test_hybrid_plan_cli_prices_the_state(hybrid):
     """`edgeinfer plan` prices the state apart from the ring: a JSON field per row, a line and
     a column in the table (attention-only models have neither: tests/test_doctor_plan.py)."""

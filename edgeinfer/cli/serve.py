@@ -153,7 +153,7 @@ def serve_cmd(
 
         _check_memory(served or [("", model)], memory, ctx + slack_cells(overflow, max(max_batch, slots)), slots, kv,
                       max(max_batch, slots), threads, wait_for_model,
-                      adapter_bytes=lora_bytes if (loras or lora_dir) else 0)
+                      adapter_bytes=lora_bytes if (loras or lora_dir) else 0, speculative=speculative)
     try:
         serve(model, models=served, fallback=fallback,
               fallback_ttft_s=None if fallback_ttft_ms is None else fallback_ttft_ms / 1000, host=host, port=port, n_slots=slots, n_ctx=ctx, n_threads=threads, api_key=api_key,
@@ -171,10 +171,12 @@ def serve_cmd(
 
 def _check_memory(models: list[tuple[str, Optional[str]]], memory: Optional[str], ctx: int, slots: int,
                   kv: str, max_batch: int, threads: Optional[int], wait_for_model: bool,
-                  adapter_bytes: int = 0) -> None:
+                  adapter_bytes: int = 0, speculative: Optional[str] = None) -> None:
     """Before anything loads: do all the models fit the budget? Exit 1 naming the figures if
     not, or if a model cannot be read (the error says which; with --wait-for-model such a model
-    is left out of the plan and fails at load, where the server reports it)."""
+    is left out of the plan and fails at load, where the server reports it). With
+    --speculative mtp the default model (the first, which drafts) counts its MTP block's ring,
+    weights and buffers; a file without the block is left to fail at load with its own error."""
     from ..hub import DEFAULT_MODEL
     from ..tools import plan as P
     from ..tools.doctor import memory_report
@@ -199,9 +201,12 @@ def _check_memory(models: list[tuple[str, Optional[str]]], memory: Optional[str]
             raise typer.Exit(1) from None
     if not shapes:
         return
+    default = models[0][0]
+    spec = {name: "mtp" for name, m in shapes
+            if name == default and speculative == "mtp" and m.mtp is not None}
     try:
         p = P.check_serve(shapes, ctx, slots, kv, budget, max_batch, threads, budget_source=source,
-                          adapter_bytes=adapter_bytes)
+                          adapter_bytes=adapter_bytes, speculative=spec)
     except EdgeInferError as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -22,8 +22,11 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
   and, for a delta-net layer, its value heads' d_k x d_v matrices (native/src/state.c); it
   does not grow with the context (``Engine.info()["state_bytes"]``);
 * working buffers are what ``ei_runtime_create`` (native/src/runtime.c) allocates
-  besides the KV arena: activations for ``max_batch`` tokens, the quantized
-  activation blocks, per-thread attention scores, RoPE tables and cell bookkeeping;
+  besides the KV arena and the states: activations for ``max_batch`` tokens, the quantized
+  activation blocks, per-thread attention scores, RoPE tables and cell bookkeeping, and a
+  hybrid's recurrent layers' rows and work areas (native/src/state.c: the short conv's in_proj
+  rows, conv taps; recurrent.c: the delta-net's qkv, gate and decay rows and its chunked
+  delta rule's per-head work areas);
 * overhead: the interpreter and the libraries the process imports (``PROCESS_BASELINE``,
   measured: ``engine`` for a script that calls ``edgeinfer.load``, ``serve`` for
   ``edgeinfer serve`` with its HTTP stack), the Python objects of the metadata and tokenizer
@@ -38,9 +41,10 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
   head is the trunk's packed copy, counted once.
 
 ``plan`` agrees with the engine's own accounting (``engine.info()['kv_bytes']`` and
-``Engine.info()["scratch_bytes"]``) to well within 5%, and its total with the peak RSS of a
-real load (every slot prefilled to its context with prompts that walk the vocabulary, then
-decoded) measured in a fresh process to within 10% (tests/test_doctor_plan.py). What it
+``Engine.info()["scratch_bytes"]``) to well within 5% (to the byte on the tested dense and
+hybrid files: tests/test_states.py checks the hybrids' buffers exactly), and its total with the
+peak RSS of a real load (every slot prefilled to its context with prompts that walk the
+vocabulary, then decoded) measured in a fresh process to within 10% (tests/test_doctor_plan.py). What it
 leaves out is small: file pages the kernel maps around the ones read (fault-around; clean
 and reclaimable), and allocator slack.
 Both KV types the runtime implements are planned: f16 (the default) and q8_0 (``kv_type="q8_0"``).
@@ -54,13 +58,14 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..arch import HeadDims
+from ..arch.table import RecurrentDims
 from ..backends.base import KVPlan
 from ..errors import EdgeInferError
 from ..model.config import kv_layer_cells, layer_state_floats, local_ring_cells
 
 __all__ = [
     "KV_TYPES", "DEFAULT_CTXS", "DEFAULT_SLOTS", "PROCESS_BASELINE", "ModelShape", "PlanRow", "model_shape",
-    "kv_bytes", "kv_layer_cells", "state_bytes", "layer_state_floats", "scratch_bytes", "mapped_bytes", "overhead_bytes", "plan_one", "plan_grid",
+    "kv_bytes", "kv_layer_cells", "state_bytes", "layer_state_floats", "scratch_bytes", "recurrent_scratch_bytes", "mapped_bytes", "overhead_bytes", "plan_one", "plan_grid",
     "largest_fit", "parse_size", "human", "ServePlan", "plan_serve", "MemoryBudgetError", "SPECULATIVE",
     "mtp_kv_bytes",
 ]
@@ -71,7 +76,10 @@ DEFAULT_CTXS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_SLOTS = (1, 2, 4, 8)
 DEFAULT_MAX_BATCH = 256          # Engine.load's default
 ATTN_CHUNK = 256                 # EI_ATTN_CHUNK (native/src/attention.h)
-Q8A_BLOCK_BYTES = 40             # sizeof(ei_q8a): float d, float s, int8 q[32]
+# an activation block (ei_act_row_bytes, native/src/kernels.h): its ei_q8a (float d, float s,
+# int8 q[32]) and the int32 sums of its two 16-quant halves
+ACT_BLOCK_BYTES = 40 + 2 * 4
+DELTA_CHUNK = 64                 # recurrent.c: a run of this many tokens goes by chunks (prefill)
 # RSS of a process that has imported what it needs, before any model (x86_64, CPython 3.11):
 # `import edgeinfer.engine` (numpy, jinja2, the native library) and, for `edgeinfer serve`,
 # `edgeinfer.cli.main`, `edgeinfer.server` and llguidance on top (aiohttp, prometheus-client, typer)
@@ -89,7 +97,7 @@ SPECULATIVE = ("mtp",)
 
 
 @dataclass
-class ModelShape(HeadDims):
+class ModelShape(HeadDims, RecurrentDims):
     """What the planner needs from a model (read from GGUF metadata, no weights loaded)."""
     name: str
     arch: str
@@ -115,6 +123,13 @@ class ModelShape(HeadDims):
     # per layer (hybrids): floats of its recurrent state per slot (0: an attention layer)
     layer_state: tuple[int, ...] = ()
     attn_gate: bool = False   # gated attention (Qwen3.5): q rows hold query and gate, plus a gate buffer
+    # hybrids' working buffers: per layer the channels of its conv window (0: none), the conv's
+    # taps, and Qwen3.5's Gated DeltaNet sizes (0: none)
+    layer_conv: tuple[int, ...] = ()
+    conv_kernel: int = 0
+    ssm_head_dim: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
     nextn: bool = False       # an MTP block's model: its eh_proj reads 2 x n_embd wide rows
     # Qwen3.5: the first MTP block as the one-layer model speculative="mtp" runs (weights_bytes:
     # its own tensors), and the tensor bytes of all the file's blocks, which the trunk never reads
@@ -159,7 +174,16 @@ def _shape(cfg, **extra) -> ModelShape:
                       swa_pattern=cfg.swa_pattern,
                       layer_kv_elems=tuple(e if c else 0 for e, c in zip(cfg.kv_layer_elems(), cfg.kv_layer_cells(1, 1))),
                       swa_layers=cfg.swa_layers, layer_state=layer_state_floats(cfg),
-                      attn_gate=cfg.has_attn_gate, **extra)
+                      attn_gate=cfg.has_attn_gate, layer_conv=_conv_channels(cfg), conv_kernel=cfg.conv_kernel,
+                      ssm_head_dim=cfg.ssm_head_dim, ssm_k_heads=cfg.ssm_k_heads, ssm_v_heads=cfg.ssm_v_heads,
+                      **extra)
+
+
+def _conv_channels(cfg) -> tuple[int, ...]:
+    """Channels of each trunk layer's causal conv (ei_layer_conv_channels, edgeinfer_layout.h):
+    n_embd for a short conv, q, k and v for a delta-net layer, 0 for attention."""
+    width = {"shortconv": cfg.n_embd, "recurrent": cfg.ssm_conv_dim}
+    return tuple(width.get(k, 0) for k in cfg.layer_kinds[:cfg.n_layer])
 
 
 def kv_bytes(m: ModelShape, ctx: int, slots: int, kv: str = "f16", max_batch: int = DEFAULT_MAX_BATCH) -> int:
@@ -189,35 +213,68 @@ def _require_mtp(m: ModelShape) -> ModelShape:
 
 
 def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_MAX_BATCH,
-                  n_threads: Optional[int] = None) -> int:
-    """Working buffers as ei_runtime_create allocates them (everything but the KV arena)."""
+                  n_threads: Optional[int] = None, n_snapshots: Optional[int] = None) -> int:
+    """Working buffers as ei_runtime_create allocates them (everything but the KV arena and the
+    recurrent states), a hybrid's recurrent layers' included (recurrent_scratch_bytes)."""
     B, d, qd, kvd, ff = max_batch, m.n_embd, m.q_dim, m.kv_dim, m.n_ff
     threads = n_threads or _physical_cores()
-    widest = max(d, ff, qd, 2 * d if m.nextn else 0)
+    widest = max(d, ff, qd, m.ssm_inner, 2 * d if m.nextn else 0)
     half = max(m.rope_dim // 2, 1)
     f32 = 4
-    total = slots * ctx * 4 + slots * 4                       # cell_pos, n_used
+    total = m.n_layer * 8                                     # layer offsets
+    total += slots * ctx * 4 + slots * 4                      # cell_pos, n_used
     total += B * d * f32 * 3                                  # x, xn, out_rows
     total += B * qd * f32 * (4 if m.attn_gate else 2)         # q, att (gated: q holds the gate, + its buffer)
     total += B * kvd * f32 * 2                                # kc, vc (this step's K/V before the arena)
     total += B * ff * f32 * 2                                 # gate, up
-    total += B * ((widest + 31) // 32) * Q8A_BLOCK_BYTES      # quantized activations
+    total += B * ((widest + 31) // 32) * ACT_BLOCK_BYTES      # quantized activations
     group = max(m.n_head // max(m.n_head_kv, 1), 1)
     total += threads * group * ATTN_CHUNK * f32               # attention scores per thread
-    # attention partials (chunked softmax): as many tokens as fit in ~4 MiB, at least one
+    # attention partials (chunked softmax): as many tokens as fit in ~4 MiB, at least one, and
+    # their per-KV-head done counters
     part_per_tok = m.n_head * ((ctx + ATTN_CHUNK - 1) // ATTN_CHUNK) * (m.head_dim + 2)
     attn_tokens = max(1, min((1 << 20) // part_per_tok, B))
-    total += attn_tokens * part_per_tok * f32
-    total += B * half * f32 * 2                               # rope cos, sin
+    total += attn_tokens * part_per_tok * f32 + attn_tokens * m.n_head_kv * 4
+    total += B * half * f32 * 2 + half * 8                    # rope cos, sin, frequencies
     total += B * 2 * d * f32 if m.nextn else 0                # an MTP block's eh_proj input rows
     if m.swa_window:                                          # sliding-window layers
-        total += m.n_layer * 8 + threads * ctx * 4            # layer offsets, masked cell positions
+        total += threads * ctx * 4                            # masked cell positions
         r = local_ring_cells(m.swa_window, ctx, max_batch)
         total += slots * r * 4 + slots * 4 if r else 0        # the local ring's cell positions
         total += B * half * f32 * 2 + half * 8                # the local layers' RoPE tables
-    else:
-        total += m.n_layer * 8
+    return total + recurrent_scratch_bytes(m, slots, max_batch, n_snapshots)
+
+
+def recurrent_scratch_bytes(m: ModelShape, slots: int, max_batch: int = DEFAULT_MAX_BATCH,
+                            n_snapshots: Optional[int] = None) -> int:
+    """A hybrid's working buffers besides its states (native/src/state.c, ei_state_create; 0
+    for attention-only models): the kept copies' bookkeeping, the short conv's in_proj rows
+    (B, C, x) and gated rows, the conv taps turned tap-major, and for Gated DeltaNet layers
+    (recurrent.c, ei_deltanet_scratch_floats) the qkv rows and their conv, the output gate z and
+    output o, the decays and betas, each twice, plus one chunked delta-rule work area per value
+    head (deltanet.h, ei_delta_scratch_floats at DELTA_CHUNK)."""
+    if not sum(m.layer_state):
+        return 0
+    if n_snapshots is None:
+        n_snapshots = KVPlan.snapshots_for(sum(m.layer_state) * 4)
+    B, d, f32 = max_batch, m.n_embd, 4
+    total = 2 * m.n_layer * 8                                 # state offsets, conv tap pointers
+    total += slots * 4 + slots * n_snapshots * 4 + 1 + B * 4  # positions seen, kept copies' tags, keep rows
+    total += B * 5 * d * f32                                  # short conv: in_proj's B, C, x; B*x and y
+    total += m.conv_kernel * sum(m.layer_conv) * f32          # conv taps
+    if m.ssm_head_dim:
+        dn = B * (2 * m.ssm_conv_dim + 2 * m.ssm_inner + 2 * m.ssm_v_heads)
+        dn += m.ssm_v_heads * _delta_scratch_floats(DELTA_CHUNK, m.ssm_head_dim, m.ssm_head_dim)
+        total += dn * f32
     return total
+
+
+def _delta_scratch_floats(chunk: int, dk: int, dv: int) -> int:
+    """One value head's delta-rule work area (ei_delta_scratch_floats, native/src/deltanet.h):
+    u [chunk][dv], c and w [pad], K^T [dk][pad], one chunk x chunk product [chunk][pad]."""
+    rows = max(chunk, 1)
+    pad = (rows + 15) // 16 * 16
+    return rows * dv + pad * (2 + dk + rows)
 
 
 def state_bytes(m: ModelShape, slots: int, n_snapshots: int | None = None) -> int:
