@@ -47,6 +47,7 @@ pytestmark = pytest.mark.skipif(not DEVICES, reason=f"needs a CUDA GPU: {NO_GPU_
 
 HYBRIDS = tuple(tc.LFM2_LAYOUTS) + tuple(tc.QWEN35_KINDS)
 IDS = list(range(5, 29))
+LONG = [5 + (i * 37) % 200 for i in range(100)]   # runs of 64 rows or more
 N_NEW = 12
 
 
@@ -85,6 +86,35 @@ def test_hybrid_logits_match_cpu(hybrid):
             assert_close(ref, gpu.logits(IDS), (fam, "prefill", max_batch))
             # with max_batch 64: rows of slots 0 and 1 interleaved, 2 x 24 rows in one step
             assert_steps_match(gpu.runner.runtime, ref, IDS, (fam, max_batch), interleave=max_batch == 64)
+
+
+def test_hybrid_long_runs_match_cpu(hybrid):
+    """Runs of 64 rows or more of one slot (Qwen3.5: the delta rule by chunks of 64, as the CPU's
+    prefill; LFM2: the same blocks as shorter runs): a 100-row prefill (chunks of 64 and 36), then
+    one step holding slot 0's 70 rows, cut after row 63 by a keep row (a run of 64 by chunks, then
+    6 token by token), and slot 1's 80 rows (64 + 16) give the CPU backend's logits; slot 1 then
+    decodes on from the state its chunks left, and slot 0 from the copy kept after 64 rows."""
+    fam, path = hybrid
+    n = len(LONG)
+    with _cpu(path, n_ctx=256) as cpu:
+        ref = cpu.logits(LONG)
+    with _cuda(path, n_ctx=256, n_slots=2, max_batch=160) as gpu:
+        assert_close(ref, gpu.logits(LONG), (fam, "prefill of 100"))
+        rt = gpu.runner.runtime
+        for s in (0, 1):
+            rt.clear_slot(s)
+        pos = list(range(70)) + list(range(80))
+        got = rt.forward(Batch(LONG[:70] + LONG[:80], [0] * 70 + [1] * 80, pos, pos, list(range(150)),
+                               keep_rows=[63])).copy()
+        assert_close(ref[:70], got[:70], (fam, "slot 0: 64 by chunks, 6 by steps"))
+        assert_close(ref[:80], got[70:], (fam, "slot 1: 80 by chunks"))
+        decode = np.array([rt.forward(Batch([LONG[i]], [1], [i], [i], [0]))[0].copy() for i in range(80, n)])
+        assert_close(ref[80:], decode, (fam, "slot 1 decodes on"))
+        rt.forget_from(0, 64)
+        rt.restore_state(0, 64)
+        tail = list(range(64, n))
+        assert_close(ref[64:], rt.forward(Batch(LONG[64:], [0] * (n - 64), tail, tail, list(range(n - 64)))),
+                     (fam, "slot 0 from its copy at 64"))
 
 
 def test_hybrid_greedy_tokens_equal_cpu(hybrid):

@@ -182,6 +182,9 @@ struct ei_cuda_runtime {
     int32_t n_snap;
     int32_t *state_seen, *snap_n;   /* [slot], [slot][n_snap]: positions seen (-1: none / forgotten) */
     float *rec_a, *rec_b;           /* the recurrent blocks' scratch */
+    /* A step's runs of rows of one slot, cut after each keep row (recurrent.c's run_end): [run][first,
+     * count]; long_runs: some run has EIC_DELTA_CHUNK rows or more (its delta rule goes by chunks). */
+    int32_t *h_runs, n_runs, long_runs;
     float *qg, *agate;              /* gated attention: attn_q's rows (query, gate) and the gates */
 
     /* Gemma 4's per-layer inputs. The table (n_vocab rows of n_layer x n_embd_per_layer) stays in the
@@ -262,6 +265,7 @@ extern "C" void ei_cuda_runtime_free(ei_cuda_runtime *rt) {
     free(rt->h_lora_scale);
     free(rt->state_off);
     free(rt->state_seen);
+    free(rt->h_runs);
     free(rt->snap_n);
     free(rt);
 }
@@ -438,6 +442,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     rt->n_snap = n_snap;
     if (state_floats) {
         rt->state_seen = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
+        rt->h_runs = (int32_t *)malloc((size_t)p->max_batch * 2 * sizeof(int32_t));
         rt->snap_n = (int32_t *)malloc(((size_t)p->n_slots * n_snap + 1) * sizeof(int32_t));
         for (size_t i = 0; rt->snap_n && i < (size_t)p->n_slots * n_snap; i++) rt->snap_n[i] = -1;
     }
@@ -452,7 +457,7 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
         rt->h_n_used_l = (int32_t *)calloc((size_t)p->n_slots, sizeof(int32_t));
     }
     if (!rt->layers || !rt->h_cell_pos || !rt->h_n_used || !rt->kv_view || !rt->out_scale || !rt->state_off ||
-        (state_floats && (!rt->state_seen || !rt->snap_n)) ||
+        (state_floats && (!rt->state_seen || !rt->snap_n || !rt->h_runs)) ||
         (n_local && (!rt->h_cell_pos_l || !rt->h_n_used_l))) {
         ei_cuda_runtime_free(rt);
         return eic_fail(EI_ERR_OUT_OF_MEMORY, "cuda_runtime_create: out of host memory");
@@ -1148,7 +1153,18 @@ static cudaError_t deltanet_block(ei_cuda_runtime *rt, int l, int32_t T) {
     const eic_rstate mat = layer_state(rt, l, (int64_t)(c->conv_kernel - 1) * cd);   /* the matrices follow the window */
     const eic_delta_args a = {y, alpha, beta, (const float *)L->ssm_a.data, (const float *)L->ssm_dt.data, o,
                               c->ssm_k_heads, c->ssm_v_heads, c->ssm_head_dim, c->ssm_head_dim};
-    LCK(eic_delta_rule(rt->stream, &a, T, &mat));
+    if (!rt->long_runs) {   /* every step of a captured graph (T <= 16) */
+        LCK(eic_delta_rule(rt->stream, &a, T, &mat));
+    } else {   /* as the CPU: a run of EIC_DELTA_CHUNK rows or more by chunks, a shorter one token by token */
+        for (int32_t r = 0; r < rt->n_runs; r++) {
+            const int32_t i = rt->h_runs[2 * r], n = rt->h_runs[2 * r + 1];
+            eic_delta_args ar = a;
+            ar.qkv += (int64_t)i * cd, ar.alpha += (int64_t)i * nv, ar.beta += (int64_t)i * nv, ar.o += (int64_t)i * inner;
+            eic_rstate mr = mat;
+            mr.slots += i, mr.keep += i;
+            LCK((n >= EIC_DELTA_CHUNK ? eic_delta_rule_chunked : eic_delta_rule)(rt->stream, &ar, n, &mr));
+        }
+    }
     LCK(eic_gated_norm(rt->stream, o, (const float *)L->ssm_norm.data, z, (int64_t)T * nv, c->ssm_head_dim, c->rms_eps));
     return block_out(rt, l, &L->ssm_out, o, inner, T, -1);
 }
@@ -1412,6 +1428,15 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
     for (int32_t i = 0; i < n_tokens; i++) hb[8 * B + i] = -1;
     for (int32_t j = 0; rt->d_state && j < n_keep; j++)   /* the copy each keep row fills */
         hb[8 * B + keep_rows[j]] = place_kept(rt, slots[keep_rows[j]], pos[keep_rows[j]] + 1);
+    rt->n_runs = rt->long_runs = 0;
+    for (int32_t i = 0; rt->d_state && i < n_tokens;) {   /* recurrent.c's runs: cut at a slot change or keep row */
+        int32_t e = i;
+        while (e + 1 < n_tokens && slots[e + 1] == slots[i] && hb[8 * B + e] < 0) e++;
+        rt->h_runs[2 * rt->n_runs] = i, rt->h_runs[2 * rt->n_runs + 1] = e - i + 1;
+        rt->long_runs |= e - i + 1 >= EIC_DELTA_CHUNK;
+        rt->n_runs++;
+        i = e + 1;
+    }
     st = eic_check(cudaMemcpyAsync(rt->d_batch, hb, EIC_BATCH_ARRAYS * B * 4, cudaMemcpyHostToDevice, rt->stream),
                              "batch upload");
     if (st != EI_OK) return st;

@@ -1208,6 +1208,104 @@ cudaError_t eic_delta_rule(cudaStream_t s, const eic_delta_args *a, int64_t n_to
     return cudaGetLastError();
 }
 
+/* The chunked form of the same rule over one slot's run of rows (a block per value head, thread j <
+ * dv holding column j of S as above), by chunks of m <= EIC_DELTA_CHUNK rows, as the CPU's
+ * ei_delta_chunked (native/src/deltanet_impl.h; edgeinfer/arch/deltanet.py): with c_i the
+ * cumulative log decay in the chunk and S0 the state before it,
+ *   u_i = beta_i (v_i - exp(c_i) S0^T k_i) + sum_{j<i} A_ij u_j,  A_ij = -beta_i exp(c_i - c_j) (k_i.k_j)
+ *   o_i = exp(c_i) S0^T q_i + sum_{j<=i} P_ij u_j,             P_ij = exp(c_i - c_j) (q_i.k_j)
+ *   S   = exp(c_last) S0 + sum_j exp(c_last - c_j) k_j u_j^T
+ * A and P are built once per chunk by all threads in shared memory; a column of u depends only on
+ * the same column (the forward substitution runs per thread, in registers). The state is kept
+ * after the run's last row (runs are cut after keep rows). */
+__global__ void delta_chunked_kernel(eic_delta_args a, int64_t n_tok, eic_rstate rs) {
+    enum { C = EIC_DELTA_CHUNK };
+    __shared__ float am[C][C + 1], pm[C][C + 1];
+    __shared__ float nq[C], nkk[C], cc[C], bb[C];
+    const int h = blockIdx.x, j = threadIdx.x, nth = blockDim.x, dk = a.dk, dv = a.dv, kh = h % a.nk;
+    const int lane = j & 31, warp = j >> 5, n_warps = nth >> 5;
+    const int64_t cd = (int64_t)(2 * a.nk) * dk + (int64_t)a.nv * dv, hoff = (int64_t)h * dk * dv;
+    const int64_t qo = (int64_t)kh * dk, ko = (int64_t)(a.nk + kh) * dk, vo = (int64_t)2 * a.nk * dk + (int64_t)h * dv;
+    float *S = rs.state + (int64_t)rs.slots[0] * rs.stride + rs.off + hoff;
+    float col[EIC_MAX_SSM_DK], u[C];
+    if (j < dv)
+        for (int i = 0; i < dk; i++) col[i] = S[(int64_t)i * dv + j];
+    const float a_neg = a.a[h], dt = a.dt[h];
+    for (int64_t c0 = 0; c0 < n_tok; c0 += C) {
+        const int m = (int)(n_tok - c0 < C ? n_tok - c0 : C);
+        const float *rows = a.qkv + c0 * cd;
+        for (int i = warp; i < m; i += n_warps) {   /* a warp per row: norms, log decay, beta */
+            const float *row = rows + i * cd;
+            float sq = 0.0f, sk = 0.0f;
+            for (int p = lane; p < dk; p += 32) sq += row[qo + p] * row[qo + p], sk += row[ko + p] * row[ko + p];
+            sq = warp_sum(sq);
+            sk = warp_sum(sk);
+            if (lane == 0) {
+                nq[i] = rsqrtf(sq + EIC_L2_EPS) * rsqrtf((float)dk);   /* q also scaled by 1/sqrt(d_k) */
+                nkk[i] = rsqrtf(sk + EIC_L2_EPS);
+                const float x = a.alpha[(c0 + i) * a.nv + h] + dt;
+                cc[i] = a_neg * (x > 20.0f ? x : log1pf(expf(x)));
+                bb[i] = 1.0f / (1.0f + expf(-a.beta[(c0 + i) * a.nv + h]));
+            }
+        }
+        __syncthreads();
+        if (j == 0)   /* the cumulative log decay */
+            for (int i = 1; i < m; i++) cc[i] += cc[i - 1];
+        __syncthreads();
+        for (int e = j; e < m * m; e += nth) {   /* the lower triangles of A and P */
+            const int i = e / m, jj = e % m;
+            if (jj > i) continue;
+            const float *ri = rows + i * cd, *kj = rows + jj * cd + ko;
+            float kk = 0.0f, qk = 0.0f;
+            for (int p = 0; p < dk; p++) kk += ri[ko + p] * kj[p], qk += ri[qo + p] * kj[p];
+            const float dec = expf(cc[i] - cc[jj]);
+            am[i][jj] = jj < i ? -bb[i] * dec * kk * nkk[i] * nkk[jj] : 0.0f;
+            pm[i][jj] = dec * qk * nq[i] * nkk[jj];
+        }
+        __syncthreads();
+        if (j < dv) {
+            for (int i = 0; i < m; i++) {   /* in row order: u_j (j < i) is final when row i reads it */
+                const float *row = rows + i * cd;
+                float sk = 0.0f, sq = 0.0f;
+                for (int p = 0; p < dk; p++) sk += col[p] * row[ko + p], sq += col[p] * row[qo + p];
+                const float e = expf(cc[i]);
+                float ui = bb[i] * (row[vo + j] - e * sk * nkk[i]);
+                for (int jj = 0; jj < i; jj++) ui += am[i][jj] * u[jj];
+                u[i] = ui;
+                float o = e * sq * nq[i];
+                for (int jj = 0; jj <= i; jj++) o += pm[i][jj] * u[jj];
+                a.o[(c0 + i) * (int64_t)a.nv * dv + (int64_t)h * dv + j] = o;
+            }
+            const float last = cc[m - 1];
+            for (int i = 0; i < m; i++) u[i] *= expf(last - cc[i]) * nkk[i];   /* k_i's norm folded in */
+            const float el = expf(last);
+            for (int p = 0; p < dk; p++) {
+                float sp = el * col[p];
+                for (int i = 0; i < m; i++) sp += rows[i * cd + ko + p] * u[i];
+                col[p] = sp;
+            }
+        }
+        __syncthreads();   /* every thread is done with the chunk's shared arrays */
+    }
+    if (j < dv) {
+        float *kept = rstate_kept(rs, n_tok - 1);
+        for (int i = 0; i < dk; i++) {
+            S[(int64_t)i * dv + j] = col[i];
+            if (kept) kept[hoff + (int64_t)i * dv + j] = col[i];
+        }
+    }
+}
+
+cudaError_t eic_delta_rule_chunked(cudaStream_t s, const eic_delta_args *a, int64_t n_tok, const eic_rstate *rs) {
+    if (n_tok <= 0) return cudaSuccess;
+    if (!a || !rs || a->dk < 1 || a->dk > EIC_MAX_SSM_DK || a->dv < 1 || a->dv > 1024 || a->nk < 1 || a->nv < 1 ||
+        a->nv > 65535)
+        return cudaErrorInvalidValue;
+    const int threads = (a->dv + 31) / 32 * 32;
+    delta_chunked_kernel<<<(unsigned)a->nv, threads, 0, s>>>(*a, n_tok, *rs);
+    return cudaGetLastError();
+}
+
 /* A warp per row: x = x / sqrt(mean x^2 + eps) * w * silu(gate), as the CPU's gated_norm. */
 __global__ void gated_norm_kernel(float *x, const float *__restrict__ w, const float *__restrict__ gate, int64_t n_rows,
                                   int d, float eps) {
