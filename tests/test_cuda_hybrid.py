@@ -7,6 +7,8 @@ Qwen3.5's Gated DeltaNet + gated attention with partial RoPE), converted to F32:
   whose rows alternate between two slots give the CPU backend's logits within tests/test_cuda.py's
   CPU-vs-CUDA bounds for tiny families (NMSE <= 1e-5, KL <= 1e-4, top-1 >= 0.95); the state and
   KV bytes are the CPU runtime's;
+- runs of 64 rows or more (Qwen3.5's delta rule by chunks of 64, as the CPU's prefill), cut by a
+  keep row or beside another slot's run, give the CPU backend's logits and the state decode goes on from;
 - greedy tokens equal the CPU backend's;
 - a prompt extending an earlier one (prefix reuse from a kept state), an n = 2 pair, an n = 2
   sibling that copies the first's prompt (ei_cuda_copy_prefix: cells and the kept state) and a
