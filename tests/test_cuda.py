@@ -892,9 +892,9 @@ def test_tiny_n2_sibling_copies_the_prompt(tmp_path, fam):
     16 + 4 - 1 = 19 cells has wrapped when it is copied (the window the next token sees goes)."""
     torch = pytest.importorskip("torch", reason="tiny checkpoints are built with torch")
     torch.set_num_threads(1)
+    from edgeinfer.convert import convert_checkpoint
     from tests.support import tiny_checkpoints
     from tests.support.siblings import run_siblings
-    from edgeinfer.convert import convert_checkpoint
 
     d = tiny_checkpoints.build(fam, tmp_path / fam)
     path = tmp_path / f"{fam}.gguf"
