@@ -393,3 +393,29 @@ def test_hybrid_few_kept_copies_keep_speculation_exact(hybrid, monkeypatch):
     assert max(sizes) == 2, sizes     # fixed_k = 4, held to kept copies - 1
     assert 0 < got.stats.spec_accepted < got.stats.spec_proposed, got.stats   # drafts were rolled back
     _assert_fresh(got, want)
+
+
+# ----------------------------------------------------------------- a sliding-window ring
+@pytest.mark.parametrize("after,copied", [(6, True), (10, False)])
+def test_sibling_of_a_wrapped_sliding_ring(tmp_path, after, copied):
+    """Gemma 3 with max_batch 4: the local layers' ring is 16 + 4 - 1 = 19 cells, so a 24-token
+    prompt has wrapped it when an n = 2 sibling arrives. Once the prompt is in (after 6 chunks)
+    the sibling copies 23 positions (the ring's window, not 23 rows past its end); once the first
+    request has decoded 4 more tokens over the window (after 10) it computes its prompt instead.
+    Either way a fresh engine's tokens."""
+    require("torch")
+    require("transformers")
+    from edgeinfer.convert import convert_checkpoint
+    from tests.support.siblings import run_siblings
+
+    path = tmp_path / "g.gguf"
+    convert_checkpoint(str(tc.build("gemma3", tmp_path / "hf")), str(path), "f16")
+    with edgeinfer.load(str(path), n_ctx=64, n_threads=2) as eng:
+        prompt = eng.tokenize("Once upon a time, in a small village, there lived an old clockmaker")[:24]
+        want = eng.generate(prompt, max_tokens=12, temperature=0, ignore_eos=True).tokens
+    with edgeinfer.load(str(path), n_ctx=64, n_threads=2, n_slots=2, max_batch=4) as eng:
+        assert eng.info()["local_kv_cells"] == 19
+        first, second, copies = run_siblings(eng, prompt, 12, after=after)
+    assert copies == ([(0, 1, 23)] if copied else [])
+    assert second.stats.cached_tokens == (23 if copied else 0)
+    assert first.tokens == want and second.tokens == want

@@ -137,6 +137,13 @@ class KVRing:
             return True
         return max(0, keep - w + 1) + r >= n_past
 
+    def holds_window(self, slot: int, n: int) -> bool:
+        """Does the slot's local ring still hold positions [n - swa_window, n), what a copy or a
+        save of its first n positions takes (the runtime's ei_check_prefix)? Position x is gone
+        once x + local_cells < n_past."""
+        r = self.local_cells
+        return not r or max(0, n - self.swa_window) + r >= self.slots[slot].n_past
+
     def truncate(self, slot: int, n_keep: int) -> int:
         """Forgets positions >= n_keep; returns what the slot keeps: n_keep, or 0 when a wrapped
         slot would roll back past its slack (the caller then forgets everything)."""

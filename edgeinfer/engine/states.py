@@ -71,8 +71,9 @@ class SequenceStates:
 
     def copy_prefix(self, src: int, dst: int, n: int) -> bool:
         """Makes dst hold src's first n positions (a running sibling's prompt); False, with
-        nothing done, where the runtime cannot copy or src kept no state at n."""
-        if not self.can_copy or self.resume_point(src, n) != n:
+        nothing done, where the runtime cannot copy, src kept no state at n or its sliding ring
+        has stored over the window n's successor sees."""
+        if not self.can_copy or self.resume_point(src, n) != n or not self.ring.holds_window(src, n):
             return False
         self.runner.copy_prefix(src, dst, n)
         self.ring.copy_prefix(src, dst, n)
@@ -84,7 +85,8 @@ class SequenceStates:
         """The slot's state for its first n positions (the prompt cache's payload); None where the
         runtime cannot save, the slot wrapped or holds no exact state at n."""
         st = self.ring.slots[slot]
-        if not self.can_save or st.wrapped or not 0 < n <= st.n_past or self.resume_point(slot, n) != n:
+        if (not self.can_save or st.wrapped or not 0 < n <= st.n_past or self.resume_point(slot, n) != n
+                or not self.ring.holds_window(slot, n)):
             return None
         return self.runner.save_slot(slot, n)
 

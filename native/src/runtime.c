@@ -337,32 +337,60 @@ ei_status ei_runtime_forget_from(ei_runtime *rt, int slot, int32_t pos) {
     return EI_OK;
 }
 
+ei_status ei_check_prefix(const ei_runtime *rt, int slot, int32_t n) {
+    const int32_t *cp = rt->cell_pos + (size_t)slot * rt->p.n_ctx;
+    for (int32_t p = 0; p < n; p++)   /* position p in cell p: the prefix never wrapped */
+        if (p >= rt->n_used[slot] || cp[p] != p)
+            return ei_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", slot, p, p);
+    if (rt->local_cells) {
+        const int32_t *lp = rt->local_cell_pos + (size_t)slot * rt->local_cells;
+        for (int32_t p = ei_window_first(rt, n); p < n; p++)
+            if (lp[p % rt->local_cells] != p)
+                return ei_fail(EI_ERR_STATE, "slot %d: its sliding-window ring lost position %d", slot, p);
+    }
+    return EI_OK;
+}
+
 ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n) {
     if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "null runtime");
     int ns = rt->p.n_slots, nc = rt->p.n_ctx;
     if (src < 0 || src >= ns || dst < 0 || dst >= ns)
         return ei_fail(EI_ERR_RANGE, "slots %d, %d out of [0, %d)", src, dst, ns);
     if (n < 0 || n > nc) return ei_fail(EI_ERR_RANGE, "%d positions out of [0, %d]", n, nc);
-    const int32_t *sp = rt->cell_pos + (size_t)src * nc;
-    for (int32_t c = 0; c < n; c++)   /* cell c must hold position c: the prefix never wrapped */
-        if (c >= rt->n_used[src] || sp[c] != c)
-            return ei_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", src, c, c);
+    ei_status st = ei_check_prefix(rt, src, n);
+    if (st != EI_OK) return st;
     if (src == dst) {
-        const ei_status st = ei_runtime_forget_from(rt, dst, n);
+        st = ei_runtime_forget_from(rt, dst, n);
         return st == EI_OK ? ei_runtime_restore_state(rt, dst, n) : st;
     }
-    const ei_status st = ei_state_copy(rt, src, dst, n);
-    if (st != EI_OK) return st;
+    if ((st = ei_state_copy(rt, src, dst, n)) != EI_OK) return st;
     const ei_model_config *cfg = &rt->m->cfg;
-    for (int l = 0; l < cfg->n_layer; l++)
-        for (int h = 0; h < cfg->n_head_kv && ei_layer_stores_kv(cfg, l); h++) {
-            const size_t bytes = (size_t)n * ei_layer_kv_row_bytes(rt, l);
-            memcpy(rt->k + ei_kv_offset(rt, dst, l, h), rt->k + ei_kv_offset(rt, src, l, h), bytes);
-            memcpy(rt->v + ei_kv_offset(rt, dst, l, h), rt->v + ei_kv_offset(rt, src, l, h), bytes);
+    for (int l = 0; l < cfg->n_layer; l++) {
+        if (!ei_layer_stores_kv(cfg, l)) continue;
+        const size_t row = ei_layer_kv_row_bytes(rt, l);
+        for (int h = 0; h < cfg->n_head_kv; h++) {
+            const size_t from = ei_kv_offset(rt, src, l, h), to = ei_kv_offset(rt, dst, l, h);
+            if (!ei_layer_in_local_ring(rt, l)) {
+                memcpy(rt->k + to, rt->k + from, (size_t)n * row);
+                memcpy(rt->v + to, rt->v + from, (size_t)n * row);
+                continue;
+            }
+            for (int32_t p = ei_window_first(rt, n); p < n; p++) {   /* the window, where the ring holds it */
+                const size_t at = ei_cell_of(rt, l, p) * row;
+                memcpy(rt->k + to + at, rt->k + from + at, row);
+                memcpy(rt->v + to + at, rt->v + from + at, row);
+            }
         }
+    }
     int32_t *dp = rt->cell_pos + (size_t)dst * nc;
     for (int32_t c = 0; c < rt->n_used[dst] || c < n; c++) dp[c] = c < n ? c : -1;
     rt->n_used[dst] = n;
+    if (rt->local_cells) {
+        int32_t *lp = rt->local_cell_pos + (size_t)dst * rt->local_cells;
+        for (int32_t c = 0; c < rt->local_cells; c++) lp[c] = -1;
+        for (int32_t p = ei_window_first(rt, n); p < n; p++) lp[p % rt->local_cells] = p;
+        rt->local_used[dst] = EI_MIN(n, rt->local_cells);
+    }
     return EI_OK;
 }
 

@@ -12,21 +12,6 @@
 #include "runtime.h"
 #include "state.h"
 
-/* First position a sliding-window layer keeps of a prefix of n: what the next token still sees. */
-static int32_t window_first(const ei_runtime *rt, int32_t n) {
-    return rt->m->cfg.swa_window < n ? n - rt->m->cfg.swa_window : 0;
-}
-
-/* First position a layer keeps of a prefix of n. */
-static int32_t first_kept(const ei_runtime *rt, int l, int32_t n) {
-    return ei_layer_is_local(&rt->m->cfg, l) ? window_first(rt, n) : 0;
-}
-
-/* The cell of (slot, layer) holding position p, given the slot holds it. */
-static size_t cell_of(const ei_runtime *rt, int l, int32_t p) {
-    return ei_layer_in_local_ring(rt, l) ? (size_t)(p % rt->local_cells) : (size_t)p;
-}
-
 static ei_status check_args(const ei_runtime *rt, int slot, int32_t n) {
     if (!rt) return ei_fail(EI_ERR_INVALID_ARG, "null runtime");
     if (slot < 0 || slot >= rt->p.n_slots) return ei_fail(EI_ERR_RANGE, "slot %d out of [0, %d)", slot, rt->p.n_slots);
@@ -40,7 +25,7 @@ size_t ei_runtime_slot_state_size(const ei_runtime *rt, int32_t n) {
     size_t bytes = (size_t)rt->state_floats * sizeof(float);
     for (int l = 0; l < c->n_layer; l++)
         if (ei_layer_stores_kv(c, l))
-            bytes += 2 * (size_t)c->n_head_kv * (size_t)(n - first_kept(rt, l, n)) * ei_layer_kv_row_bytes(rt, l);
+            bytes += 2 * (size_t)c->n_head_kv * (size_t)(n - ei_first_kept(rt, l, n)) * ei_layer_kv_row_bytes(rt, l);
     return bytes;
 }
 
@@ -54,8 +39,8 @@ static size_t walk_rows(ei_runtime *rt, int slot, int32_t n, uint8_t *buf, int s
         for (int h = 0; h < c->n_head_kv; h++)
             for (int kv = 0; kv < 2; kv++) {
                 uint8_t *base = (kv ? rt->v : rt->k) + ei_kv_offset(rt, slot, l, h);
-                for (int32_t p = first_kept(rt, l, n); p < n; p++, at += row) {
-                    uint8_t *cell = base + cell_of(rt, l, p) * row;
+                for (int32_t p = ei_first_kept(rt, l, n); p < n; p++, at += row) {
+                    uint8_t *cell = base + ei_cell_of(rt, l, p) * row;
                     memcpy(save ? buf + at : cell, save ? cell : buf + at, row);
                 }
             }
@@ -69,16 +54,7 @@ ei_status ei_runtime_save_slot(ei_runtime *rt, int slot, int32_t n, void *buf, s
     if (!buf || size != ei_runtime_slot_state_size(rt, n))
         return ei_fail(EI_ERR_INVALID_ARG, "save_slot: buffer of %zu bytes, %zu wanted", size,
                        ei_runtime_slot_state_size(rt, n));
-    const int32_t *cp = rt->cell_pos + (size_t)slot * rt->p.n_ctx;
-    for (int32_t p = 0; p < n; p++)   /* position p in cell p: the prefix never wrapped */
-        if (p >= rt->n_used[slot] || cp[p] != p)
-            return ei_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", slot, p, p);
-    if (rt->local_cells) {
-        const int32_t *lp = rt->local_cell_pos + (size_t)slot * rt->local_cells;
-        for (int32_t p = window_first(rt, n); p < n; p++)
-            if (lp[p % rt->local_cells] != p)
-                return ei_fail(EI_ERR_STATE, "slot %d: its sliding-window ring lost position %d", slot, p);
-    }
+    if ((st = ei_check_prefix(rt, slot, n)) != EI_OK) return st;
     const float *state = NULL;
     if (rt->state && !(state = ei_state_at(rt, slot, n)))
         return ei_fail(EI_ERR_STATE, "slot %d kept no recurrent state after %d positions", slot, n);
@@ -100,7 +76,7 @@ ei_status ei_runtime_load_slot(ei_runtime *rt, int slot, int32_t n, const void *
     rt->n_used[slot] = n;
     if (rt->local_cells) {
         int32_t *lp = rt->local_cell_pos + (size_t)slot * rt->local_cells;
-        for (int32_t p = window_first(rt, n); p < n; p++) lp[p % rt->local_cells] = p;
+        for (int32_t p = ei_window_first(rt, n); p < n; p++) lp[p % rt->local_cells] = p;
         rt->local_used[slot] = EI_MIN(n, rt->local_cells);
     }
     if (rt->state) ei_state_put(rt, slot, n, (const float *)((const uint8_t *)buf + at));
