@@ -14,7 +14,8 @@
  *
  * prints:  isa NAME
  *          hugepages FRACTION_GRANTED
- *          config THREADS STREAMS PREFETCH BEST_WEIGHTS_S BEST_KV_S   (one line each) */
+ *          config THREADS STREAMS PREFETCH BEST_WEIGHTS_S BEST_KV_S MEDIAN_WEIGHTS_S   (one line each)
+ * The median of a configuration's weight reads shows the host's spread: the floor is the best. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -168,6 +169,11 @@ static double timed_read(const char *buf, size_t n, int threads, int streams, in
     return now() - t0;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static char *huge_alloc(size_t n, size_t *size) {
     const size_t huge = (size_t)2 << 20;
     *size = (n + huge - 1) / huge * huge;
@@ -219,7 +225,8 @@ int main(int argc, char **argv) {
     counts[n_counts++] = max_threads;
     const int n_cfg = n_counts * N_STREAMS * 2;
     double *best_w = malloc(sizeof(double) * n_cfg), *best_k = malloc(sizeof(double) * n_cfg);
-    if (!best_w || !best_k) return 1;
+    double *all_w = malloc(sizeof(double) * n_cfg * 2 * (size_t)rounds);   /* [cfg][round x rep] */
+    if (!best_w || !best_k || !all_w) return 1;
     for (int c = 0; c < n_cfg; c++) best_w[c] = best_k[c] = 1e30;
     for (int r = 0; r < rounds; r++)
         for (int c = 0; c < n_cfg; c++) { /* round-robin: the machine's noise hits every configuration alike */
@@ -227,6 +234,7 @@ int main(int argc, char **argv) {
             for (int rep = 0; rep < 2; rep++) {
                 const double tw = timed_read(wb, w, t, s, pf);
                 best_w[c] = tw < best_w[c] ? tw : best_w[c];
+                all_w[(size_t)c * 2 * rounds + 2 * r + rep] = tw;
             }
             if (kv > 0) {
                 const double tk = timed_read(kb, kv, t, s, pf);
@@ -235,9 +243,12 @@ int main(int argc, char **argv) {
                 best_k[c] = 0;
             }
         }
-    for (int c = 0; c < n_cfg; c++)
-        printf("config %d %d %d %.9f %.9f\n", counts[c / (N_STREAMS * 2)], streams_tried[(c / 2) % N_STREAMS], c % 2,
-               best_w[c], best_k[c]);
+    for (int c = 0; c < n_cfg; c++) {
+        double *t = all_w + (size_t)c * 2 * rounds;
+        qsort(t, 2 * (size_t)rounds, sizeof *t, cmp_double);
+        printf("config %d %d %d %.9f %.9f %.9f\n", counts[c / (N_STREAMS * 2)], streams_tried[(c / 2) % N_STREAMS],
+               c % 2, best_w[c], best_k[c], 0.5 * (t[rounds - 1] + t[rounds]));
+    }
     pool.quit = 1;
     pthread_barrier_wait(&pool.start);
     for (int i = 1; i < max_threads; i++) pthread_join(th[i], NULL);

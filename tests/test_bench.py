@@ -343,6 +343,8 @@ def test_memory_floor_script(smollm2_path):
     assert "KV at depth 1500 (f16) 34.6 MB" in out.stdout      # 30 x 3 x 64 x 1500 x 2 B x 2
     pct = int(out.stdout.split("floor: at most ")[1].split("%")[0])
     assert 30 < pct < 100
+    share = int(out.stdout.split("the same loop's median read: ")[1].split("(")[1].split("%")[0])
+    assert 0 < share <= 100      # the floor is the best read; the median shows the host's spread
 
 
 def test_memory_floor_any_gguf(tmp_path):
