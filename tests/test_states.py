@@ -396,20 +396,58 @@ def test_hybrid_few_kept_copies_keep_speculation_exact(hybrid, monkeypatch):
 
 
 # ----------------------------------------------------------------- a sliding-window ring
+@pytest.fixture(scope="module")
+def gemma3_file(tmp_path_factory):
+    """A tiny Gemma 3 (F16): local layers with a window of 16 beside global ones."""
+    require("torch")
+    require("transformers")
+    from edgeinfer.convert import convert_checkpoint
+
+    d = tmp_path_factory.mktemp("gemma3")
+    path = d / "g.gguf"
+    convert_checkpoint(str(tc.build("gemma3", d / "hf")), str(path), "f16")
+    return path
+
+
+def test_ring_bookkeeping_never_offers_a_window_the_runtime_lost(gemma3_file):
+    """Random appends and rollbacks on a slot whose local ring (16 + 4 - 1 = 19 cells) wraps:
+    wherever KVRing says the slot still holds the window of its first n positions, the runtime
+    copies them (ei_check_prefix agrees); a rollback empties cells, so what they held before
+    stays lost (the slot's high-water mark, not its current length, decides)."""
+    from edgeinfer.backends.base import Batch
+    from edgeinfer.errors import StateError
+
+    rng = random.Random(0)
+    with edgeinfer.load(str(gemma3_file), n_ctx=64, n_threads=2, n_slots=2, max_batch=4) as eng:
+        states, ring, rt = eng.scheduler.states, eng.scheduler.ring, eng.runner.runtime
+        offered = 0
+        for _ in range(12):
+            for _ in range(rng.randint(1, 4)):   # append up to 4 tokens at a time
+                n_past = ring.slots[0].n_past
+                toks = [rng.randrange(5, 60) for _ in range(rng.randint(1, min(4, 60 - n_past)))]
+                pos, cells = ring.reserve(0, toks)
+                rt.forward(Batch.of_slot(0, toks, pos, cells, np.empty(0, dtype=np.int32)))
+            states.rollback(0, rng.randint(1, ring.slots[0].n_past))
+            for n in range(1, ring.slots[0].n_past + 1):
+                if ring.holds_window(0, n):
+                    offered += 1
+                    try:
+                        rt.copy_prefix(0, 1, n)
+                    except StateError as e:
+                        pytest.fail(f"KVRing offers {n} positions the runtime lost: {e}")
+        assert offered > 0
+
+
 @pytest.mark.parametrize("after,copied", [(6, True), (10, False)])
-def test_sibling_of_a_wrapped_sliding_ring(tmp_path, after, copied):
+def test_sibling_of_a_wrapped_sliding_ring(gemma3_file, after, copied):
     """Gemma 3 with max_batch 4: the local layers' ring is 16 + 4 - 1 = 19 cells, so a 24-token
     prompt has wrapped it when an n = 2 sibling arrives. Once the prompt is in (after 6 chunks)
     the sibling copies 23 positions (the ring's window, not 23 rows past its end); once the first
     request has decoded 4 more tokens over the window (after 10) it computes its prompt instead.
     Either way a fresh engine's tokens."""
-    require("torch")
-    require("transformers")
-    from edgeinfer.convert import convert_checkpoint
     from tests.support.siblings import run_siblings
 
-    path = tmp_path / "g.gguf"
-    convert_checkpoint(str(tc.build("gemma3", tmp_path / "hf")), str(path), "f16")
+    path = gemma3_file
     with edgeinfer.load(str(path), n_ctx=64, n_threads=2) as eng:
         prompt = eng.tokenize("Once upon a time, in a small village, there lived an old clockmaker")[:24]
         want = eng.generate(prompt, max_tokens=12, temperature=0, ignore_eos=True).tokens

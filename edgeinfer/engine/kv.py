@@ -39,6 +39,7 @@ class SlotState:
     tokens: list[int] = field(default_factory=list)   # tokens at positions [first, n_past)
     first: int = 0                                    # 0 until the slot wraps, then a short tail is kept
     wrapped: bool = False                             # some cell was overwritten: no prefix reuse
+    high: int = 0                                     # the most positions held since the slot was empty
 
 
 class KVRing:
@@ -91,6 +92,7 @@ class KVRing:
         pos = np.arange(st.n_past, st.n_past + n, dtype=np.int32)
         cells = self.cell_of(pos).astype(np.int32)
         st.n_past += n
+        st.high = max(st.high, st.n_past)
         st.tokens.extend(tokens)
         if st.n_past > self.cells:
             st.wrapped = True
@@ -112,7 +114,7 @@ class KVRing:
         if st.wrapped:
             return 0
         i = _common_len(st.tokens, tokens)
-        return i if self._window_intact(st.n_past, i) else 0
+        return i if self._window_held(st, i) else 0
 
     def resume_point(self, slot: int, tokens: list[int]) -> int | None:
         """For the request that owns the slot (its earlier tokens are taken as held): how many
@@ -124,25 +126,20 @@ class KVRing:
         if len(tokens) < st.first:
             return None
         i = st.first + _common_len(st.tokens, tokens[st.first:])
-        if st.n_past - i > self.slack + 1 or not self._window_intact(st.n_past, i):
+        if st.n_past - i > self.slack + 1 or not self._window_held(st, i):
             return None
         return i
 
-    def _window_intact(self, n_past: int, keep: int) -> bool:
-        """After positions [keep, n_past) are forgotten, does the local ring still hold the
-        window (keep - swa_window, keep) the next token attends to? Position x is gone when
-        a later position x + local_cells < n_past was stored over it."""
-        r, w = self.local_cells, self.swa_window
-        if not r or keep == 0 or n_past <= r:
-            return True
-        return max(0, keep - w + 1) + r >= n_past
+    def _window_held(self, st: SlotState, n: int) -> bool:
+        """Does the local ring still hold positions [n - swa_window, n), what a token at n may
+        attend to and what a copy or a save of n positions takes (the runtime's
+        ei_window_first)? Position x is gone once x + local_cells was stored since the slot was
+        empty: a rollback empties the later cells, it does not bring back what they held."""
+        r = self.local_cells
+        return not r or n == 0 or max(0, n - self.swa_window) + r >= st.high
 
     def holds_window(self, slot: int, n: int) -> bool:
-        """Does the slot's local ring still hold positions [n - swa_window, n), what a copy or a
-        save of its first n positions takes (the runtime's ei_check_prefix)? Position x is gone
-        once x + local_cells < n_past."""
-        r = self.local_cells
-        return not r or max(0, n - self.swa_window) + r >= self.slots[slot].n_past
+        return self._window_held(self.slots[slot], n)
 
     def truncate(self, slot: int, n_keep: int) -> int:
         """Forgets positions >= n_keep; returns what the slot keeps: n_keep, or 0 when a wrapped
@@ -152,12 +149,14 @@ class KVRing:
             n_keep, st.wrapped, st.first, st.tokens = 0, False, 0, []
         st.tokens = st.tokens[:n_keep - st.first]
         st.n_past = n_keep
+        if n_keep == 0:
+            st.high = 0
         return n_keep
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Records that dst now holds src's first n positions (Runner.copy_prefix copied them)."""
         st, held = self.slots[dst], self.slots[src]
-        st.tokens, st.n_past, st.wrapped, st.first = held.tokens[:n], n, False, 0
+        st.tokens, st.n_past, st.wrapped, st.first, st.high = held.tokens[:n], n, False, 0, n
 
     def cells_used(self, slot: int) -> int:
         return min(self.slots[slot].n_past, self.cells)

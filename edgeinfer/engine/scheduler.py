@@ -377,7 +377,7 @@ class Scheduler:
                 if self._slot_adapters[s] != key:   # cells computed with other adapters: nothing to reuse
                     n = 0
                 else:
-                    n = ring.common_prefix(s, ids)
+                    n = ring.common_prefix(s, ids[:-1])   # the last prompt token is fed again
                     if states.recurrent:    # only where a state was kept
                         n = states.resume_point(s, min(n, len(ids) - 1))
                 if n > best_n:
