@@ -17,7 +17,7 @@ from edgeinfer.engine.kv import KVRing
 from edgeinfer.engine.runner import Runner
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.scheduler import QueueFullError, Scheduler, SchedulerClosedError
-from edgeinfer.errors import NativeError
+from edgeinfer.errors import NativeError, StateError
 from tests.support.logprob_oracle import assert_logprobs_match, teacher_forced_rows
 
 PROMPTS = [
@@ -258,6 +258,35 @@ def test_fake_native_failure_reaches_the_consumer_and_frees_the_slot(fake):
     rt.fail_next = NativeError("forward failed (status 4): boom")
     with pytest.raises(NativeError, match="boom"):
         Generation(sched, FAKE_PROMPTS[0], FAKE_GREEDY).result()
+    assert Generation(sched, FAKE_PROMPTS[0], FAKE_GREEDY).result().tokens == fb.reference_greedy(FAKE_PROMPTS[0], 6)
+
+
+def test_fake_failed_admission_fails_that_request_and_the_loop_serves_on(fake, monkeypatch):
+    """A refusal while a request is admitted (here: the runtime's prefix copy) ends that request
+    with the error and returns its slot; the stepping loop keeps serving the next ones."""
+    sched, rt = fake(n_slots=1)
+    running_prefix = sched._running_prefix
+    calls = iter([StateError("slot 0: its sliding-window ring lost position 6")])
+
+    def refuse_once(ids, key):
+        exc = next(calls, None)
+        if exc is not None:
+            raise exc
+        return running_prefix(ids, key)
+
+    monkeypatch.setattr(sched, "_running_prefix", refuse_once)
+    got: list[BaseException] = []
+
+    def first():
+        try:
+            Generation(sched, FAKE_PROMPTS[0], FAKE_GREEDY).result()
+        except StateError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=first)
+    t.start()
+    t.join(timeout=60)   # a bound on a hang (the loop died), not a timing
+    assert not t.is_alive() and len(got) == 1 and "lost position 6" in str(got[0])
     assert Generation(sched, FAKE_PROMPTS[0], FAKE_GREEDY).result().tokens == fb.reference_greedy(FAKE_PROMPTS[0], 6)
 
 

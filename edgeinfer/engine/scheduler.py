@@ -365,39 +365,51 @@ class Scheduler:
 
     def _admit(self) -> None:
         """(under lock) Gives free slots to waiting requests, oldest first, longest prefix."""
-        ring, states = self.ring, self.states
         while self._waiting and self._free and not self._closed:
             if self._lease_waiters and len(self._free) <= self._lease_waiters:
                 break   # let a leaseholder (Engine.logits) have a slot
             req = self._waiting.popleft()
-            ids = req.seq.prompt_ids
-            best, best_n = 0, -1
-            key = req.adapters
-            for i, s in enumerate(self._free):
-                if self._slot_adapters[s] != key:   # cells computed with other adapters: nothing to reuse
-                    n = 0
-                else:
-                    n = ring.common_prefix(s, ids[:-1])   # the last prompt token is fed again
-                    if states.recurrent:    # only where a state was kept
-                        n = states.resume_point(s, min(n, len(ids) - 1))
-                if n > best_n:
-                    best, best_n = i, n
-            slot = self._free.pop(best)
-            keep = min(best_n, len(ids) - 1)
-            src, shared = self._running_prefix(ids, key)
-            with self.runner.lock:
-                self._spill(slot, max(keep, shared))
-                self._attach(slot, key)
-                if shared > keep and states.copy_prefix(src, slot, shared):
-                    keep = shared       # a sibling's prompt: copied, not recomputed
-                elif not key and (loaded := self._load_cached(slot, ids, keep)) is not None:
-                    keep = loaded       # a prefix from the prompt cache (RAM or disk)
-                else:
-                    keep = states.rollback(slot, keep)
-            req.slot = slot
-            req.n_fed = keep
-            req.seq.admitted(keep)
-            self._active.append(req)
+            try:
+                self._admit_one(req)
+            except Exception as exc:   # that request fails; the loop serves the others
+                log.exception("admitting a request failed")
+                if req.slot is not None:
+                    with contextlib.suppress(Exception):
+                        self.states.clear(req.slot)
+                    self._release(req)
+                req.done = True
+                self._emit(req, [ErrorEvent(exc)])
+
+    def _admit_one(self, req: Request) -> None:
+        """(under lock) Gives the request the free slot holding the longest prefix of its prompt."""
+        ring, states = self.ring, self.states
+        ids = req.seq.prompt_ids
+        best, best_n = 0, -1
+        key = req.adapters
+        for i, s in enumerate(self._free):
+            if self._slot_adapters[s] != key:   # cells computed with other adapters: nothing to reuse
+                n = 0
+            else:
+                n = ring.common_prefix(s, ids[:-1])   # the last prompt token is fed again
+                if states.recurrent:    # only where a state was kept
+                    n = states.resume_point(s, n)
+            if n > best_n:
+                best, best_n = i, n
+        slot = req.slot = self._free.pop(best)
+        keep = best_n
+        src, shared = self._running_prefix(ids, key)
+        with self.runner.lock:
+            self._spill(slot, max(keep, shared))
+            self._attach(slot, key)
+            if shared > keep and states.copy_prefix(src, slot, shared):
+                keep = shared       # a sibling's prompt: copied, not recomputed
+            elif not key and (loaded := self._load_cached(slot, ids, keep)) is not None:
+                keep = loaded       # a prefix from the prompt cache (RAM or disk)
+            else:
+                keep = states.rollback(slot, keep)
+        req.n_fed = keep
+        req.seq.admitted(keep)
+        self._active.append(req)
 
     def _load_cached(self, slot: int, ids: list[int], keep: int) -> int | None:
         """(under both locks) Loads the prompt cache's longest prefix of the prompt into the slot
