@@ -777,12 +777,6 @@ extern "C" ei_status ei_cuda_forget_from(ei_cuda_runtime *rt, int32_t slot, int3
 
 extern "C" ei_status ei_cuda_clear_slot(ei_cuda_runtime *rt, int32_t slot) { return ei_cuda_forget_from(rt, slot, 0); }
 
-/* The first position of a prefix of n that a sliding-window layer keeps: what the next token still
- * sees (slot_io.c's window_first). */
-static int32_t window_first(const ei_cuda_runtime *rt, int32_t n) {
-    return rt->cfg.swa_window < n ? n - rt->cfg.swa_window : 0;
-}
-
 extern "C" ei_status ei_cuda_copy_prefix(ei_cuda_runtime *rt, int32_t src, int32_t dst, int32_t n) {
     if (!rt) return eic_fail(EI_ERR_INVALID_ARG, "null runtime");
     const int32_t ns = rt->p.n_slots, nc = rt->p.n_ctx, L = rt->local_cells;
@@ -793,7 +787,7 @@ extern "C" ei_status ei_cuda_copy_prefix(ei_cuda_runtime *rt, int32_t src, int32
     for (int32_t c = 0; c < n; c++)   /* cell c must hold position c: the prefix never wrapped */
         if (c >= rt->h_n_used[src] || sp[c] != c)
             return eic_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", src, c, c);
-    const int32_t first = window_first(rt, n);
+    const int32_t first = ei_window_first(&rt->cfg, n);
     if (L) {   /* the sliding layers' ring still holds the window the next token sees */
         const int32_t *lp = rt->h_cell_pos_l + (size_t)src * L;
         for (int32_t q = first; q < n; q++)
@@ -840,7 +834,10 @@ extern "C" ei_status ei_cuda_copy_prefix(ei_cuda_runtime *rt, int32_t src, int32
                                                rt->stream), "KV copy");
         }
     }
-    if (st != EI_OK) return st;
+    if (st != EI_OK) {   /* dst half-copied: it holds nothing */
+        ei_cuda_forget_from(rt, dst, 0);
+        return st;
+    }
     int32_t *dp = rt->h_cell_pos + (size_t)dst * nc;
     for (int32_t c = 0; c < rt->h_n_used[dst] || c < n; c++) dp[c] = c < n ? c : -1;
     rt->h_n_used[dst] = n;

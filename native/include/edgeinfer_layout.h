@@ -126,6 +126,12 @@ static inline int ei_layer_is_local(const ei_model_config *c, int l) {
 
 /* Layer l rotates q and k; with a no-RoPE step, every step-th layer does not (SmolLM3, as llama.cpp's
  * n_no_rope_layer_step and transformers' no_rope_layers lay it out). */
+/* First position a sliding-window layer keeps of a prefix of n (a copy or a save takes
+ * [first, n)): the window a token at n may attend to, and one more. */
+static inline int32_t ei_window_first(const ei_model_config *c, int32_t n) {
+    return c->swa_window < n ? n - c->swa_window : 0;
+}
+
 static inline int ei_layer_uses_rope(const ei_model_config *c, int l) {
     return c->no_rope_layer_step <= 0 || (l + 1) % c->no_rope_layer_step != 0;
 }

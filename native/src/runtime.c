@@ -344,7 +344,7 @@ ei_status ei_check_prefix(const ei_runtime *rt, int slot, int32_t n) {
             return ei_fail(EI_ERR_STATE, "slot %d does not hold position %d in cell %d", slot, p, p);
     if (rt->local_cells) {
         const int32_t *lp = rt->local_cell_pos + (size_t)slot * rt->local_cells;
-        for (int32_t p = ei_window_first(rt, n); p < n; p++)
+        for (int32_t p = ei_window_first(&rt->m->cfg, n); p < n; p++)
             if (lp[p % rt->local_cells] != p)
                 return ei_fail(EI_ERR_STATE, "slot %d: its sliding-window ring lost position %d", slot, p);
     }
@@ -375,7 +375,7 @@ ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n) {
                 memcpy(rt->v + to, rt->v + from, (size_t)n * row);
                 continue;
             }
-            for (int32_t p = ei_window_first(rt, n); p < n; p++) {   /* the window, where the ring holds it */
+            for (int32_t p = ei_window_first(&rt->m->cfg, n); p < n; p++) {   /* the window, where the ring holds it */
                 const size_t at = ei_cell_of(rt, l, p) * row;
                 memcpy(rt->k + to + at, rt->k + from + at, row);
                 memcpy(rt->v + to + at, rt->v + from + at, row);
@@ -388,7 +388,7 @@ ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n) {
     if (rt->local_cells) {
         int32_t *lp = rt->local_cell_pos + (size_t)dst * rt->local_cells;
         for (int32_t c = 0; c < rt->local_cells; c++) lp[c] = -1;
-        for (int32_t p = ei_window_first(rt, n); p < n; p++) lp[p % rt->local_cells] = p;
+        for (int32_t p = ei_window_first(&rt->m->cfg, n); p < n; p++) lp[p % rt->local_cells] = p;
         rt->local_used[dst] = EI_MIN(n, rt->local_cells);
     }
     return EI_OK;

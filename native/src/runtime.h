@@ -109,14 +109,9 @@ static inline int ei_layer_in_local_ring(const struct ei_runtime *rt, int layer)
  * sliding-window ring still holds the window the next token sees; else EI_ERR_STATE naming which. */
 ei_status ei_check_prefix(const struct ei_runtime *rt, int slot, int32_t n);
 
-/* First position a sliding-window layer keeps of a prefix of n: what the next token still sees. */
-static inline int32_t ei_window_first(const struct ei_runtime *rt, int32_t n) {
-    return rt->m->cfg.swa_window < n ? n - rt->m->cfg.swa_window : 0;
-}
-
 /* First position a layer keeps of a prefix of n. */
 static inline int32_t ei_first_kept(const struct ei_runtime *rt, int layer, int32_t n) {
-    return ei_layer_is_local(&rt->m->cfg, layer) ? ei_window_first(rt, n) : 0;
+    return ei_layer_is_local(&rt->m->cfg, layer) ? ei_window_first(&rt->m->cfg, n) : 0;
 }
 
 /* The cell of (slot, layer) holding position p, given the slot holds it. */

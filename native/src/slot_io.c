@@ -76,7 +76,7 @@ ei_status ei_runtime_load_slot(ei_runtime *rt, int slot, int32_t n, const void *
     rt->n_used[slot] = n;
     if (rt->local_cells) {
         int32_t *lp = rt->local_cell_pos + (size_t)slot * rt->local_cells;
-        for (int32_t p = ei_window_first(rt, n); p < n; p++) lp[p % rt->local_cells] = p;
+        for (int32_t p = ei_window_first(&rt->m->cfg, n); p < n; p++) lp[p % rt->local_cells] = p;
         rt->local_used[slot] = EI_MIN(n, rt->local_cells);
     }
     if (rt->state) ei_state_put(rt, slot, n, (const float *)((const uint8_t *)buf + at));
