@@ -79,7 +79,7 @@ ATTN_CHUNK = 256                 # EI_ATTN_CHUNK (native/src/attention.h)
 # an activation block (ei_act_row_bytes, native/src/kernels.h): its ei_q8a (float d, float s,
 # int8 q[32]) and the int32 sums of its two 16-quant halves
 ACT_BLOCK_BYTES = 40 + 2 * 4
-DELTA_CHUNK = 64                 # recurrent.c: a run of this many tokens goes by chunks (prefill)
+DELTA_CHUNK = 64                 # EI_DELTA_CHUNK (edgeinfer_layout.h): a run of this many tokens goes by chunks
 # RSS of a process that has imported what it needs, before any model (x86_64, CPython 3.11):
 # `import edgeinfer.engine` (numpy, jinja2, the native library) and, for `edgeinfer serve`,
 # `edgeinfer.cli.main`, `edgeinfer.server` and llguidance on top (aiohttp, prometheus-client, typer)

@@ -183,7 +183,7 @@ struct ei_cuda_runtime {
     int32_t *state_seen, *snap_n;   /* [slot], [slot][n_snap]: positions seen (-1: none / forgotten) */
     float *rec_a, *rec_b;           /* the recurrent blocks' scratch */
     /* A step's runs of rows of one slot, cut after each keep row (recurrent.c's run_end): [run][first,
-     * count]; long_runs: some run has EIC_DELTA_CHUNK rows or more (its delta rule goes by chunks). */
+     * count]; long_runs: some run has EI_DELTA_CHUNK rows or more (its delta rule goes by chunks). */
     int32_t *h_runs, n_runs, long_runs;
     float *qg, *agate;              /* gated attention: attn_q's rows (query, gate) and the gates */
 
@@ -1152,14 +1152,14 @@ static cudaError_t deltanet_block(ei_cuda_runtime *rt, int l, int32_t T) {
                               c->ssm_k_heads, c->ssm_v_heads, c->ssm_head_dim, c->ssm_head_dim};
     if (!rt->long_runs) {   /* every step of a captured graph (T <= 16) */
         LCK(eic_delta_rule(rt->stream, &a, T, &mat));
-    } else {   /* as the CPU: a run of EIC_DELTA_CHUNK rows or more by chunks, a shorter one token by token */
+    } else {   /* as the CPU: a run of EI_DELTA_CHUNK rows or more by chunks, a shorter one token by token */
         for (int32_t r = 0; r < rt->n_runs; r++) {
             const int32_t i = rt->h_runs[2 * r], n = rt->h_runs[2 * r + 1];
             eic_delta_args ar = a;
             ar.qkv += (int64_t)i * cd, ar.alpha += (int64_t)i * nv, ar.beta += (int64_t)i * nv, ar.o += (int64_t)i * inner;
             eic_rstate mr = mat;
             mr.slots += i, mr.keep += i;
-            LCK((n >= EIC_DELTA_CHUNK ? eic_delta_rule_chunked : eic_delta_rule)(rt->stream, &ar, n, &mr));
+            LCK((n >= EI_DELTA_CHUNK ? eic_delta_rule_chunked : eic_delta_rule)(rt->stream, &ar, n, &mr));
         }
     }
     LCK(eic_gated_norm(rt->stream, o, (const float *)L->ssm_norm.data, z, (int64_t)T * nv, c->ssm_head_dim, c->rms_eps));
@@ -1430,7 +1430,7 @@ extern "C" ei_status ei_cuda_forward(ei_cuda_runtime *rt, int32_t n_tokens, cons
         int32_t e = i;
         while (e + 1 < n_tokens && slots[e + 1] == slots[i] && hb[8 * B + e] < 0) e++;
         rt->h_runs[2 * rt->n_runs] = i, rt->h_runs[2 * rt->n_runs + 1] = e - i + 1;
-        rt->long_runs |= e - i + 1 >= EIC_DELTA_CHUNK;
+        rt->long_runs |= e - i + 1 >= EI_DELTA_CHUNK;
         rt->n_runs++;
         i = e + 1;
     }

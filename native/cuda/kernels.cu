@@ -1209,7 +1209,7 @@ cudaError_t eic_delta_rule(cudaStream_t s, const eic_delta_args *a, int64_t n_to
 }
 
 /* The chunked form of the same rule over one slot's run of rows (a block per value head, thread j <
- * dv holding column j of S as above), by chunks of m <= EIC_DELTA_CHUNK rows, as the CPU's
+ * dv holding column j of S as above), by chunks of m <= EI_DELTA_CHUNK rows, as the CPU's
  * ei_delta_chunked (native/src/deltanet_impl.h; edgeinfer/arch/deltanet.py): with c_i the
  * cumulative log decay in the chunk and S0 the state before it,
  *   u_i = beta_i (v_i - exp(c_i) S0^T k_i) + sum_{j<i} A_ij u_j,  A_ij = -beta_i exp(c_i - c_j) (k_i.k_j)
@@ -1219,7 +1219,7 @@ cudaError_t eic_delta_rule(cudaStream_t s, const eic_delta_args *a, int64_t n_to
  * the same column (the forward substitution runs per thread, in registers). The state is kept
  * after the run's last row (runs are cut after keep rows). */
 __global__ void delta_chunked_kernel(eic_delta_args a, int64_t n_tok, eic_rstate rs) {
-    enum { C = EIC_DELTA_CHUNK };
+    enum { C = EI_DELTA_CHUNK };
     __shared__ float am[C][C + 1], pm[C][C + 1];
     __shared__ float nq[C], nkk[C], cc[C], bb[C];
     const int h = blockIdx.x, j = threadIdx.x, nth = blockDim.x, dk = a.dk, dv = a.dv, kh = h % a.nk;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "edgeinfer_cuda.h"
+#include "edgeinfer_layout.h"   /* EI_DELTA_CHUNK */
 
 /* Cells per attention chunk: the same fixed chunking as the CPU (attention.h). */
 #define EIC_ATTN_CHUNK 256
@@ -139,10 +140,9 @@ typedef struct {
     int nk, nv, dk, dv;
 } eic_delta_args;
 cudaError_t eic_delta_rule(cudaStream_t s, const eic_delta_args *a, int64_t n_tok, const eic_rstate *rs);
-/* The same over one slot's run of n_tok rows (rs.slots[0] for all) by chunks of EIC_DELTA_CHUNK (the
+/* The same over one slot's run of n_tok rows (rs.slots[0] for all) by chunks of EI_DELTA_CHUNK (the
  * CPU's ei_delta_chunked: matrix work within a chunk, one state update per chunk); the state is kept
  * after the last row only (when rs.keep[n_tok - 1] >= 0). */
-#define EIC_DELTA_CHUNK 64
 cudaError_t eic_delta_rule_chunked(cudaStream_t s, const eic_delta_args *a, int64_t n_tok, const eic_rstate *rs);
 /* x[r] = x[r] / sqrt(mean x[r]^2 + eps) * w * silu(gate[r]), n_rows rows of d. */
 cudaError_t eic_gated_norm(cudaStream_t s, float *x, const float *w, const float *gate, int64_t n_rows, int d,

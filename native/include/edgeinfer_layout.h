@@ -92,6 +92,10 @@ static inline int ei_layer_is_recurrent(const ei_model_config *c, int l) {
 }
 
 /* Qwen3.5's delta-net sizes: the value width (v heads x head size) and the conv's channels (q, k, v). */
+/* A slot's run of at least this many tokens goes through the delta rule by chunks of it (prefill),
+ * a shorter one token by token; on the CPU and on CUDA alike. */
+#define EI_DELTA_CHUNK 64
+
 static inline int64_t ei_deltanet_inner(const ei_model_config *c) { return (int64_t)c->ssm_v_heads * c->ssm_head_dim; }
 static inline int64_t ei_deltanet_conv_dim(const ei_model_config *c) {
     return (int64_t)(2 * c->ssm_k_heads + c->ssm_v_heads) * c->ssm_head_dim;

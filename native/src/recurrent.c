@@ -41,7 +41,6 @@ void ei_shortconv_layer(ei_runtime *rt, int l, int64_t n_tok, const int32_t *slo
 
 /* ---- Qwen3.5's Gated DeltaNet (edgeinfer/arch/deltanet.py) ---- */
 
-enum { DELTA_CHUNK = 64 };   /* a run of at least this many tokens goes by chunks (prefill) */
 static const float L2_EPS = 1e-6f;   /* transformers' l2norm of q and k */
 
 /* rt->dn_buf: qkv and its conv [2][B][conv_dim], z and o [2][B][inner], alpha and beta [2][B][v heads],
@@ -51,7 +50,7 @@ int64_t ei_deltanet_scratch_floats(const ei_runtime *rt) {
     if (!c->ssm_head_dim) return 0;
     const int64_t B = rt->p.max_batch;
     return B * (2 * ei_deltanet_conv_dim(c) + 2 * ei_deltanet_inner(c) + 2 * c->ssm_v_heads) +
-           c->ssm_v_heads * ei_delta_scratch_floats(DELTA_CHUNK, c->ssm_head_dim, c->ssm_head_dim);
+           c->ssm_v_heads * ei_delta_scratch_floats(EI_DELTA_CHUNK, c->ssm_head_dim, c->ssm_head_dim);
 }
 
 typedef struct {
@@ -68,7 +67,7 @@ static void delta_head(void *raw, int64_t h) {
     ei_delta_head a = t->head;
     a.q += kh * d, a.k += kh * d, a.v += h * d, a.g += h, a.beta += h, a.o += h * d, a.state += h * d * d;
     (t->chunk ? t->rt->kt->delta_chunked : t->rt->kt->delta_step)(&a, t->chunk,
-                                                                  t->scratch + h * ei_delta_scratch_floats(DELTA_CHUNK, (int)d, (int)d));
+                                                                  t->scratch + h * ei_delta_scratch_floats(EI_DELTA_CHUNK, (int)d, (int)d));
 }
 
 static float softplus1(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -104,7 +103,7 @@ void ei_deltanet_layer(ei_runtime *rt, int l, int64_t n_tok, const int32_t *slot
                            {.q = y + i * cd, .k = y + i * cd + nk * d, .v = y + i * cd + 2 * nk * d, .g = alpha + i * nv,
                             .beta = beta + i * nv, .o = o + i * inner, .state = st + (K - 1) * cd, .ld_qk = cd,
                             .ld_v = cd, .ld_gb = nv, .ld_o = inner, .n_tok = n, .dk = (int)d, .dv = (int)d},
-                           n >= DELTA_CHUNK ? DELTA_CHUNK : 0, scratch};
+                           n >= EI_DELTA_CHUNK ? EI_DELTA_CHUNK : 0, scratch};
         if (nv > 1) ei_pool_for(rt->pool, nv, delta_head, &task);
         else delta_head(&task, 0);
         ei_state_keep_row(rt, l, slots[j], j);
