@@ -1198,11 +1198,15 @@ __global__ void delta_rule_kernel(eic_delta_args a, int64_t n_tok, eic_rstate rs
     }
 }
 
+/* Shapes both delta-rule kernels take: a block of dv threads per value head. */
+static bool delta_args_ok(const eic_delta_args *a, const eic_rstate *rs) {
+    return a && rs && a->dk >= 1 && a->dk <= EIC_MAX_SSM_DK && a->dv >= 1 && a->dv <= 1024 && a->nk >= 1 &&
+           a->nv >= 1 && a->nv <= 65535;
+}
+
 cudaError_t eic_delta_rule(cudaStream_t s, const eic_delta_args *a, int64_t n_tok, const eic_rstate *rs) {
     if (n_tok <= 0) return cudaSuccess;
-    if (!a || !rs || a->dk < 1 || a->dk > EIC_MAX_SSM_DK || a->dv < 1 || a->dv > 1024 || a->nk < 1 || a->nv < 1 ||
-        a->nv > 65535)
-        return cudaErrorInvalidValue;
+    if (!delta_args_ok(a, rs)) return cudaErrorInvalidValue;
     const int threads = (a->dv + 31) / 32 * 32;
     delta_rule_kernel<<<(unsigned)a->nv, threads, 0, s>>>(*a, n_tok, *rs);
     return cudaGetLastError();
@@ -1298,9 +1302,7 @@ __global__ void delta_chunked_kernel(eic_delta_args a, int64_t n_tok, eic_rstate
 
 cudaError_t eic_delta_rule_chunked(cudaStream_t s, const eic_delta_args *a, int64_t n_tok, const eic_rstate *rs) {
     if (n_tok <= 0) return cudaSuccess;
-    if (!a || !rs || a->dk < 1 || a->dk > EIC_MAX_SSM_DK || a->dv < 1 || a->dv > 1024 || a->nk < 1 || a->nv < 1 ||
-        a->nv > 65535)
-        return cudaErrorInvalidValue;
+    if (!delta_args_ok(a, rs)) return cudaErrorInvalidValue;
     const int threads = (a->dv + 31) / 32 * 32;
     delta_chunked_kernel<<<(unsigned)a->nv, threads, 0, s>>>(*a, n_tok, *rs);
     return cudaGetLastError();
