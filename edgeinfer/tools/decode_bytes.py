@@ -45,9 +45,14 @@ def _base(name: str) -> str:
     return parts[2] if parts[0] == "blk" and len(parts) > 2 else parts[0]
 
 
+def _layer(name: str) -> str:
+    """'blk.N' of a layer's tensor."""
+    return ".".join(name.split(".")[:2])
+
+
 def _recurrent_layers(names) -> set[str]:
     """The 'blk.N' prefixes of the layers holding a recurrent mixer."""
-    return {n.rsplit(".", n.count(".") - 1)[0] for n in names
+    return {_layer(n) for n in names
             if n.startswith("blk.") and _base(n).startswith(_RECURRENT_PREFIXES)}
 
 
@@ -122,7 +127,7 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
                 else:                                                  # tied: the head reads it all
                     weights["head"] = weights.get("head", 0) + n
                 continue
-            stage = stage_of(name, name.rsplit(".", name.count(".") - 1)[0] in recurrent)
+            stage = stage_of(name, _layer(name) in recurrent)
             weights[stage] = weights.get(stage, 0) + n
         n_head = int(key("attention.head_count", 0) or 0)
         n_embd = int(key("embedding_length", 0) or 0)
