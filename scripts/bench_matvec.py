@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-token (decode) matvec speed of the packed K-quant kernels, in GB/s of packed weights.
+"""One-token (decode) matvec speed of the packed kernels, in GB/s of packed weights.
 
 Times ei_matmul_packed with one activation row over a streaming matrix (--big-mb, well past the
 caches) and a cache-resident one (--small-mb, the kernel's compute rate), at 1 and 2 threads,
@@ -32,13 +32,14 @@ const ei_kernels *ei_kernels_get(int isa);
 void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out,
                           int half_sums);
 size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols);
-void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
+void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 """
 
 # name -> (edgeinfer type id, block elements, block bytes, offsets of the block's f16 scales)
-TYPES = {"Q4_K": (12, 256, 144, (0, 2)), "Q5_K": (13, 256, 176, (0, 2)), "Q6_K": (14, 256, 210, (208,))}
+TYPES = {"Q4_0": (2, 32, 18, (0,)), "Q4_1": (3, 32, 20, (0, 2)), "Q5_0": (6, 32, 22, (0,)), "Q8_0": (8, 32, 34, (0,)),
+         "Q4_K": (12, 256, 144, (0, 2)), "Q5_K": (13, 256, 176, (0, 2)), "Q6_K": (14, 256, 210, (208,))}
 ISA_AVX512, ISA_AVX2 = 2, 1
 ACT_BYTES_PER_BLOCK = 40 + 8   # ei_q8a (d, s, 32 quants) + the two half sums
 
@@ -66,7 +67,7 @@ class Build:
         if not n:
             raise SystemExit(f"{self.label}: type {tid} not packed at {raw.shape}")
         buf = np.empty(n, np.uint8)
-        self.lib.ei_pack(tid, self.ffi.from_buffer(raw), raw.shape[0], n_cols, self.ffi.from_buffer(buf))
+        self.lib.ei_pack(self.k, tid, self.ffi.from_buffer(raw), raw.shape[0], n_cols, self.ffi.from_buffer(buf))
         self.packed[key] = buf
 
     def act(self, x: np.ndarray) -> np.ndarray:

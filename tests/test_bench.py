@@ -236,6 +236,21 @@ def test_llama_cpp_peer_runs_flash_attention_as_its_tools_do(smollm2_path):
             r.close()
 
 
+@pytest.mark.parametrize("vendor, family, model, name, core", [
+    ("AuthenticAMD", 26, 2, "AMD EPYC", "AMD EPYC (Zen 5, family 26 model 2)"),          # EPYC 9005 (Turin)
+    ("AuthenticAMD", 25, 17, "AMD EPYC", "AMD EPYC (Zen 4, family 25 model 17)"),        # EPYC 9004 (Genoa)
+    ("AuthenticAMD", 25, 1, "AMD EPYC 7763", "AMD EPYC 7763 (Zen 3, family 25 model 1)"),  # EPYC 7003 (Milan)
+    ("GenuineIntel", 6, 143, "Intel(R) Xeon(R) Platinum 8480+", "Intel(R) Xeon(R) Platinum 8480+"),
+])
+def test_cpu_name_names_the_amd_core(vendor, family, model, name, core):
+    """A VM's bare "AMD EPYC" gets its core generation from cpuid's family and model (the
+    processors' published numbers), so a table cannot call a Zen 5 host Zen 4."""
+    from edgeinfer.tools.bench import cpu_name
+    info = (f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+            f"model name\t: {name}\n\nprocessor\t: 1\nvendor_id\t: {vendor}\ncpu family\t: 0\n")
+    assert cpu_name(info) == core
+
+
 def test_helpers():
     assert parse_threads("1,2") == [1, 2]
     assert parse_threads(" 4 ") == [4]

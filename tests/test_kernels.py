@@ -462,7 +462,7 @@ def test_kernel_matmul_packed_rows(name):
     wide (8 or 16), 4- and 1-token kernels all run; at one thread the first 32 rows
     take AVX-512's 16-row kernels, wide and one-token, and the rest the 8-row ones)."""
     rng = np.random.default_rng(5)
-    n, n_rows = (768, 40) if name in K_TYPES else (576, 48)   # K: 3 super-blocks, 5 row groups
+    n, n_rows = (768, 40) if name in K_TYPES else (576, 56)   # K: 3 super-blocks; 5 or 7 row groups
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     tid = TYPES[name][0]
     n_tok = 21

@@ -89,7 +89,7 @@ from .plan import KV_TYPES
 from .stage_profile import profile_decode, profile_entry
 
 __all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "format_profile",
-           "parse_threads", "cpu_name", "SCHEMA"]
+           "parse_threads", "cpu_name", "amd_core", "SCHEMA"]
 
 SCHEMA = "edgeinfer.bench/1"
 _SETTLE_S = 0.05   # pause between measurements so the previous engine's workers go idle
@@ -194,22 +194,52 @@ def parse_threads(spec: str | int | Sequence[int]) -> list[int]:
     return out
 
 
-def cpu_name() -> str:
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name, with AMD's core generation from cpuid's family and model: VMs often
+    show only "AMD EPYC", and Zen 4 (512-bit ops in two halves) and Zen 5 (full width) differ."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:   # the first processor's
+            fields[key.strip()] = value.strip()
+    name = fields.get("model name") or _lscpu_model_name() or platform.processor() or platform.machine()
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return name
+    core = amd_core(family, model) if fields.get("vendor_id") == "AuthenticAMD" else None
+    return f"{name} ({core}, family {family} model {model})" if core else name
+
+
+def _lscpu_model_name() -> str | None:
+    """lscpu's name, where /proc/cpuinfo has none (ARM cores: "Cortex-A78AE")."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
                              env={**os.environ, "LC_ALL": "C"}).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
     except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def amd_core(family: int, model: int) -> str | None:
+    """AMD's core generation from cpuid's (extended) family and model, as AMD's processor
+    programming references number them; None for a family not listed."""
+    if family == 0x17:
+        return "Zen 2" if model >= 0x30 else "Zen/Zen+"
+    if family == 0x19:
+        zen4 = 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF
+        return "Zen 4" if zen4 else "Zen 3"
+    if family == 0x1A:
+        return "Zen 5"
+    return None
 
 
 def _maxrss_bytes() -> int:

@@ -230,10 +230,16 @@ static void fill_avx512(ei_kernels *k) {
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)
 #undef XW2
-    /* Decode (one token) stays on 8-row ymm kernels: on an AMD EPYC (Zen 4) host the 16-row
-     * zmm decode kernels took 2x as long (1B-shape Q4_K_M, per-stage profile, 2 threads), where
-     * on the Intel host they had gained 3-6% only. The K-quants' one-token kernels are their
-     * own (packed_k_simd.h kq45k_1, kq6k_1: fewer loads a block than the generic ones) */
+    /* The 32-element-block types run every token count on 16-row kernels, their row pairs
+     * packed block by block (packed.h): at one token 1.31-1.41x the 8-row kernels' rate on a
+     * cache-resident matrix, the same rate streaming (AMD EPYC Zen 5, scripts/bench_matvec.py).
+     * The K-quants decode on 8-row ymm kernels of their own (packed_k_simd.h kq45k_1, kq6k_1):
+     * their 16-row kernels read a pair as two runs, and took 2x as long at one token (an AMD
+     * EPYC, 1B-shape Q4_K_M, per-stage profile, 2 threads). */
+#define R16(T, name) k->packed[T].x1_2g = ei_packed_##name##_x1r16_vnni, k->packed[T].x4_2g = ei_packed_##name##_x4r16_vnni;
+    R16(EI_TYPE_Q4_0, q4_0) R16(EI_TYPE_Q4_1, q4_1) R16(EI_TYPE_Q5_0, q5_0) R16(EI_TYPE_Q5_1, q5_1)
+    R16(EI_TYPE_Q8_0, q8_0)
+#undef R16
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, EI_ATTN_MAX_HD, 0};
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};

@@ -115,6 +115,9 @@ typedef struct ei_kernels {
         ei_packed_fn xw;            /* xw_tok tokens a weight pass (x86: K-quants; with VNNI also Q4_0-Q5_1); NULL: x4 only */
         /* xw over two row groups (16 rows, y[t * ldy + 0..15]); NULL: per group */
         ei_packed_fn xw_2g;
+        /* x1 and x4 over two row groups; set (with xw_2g) only for types packed in row pairs
+         * (packed.h): NULL, groups are packed and run one at a time */
+        ei_packed_fn x1_2g, x4_2g;
         int xw_tok;
     } packed[EI_TYPE_IDS];
     /* [F16 KV, Q8_0 KV]: SIMD kernels in order of preference (fn NULL ends the

@@ -52,18 +52,22 @@ size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_
     return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / unit_elems(type)) * unit_bytes(type);
 }
 
-void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
+void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
     if (ei_packed_k_unit_bytes(type)) {
         ei_pack_k(type, w, n_rows, n_cols, dst);
         return;
     }
-    const int64_t nb = n_cols / QK;
+    const int64_t nb = n_cols / QK, n_groups = n_rows / EI_PACK_ROWS;
     const src_layout L = layout(type);
     const int qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
+    const size_t unit = (size_t)(hdr + qb);
+    const int64_t paired = k->packed[type].x1_2g ? n_groups & ~(int64_t)1 : 0;   /* groups packed in pairs */
     const uint8_t *src = w;
-    uint8_t *out = dst;
-    for (int64_t g = 0; g < n_rows / EI_PACK_ROWS; g++) {
-        for (int64_t b = 0; b < nb; b++, out += hdr + qb) {
+    for (int64_t g = 0; g < n_groups; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = (uint8_t *)dst + (g < paired ? (size_t)(g & ~(int64_t)1) * (size_t)nb * unit +
+                                                              (size_t)(2 * b + (g & 1)) * unit
+                                                        : ((size_t)g * (size_t)nb + (size_t)b) * unit);
             uint16_t *d = (uint16_t *)out, *m = d + EI_PACK_ROWS;
             uint8_t *q = out + hdr;
             for (int r = 0; r < EI_PACK_ROWS; r++) {
@@ -187,10 +191,11 @@ PACKED_FN(q5_0_x16_vnni, T_VNNI, dp_vnni, 16, 1, 1, 0, 16.0f)
 PACKED_FN(q5_1_x16_vnni, T_VNNI, dp_vnni, 16, 1, 1, 1, 0.0f)
 PACKED_FN(q8_0_x16_vnni, T_VNNI, dp_vnni, 16, 0, 0, 0, 128.0f)
 
-/* AVX-512: 16 tokens over two row groups (16 rows) in zmm registers, where
- * vpdpbusd does twice the ymm form's work at the same rate. Group g+1's bytes
- * lie gs after group g's; each lane runs PACKED_BODY's operations in its order,
- * so every (row, token) result equals the 8-row kernels' bit for bit. */
+/* AVX-512: NT tokens (16, 4 or 1) over a row pair (16 rows) in zmm registers, where
+ * vpdpbusd does twice the ymm form's work at the same rate. The pair's blocks
+ * alternate (packed.h): group g+1's block b lies gs after group g's; each lane runs
+ * PACKED_BODY's operations in its order, so every (row, token) result equals the
+ * 8-row kernels' bit for bit. */
 /* add_high_bits over 16 rows: the shuffle works within 128-bit lanes, so the
  * same control serves all four. */
 ZINL void zadd_high_bits(__m512i w[8], const uint8_t *qh_words, size_t gs) {
@@ -207,16 +212,17 @@ ZINL void zadd_high_bits(__m512i w[8], const uint8_t *qh_words, size_t gs) {
     }
 }
 
-#define ZPACKED_FN(NAME, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                              \
+#define ZPACKED_FN(NAME, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                          \
     T_ZMM void ei_packed_##NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,        \
                                 float *y, int64_t ldy) {                                                    \
         const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                     \
-        const size_t gs = (size_t)nb * (size_t)(hdr + qb);                                                 \
+        const size_t gs = (size_t)(hdr + qb);   /* a row pair: the groups' blocks alternate */             \
         const uint8_t *p = packed;                                                                         \
-        __m512 acc[16];                                                                                    \
-        for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();                                         \
+        __m512 acc[NT];                                                                                    \
+        for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();                                         \
         const __m512i m4 = _mm512_set1_epi8(0x0f);                                                         \
-        for (int64_t b = 0; b < nb; b++, p += hdr + qb) {                                                  \
+        for (int64_t b = 0; b < nb; b++, p += 2 * gs) {                                                    \
+            if (NT == 1) ei_prefetch_ahead(p, 2 * (hdr + qb));                                             \
             const __m512 dv = zh2f(p, gs);                                                                 \
             const __m512 mv = HAS_MIN ? zh2f(p + 16, gs) : _mm512_mul_ps(dv, _mm512_set1_ps(-(OFFSET)));   \
             __m512i w[8];                                                                                  \
@@ -230,7 +236,7 @@ ZINL void zadd_high_bits(__m512i w[8], const uint8_t *qh_words, size_t gs) {
             } else {                                                                                       \
                 for (int k = 0; k < 8; k++) w[k] = zld2(p + hdr + 32 * k, gs);                             \
             }                                                                                              \
-            for (int t = 0; t < 16; t++) {                                                                 \
+            for (int t = 0; t < NT; t++) {                                                                 \
                 const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;             \
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();                          \
                 for (int k = 0; k < 8; k += 2) {                                                           \
@@ -242,14 +248,19 @@ ZINL void zadd_high_bits(__m512i w[8], const uint8_t *qh_words, size_t gs) {
                 acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->s), acc[t]);                                \
             }                                                                                              \
         }                                                                                                  \
-        for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);                                \
+        for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);                                \
     }
 
-ZPACKED_FN(q4_0_x16r16_vnni, 1, 0, 0, 8.0f)
-ZPACKED_FN(q4_1_x16r16_vnni, 1, 0, 1, 0.0f)
-ZPACKED_FN(q5_0_x16r16_vnni, 1, 1, 0, 16.0f)
-ZPACKED_FN(q5_1_x16r16_vnni, 1, 1, 1, 0.0f)
-ZPACKED_FN(q8_0_x16r16_vnni, 0, 0, 0, 128.0f)
+/* name: type, tokens per call (16 rows) */
+#define ZPACKED_TYPE(name, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                      \
+    ZPACKED_FN(name##_x16r16_vnni, 16, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)          \
+    ZPACKED_FN(name##_x4r16_vnni, 4, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)            \
+    ZPACKED_FN(name##_x1r16_vnni, 1, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)
+ZPACKED_TYPE(q4_0, 1, 0, 0, 8.0f)
+ZPACKED_TYPE(q4_1, 1, 0, 1, 0.0f)
+ZPACKED_TYPE(q5_0, 1, 1, 0, 16.0f)
+ZPACKED_TYPE(q5_1, 1, 1, 1, 0.0f)
+ZPACKED_TYPE(q8_0, 0, 0, 0, 128.0f)
 
 #endif
 
@@ -276,8 +287,9 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
             rows_pass(k->packed[type].xw_2g, k->packed[type].xw, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
                       y + t * ldy, ldy);
     for (; t + 4 <= n_tok; t += 4)
-        rows_pass(NULL, k->packed[type].x4, P, gb, nb, r0, r1, A + t * act_stride, act_stride, y + t * ldy, ldy);
+        rows_pass(k->packed[type].x4_2g, k->packed[type].x4, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
+                  y + t * ldy, ldy);
     for (; t < n_tok; t++)
-        rows_pass(NULL, k->packed[type].x1, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
+        rows_pass(k->packed[type].x1_2g, k->packed[type].x1, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
                   y + t * ldy, ldy);
 }

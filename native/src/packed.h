@@ -29,6 +29,12 @@
  *     as Q4_K's pairs from GGUF ql[32P ..]: low nibbles block 4h + c, high
  *     block 4h + c + 2; qh quad h, group k holds GGUF qh[32h + 4k ..+3] of each
  *     row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32)
+ * Row pairs (AVX-512, the 32-element-block types): where the table has 16-row kernels for
+ * a type (x1_2g), each pair of groups 2p, 2p+1 alternates block by block (group 2p's block
+ * b, then group 2p+1's block b), so the 16-row kernels stream one run of bytes: reading the
+ * two groups as two runs 8 rows' blocks apart streamed 20-40% slower on AMD EPYC (Zen 5,
+ * 1 thread). A last, unpaired group keeps the 8-row layout. Rows are split among threads
+ * in multiples of 16, so no 8-row kernel ever sees a paired group.
  * Rows must come in multiples of 8; the original GGUF bytes are kept for the
  * embedding lookup and the scalar reference.
  */
@@ -53,11 +59,11 @@
  * shape does not fit. */
 size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols);
 
-/* Writes the packed form of w into dst (ei_packed_bytes bytes). */
-void ei_pack(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
+/* Writes the packed form of w into dst (ei_packed_bytes bytes) for table k's kernels. */
+void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
 
-/* y[t * ldy + r] for rows [r0, r1) (multiples of 8) and tokens [0, n_tok) from
- * packed weights and ei_q8a activations. Each (row, token) result is the same
+/* y[t * ldy + r] for rows [r0, r1) (multiples of 8; r0 of 16 for a type packed in row
+ * pairs) and tokens [0, n_tok) from packed weights and ei_q8a activations. Each (row, token) result is the same
  * whatever n_tok and r0/r1 are. */
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
@@ -125,6 +131,19 @@ void ei_packed_q4_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_q5_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+#define EI_PACKED_R16_DECL(name)                                                                            \
+    void ei_packed_##name##_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);    \
+    void ei_packed_##name##_x4r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_R16_DECL(q4_0)
+EI_PACKED_R16_DECL(q4_1)
+EI_PACKED_R16_DECL(q5_0)
+EI_PACKED_R16_DECL(q5_1)
+EI_PACKED_R16_DECL(q8_0)
+void ei_packed_q4_0_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q4_1_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q5_0_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q5_1_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q8_0_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);

@@ -1,6 +1,6 @@
 /* AVX-512 loads of two packed row groups (16 rows) into one register: group g's bytes at p,
- * group g+1's gs bytes later (packed.h lays the groups out one after another). Shared by the
- * 16-row kernels of packed.c and packed_k_simd.h. */
+ * group g+1's gs bytes later (packed.h: one block later in the 32-block types' row pairs, one
+ * group later for the K-quants). Shared by the 16-row kernels of packed.c and packed_k_simd.h. */
 #ifndef EI_PACKED_ZMM_H
 #define EI_PACKED_ZMM_H
 #if defined(__x86_64__)

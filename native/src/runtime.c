@@ -97,7 +97,8 @@ static ei_status pack_weights(ei_runtime *rt) {
     const ei_runtime *head_rt = rt->m->head_rt;
     if (head_rt) {   /* the trunk's packed head: the same tensor (checked), no second copy */
         const ei_weight *mine = ei_model_output(rt->m), *theirs = ei_model_output(head_rt->m);
-        if (mine->type != theirs->type || mine->ne0 != theirs->ne0 || mine->ne1 != theirs->ne1) {
+        if (mine->type != theirs->type || mine->ne0 != theirs->ne0 || mine->ne1 != theirs->ne1 ||
+            rt->kt != head_rt->kt) {   /* the packed layout is the kernel table's */
             free(bytes);
             return ei_fail(EI_ERR_INVALID_ARG, "runtime_create: the shared output head differs from this model's");
         }
@@ -123,7 +124,7 @@ static ei_status pack_weights(ei_runtime *rt) {
         for (int64_t r0 = 0; r0 < w->ne1; r0 += slice) {
             const int64_t n = EI_MIN(slice, w->ne1 - r0);
             const uint8_t *src = (const uint8_t *)w->data + r0 * row_bytes;
-            ei_pack(w->type, src, n, w->ne0, at + (size_t)r0 * packed_row_bytes);
+            ei_pack(rt->kt, w->type, src, n, w->ne0, at + (size_t)r0 * packed_row_bytes);
             if (rt->p.drop_packed_source) drop_pages(src, (size_t)(n * row_bytes));
         }
         rt->packed[i] = at;
@@ -520,7 +521,7 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
     if (pb) {
         packed = malloc(pb);
         if (!packed) return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_matmul: out of memory");
-        ei_pack(type, w, n_rows, n_cols, packed);
+        ei_pack(kt, type, w, n_rows, n_cols, packed);
         job.packed = packed;
     }
     rt.act = alloc_zeroed((size_t)n_tok * (size_t)ei_act_row_bytes(n_cols + EI_QA_BLOCK), &dummy);

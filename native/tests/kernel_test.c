@@ -272,7 +272,7 @@ static void test_packed_k(const path *p) {
             rnd_weights(t, w, n * ROWS);
             rnd_act(x, NT * n);
             for (int tok = 0; tok < NT; tok++) scalar_ref()->quantize_act(x + tok * n, n, qa + tok * nqa);
-            ei_pack(t->type, w, ROWS, n, pk);
+            ei_pack(k, t->type, w, ROWS, n, pk);
             const int64_t gb = (int64_t)pb / (ROWS / 8), st = nqa * (int64_t)sizeof(ei_q8a);
             for (int tok = 0; tok < NT; tok++)
                 for (int r = 0; r < ROWS; r++) y0[tok * ROWS + r] = scalar_ref()->dot[t->type](n, w + r * rb, qa + tok * nqa);
