@@ -459,8 +459,8 @@ def test_kernel_matmul_packed_rows(name):
     """Row counts that are multiples of 8 go through the row-interleaved kernels:
     close to the per-row dot (a different float order) at 1-4 threads, and a
     token's result is identical whatever else is in the batch (21 tokens: the
-    wide (8 or 16), 4- and 1-token kernels all run; at one thread the first 32 rows
-    take AVX-512's 16-row kernels, wide and one-token, and the rest the 8-row ones)."""
+    wide (8 or 16), 4- and 1-token kernels all run; at one thread AVX-512 runs the row
+    pairs on its 16-row kernels and a last, unpaired group on the 8-row ones)."""
     rng = np.random.default_rng(5)
     n, n_rows = (768, 40) if name in K_TYPES else (576, 56)   # K: 3 super-blocks; 5 or 7 row groups
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
@@ -480,3 +480,18 @@ def test_kernel_matmul_packed_rows(name):
             xt = np.ascontiguousarray(x[t:t + 1])
             assert lib.ei_kernel_matmul(tid, isa, ffi.from_buffer(raw), n_rows, n, fptr(xt), 1, fptr(y1), 1) == 0
             assert np.array_equal(y1[0], y[t]), (name, isa, t)
+
+
+def test_native_kernel_test_on_this_cpu(tmp_path):
+    """native/tests/kernel_test.c built for this machine (scripts/test_aarch64.sh runs it for
+    NEON under qemu): every SIMD kernel the CPU runs against its scalar reference, the packed
+    K-quant kernels fed activation rows as the runtime makes them, and a tiny forward against
+    native/tests/forward_ref.txt."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    build = ["cmake", "--preset", "cuda-sim", "-S", root, "-B", str(tmp_path), f"-DPython_EXECUTABLE={sys.executable}"]
+    for cmd in (build, ["cmake", "--build", str(tmp_path), "-j", str(os.cpu_count() or 1), "--target", "kernel_test"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run([str(tmp_path / "kernel_test"), "--ref", os.path.join(root, "native/tests/forward_ref.txt")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith(" 0 failed"), r.stdout[-4000:] + r.stderr[-2000:]

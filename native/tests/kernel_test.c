@@ -263,29 +263,30 @@ static void test_packed_k(const path *p) {
             continue;
         }
         for (int si = 0; si < 3; si++) {
-            const int64_t n = sizes[si], nb = n / 256, rb = nb * t->bytes, nqa = n / 32;
+            const int64_t n = sizes[si], nb = n / 256, rb = nb * t->bytes;
             const size_t pb = ei_packed_bytes(k, t->type, ROWS, n);
             uint8_t *w = malloc((size_t)(rb * ROWS)), *pk = malloc(pb);
             float *x = malloc(NT * n * sizeof(float));
-            ei_q8a *qa = malloc(NT * nqa * sizeof(ei_q8a));
+            const int64_t st = ei_act_row_bytes(n);   /* activation rows as the runtime makes them */
+            uint8_t *qa = calloc(NT, (size_t)st);
             float y0[NT * ROWS], yr[NT * ROWS], y1[NT * ROWS], y4[NT * ROWS], yw[NT * ROWS];
             rnd_weights(t, w, n * ROWS);
             rnd_act(x, NT * n);
-            for (int tok = 0; tok < NT; tok++) scalar_ref()->quantize_act(x + tok * n, n, qa + tok * nqa);
+            ei_quantize_act_rows(scalar_ref(), x, NT, n, qa, 1);
             ei_pack(k, t->type, w, ROWS, n, pk);
-            const int64_t gb = (int64_t)pb / (ROWS / 8), st = nqa * (int64_t)sizeof(ei_q8a);
+            const int64_t gb = (int64_t)pb / (ROWS / 8);
             for (int tok = 0; tok < NT; tok++)
-                for (int r = 0; r < ROWS; r++) y0[tok * ROWS + r] = scalar_ref()->dot[t->type](n, w + r * rb, qa + tok * nqa);
+                for (int r = 0; r < ROWS; r++) y0[tok * ROWS + r] = scalar_ref()->dot[t->type](n, w + r * rb, qa + tok * st);
             for (int g = 0; g < ROWS / 8; g++) {
                 for (int tok = 0; tok < NT; tok++) {
-                    KT[ti].ref(pk + g * gb, nb, qa + tok * nqa, st, yr + tok * ROWS + 8 * g, ROWS);
-                    k->packed[t->type].x1(pk + g * gb, nb, qa + tok * nqa, st, y1 + tok * ROWS + 8 * g, ROWS);
+                    KT[ti].ref(pk + g * gb, nb, qa + tok * st, st, yr + tok * ROWS + 8 * g, ROWS);
+                    k->packed[t->type].x1(pk + g * gb, nb, qa + tok * st, st, y1 + tok * ROWS + 8 * g, ROWS);
                 }
                 for (int tok = 0; tok < NT; tok += 4)
-                    k->packed[t->type].x4(pk + g * gb, nb, qa + tok * nqa, st, y4 + tok * ROWS + 8 * g, ROWS);
+                    k->packed[t->type].x4(pk + g * gb, nb, qa + tok * st, st, y4 + tok * ROWS + 8 * g, ROWS);
                 const int nw = k->packed[t->type].xw_tok;
                 for (int tok = 0; k->packed[t->type].xw && tok < NT; tok += nw)
-                    k->packed[t->type].xw(pk + g * gb, nb, qa + tok * nqa, st, yw + tok * ROWS + 8 * g, ROWS);
+                    k->packed[t->type].xw(pk + g * gb, nb, qa + tok * st, st, yw + tok * ROWS + 8 * g, ROWS);
             }
             char what[64];
             snprintf(what, sizeof what, "packed %s n=%lld", t->name, (long long)n);
