@@ -89,7 +89,7 @@ from .plan import KV_TYPES
 from .stage_profile import profile_decode, profile_entry
 
 __all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "format_profile",
-           "parse_threads", "cpu_name", "amd_core", "SCHEMA"]
+           "parse_threads", "cpu_name", "SCHEMA"]
 
 SCHEMA = "edgeinfer.bench/1"
 _SETTLE_S = 0.05   # pause between measurements so the previous engine's workers go idle

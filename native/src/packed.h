@@ -63,8 +63,8 @@ size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_
 void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
 
 /* y[t * ldy + r] for rows [r0, r1) (multiples of 8; r0 of 16 for a type packed in row
- * pairs) and tokens [0, n_tok) from packed weights and ei_q8a activations. Each (row, token) result is the same
- * whatever n_tok and r0/r1 are. */
+ * pairs) and tokens [0, n_tok) from packed weights and ei_q8a activations. Each (row,
+ * token) result is the same whatever n_tok and r0/r1 are. */
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 
@@ -139,11 +139,6 @@ EI_PACKED_R16_DECL(q4_1)
 EI_PACKED_R16_DECL(q5_0)
 EI_PACKED_R16_DECL(q5_1)
 EI_PACKED_R16_DECL(q8_0)
-void ei_packed_q4_0_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q4_1_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q5_0_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q5_1_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
-void ei_packed_q8_0_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
