@@ -194,9 +194,25 @@ static double huge_share(size_t bytes) {
     return kb < 0 ? -1 : kb * 1024.0 / (double)bytes;
 }
 
+/* serve mode: one timed read of the weight bytes per request line "THREADS STREAMS PREFETCH" on
+ * stdin, answered with its seconds on stdout, until end of input: a caller times the machine's
+ * bandwidth right before and after each of its own measurements. */
+static void serve(const char *wb, size_t w, int max_threads) {
+    int t, s, pf;
+    while (scanf("%d %d %d", &t, &s, &pf) == 3) {
+        if (t < 1 || t > max_threads || s < 1 || s > MAX_STREAMS) {
+            printf("error\n");
+        } else {
+            printf("%.9f\n", timed_read(wb, w, t, s, pf));
+        }
+        fflush(stdout);
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: memory_floor WEIGHT_BYTES KV_BYTES MAX_THREADS ROUNDS\n");
+    const int serving = argc == 6 && strcmp(argv[5], "serve") == 0;
+    if (argc != 5 && !serving) {
+        fprintf(stderr, "usage: memory_floor WEIGHT_BYTES KV_BYTES MAX_THREADS ROUNDS [serve]\n");
         return 2;
     }
     const size_t w = (size_t)atof(argv[1]), kv = (size_t)atof(argv[2]);
@@ -212,12 +228,20 @@ int main(int argc, char **argv) {
     memset(wb, 1, wsz);
     memset(kb, 1, ksz);
     printf("isa %s\nhugepages %.2f\n", isa, huge_share(wsz + ksz));
+    fflush(stdout);   /* serve mode's caller reads these lines before its first request */
 
     pthread_barrier_init(&pool.start, NULL, (unsigned)max_threads);
     pthread_barrier_init(&pool.done, NULL, (unsigned)max_threads);
     pthread_t th[MAX_THREADS];
     for (int i = 1; i < max_threads; i++) pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
 
+    if (serving) {
+        serve(wb, w, max_threads);
+        pool.quit = 1;
+        pthread_barrier_wait(&pool.start);
+        for (int i = 1; i < max_threads; i++) pthread_join(th[i], NULL);
+        return 0;
+    }
     static const int streams_tried[] = {1, 4, 8};
     enum { N_STREAMS = sizeof streams_tried / sizeof streams_tried[0] };
     int counts[32], n_counts = 0; /* 1, 2, 4, ... below max_threads, then max_threads */

@@ -65,6 +65,37 @@ def probe(weight_bytes: int, kv_bytes: int, threads: int, rounds: int) -> dict:
     return res
 
 
+class FloorReader:
+    """The probe kept running over one buffer of `weight_bytes` (its serve mode): `gb_s(...)` times
+    one read of them with a given configuration, so a caller can read the machine's bandwidth
+    right before and after each of its own measurements."""
+
+    def __init__(self, weight_bytes: int, threads: int):
+        self.weight_bytes = weight_bytes
+        self.proc = subprocess.Popen([str(build()), str(weight_bytes), "0", str(threads), "1", "serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(2):   # the probe's "isa" and "hugepages" lines
+            self.proc.stdout.readline()
+
+    def gb_s(self, threads: int, streams: int, prefetch: bool) -> float:
+        self.proc.stdin.write(f"{threads} {streams} {int(prefetch)}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().strip()
+        if not line or line == "error":
+            raise RuntimeError(f"memory_floor probe: no read for {threads} thread(s), {streams} stream(s)")
+        return self.weight_bytes / float(line) / 1e9
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+    def __enter__(self) -> "FloorReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default="default")
