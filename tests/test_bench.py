@@ -501,3 +501,21 @@ def test_bench_profile_of_a_hybrid(kind, tmp_path):
     assert len(kv_rows) == len(layers) - len(rec)
     # the K and V rows (f16) one token writes: in each attention layer, none in a recurrent one
     assert stages["rope_kv"]["bytes_per_token"] == sum(2 * 2 * r for r in kv_rows)
+
+
+def test_memory_floor_reader_serves_reads():
+    """The probe's serve mode (floor_vs_decode.py reads the bandwidth around each decode with it):
+    each request times one read of the bytes; a request outside its limits is an error, not a
+    crash, and the probe keeps serving."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from memory_floor import FloorReader
+
+    with FloorReader(64 << 20, 1) as reader:
+        assert 0.1 < reader.gb_s(1, 4, True) < 10_000
+        with pytest.raises(RuntimeError, match="2 thread"):
+            reader.gb_s(2, 4, True)   # more threads than the probe was started with
+        assert reader.gb_s(1, 1, False) > 0.1
+    assert reader.proc.returncode == 0
