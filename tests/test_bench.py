@@ -503,14 +503,13 @@ def test_bench_profile_of_a_hybrid(kind, tmp_path):
     assert stages["rope_kv"]["bytes_per_token"] == sum(2 * 2 * r for r in kv_rows)
 
 
-def test_memory_floor_reader_serves_reads():
+def test_memory_floor_reader_serves_reads(monkeypatch):
     """The probe's serve mode (floor_vs_decode.py reads the bandwidth around each decode with it):
     each request times one read of the bytes; a request outside its limits is an error, not a
     crash, and the probe keeps serving."""
-    import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
     from memory_floor import FloorReader
 
     with FloorReader(64 << 20, 1) as reader:
