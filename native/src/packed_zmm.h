@@ -29,6 +29,14 @@ ZINL __m512 zh2f(const uint8_t *p, size_t gs) {
                                                    _mm_loadu_si128((const __m128i *)(p + gs)), 1));
 }
 
+/* acc + the dot of w's unsigned bytes with the 4 signed activation bytes at p in every lane,
+ * the broadcast read inside the instruction ({1to16}): left to itself the compiler loads it
+ * with a vpbroadcastd of its own, one more uop per vpdpbusd */
+ZINL __m512i zdpb4(__m512i acc, __m512i w, const int8_t *p) {
+    __asm__("vpdpbusd %[q]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [q] "m"(*(const int32_t *)p));
+    return acc;
+}
+
 /* 4 activation bytes in every lane */
 ZINL __m512i zbcast4(const int8_t *p) {
     int32_t v;
