@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""One-token (decode) matvec speed of the packed kernels, in GB/s of packed weights.
+"""Matvec speed of the packed kernels, in GB/s of packed weights: one token (decode), or with
+--tokens N the prefill kernels' N tokens a weight pass (16 a pass with AVX-512 VNNI).
 
-Times ei_matmul_packed with one activation row over a streaming matrix (--big-mb, well past the
+Times ei_matmul_packed with one activation row (or N) over a streaming matrix (--big-mb, well past the
 caches) and a cache-resident one (--small-mb, the kernel's compute rate), at 1 and 2 threads,
 best of --reps. Several builds can run in one process, interleaved (each rep runs every build,
 the order rotating), so they see the same machine load: copy a built extension aside before a
@@ -71,9 +72,10 @@ class Build:
         self.packed[key] = buf
 
     def act(self, x: np.ndarray) -> np.ndarray:
+        """x: [tokens, n_cols] -> activation rows, ACT_BYTES_PER_BLOCK * n_cols / 32 bytes apart."""
         out = np.zeros(x.size // 32 * ACT_BYTES_PER_BLOCK, np.uint8)
-        self.lib.ei_quantize_act_rows(self.k, self.ffi.cast("float *", self.ffi.from_buffer(x)), 1, x.size,
-                                      self.ffi.from_buffer(out), 1)
+        self.lib.ei_quantize_act_rows(self.k, self.ffi.cast("float *", self.ffi.from_buffer(x)), x.shape[0],
+                                      x.shape[1], self.ffi.from_buffer(out), 1)
         return out
 
 
@@ -124,6 +126,7 @@ def main() -> None:
     ap.add_argument("--inner", type=int, default=40, help="passes per timing, cache-resident matrix")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--sizes", default="big,small")
+    ap.add_argument("--tokens", type=int, default=1, help="activation rows a pass (prefill kernels from 16)")
     args = ap.parse_args()
 
     if not args.lib:
@@ -131,7 +134,8 @@ def main() -> None:
         args.lib = [f"installed={ext.__file__}"]
     builds = [Build(*spec.split("=", 1), args.isa) for spec in args.lib]
     rng = np.random.default_rng(0)
-    x = rng.standard_normal(args.n_cols).astype(np.float32)
+    x = rng.standard_normal((args.tokens, args.n_cols)).astype(np.float32)
+    act_stride = args.n_cols // 32 * ACT_BYTES_PER_BLOCK
     acts = [b.act(x) for b in builds]
     teams = {n: Team(n) for n in map(int, args.threads.split(","))}
     print(f"load average before: {os.getloadavg()}")
@@ -148,7 +152,7 @@ def main() -> None:
             inner = 1 if size == "big" else args.inner
             nbytes = builds[0].packed[(name, size)].size
             for nthr, team in teams.items():
-                ys = [np.zeros(n_rows, np.float32) for _ in builds]
+                ys = [np.zeros(args.tokens * n_rows, np.float32) for _ in builds]
                 best = [float("inf")] * len(builds)
                 times: list[list[float]] = [[] for _ in builds]
 
@@ -160,7 +164,7 @@ def main() -> None:
 
                     def go():
                         for _ in range(inner):
-                            f(k, tid, pk, args.n_cols, r0, r1, act, 0, 1, yp, n_rows)
+                            f(k, tid, pk, args.n_cols, r0, r1, act, act_stride, args.tokens, yp, n_rows)
                     return go
 
                 jobs = [[work(bi, r0, r1) for r0, r1 in split(n_rows, nthr)] for bi in range(len(builds))]
@@ -180,7 +184,8 @@ def main() -> None:
                 # the medians' ratio too: one lucky (or mistimed) rep moves a best
                 ratio = (f"  {builds[-1].label}/{builds[0].label} best {best[0] / best[-1]:.3f}"
                          f" med {np.median(times[0]) / np.median(times[-1]):.3f}") if len(builds) > 1 else ""
-                print(f"{name} {size:5s} {nbytes / 2**20:7.1f} MiB  {nthr} thr  GB/s best: " + " | ".join(cells)
+                print(f"{name} {size:5s} {nbytes / 2**20:7.1f} MiB  {args.tokens} tok  {nthr} thr  GB/s best: "
+                      + " | ".join(cells)
                       + ratio + ("" if same else "  OUTPUTS DIFFER"), flush=True)
             for b in builds:
                 del b.packed[(name, size)]
