@@ -365,7 +365,7 @@ KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, size_t gs, 
     }
     /* Four tokens a pass, one vpdpbusd chain per (token, sub-block): eight independent chains.
      * Two tokens a pass (four chains) left vpdpbusd waiting on the chains' latency on Zen 5:
-     * four make the 16 x 16 tile 1.05-1.11x faster (cache-resident, interleaved A/B), with
+     * four make the 16 x 16 tile 1.04-1.17x faster (cache-resident, interleaved A/B), with
      * each broadcast read inside the vpdpbusd (zdpb4; without it the four tokens gain 2-4%).
      * Each token's float operations are unchanged. nt is a multiple of 4 (16). */
     enum { TPP = 4 };
