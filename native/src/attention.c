@@ -40,11 +40,42 @@ void ei_kv_store_row(const ei_kernels *k, int kv_type, const float *x, int hd, u
     }
 }
 
+void ei_k_cell_io(int kv_type, uint8_t *k, int32_t cell, int32_t n_cells, int hd, uint8_t *row, int save) {
+    if (kv_type != EI_TYPE_F16) {
+        const size_t rb = (size_t)ei_row_bytes(kv_type, hd);
+        memcpy(save ? row : k + (size_t)cell * rb, save ? k + (size_t)cell * rb : row, rb);
+        return;
+    }
+    uint16_t *kh = (uint16_t *)k, *r = (uint16_t *)row;
+    for (int d = 0; d < hd; d++) {
+        uint16_t *at = kh + ei_kt_index(cell, d, hd, n_cells);
+        if (save) r[d] = *at;
+        else *at = r[d];
+    }
+}
+
+void ei_k_store(const ei_kernels *k, int kv_type, const float *x, int hd, uint8_t *arena, int32_t cell,
+                int32_t n_cells) {
+    if (kv_type != EI_TYPE_F16) {
+        ei_kv_store_row(k, kv_type, x, hd, arena + (size_t)cell * ei_row_bytes(kv_type, hd));
+        return;
+    }
+    uint16_t row[1024];
+    k->to_f16(x, hd, row);
+    ei_k_cell_io(kv_type, arena, cell, n_cells, hd, (uint8_t *)row, 0);
+}
+
+size_t ei_k_prefix_cells(int kv_type, int32_t n, int32_t n_cells) {
+    if (kv_type != EI_TYPE_F16) return (size_t)n;
+    const int32_t whole = (n + EI_KT - 1) / EI_KT * EI_KT;
+    return (size_t)(whole < n_cells ? whole : n_cells);
+}
+
 /* ---- scalar references ---- */
 
 /* F16 K/V: float scores and float accumulation over the rows as stored. */
 static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                      int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                      int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
     const size_t rb = (size_t)hd * 2;
     float row[1024];
@@ -57,9 +88,9 @@ static void chunk_ref(const float *q, int g, const uint8_t *k, const uint8_t *v,
                 sc[c] = -INFINITY;
                 continue;
             }
-            f16_row_ref(k + (size_t)(c0 + c) * rb, hd, row);
             float s = 0.0f;
-            for (int i = 0; i < hd; i++) s += row[i] * qj[i];
+            for (int i = 0; i < hd; i++)
+                s += ei_fp16_to_fp32(((const uint16_t *)k)[ei_kt_index(c0 + c, i, hd, n_cells)]) * qj[i];
             sc[c] = s * scale;
             if (sc[c] > mx) mx = sc[c];
         }
@@ -101,7 +132,7 @@ void ei_attn_quantize_q(const float *q, int hd, float scale, int8_t *q8, float *
  * or one float operation in a fixed order, so a SIMD kernel matches this one up to
  * the last bits of exp(). */
 static void chunk_q8_ref(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                         int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                         int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
     const int nb = hd / QK;
     const size_t rb = (size_t)nb * sizeof(block_q8_0);
@@ -161,71 +192,119 @@ static inline __attribute__((always_inline)) AV __m256 ld_kv8(const uint8_t *row
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16 * i)));
 }
 
-/* F16 K/V, hd a multiple of 8, at most EI_ATTN_MAX_HD: per head, scores of the chunk, one vector
- * exp pass, then V accumulated in registers (hd / 8 accumulators). Inlined
- * with a constant hd for the common head sizes so the arrays live in registers. */
+/* Scores of JN heads for U K tiles (2 x JN x U chains of 8 cells): cell c's score is one FMA chain
+ * over d of qs[j * hd + d] (head j's query times scale) times value d of c; each tile row is
+ * turned into floats once for all JN heads. acc[(j * U + u) * 2 + half]. */
+static inline __attribute__((always_inline)) AV void tiles_scores8(const float *qs, const int JN, const int U,
+                                                                   const uint8_t *const *tile, const int hd,
+                                                                   __m256 *acc) {
+    for (int u = 0; u < U; u++) {
+        const __m256 k0 = ld_kv8(tile[u], 0), k1 = ld_kv8(tile[u], 1);
+        for (int j = 0; j < JN; j++) {
+            const __m256 qd = _mm256_set1_ps(qs[j * hd]);
+            acc[(j * U + u) * 2] = _mm256_mul_ps(qd, k0);
+            acc[(j * U + u) * 2 + 1] = _mm256_mul_ps(qd, k1);
+        }
+    }
+    for (int d = 1; d < hd; d++)
+        for (int u = 0; u < U; u++) {
+            const __m256 k0 = ld_kv8(tile[u], 2 * d), k1 = ld_kv8(tile[u], 2 * d + 1);
+            for (int j = 0; j < JN; j++) {
+                const __m256 qd = _mm256_set1_ps(qs[j * hd + d]);
+                acc[(j * U + u) * 2] = _mm256_fmadd_ps(qd, k0, acc[(j * U + u) * 2]);
+                acc[(j * U + u) * 2 + 1] = _mm256_fmadd_ps(qd, k1, acc[(j * U + u) * 2 + 1]);
+            }
+        }
+}
+
+/* Scores (scaled, -inf where not visible) of JN heads over the chunk's n cells (c0 + c of the K
+ * arena k of n_cells cells) into sc[j * n + c], U tiles a pass; mx[j] gets head j's maximum. */
+static inline __attribute__((always_inline)) AV void heads_scores8(const float *q, const int JN, const int U,
+                                                                   const uint8_t *k, int32_t c0, int32_t n_cells,
+                                                                   const int32_t *cell_pos, int32_t n, int32_t pos,
+                                                                   const int hd, float scale, float *sc, float *mx) {
+    float qs[4 * EI_ATTN_MAX_HD];
+    uint16_t pad[EI_KT * EI_ATTN_MAX_HD];
+    for (int j = 0; j < JN; j++) {
+        mx[j] = -INFINITY;
+        for (int d = 0; d < hd; d++) qs[j * hd + d] = q[(size_t)j * hd + d] * scale;
+    }
+    for (int32_t b = 0, ut; b < n; b += ut * EI_KT) {
+        ut = (n - b + EI_KT - 1) / EI_KT >= U ? U : 1;
+        const uint8_t *tile[4];
+        for (int u = 0; u < ut; u++) tile[u] = ei_kt_tile(k, c0 + b + u * EI_KT, n_cells, hd, pad);
+        __m256 acc[16];
+        float s[16 * 8];
+        if (ut == U) tiles_scores8(qs, JN, U, tile, hd, acc);
+        else tiles_scores8(qs, JN, 1, tile, hd, acc);
+        for (int i = 0; i < 2 * JN * ut; i++) _mm256_storeu_ps(s + 8 * i, acc[i]);
+        for (int j = 0; j < JN; j++)
+            for (int32_t c = b; c < b + ut * EI_KT && c < n; c++) {
+                const float x = ei_attn_visible(cell_pos[c], pos) ? s[j * ut * EI_KT + c - b] : -INFINITY;
+                sc[(size_t)j * n + c] = x;
+                if (x > mx[j]) mx[j] = x;
+            }
+    }
+}
+
+/* F16 K/V, hd a multiple of 8, at most EI_ATTN_MAX_HD: the scores of up to 4 heads at once (8 FMA
+ * chains), then per head one vector exp pass and V accumulated in registers (hd / 8
+ * accumulators). Inlined with a constant hd for the common head sizes so the arrays live in
+ * registers. */
 static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos, int32_t c0, int32_t c1,
-    int32_t pos, const int hd, float scale, float *scores, float *part) {
+    int32_t n_cells, int32_t pos, const int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
     const int nv = hd / 8;
     const size_t rb = (size_t)hd * 2;
-    k += (size_t)c0 * rb;
     v += (size_t)c0 * rb;
     cell_pos += c0;
-    for (int j = 0; j < g; j++) {
-        const float *qj = q + (size_t)j * hd;
-        float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
-        __m256 qv[EI_ATTN_MAX_HD / 8];
-        for (int i = 0; i < nv; i++) qv[i] = _mm256_mul_ps(_mm256_loadu_ps(qj + 8 * i), _mm256_set1_ps(scale));
-        float mx = -INFINITY;
-        for (int32_t c = 0; c < n; c++) {
-            if (!ei_attn_visible(cell_pos[c], pos)) {
-                sc[c] = -INFINITY;
-                continue;
-            }
-            const uint8_t *kc = k + (size_t)c * rb;
-            __m256 a0 = _mm256_mul_ps(ld_kv8(kc, 0), qv[0]), a1 = _mm256_setzero_ps();
-            for (int i = 1; i + 1 < nv; i += 2) {
-                a1 = _mm256_fmadd_ps(ld_kv8(kc, i), qv[i], a1);
-                a0 = _mm256_fmadd_ps(ld_kv8(kc, i + 1), qv[i + 1], a0);
-            }
-            if (nv % 2 == 0) a1 = _mm256_fmadd_ps(ld_kv8(kc, nv - 1), qv[nv - 1], a1);
-            sc[c] = hsum8(_mm256_add_ps(a0, a1));
-            if (sc[c] > mx) mx = sc[c];
+    for (int j0 = 0; j0 < g; j0 += 4) {
+        const int jn = EI_MIN(4, g - j0);
+        const float *qj = q + (size_t)j0 * hd;
+        float *scj = scores + (size_t)j0 * n, mx[4];
+        switch (jn) {   /* tiles a pass: 8 chains or more */
+        case 1: heads_scores8(qj, 1, 4, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
+        case 2: heads_scores8(qj, 2, 2, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
+        case 3: heads_scores8(qj, 3, 1, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
+        default: heads_scores8(qj, 4, 1, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
         }
-        ei_attn_empty_parts(pj, 1, hd);
-        if (mx == -INFINITY) continue;
-        const float sum = exp_scores8(sc, n, mx);
-        __m256 acc[EI_ATTN_MAX_HD / 8];
-        for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
-        for (int32_t c = 0; c < n; c++) {
-            if (sc[c] == 0.0f) continue;
-            const __m256 p = _mm256_set1_ps(sc[c]);
-            const uint8_t *vc = v + (size_t)c * rb;
-            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_kv8(vc, i), acc[i]);
+        for (int j = 0; j < jn; j++) {
+            float *sc = scj + (size_t)j * n, *pj = part + (size_t)(j0 + j) * EI_ATTN_PART_FLOATS(hd);
+            ei_attn_empty_parts(pj, 1, hd);
+            if (mx[j] == -INFINITY) continue;
+            const float sum = exp_scores8(sc, n, mx[j]);
+            __m256 acc[EI_ATTN_MAX_HD / 8];
+            for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
+            for (int32_t c = 0; c < n; c++) {
+                if (sc[c] == 0.0f) continue;
+                const __m256 p = _mm256_set1_ps(sc[c]);
+                const uint8_t *vc = v + (size_t)c * rb;
+                for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_kv8(vc, i), acc[i]);
+            }
+            for (int i = 0; i < nv; i++) _mm256_storeu_ps(pj + 2 + 8 * i, acc[i]);
+            pj[0] = mx[j];
+            pj[1] = sum;
         }
-        for (int i = 0; i < nv; i++) _mm256_storeu_ps(pj + 2 + 8 * i, acc[i]);
-        pj[0] = mx;
-        pj[1] = sum;
     }
 }
 
 /* Any other head size, in a function of its own: inlined with the others, its frame took
  * registers from their loops. */
 static __attribute__((noinline)) AV void chunk_avx2_any(const float *q, int g, const uint8_t *k, const uint8_t *v,
-                                                       const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos,
-                                                       int hd, float scale, float *scores, float *part) {
-    chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part);
+                                                       const int32_t *cell_pos, int32_t c0, int32_t c1,
+                                                       int32_t n_cells, int32_t pos, int hd, float scale,
+                                                       float *scores, float *part) {
+    chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, n_cells, pos, hd, scale, scores, part);
 }
 
 AV void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                             int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part) {
     switch (hd) {   /* constant head sizes keep the accumulators in registers */
-    case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 64, scale, scores, part); break;
-    case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 128, scale, scores, part); break;
-    case 256: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, pos, 256, scale, scores, part); break;
-    default: chunk_avx2_any(q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores, part); break;
+    case 64: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, n_cells, pos, 64, scale, scores, part); break;
+    case 128: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, n_cells, pos, 128, scale, scores, part); break;
+    case 256: chunk_avx2_body(q, g, k, v, cell_pos, c0, c1, n_cells, pos, 256, scale, scores, part); break;
+    default: chunk_avx2_any(q, g, k, v, cell_pos, c0, c1, n_cells, pos, hd, scale, scores, part); break;
     }
 }
 #endif
@@ -238,7 +317,7 @@ ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd) {
 }
 
 void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8_t *k, const uint8_t *v,
-                     const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos, int hd, float scale,
+                     const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
     /* Cells at the chunk's end that the query cannot see weigh nothing: in a prefill they are
      * the later tokens of the batch, so dropping them halves its score work on average */
@@ -249,7 +328,7 @@ void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8
     }
     const int step = a->max_group ? a->max_group : g;
     for (int j0 = 0; j0 < g; j0 += step)
-        a->fn(q + (size_t)j0 * hd, EI_MIN(step, g - j0), k, v, cell_pos, c0, c1, pos, hd, scale,
+        a->fn(q + (size_t)j0 * hd, EI_MIN(step, g - j0), k, v, cell_pos, c0, c1, n_cells, pos, hd, scale,
               scores + (size_t)j0 * (c1 - c0), part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd));
 }
 
@@ -281,21 +360,27 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
     if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
     const ei_attn_kernel a = ei_attn_pick(kt, kv_type, hd);
     const int n_chunks = (n_cells + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK, pf = EI_ATTN_PART_FLOATS(hd);
+    const size_t rb = (size_t)ei_row_bytes(kv_type, hd);
     float *scores = malloc(sizeof(float) * (size_t)g * EI_ATTN_CHUNK);
     float *parts = malloc(sizeof(float) * (size_t)n_chunks * g * pf);
-    if (!scores || !parts) {
+    uint8_t *arena = malloc(rb * (size_t)n_cells);   /* k's rows as the runtime keeps K */
+    if (!scores || !parts || !arena) {
         free(scores);
         free(parts);
+        free(arena);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "kernel_attention: out of memory");
     }
+    for (int32_t c = 0; c < n_cells; c++)
+        ei_k_cell_io(kv_type, arena, c, n_cells, hd, (uint8_t *)k + (size_t)c * rb, 0);
     const float scale = 1.0f / sqrtf((float)hd);
     for (int c = 0; c < n_chunks; c++) {
         const int32_t c0 = c * EI_ATTN_CHUNK, c1 = (int32_t)((int64_t)c0 + EI_ATTN_CHUNK < n_cells ? c0 + EI_ATTN_CHUNK : n_cells);
-        ei_attend_chunk(&a, q, g, k, v, cell_pos, c0, c1, pos, hd, scale, scores,
+        ei_attend_chunk(&a, q, g, arena, v, cell_pos, c0, c1, n_cells, pos, hd, scale, scores,
                         parts + (size_t)c * g * pf);
     }
     for (int j = 0; j < g; j++) ei_attend_merge(parts + (size_t)j * pf, n_chunks, (int64_t)g * pf, hd, out + (size_t)j * hd);
     free(scores);
     free(parts);
+    free(arena);
     return EI_OK;
 }

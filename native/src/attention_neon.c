@@ -1,7 +1,7 @@
 /* NEON attention over one chunk (the contract is ei_attend_chunk's; the scalar
  * kernels in attention.c are the references, native/tests/kernel_test.c compares
  * them under qemu).
- * F16 KV: per head, scores with 4 accumulators and one horizontal add per cell, a
+ * F16 KV: per head, scores two K tiles a pass (one FMA chain per cell, attention.h), a
  * vector exp pass, then V summed in registers; the head size is a constant where
  * it is inlined (64, 128) so the accumulators stay in the 32 NEON registers.
  * Q8_0 KV: chunk_q8_ref's integer algorithm in integer NEON (vmull/vpadal for the
@@ -20,25 +20,41 @@
 /* Values 4i..4i+3 of an F16 KV row as floats. */
 AI float32x4_t ld4(const uint8_t *row, int i) { return vcvt_f32_f16(vld1_f16((const float16_t *)(row + 8 * i))); }
 
+/* Scores of one head for U K tiles (4U chains of 4 cells): cell c's score is one FMA chain over d
+ * of qs[d] times value d of c (qs: the query times scale). */
+AI void tiles_scores4(const float *qs, const int U, const uint8_t *const *tile, const int hd, float32x4_t *acc) {
+    for (int u = 0; u < U; u++)
+        for (int i = 0; i < 4; i++) acc[4 * u + i] = vmulq_n_f32(ld4(tile[u], i), qs[0]);
+    for (int d = 1; d < hd; d++)
+        for (int u = 0; u < U; u++)
+            for (int i = 0; i < 4; i++) acc[4 * u + i] = vfmaq_n_f32(acc[4 * u + i], ld4(tile[u], 4 * d + i), qs[d]);
+}
+
 AI void chunk_neon_body(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                        int32_t n, int32_t pos, const int hd, float scale, float *scores, float *part) {
+                        int32_t c0, int32_t n, int32_t n_cells, int32_t pos, const int hd, float scale, float *scores,
+                        float *part) {
+    enum { U = 2 };
     const int nv = hd / 4;
     const size_t rb = (size_t)hd * 2;
+    uint16_t pad[EI_KT * EI_ATTN_MAX_HD];
     for (int j = 0; j < g; j++) {
         float *sc = scores + (size_t)j * n, *pj = part + (size_t)j * EI_ATTN_PART_FLOATS(hd);
-        float32x4_t qv[EI_ATTN_MAX_HD / 4];
-        for (int i = 0; i < nv; i++) qv[i] = vmulq_n_f32(vld1q_f32(q + (size_t)j * hd + 4 * i), scale);
+        float qs[EI_ATTN_MAX_HD];
+        for (int d = 0; d < hd; d++) qs[d] = q[(size_t)j * hd + d] * scale;
         float mx = -INFINITY;
-        for (int32_t c = 0; c < n; c++) {
-            if (!ei_attn_visible(cell_pos[c], pos)) {
-                sc[c] = -INFINITY;
-                continue;
+        for (int32_t b = 0, ut; b < n; b += ut * EI_KT) {
+            ut = (n - b + EI_KT - 1) / EI_KT >= U ? U : 1;
+            const uint8_t *tile[U];
+            for (int u = 0; u < ut; u++) tile[u] = ei_kt_tile(k, c0 + b + u * EI_KT, n_cells, hd, pad);
+            float32x4_t acc[4 * U];
+            if (ut == U) tiles_scores4(qs, U, tile, hd, acc);
+            else tiles_scores4(qs, 1, tile, hd, acc);
+            float s[4 * U * 4];
+            for (int i = 0; i < 4 * ut; i++) vst1q_f32(s + 4 * i, acc[i]);
+            for (int32_t c = b; c < b + ut * EI_KT && c < n; c++) {
+                sc[c] = ei_attn_visible(cell_pos[c], pos) ? s[c - b] : -INFINITY;
+                if (sc[c] > mx) mx = sc[c];
             }
-            const uint8_t *kr = k + (size_t)c * rb;
-            float32x4_t a[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-            for (int i = 0; i < nv; i++) a[i & 3] = vfmaq_f32(a[i & 3], ld4(kr, i), qv[i]);
-            sc[c] = vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])));
-            if (sc[c] > mx) mx = sc[c];
         }
         pj[0] = mx;
         pj[1] = 0.0f;
@@ -69,7 +85,8 @@ AI int32_t dot32(const int8_t *a, const int8_t *b) {
 }
 
 void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                             int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                             int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part) {
+    (void)n_cells;   /* Q8_0 K is rows */
     const int nb = hd / 32, pf = EI_ATTN_PART_FLOATS(hd);
     const int32_t n = c1 - c0;
     const size_t rb = (size_t)nb * 34;
@@ -131,15 +148,15 @@ void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint
 }
 
 void ei_attend_chunk_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                          int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                          int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores,
+                          float *part) {
     const int32_t n = c1 - c0;
-    k += (size_t)c0 * hd * 2;
     v += (size_t)c0 * hd * 2;
     cell_pos += c0;
     switch (hd) {
-    case 64: chunk_neon_body(q, g, k, v, cell_pos, n, pos, 64, scale, scores, part); break;
-    case 128: chunk_neon_body(q, g, k, v, cell_pos, n, pos, 128, scale, scores, part); break;
-    default: chunk_neon_body(q, g, k, v, cell_pos, n, pos, hd, scale, scores, part); break;
+    case 64: chunk_neon_body(q, g, k, v, cell_pos, c0, n, n_cells, pos, 64, scale, scores, part); break;
+    case 128: chunk_neon_body(q, g, k, v, cell_pos, c0, n, n_cells, pos, 128, scale, scores, part); break;
+    default: chunk_neon_body(q, g, k, v, cell_pos, c0, n, n_cells, pos, hd, scale, scores, part); break;
     }
 }
 #endif

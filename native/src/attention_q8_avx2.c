@@ -133,7 +133,8 @@ static inline __attribute__((always_inline)) AV2 void chunk_q8_body(
 }
 
 AV2 void ei_attend_chunk_q8_avx2(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                                 int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                                 int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part) {
+    (void)n_cells;   /* Q8_0 K is rows */
     switch (hd) {   /* the common head sizes with constant block counts */
     case 64: chunk_q8_body(q, g, k, v, cell_pos, c0, c1, pos, 2, scale, scores, part); break;
     case 128: chunk_q8_body(q, g, k, v, cell_pos, c0, c1, pos, 4, scale, scores, part); break;

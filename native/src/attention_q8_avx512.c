@@ -208,7 +208,8 @@ static __attribute__((noinline)) AVQ void q8_values_any(int jn, int nb, const ui
 }
 
 AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                                   int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part) {
+                                   int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part) {
+    (void)n_cells;   /* Q8_0 K is rows */
     const int nb = hd / 32, pf = EI_ATTN_PART_FLOATS(hd);
     const int32_t n = c1 - c0;
     const size_t rb = ROW_BYTES(nb);

@@ -148,9 +148,9 @@ static void store_kv_head(void *raw, int64_t item) {
         float *kh = rt->kc + (t * c->n_head_kv + h) * hd, *vh = rt->vc + (t * c->n_head_kv + h) * hd;
         if (rope) rope_head(c, half, kh, cos_t + t * half, sin_t + t * half);
         const int32_t cell = R ? k->pos[t] % R : k->cells[t];   /* the local ring: position mod its size */
-        size_t off = ei_kv_offset(rt, k->slots[t], k->layer, h) + (size_t)cell * ei_layer_kv_row_bytes(rt, k->layer);
-        ei_kv_store_row(rt->kt, rt->p.kv_type, kh, hd, rt->k + off);
-        ei_kv_store_row(rt->kt, rt->p.kv_type, vh, hd, rt->v + off);
+        const size_t off = ei_kv_offset(rt, k->slots[t], k->layer, h);
+        ei_k_store(rt->kt, rt->p.kv_type, kh, hd, rt->k + off, cell, (int32_t)ei_layer_cells(rt, k->layer));
+        ei_kv_store_row(rt->kt, rt->p.kv_type, vh, hd, rt->v + off + (size_t)cell * ei_layer_kv_row_bytes(rt, k->layer));
     }
 }
 
@@ -212,6 +212,7 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
     const int hd = ei_layer_head_dim(c, t->layer), group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
     const ei_attn_kernel *kernel = hd == c->head_dim ? &rt->attn : &rt->attn_swa;
     const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
+    const int32_t n_cells = (int32_t)ei_layer_cells(rt, ei_layer_kv_source(c, t->layer));
     /* The token's window: a local layer sees its last swa_window positions; a global layer of a
      * ring with slack sees the sinks and its last slide_window positions. */
     const int local = ei_layer_is_local(c, t->layer);
@@ -243,7 +244,7 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
                 cp = masked;
             }
             ei_attend_chunk(kernel, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                            rt->v + off, cp, c0, c1, t->pos[tok], hd, scale, scores, part);
+                            rt->v + off, cp, c0, c1, n_cells, t->pos[tok], hd, scale, scores, part);
         }
         atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
         if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) != t->n_chunks - 1) continue;

@@ -36,7 +36,7 @@ typedef void (*ei_packed_fn)(const void *packed, int64_t nb, const void *act, in
 
 /* One chunk of attention (attention.h, ei_attend_chunk). */
 typedef void (*ei_attn_fn)(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
-                           int32_t c0, int32_t c1, int32_t pos, int hd, float scale, float *scores, float *part);
+                           int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part);
 
 /* An attention kernel and the head sizes and group it takes: hd a multiple of
  * hd_mult, at most hd_max; at most max_group query heads a call (0: any). */

@@ -369,17 +369,20 @@ ei_status ei_runtime_copy_prefix(ei_runtime *rt, int src, int dst, int32_t n) {
     for (int l = 0; l < cfg->n_layer; l++) {
         if (!ei_layer_stores_kv(cfg, l)) continue;
         const size_t row = ei_layer_kv_row_bytes(rt, l);
+        const int32_t cells = (int32_t)ei_layer_cells(rt, l), hd = ei_layer_head_dim(cfg, l);
+        uint8_t k_row[1024 * 2];
         for (int h = 0; h < cfg->n_head_kv; h++) {
             const size_t from = ei_kv_offset(rt, src, l, h), to = ei_kv_offset(rt, dst, l, h);
             if (!ei_layer_in_local_ring(rt, l)) {
-                memcpy(rt->k + to, rt->k + from, (size_t)n * row);
+                memcpy(rt->k + to, rt->k + from, ei_k_prefix_cells(rt->p.kv_type, n, cells) * row);
                 memcpy(rt->v + to, rt->v + from, (size_t)n * row);
                 continue;
             }
             for (int32_t p = ei_window_first(&rt->m->cfg, n); p < n; p++) {   /* the window, where the ring holds it */
-                const size_t at = ei_cell_of(rt, l, p) * row;
-                memcpy(rt->k + to + at, rt->k + from + at, row);
-                memcpy(rt->v + to + at, rt->v + from + at, row);
+                const int32_t cell = (int32_t)ei_cell_of(rt, l, p);
+                ei_k_cell_io(rt->p.kv_type, rt->k + from, cell, cells, hd, k_row, 1);
+                ei_k_cell_io(rt->p.kv_type, rt->k + to, cell, cells, hd, k_row, 0);
+                memcpy(rt->v + to + cell * row, rt->v + from + cell * row, row);
             }
         }
     }

@@ -3,9 +3,10 @@
  *
  * Layout, which depends only on the model, the KV type and n (not on n_ctx, slots or max_batch):
  * for each layer that stores KV, for each KV head, the K rows then the V rows of the positions it
- * keeps (as the arena holds them: f16 or q8_0): [0, n) for a global layer, the last min(n,
- * swa_window) for a sliding-window layer, which is all a later token of the slot can see; then,
- * with recurrent layers, the recurrent state after n positions (state_floats floats). */
+ * keeps, as rows of f16 or q8_0 (the arena keeps f16 K in tiles, attention.h): [0, n) for a
+ * global layer, the last min(n, swa_window) for a sliding-window layer, which is all a later token
+ * of the slot can see; then, with recurrent layers, the recurrent state after n positions
+ * (state_floats floats). */
 #include <string.h>
 
 #include "common.h"
@@ -36,12 +37,17 @@ static size_t walk_rows(ei_runtime *rt, int slot, int32_t n, uint8_t *buf, int s
     for (int l = 0; l < c->n_layer; l++) {
         if (!ei_layer_stores_kv(c, l)) continue;
         const size_t row = ei_layer_kv_row_bytes(rt, l);
+        const int32_t cells = (int32_t)ei_layer_cells(rt, l);
         for (int h = 0; h < c->n_head_kv; h++)
             for (int kv = 0; kv < 2; kv++) {
                 uint8_t *base = (kv ? rt->v : rt->k) + ei_kv_offset(rt, slot, l, h);
                 for (int32_t p = ei_first_kept(rt, l, n); p < n; p++, at += row) {
-                    uint8_t *cell = base + ei_cell_of(rt, l, p) * row;
-                    memcpy(save ? buf + at : cell, save ? cell : buf + at, row);
+                    const size_t cell = ei_cell_of(rt, l, p);
+                    if (!kv) {   /* K in the arena's layout (F16: tiles), rows in buf */
+                        ei_k_cell_io(rt->p.kv_type, base, (int32_t)cell, cells, ei_layer_head_dim(c, l), buf + at, save);
+                        continue;
+                    }
+                    memcpy(save ? buf + at : base + cell * row, save ? base + cell * row : buf + at, row);
                 }
             }
     }
