@@ -10,7 +10,7 @@ removed in the child).
 
     python scripts/ab_bench.py --a /tmp/base --b . FILE [FILE ...] [--rounds 6] [-- BENCH ARGS]
 
-Prints per file the median prefill and decode tokens/s of each tree and the ratio b / a of
+Prints per file the median prefill and decode (and, with --ctx-depth, decode at that depth) tokens/s of each tree and the ratio b / a of
 the medians, with the per-round ratios' range.
 """
 from __future__ import annotations
@@ -37,7 +37,10 @@ def bench_once(tree: Path, model: str, bench_args: list[str], hook_dir: str) -> 
     if out.returncode != 0:
         raise SystemExit(f"{tree}: bench failed ({out.returncode}):\n{out.stderr[-2000:]}")
     run = json.loads(out.stdout)["runs"][0]
-    return {"pp": run["pp"]["tokens_per_s"]["median"], "tg": run["tg"]["tokens_per_s"]["median"]}
+    got = {"pp": run["pp"]["tokens_per_s"]["median"], "tg": run["tg"]["tokens_per_s"]["median"]}
+    if run.get("tg_depth"):   # with --ctx-depth
+        got["tg_depth"] = run["tg_depth"]["tokens_per_s"]["median"]
+    return got
 
 
 def main() -> int:
@@ -59,7 +62,9 @@ def main() -> int:
                 for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
                     got[side].append(bench_once(trees[side], model, bench_args, hook_dir))
             print(f"{Path(model).name}: {args.rounds} rounds, a={trees['a']}, b={trees['b']}")
-            for metric, name in (("pp", "prefill"), ("tg", "decode")):
+            for metric, name in (("pp", "prefill"), ("tg", "decode"), ("tg_depth", "at depth")):
+                if metric not in got["a"][0]:
+                    continue
                 a = [g[metric] for g in got["a"]]
                 b = [g[metric] for g in got["b"]]
                 per_round = [y / x for x, y in zip(a, b)]

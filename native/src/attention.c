@@ -225,39 +225,71 @@ static inline __attribute__((always_inline)) AV void heads_scores8(const float *
                                                                    const int hd, float scale, float *sc, float *mx) {
     float qs[4 * EI_ATTN_MAX_HD];
     uint16_t pad[EI_KT * EI_ATTN_MAX_HD];
+    __m256 mxv[4];
     for (int j = 0; j < JN; j++) {
-        mx[j] = -INFINITY;
+        mxv[j] = _mm256_set1_ps(-INFINITY);
         for (int d = 0; d < hd; d++) qs[j * hd + d] = q[(size_t)j * hd + d] * scale;
     }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), posv = _mm256_set1_epi32(pos);
     for (int32_t b = 0, ut; b < n; b += ut * EI_KT) {
         ut = (n - b + EI_KT - 1) / EI_KT >= U ? U : 1;
         const uint8_t *tile[4];
         for (int u = 0; u < ut; u++) tile[u] = ei_kt_tile(k, c0 + b + u * EI_KT, n_cells, hd, pad);
         __m256 acc[16];
-        float s[16 * 8];
         if (ut == U) tiles_scores8(qs, JN, U, tile, hd, acc);
         else tiles_scores8(qs, JN, 1, tile, hd, acc);
-        for (int i = 0; i < 2 * JN * ut; i++) _mm256_storeu_ps(s + 8 * i, acc[i]);
-        for (int j = 0; j < JN; j++)
-            for (int32_t c = b; c < b + ut * EI_KT && c < n; c++) {
-                const float x = ei_attn_visible(cell_pos[c], pos) ? s[j * ut * EI_KT + c - b] : -INFINITY;
-                sc[(size_t)j * n + c] = x;
-                if (x > mx[j]) mx[j] = x;
+        for (int i = 0; i < 2 * ut && b + 8 * i < n; i++) {   /* 8 cells: -inf where not visible or past n */
+            const int32_t c = b + 8 * i;
+            const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - c), lane);
+            const __m256i cp = _mm256_maskload_epi32(cell_pos + c, live);
+            const __m256i hidden = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), cp),
+                                                   _mm256_cmpgt_epi32(cp, posv));
+            const __m256 vis = _mm256_castsi256_ps(_mm256_andnot_si256(hidden, live));
+            for (int j = 0; j < JN; j++) {   /* acc[(j * ut + u) * 2 + half], i = 2u + half */
+                const __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), acc[j * ut * 2 + i], vis);
+                mxv[j] = _mm256_max_ps(mxv[j], x);
+                _mm256_maskstore_ps(sc + (size_t)j * n + c, live, x);
             }
+        }
+    }
+    for (int j = 0; j < JN; j++) mx[j] = hmax8(mxv[j]);
+}
+
+/* o = sum over the n cells of weight w[c] times V row c, for JV (1 or 2) heads (weights w and
+ * w + n, outputs o0 and o1), 32 values a pass: each V row is turned into floats once per pair. A
+ * weight of 0 adds nothing, so the sums are those of one head at a time. */
+static inline __attribute__((always_inline)) AV void heads_v8(const float *w, const int JV, int32_t n,
+                                                              const uint8_t *v, const int hd, float *o0, float *o1) {
+    const int nv = hd / 8;
+    for (int s0 = 0; s0 < nv; s0 += 4) {
+        const int ns = EI_MIN(4, nv - s0);
+        __m256 a[2][4];
+        for (int i = 0; i < 4; i++) a[0][i] = a[1][i] = _mm256_setzero_ps();
+        for (int32_t c = 0; c < n; c++) {
+            if (w[c] == 0.0f && (JV == 1 || w[n + c] == 0.0f)) continue;
+            const uint8_t *vc = v + (size_t)c * hd * 2;
+            const __m256 x0 = _mm256_set1_ps(w[c]), x1 = _mm256_set1_ps(JV == 2 ? w[n + c] : 0.0f);
+            for (int i = 0; i < ns; i++) {
+                const __m256 vz = ld_kv8(vc, s0 + i);
+                a[0][i] = _mm256_fmadd_ps(x0, vz, a[0][i]);
+                if (JV == 2) a[1][i] = _mm256_fmadd_ps(x1, vz, a[1][i]);
+            }
+        }
+        for (int i = 0; i < ns; i++) {
+            _mm256_storeu_ps(o0 + 8 * (s0 + i), a[0][i]);
+            if (JV == 2) _mm256_storeu_ps(o1 + 8 * (s0 + i), a[1][i]);
+        }
     }
 }
 
 /* F16 K/V, hd a multiple of 8, at most EI_ATTN_MAX_HD: the scores of up to 4 heads at once (8 FMA
- * chains), then per head one vector exp pass and V accumulated in registers (hd / 8
- * accumulators). Inlined with a constant hd for the common head sizes so the arrays live in
- * registers. */
+ * chains), a vector exp pass per head, then V for two heads at a time. Inlined with a constant hd
+ * for the common head sizes so the loops unroll. */
 static inline __attribute__((always_inline)) AV void chunk_avx2_body(
     const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos, int32_t c0, int32_t c1,
     int32_t n_cells, int32_t pos, const int hd, float scale, float *scores, float *part) {
     const int32_t n = c1 - c0;
-    const int nv = hd / 8;
-    const size_t rb = (size_t)hd * 2;
-    v += (size_t)c0 * rb;
+    v += (size_t)c0 * hd * 2;
     cell_pos += c0;
     for (int j0 = 0; j0 < g; j0 += 4) {
         const int jn = EI_MIN(4, g - j0);
@@ -266,25 +298,26 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
         switch (jn) {   /* tiles a pass: 8 chains or more */
         case 1: heads_scores8(qj, 1, 4, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
         case 2: heads_scores8(qj, 2, 2, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
-        case 3: heads_scores8(qj, 3, 1, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
+        case 3:   /* 2 + 1 heads: 3 x 1 tile is only 6 chains */
+            heads_scores8(qj, 2, 2, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx);
+            heads_scores8(qj + 2 * hd, 1, 4, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj + 2 * n, mx + 2);
+            break;
         default: heads_scores8(qj, 4, 1, k, c0, n_cells, cell_pos, n, pos, hd, scale, scj, mx); break;
         }
         for (int j = 0; j < jn; j++) {
-            float *sc = scj + (size_t)j * n, *pj = part + (size_t)(j0 + j) * EI_ATTN_PART_FLOATS(hd);
+            float *pj = part + (size_t)(j0 + j) * EI_ATTN_PART_FLOATS(hd);
             ei_attn_empty_parts(pj, 1, hd);
-            if (mx[j] == -INFINITY) continue;
-            const float sum = exp_scores8(sc, n, mx[j]);
-            __m256 acc[EI_ATTN_MAX_HD / 8];
-            for (int i = 0; i < nv; i++) acc[i] = _mm256_setzero_ps();
-            for (int32_t c = 0; c < n; c++) {
-                if (sc[c] == 0.0f) continue;
-                const __m256 p = _mm256_set1_ps(sc[c]);
-                const uint8_t *vc = v + (size_t)c * rb;
-                for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(p, ld_kv8(vc, i), acc[i]);
-            }
-            for (int i = 0; i < nv; i++) _mm256_storeu_ps(pj + 2 + 8 * i, acc[i]);
+            if (mx[j] == -INFINITY) continue;   /* visibility is the same for every head */
+            pj[1] = exp_scores8(scj + (size_t)j * n, n, mx[j]);
             pj[0] = mx[j];
-            pj[1] = sum;
+        }
+        if (mx[0] == -INFINITY) continue;
+        for (int j = 0; j < jn; j += 2) {
+            float *pj = part + (size_t)(j0 + j) * EI_ATTN_PART_FLOATS(hd) + 2;
+            if (j + 1 < jn)
+                heads_v8(scj + (size_t)j * n, 2, n, v, hd, pj, pj + EI_ATTN_PART_FLOATS(hd));
+            else
+                heads_v8(scj + (size_t)j * n, 1, n, v, hd, pj, NULL);
         }
     }
 }
