@@ -2,7 +2,7 @@
 # The lent GPU machine reaches no network, and a call carries at most 64 MiB, so the
 # 98 MB default model travels in two calls (files written outside the repo stay on the
 # machine while it is warm, 30 s after each call), with the wheels its image lacks
-# (cffi, pycparser: the CPU extension is built there):
+# (cffi, pycparser: the CPU extension is built there; gguf: read at load):
 #   here:                  bash scripts/gpu_model_parts.sh split      # .gpu/part1 + wheels, .gpu/part2
 #   device call 1, carry [".gpu/part1"]:  bash scripts/gpu_model_parts.sh stash
 #   device call 2, carry [".gpu/part2"]:
@@ -23,7 +23,7 @@ split)
     mkdir -p .gpu/part1.d && mv .gpu/part1 .gpu/part1.d/model && rm -rf .gpu/part1 && mv .gpu/part1.d .gpu/part1
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .gpu/part1/wheels cffi pycparser
+        -d .gpu/part1/wheels cffi pycparser gguf
     ls -lR .gpu ;;
 stash)
     mkdir -p /tmp/ei/models && cp .gpu/part1/model /tmp/ei/models/$FILE.part1
