@@ -401,8 +401,8 @@ extern "C" ei_status ei_cuda_runtime_create(const ei_model_config *cfg, const ei
     if (st != EI_OK) return st;
     size_t fr = 0, tot = 0;
     if ((st = eic_check(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo")) != EI_OK) return st;
-    {   /* attention's shared memory for the widest heads: q[g][hd] and the chunk's scores */
-        const size_t g = (size_t)(c->n_head / c->n_head_kv), smem = 4 * g * ((size_t)c->head_dim + EIC_ATTN_CHUNK);
+    {   /* attention's shared memory for the widest heads */
+        const size_t g = (size_t)(c->n_head / c->n_head_kv), smem = EIC_ATTN_SMEM(g, (size_t)c->head_dim);
         cudaDeviceProp prop = {};
         if ((st = eic_check(cudaGetDeviceProperties(&prop, p->device), "cudaGetDeviceProperties")) != EI_OK) return st;
         if (smem > prop.sharedMemPerBlockOptin)

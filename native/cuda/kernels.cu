@@ -768,12 +768,14 @@ cudaError_t eic_swiglu(cudaStream_t s, float *gate, const float *up, int64_t n) 
 }
 
 /* ---------------------------------------------------------------- attention */
-enum { ATT_THREADS = 128, ATT_WARPS = ATT_THREADS / 32 };
+enum { ATT_THREADS = 32 * EIC_ATTN_WARPS, ATT_WARPS = EIC_ATTN_WARPS, ATT_HEADS = 4 };
 
 /* Block (chunk, kv head, token): partial softmax of the chunk's cells for the
- * g query heads of the group, as the CPU's ei_attend_chunk. Shared memory:
- * q[g][hd] (scaled) then scores[g][EIC_ATTN_CHUNK]. KR: registers per lane for a key row,
- * hd <= 32 * KR (8 up to 256; 16 for Gemma 4's heads of 512, so smaller heads keep their registers). */
+ * g query heads of the group, as the CPU's ei_attend_chunk. Shared memory (EIC_ATTN_SMEM):
+ * q[g][hd] (scaled; afterwards the warps' V sums) then scores[g][EIC_ATTN_CHUNK]. Every load
+ * of a loop is independent of the last, so a warp keeps many in flight: one token's chunk is
+ * a handful of blocks, bound by memory latency, not bandwidth. KR: registers per lane for a
+ * V row, hd <= 32 * KR (8 up to 256; 16 for Gemma 4's heads of 512). */
 template <int KR>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
     const float *__restrict__ q, int n_head, eic_kv kv, int layer, const int32_t *__restrict__ slots,
@@ -795,37 +797,60 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
         return;
     }
     const int n = c1 - c0;
-    float *qs = sm, *sc = sm + g * hd;
+    float *qs = sm, *sc = sm + (g > ATT_WARPS ? g : ATT_WARPS) * hd;
     const float *qt = q + (t * n_head + (int64_t)kvh * g) * hd;
     for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = qt[i] * scale;
     __syncthreads();
     const size_t off = kv_at(kv, slot, layer, kvh, 0);
     const __half *K = (const __half *)kv.k + off, *V = (const __half *)kv.v + off;
     const int32_t *cp = cell_pos + (int64_t)slot * kv.n_ctx;
-    /* Scores: a warp per cell, the key row in registers, one reduction per head. */
-    for (int c = warp; c < n; c += ATT_WARPS) {
+    /* Scores: a thread per cell, its key row read in pairs, up to ATT_HEADS heads a pass (q from
+     * shared memory: every lane reads the same word). */
+    for (int c = threadIdx.x; c < n; c += ATT_THREADS) {
         const int32_t cpos = cp[c0 + c];
         const bool vis = cpos >= 0 && cpos <= p && (window <= 0 || cpos > p - window || cpos < keep_below);
         if (!vis) {
-            for (int j = lane; j < g; j += 32) sc[j * EIC_ATTN_CHUNK + c] = -INFINITY;
+            for (int j = 0; j < g; j++) sc[j * EIC_ATTN_CHUNK + c] = -INFINITY;
             continue;
         }
-        float kr[KR];
         const __half *kc = K + (size_t)(c0 + c) * hd;
+        for (int j0 = 0; j0 < g; j0 += ATT_HEADS) {
+            const int nj = min(ATT_HEADS, g - j0);
+            const float *qj = qs + j0 * hd;
+            float s[ATT_HEADS] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if ((hd & 7) == 0) {   /* 16-byte loads: rows start at multiples of hd halves */
+#pragma unroll 2
+                for (int i = 0; i < hd; i += 8) {
+                    const uint4 raw = *(const uint4 *)(kc + i);
+                    const __half2 *h2 = (const __half2 *)&raw;
 #pragma unroll
-        for (int e = 0; e < KR; e++) {
-            const int i = lane + 32 * e;
-            kr[e] = i < hd ? __half2float(kc[i]) : 0.0f;
-        }
-        for (int j = 0; j < g; j++) {
-            float s = 0.0f;
+                    for (int u = 0; u < 4; u++) {
+                        const float2 k2 = __half22float2(h2[u]);
 #pragma unroll
-            for (int e = 0; e < KR; e++) {
-                const int i = lane + 32 * e;
-                if (i < hd) s += kr[e] * qs[j * hd + i];
+                        for (int jj = 0; jj < ATT_HEADS; jj++)
+                            if (jj < nj)
+                                s[jj] += k2.x * qj[jj * hd + i + 2 * u] + k2.y * qj[jj * hd + i + 2 * u + 1];
+                    }
+                }
+            } else if ((hd & 1) == 0) {
+#pragma unroll 4
+                for (int i = 0; i < hd; i += 2) {
+                    const float2 k2 = __half22float2(*(const __half2 *)(kc + i));
+#pragma unroll
+                    for (int jj = 0; jj < ATT_HEADS; jj++)
+                        if (jj < nj) s[jj] += k2.x * qj[jj * hd + i] + k2.y * qj[jj * hd + i + 1];
+                }
+            } else {
+                for (int i = 0; i < hd; i++) {
+                    const float k1 = __half2float(kc[i]);
+#pragma unroll
+                    for (int jj = 0; jj < ATT_HEADS; jj++)
+                        if (jj < nj) s[jj] += k1 * qj[jj * hd + i];
+                }
             }
-            s = warp_sum(s);
-            if (lane == 0) sc[j * EIC_ATTN_CHUNK + c] = s;
+#pragma unroll
+            for (int jj = 0; jj < ATT_HEADS; jj++)
+                if (jj < nj) sc[(j0 + jj) * EIC_ATTN_CHUNK + c] = s[jj];
         }
     }
     __syncthreads();
@@ -847,17 +872,52 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(
             pt[(int64_t)j * pf + 1] = sum;
         }
     }
-    __syncthreads();
-    /* Weighted V: a thread per (head, dim); V rows read coalesced. */
-    for (int idx = threadIdx.x; idx < g * hd; idx += ATT_THREADS) {
-        const int j = idx / hd, i = idx % hd;
-        const float *sj = sc + j * EIC_ATTN_CHUNK;
-        float acc = 0.0f;
-        for (int c = 0; c < n; c++) {
-            const float w = sj[c];
-            if (w != 0.0f) acc += w * __half2float(V[(size_t)(c0 + c) * hd + i]);
+    /* Weighted V: a warp per cell (every ATT_WARPS-th), the lanes across the row, up to
+     * ATT_HEADS heads a pass; then the warps' sums are added in shared memory (q's place).
+     * A masked cell's V is read but not used (a cell never written may hold anything). */
+    float *red = qs;
+    for (int j0 = 0; j0 < g; j0 += ATT_HEADS) {
+        const int nj = min(ATT_HEADS, g - j0);
+        __syncthreads();   /* the weights are final; the last pass's sums are read */
+        float acc[ATT_HEADS][KR];
+#pragma unroll
+        for (int jj = 0; jj < ATT_HEADS; jj++)
+#pragma unroll
+            for (int e = 0; e < KR; e++) acc[jj][e] = 0.0f;
+#pragma unroll 4
+        for (int c = warp; c < n; c += ATT_WARPS) {
+            const __half *vc = V + (size_t)(c0 + c) * hd;
+            float vr[KR];
+#pragma unroll
+            for (int e = 0; e < KR; e++) {
+                const int i = lane + 32 * e;
+                vr[e] = i < hd ? __half2float(vc[i]) : 0.0f;
+            }
+#pragma unroll
+            for (int jj = 0; jj < ATT_HEADS; jj++) {
+                if (jj >= nj) break;
+                const float w = sc[(j0 + jj) * EIC_ATTN_CHUNK + c];
+#pragma unroll
+                for (int e = 0; e < KR; e++) acc[jj][e] += w != 0.0f ? w * vr[e] : 0.0f;
+            }
         }
-        pt[(int64_t)j * pf + 2 + i] = acc;
+#pragma unroll
+        for (int jj = 0; jj < ATT_HEADS; jj++) {   /* unrolled: acc stays in registers */
+            if (jj >= nj) break;
+#pragma unroll
+            for (int e = 0; e < KR; e++) {
+                const int i = lane + 32 * e;
+                if (i < hd) red[warp * hd + i] = acc[jj][e];
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < hd; i += ATT_THREADS) {
+                float v = 0.0f;
+#pragma unroll
+                for (int w = 0; w < ATT_WARPS; w++) v += red[w * hd + i];
+                pt[(int64_t)(j0 + jj) * pf + 2 + i] = v;
+            }
+            __syncthreads();
+        }
     }
 }
 
@@ -892,7 +952,7 @@ cudaError_t eic_attention(cudaStream_t s, const float *q, int64_t n_tok, int n_h
     if (n_tok <= 0) return cudaSuccess;
     const int g = n_head / kv->n_head_kv;
     if (kv->hd > EIC_MAX_HEAD_DIM || g > EIC_MAX_GROUP || n_chunks < 1 || n_tok > 65535) return cudaErrorInvalidValue;
-    const size_t smem = sizeof(float) * ((size_t)g * kv->hd + (size_t)g * EIC_ATTN_CHUNK);
+    const size_t smem = EIC_ATTN_SMEM(g, kv->hd);
     void (*kern)(const float *, int, eic_kv, int, const int32_t *, const int32_t *, const int32_t *, const int32_t *,
                  int, float *, float, int32_t, int32_t) = kv->hd <= 256 ? attn_chunk_kernel<8> : attn_chunk_kernel<16>;
     if (smem > 48 * 1024) {   /* large GQA groups or heads: opt in to more than the default 48 KiB */

@@ -12,6 +12,10 @@
 /* Cells per attention chunk: the same fixed chunking as the CPU (attention.h). */
 #define EIC_ATTN_CHUNK 256
 #define EIC_PART_FLOATS(hd) ((hd) + 2)
+#define EIC_ATTN_WARPS 8
+/* Shared memory of an attention block: q[g][hd] (reused for the warps' V sums) and the scores. */
+#define EIC_ATTN_SMEM(g, hd) \
+    (sizeof(float) * ((size_t)((g) > EIC_ATTN_WARPS ? (g) : EIC_ATTN_WARPS) * (hd) + (size_t)(g) * EIC_ATTN_CHUNK))
 #define EIC_MAX_HEAD_DIM 512   /* Gemma 4's full-attention heads */
 #define EIC_MAX_GROUP 32
 
