@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM
 
 from edgeinfer.hub import DEFAULT_MODEL, ensure_model
@@ -25,7 +26,7 @@ def main() -> int:
                                                  dtype=torch.bfloat16).to(dev).eval()
     V = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    print(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, "
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, bf16")
 
     def sync() -> None:
