@@ -482,6 +482,36 @@ def test_kernel_matmul_packed_rows(name):
             assert np.array_equal(y1[0], y[t]), (name, isa, t)
 
 
+# byte offsets of the fp16 fields of each 4- to 6-bit type's block (all other bytes are quants or scales)
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), **K_SCALE_FIELDS}
+
+
+@pytest.mark.parametrize("name", list(F16_FIELDS))
+def test_kernel_matmul_packed_at_the_largest_quants(name):
+    """Every quant and scale byte 0xff (quants 15, 31 or 63) times activations whose 32-blocks
+    are each one value, all positive or all negative in a token (quantized to all +127 or -127): the packed kernels' integer sums at their largest (AVX2 adds maddubs
+    products as int16 before widening, packed_dot.h) still match the scalar per-row dot."""
+    rng = np.random.default_rng(11)
+    n, n_rows = (768, 40) if name in K_TYPES else (576, 56)
+    raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
+    be, bb = block(name)
+    blocks = raw.reshape(n_rows, n // be, bb)
+    keep = np.zeros(bb, bool)
+    for off in F16_FIELDS[name]:
+        keep[off:off + 2] = True
+    blocks[:, :, ~keep] = 0xFF
+    n_tok = 21
+    sign = np.where(np.arange(n_tok) % 2, -1.0, 1.0)[:, None]
+    x = np.ascontiguousarray(sign * np.repeat(rng.uniform(0.5, 2.0, size=(n_tok, n // 32)), 32, axis=1), np.float32)
+    ref = np.array([[kdot(name, SCALAR, np.ascontiguousarray(raw[r]), x[t]) for r in range(n_rows)]
+                    for t in range(n_tok)], np.float64)
+    for isa in each_level(SIMD_ISAS):
+        y = np.zeros((n_tok, n_rows), np.float32)
+        st = lib.ei_kernel_matmul(TYPES[name][0], isa, ffi.from_buffer(raw), n_rows, n, fptr(x), n_tok, fptr(y), 1)
+        assert st == 0, _err()
+        assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) <= 1e-10, (name, isa)
+
+
 def test_native_kernel_test_on_this_cpu(tmp_path):
     """native/tests/kernel_test.c built for this machine (scripts/test_aarch64.sh runs it for
     NEON under qemu): every SIMD kernel the CPU runs against its scalar reference, the packed

@@ -87,24 +87,19 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "packed_dot.h"
+
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-static inline T_AVX2 __m256i dp_avx2(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-static inline T_VNNI __m256i dp_vnni(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+/* The packed dot of one activation block (packed_dot.h); bits: the weights' width. */
+#define DOT_AVX2(w, q, bits) ei_dot_avx2(w, q, 8, EI_DOT_RUN(bits))
+#define DOT_VNNI(w, q, bits) ei_dot_vnni(w, q, 8)
 
-static inline T_AVX2 __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
-/* Rows 8g..8g+7 times NT tokens. The integer part is exact (no saturation for
- * 4-bit weights with maddubs), so the AVX2 and VNNI variants give identical
+/* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
+ * the AVX2 and VNNI variants give identical
  * results, and each token's float ops are the same for NT = 1 and NT = 4. */
-#define PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
+#define PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
     __m256 acc[NT];                                                                                \
@@ -128,12 +123,7 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
         }                                                                                          \
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
-            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                      \
-            for (int k = 0; k < 8; k += 2) {                                                       \
-                s0 = DP(s0, w[k], bcast4(a->q + 4 * k));                                           \
-                s1 = DP(s1, w[k + 1], bcast4(a->q + 4 * k + 4));                                   \
-            }                                                                                      \
-            const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));                     \
+            const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));  \
             acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);      \
             acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), acc[t]);                            \
         }                                                                                          \
@@ -142,10 +132,10 @@ static inline T_AVX2 __m256i bcast4(const int8_t *p) {
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
-#define PACKED_FN(NAME, TARGET, DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                      \
+#define PACKED_FN(NAME, TARGET, DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                      \
     TARGET void ei_packed_##NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
                             float *y, int64_t ldy) {                                               \
-        PACKED_BODY(DP, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
+        PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
     }
 
 /* Q5: bit e of each row's qh word (one row per 32-bit lane) becomes 16 in the
@@ -166,30 +156,30 @@ static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
 }
 
 /* name: type, tokens per call, instruction set */
-PACKED_FN(q4_0_x1_avx2, T_AVX2, dp_avx2, 1, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x4_avx2, T_AVX2, dp_avx2, 4, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x1_vnni, T_VNNI, dp_vnni, 1, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x4_vnni, T_VNNI, dp_vnni, 4, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x1_avx2, T_AVX2, dp_avx2, 1, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x4_avx2, T_AVX2, dp_avx2, 4, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x1_vnni, T_VNNI, dp_vnni, 1, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x4_vnni, T_VNNI, dp_vnni, 4, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x1_avx2, T_AVX2, dp_avx2, 1, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x4_avx2, T_AVX2, dp_avx2, 4, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x1_vnni, T_VNNI, dp_vnni, 1, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x4_vnni, T_VNNI, dp_vnni, 4, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x1_avx2, T_AVX2, dp_avx2, 1, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x4_avx2, T_AVX2, dp_avx2, 4, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x1_vnni, T_VNNI, dp_vnni, 1, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x4_vnni, T_VNNI, dp_vnni, 4, 1, 1, 1, 0.0f)
-PACKED_FN(q8_0_x1_vnni, T_VNNI, dp_vnni, 1, 0, 0, 0, 128.0f)
-PACKED_FN(q8_0_x4_vnni, T_VNNI, dp_vnni, 4, 0, 0, 0, 128.0f)
+PACKED_FN(q4_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
+PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
 /* prefill: 16 tokens a weight pass with AVX-512's 32 registers (16 accumulators + 8 weights) */
-PACKED_FN(q4_0_x16_vnni, T_VNNI, dp_vnni, 16, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x16_vnni, T_VNNI, dp_vnni, 16, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x16_vnni, T_VNNI, dp_vnni, 16, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x16_vnni, T_VNNI, dp_vnni, 16, 1, 1, 1, 0.0f)
-PACKED_FN(q8_0_x16_vnni, T_VNNI, dp_vnni, 16, 0, 0, 0, 128.0f)
+PACKED_FN(q4_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 0, 0, 128.0f)
 
 /* AVX-512: NT tokens (16, 4 or 1) over a row pair (16 rows) in zmm registers, where
  * vpdpbusd does twice the ymm form's work at the same rate. The pair's blocks

@@ -153,6 +153,7 @@ void ei_packed_q6_k_ref(const void *packed, int64_t nb, const void *act, int64_t
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "packed_dot.h"
 #include "packed_zmm.h"
 
 #define KT_AVX2 __attribute__((target("avx2,fma,f16c")))

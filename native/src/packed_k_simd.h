@@ -1,26 +1,16 @@
 /* Packed K-quant kernels for one x86 level; packed_k.c includes this twice with
  * KT (target attribute), KSFX (name suffix) and KVNNI (1: vpdpbusd, 0: maddubs +
- * madd) defined. The integer part is exact either way (4-, 5- and 6-bit weights
- * times int8 never saturate maddubs), so both levels give identical results,
+ * madd in exact int16 runs, packed_dot.h) defined. The integer part is exact either way,
+ * so both levels give identical results,
  * and each token's float operations are the same for 1, 4, 8 and 16 tokens a call. */
 #define KCAT2(a, b) a##_##b
 #define KCAT(a, b) KCAT2(a, b)
 #define KF(name) KCAT(name, KSFX)
 #define KINL static inline KT __attribute__((always_inline))
-
-KINL __m256i KF(kdp)(__m256i acc, __m256i u, __m256i s) {
-#if KVNNI
-    return _mm256_dpbusd_epi32(acc, u, s);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
-}
-
-KINL __m256i KF(kbcast4)(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
+/* Where the multi-token kernels keep each token's float sums: registers, or, where AVX2's 16
+ * registers are taken by the tokens' integer sums (8 tokens), in y itself (a store and a load a
+ * sub-block, on nt independent chains; at one token that chain would bound the kernel). */
+#define KACC_IN_Y(nt) (!KVNNI && (nt) > 4)
 
 /* 16 in every byte whose bit is set in the 32-bit mask at m (Q5_K's fifth bit). */
 KINL __m256i KF(khbits)(const uint8_t *m) {
@@ -44,6 +34,7 @@ KINL __m256 KF(kcvt8)(const uint8_t *p, int is_signed) {
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
 }
 
+#if KVNNI
 KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __m256 mv, const void *act,
                         int64_t act_stride, int64_t b, __m256 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -59,16 +50,78 @@ KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __
     }
     for (int t = 0; t < nt; t++) {
         const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int k = 0; k < 8; k += 2) {
-            s0 = KF(kdp)(s0, w[k], KF(kbcast4)(a->q + 4 * k));
-            s1 = KF(kdp)(s1, w[k + 1], KF(kbcast4)(a->q + 4 * k + 4));
-        }
-        const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+        const __m256 isum = _mm256_cvtepi32_ps(ei_dot_vnni(w, a->q, 8));
         acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dsc, _mm256_set1_ps(a->d)), acc[t]);
         acc[t] = _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a->s), acc[t]);
     }
 }
+#else
+/* AVX2: tokens inner. Each half's 4 weight vectors are unpacked once and feed every token's
+ * int16 sum (packed_dot.h's runs), all nt of them in registers (the float sums: KACC_IN_Y); a
+ * token's 4 activation dwords come from one 16-byte load and in-lane shuffles (at 8 tokens on
+ * AMD Zen 3, Q5_K 1.15x a broadcast load per dword, Q4_K the same). */
+KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __m256 mv, const void *act,
+                        int64_t act_stride, int64_t b, __m256 *acc, float *y, int64_t ldy) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * (j >> 1);
+    const ei_q8a *a[16];
+    __m256i is[16], s16[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) a[t] = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
+    if (nt == 1) {   /* one token (decode): packed_dot.h's broadcast form */
+        __m256i w[8];
+        for (int k = 0; k < 8; k++) {
+            w[k] = _mm256_loadu_si256((const __m256i *)(qp + 32 * k));
+            if (j & 1) w[k] = _mm256_srli_epi16(w[k], 4);
+            w[k] = _mm256_and_si256(w[k], m4);
+            if (five) w[k] = _mm256_or_si256(w[k], KF(khbits)(p + EI_PK_Q4K_BYTES + 32 * j + 4 * k));
+        }
+        is[0] = ei_dot_avx2(w, a[0]->q, 8, EI_DOT_RUN(five ? 5 : 4));
+    } else
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m256i w[4];
+        for (int i = 0; i < 4; i++) {
+            const int k = 4 * h + i;
+            w[i] = _mm256_loadu_si256((const __m256i *)(qp + 32 * k));
+            if (j & 1) w[i] = _mm256_srli_epi16(w[i], 4);
+            w[i] = _mm256_and_si256(w[i], m4);
+            if (five) w[i] = _mm256_or_si256(w[i], KF(khbits)(p + EI_PK_Q4K_BYTES + 32 * j + 4 * k));
+        }
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) {
+            const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a[t]->q + 16 * h)));
+            __m256i p0 = _mm256_maddubs_epi16(w[0], _mm256_shuffle_epi32(x, 0x00));
+            __m256i p1 = _mm256_maddubs_epi16(w[1], _mm256_shuffle_epi32(x, 0x55));
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[2], _mm256_shuffle_epi32(x, 0xaa)));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[3], _mm256_shuffle_epi32(x, 0xff)));
+            const __m256i s = _mm256_add_epi16(p0, p1);
+            if (five) {   /* a run of 4 (packed_dot.h) */
+                const __m256i s32 = _mm256_madd_epi16(s, ones);
+                is[t] = h == 0 ? s32 : _mm256_add_epi32(is[t], s32);
+            } else {
+                s16[t] = h == 0 ? s : _mm256_add_epi16(s16[t], s);
+                EI_PIN(s16[t]);
+            }
+        }
+    }
+    if (!five && nt > 1)
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) is[t] = _mm256_madd_epi16(s16[t], ones);
+    const __m256 dsc = _mm256_mul_ps(dv, KF(kcvt8)(p + 32 + 8 * j, 0));
+    const __m256 dmn = _mm256_mul_ps(mv, KF(kcvt8)(p + 96 + 8 * j, 0));
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) {
+        __m256 r = KACC_IN_Y(nt) ? _mm256_loadu_ps(y + t * ldy) : acc[t];
+        r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(dsc, _mm256_set1_ps(a[t]->d)), r);
+        r = _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a[t]->s), r);
+        if (KACC_IN_Y(nt))
+            _mm256_storeu_ps(y + t * ldy, r);
+        else
+            acc[t] = r;
+    }
+}
+#endif
 
 /* Q4_K / Q5_K, rows 8g..8g+7, nt tokens. Per sub-block j and token:
  *   acc += isum_j * ((d * sc_j) * a_j.d) - (dmin * m_j) * a_j.s
@@ -78,16 +131,25 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
     const uint8_t *p = packed;
     const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
     __m256 acc[16];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < nt; t++)
+        if (KACC_IN_Y(nt))
+            _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
+        else
+            acc[t] = _mm256_setzero_ps();
+#if KVNNI
+#define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc)
+#else
+#define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc, y, ldy)
+#endif
     for (int64_t b = 0; b < nb; b++, p += ub) {
         if (nt == 1) ei_prefetch_ahead(p, (int)ub);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
         const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
-#define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc)
         KQ45(0); KQ45(1); KQ45(2); KQ45(3); KQ45(4); KQ45(5); KQ45(6); KQ45(7);
-#undef KQ45
     }
-    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+#undef KQ45
+    if (!KACC_IN_Y(nt))
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
 #if KVNNI
@@ -152,14 +214,11 @@ KINL void KF(kq45k_1)(int five, const void *packed, int64_t nb, const void *act,
 }
 #endif
 
+#if KVNNI
 /* 32 * (sum of a's first 16 quants) in every lane, and of the last 16. */
 KINL void KF(kasum)(const ei_q8a *a, __m256i *lo, __m256i *hi) {
     const __m256i y = _mm256_loadu_si256((const __m256i *)a->q);
-#if KVNNI
     __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), y);
-#else
-    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), _mm256_set1_epi16(1));
-#endif
     s = _mm256_hadd_epi32(s, s);
     s = _mm256_slli_epi32(_mm256_hadd_epi32(s, s), 5);
     *lo = _mm256_permute2x128_si256(s, s, 0x00);
@@ -183,17 +242,63 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
     }
     for (int t = 0; t < nt; t++) {
         const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + j;
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256(), a0, a1;
-        for (int k = 0; k < 4; k++) {
-            s0 = KF(kdp)(s0, w[k], KF(kbcast4)(a->q + 4 * k));
-            s1 = KF(kdp)(s1, w[k + 4], KF(kbcast4)(a->q + 16 + 4 * k));
-        }
+        const __m256i s0 = ei_dot_vnni(w, a->q, 4), s1 = ei_dot_vnni(w + 4, a->q + 16, 4);
+        __m256i a0, a1;
         KF(kasum)(a, &a0, &a1);
         const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(s0, a0), sclo),
                                               _mm256_mullo_epi32(_mm256_sub_epi32(s1, a1), schi));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);
     }
 }
+
+#else
+/* AVX2: kq45k_blk's scheme (tokens inner, a token's dwords by in-lane shuffles of one load, the
+ * float sums by KACC_IN_Y); each half's sum starts at the activation row's -32 * (sum of the half)
+ * (ei_act_half_sums) instead of kasum's. The weights of both halves stay in registers (their
+ * unpacking costs more than Q4_K's, so it is done once for all nt tokens). */
+KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t nb,
+                       int64_t b, __m256 *acc, float *y, int64_t ldy) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
+    const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
+    const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
+    const __m256i sclo = _mm256_cvtepi8_epi32(sc2), schi = _mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8));
+    /* a token's half sums lie this many bytes after its block */
+    const int64_t blk = 8 * b + j, hs_off = 8 * nb * (int64_t)sizeof(ei_q8a) + blk * 8 - blk * (int64_t)sizeof(ei_q8a);
+    __m256i w[8];
+    for (int k = 0; k < 8; k++) {
+        __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + c) + 32 * k));
+        __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));
+        if (hi) l = _mm256_srli_epi16(l, 4);
+        u = s2 == 0 ? _mm256_slli_epi16(u, 4) : s2 == 2 ? _mm256_slli_epi16(u, 2) : s2 == 6 ? _mm256_srli_epi16(u, 2) : u;
+        w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30));
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) {
+        const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk;
+        const int32_t *hs = (const int32_t *)((const uint8_t *)a + hs_off);
+        __m256i sh[2];
+        for (int half = 0; half < 2; half++) {
+            const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16 * half)));
+            const __m256i *wh = w + 4 * half;
+            /* runs of 2 (packed_dot.h) */
+            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(wh[0], _mm256_shuffle_epi32(x, 0x00)),
+                                                _mm256_maddubs_epi16(wh[1], _mm256_shuffle_epi32(x, 0x55)));
+            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(wh[2], _mm256_shuffle_epi32(x, 0xaa)),
+                                                _mm256_maddubs_epi16(wh[3], _mm256_shuffle_epi32(x, 0xff)));
+            sh[half] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)),
+                                        _mm256_set1_epi32(hs[half]));
+        }
+        const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(sh[0], sclo), _mm256_mullo_epi32(sh[1], schi));
+        const __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
+                                         KACC_IN_Y(nt) ? _mm256_loadu_ps(y + t * ldy) : acc[t]);
+        if (KACC_IN_Y(nt))
+            _mm256_storeu_ps(y + t * ldy, r);
+        else
+            acc[t] = r;
+    }
+}
+#endif
 
 #if KVNNI
 /* One token, Q6_K (decode): kq6k's arithmetic, bit for bit. The four blocks 4h..4h+3 that
@@ -258,6 +363,7 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
     const ei_q8a *a = act;
     const int32_t *hs = ei_act_half_sums(act, 8 * nb);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES, a += 8, hs += 16) {
         ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
@@ -273,23 +379,32 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
                 __m256i x[4];
                 for (int i = 0; i < 4; i++)
                     x[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(aq[i].q + 16 * half)));
-#define KQ6S(kk, sh)                                                                                          \
+#define KQ6W(k, w)                                                                                            \
     do {                                                                                                      \
-        const int k = 4 * half + (kk);                                                                        \
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h) + 32 * k));               \
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + 1) + 32 * k));           \
-        const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));                      \
-        const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(u, 4), m30)); \
-        const __m256i w1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(u, 2), m30)); \
-        const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(u, m30)); \
-        const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                   \
-                                           _mm256_and_si256(_mm256_srli_epi16(u, 2), m30));                   \
-        s[0 + half] = KF(kdp)(s[0 + half], w0, _mm256_shuffle_epi32(x[0], sh));                               \
-        s[2 + half] = KF(kdp)(s[2 + half], w1, _mm256_shuffle_epi32(x[1], sh));                               \
-        s[4 + half] = KF(kdp)(s[4 + half], w2, _mm256_shuffle_epi32(x[2], sh));                               \
-        s[6 + half] = KF(kdp)(s[6 + half], w3, _mm256_shuffle_epi32(x[3], sh));                               \
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h) + 32 * (k)));             \
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + 1) + 32 * (k)));         \
+        const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * (k)));                    \
+        w[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(u, 4), m30));    \
+        w[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(u, 2), m30));    \
+        w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(u, m30));    \
+        w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                               \
+                               _mm256_and_si256(_mm256_srli_epi16(u, 2), m30));                              \
     } while (0)
-                KQ6S(0, 0x00); KQ6S(1, 0x55); KQ6S(2, 0xaa); KQ6S(3, 0xff);
+/* groups kk and kk + 1 of each block, their int16 products added before one madd (packed_dot.h) */
+#define KQ6S(kk, sh0, sh1)                                                                                    \
+    do {                                                                                                      \
+        __m256i wa[4], wb[4];                                                                                 \
+        KQ6W(4 * half + (kk), wa);                                                                            \
+        KQ6W(4 * half + (kk) + 1, wb);                                                                        \
+        for (int i = 0; i < 4; i++)                                                                           \
+            s[2 * i + half] = _mm256_add_epi32(                                                               \
+                s[2 * i + half],                                                                              \
+                _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wa[i], _mm256_shuffle_epi32(x[i], sh0)), \
+                                                   _mm256_maddubs_epi16(wb[i], _mm256_shuffle_epi32(x[i], sh1))), \
+                                  ones));                                                                     \
+    } while (0)
+                KQ6S(0, 0x00, 0x55); KQ6S(2, 0xaa, 0xff);
+#undef KQ6W
 #undef KQ6S
             }
             for (int i = 0; i < 4; i++) {
@@ -313,15 +428,24 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
                    int64_t ldy) {
     const uint8_t *p = packed;
     __m256 acc[16];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < nt; t++)
+        if (KACC_IN_Y(nt))
+            _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
+        else
+            acc[t] = _mm256_setzero_ps();
+#if KVNNI
+#define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, b, acc)
+#else
+#define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, nb, b, acc, y, ldy)
+#endif
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         if (nt == 1) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-#define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, b, acc)
         KQ6(0); KQ6(1); KQ6(2); KQ6(3); KQ6(4); KQ6(5); KQ6(6); KQ6(7);
-#undef KQ6
     }
-    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+#undef KQ6
+    if (!KACC_IN_Y(nt))
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
 #if KVNNI

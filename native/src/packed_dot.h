@@ -1,0 +1,55 @@
+/* The integer core of the packed kernels (x86): the sum over k < n of w[k] . q[4k..4k+3], where
+ * w[k] holds 4 unsigned weight bytes of each of 8 rows (one row a 32-bit lane, packed.h) and q
+ * is one activation block's signed bytes, broadcast 4 at a time. The result is exact, so every
+ * instruction set gives the same integers.
+ *
+ * VNNI: one vpdpbusd a group. AVX2 has no byte dot to 32 bits: maddubs gives each row two int16
+ * pair sums, and madd by ones widens them. Adding `run` maddubs results as int16 before one madd
+ * makes a run cost run + 1 multiplies instead of 2 * run; the int16 sums stay exact while
+ * run * 2 * wmax * 128 <= 32767: run 8 for 4-bit weights (30720), 4 for 5-bit, 2 for 6-bit. */
+#ifndef EI_PACKED_DOT_H
+#define EI_PACKED_DOT_H
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Makes v a register at this point: GCC otherwise reassociates a run's int16 adds, computing
+ * every product first and spilling them (3x slower in the token-inner AVX2 loops). */
+#define EI_PIN(v) __asm__("" : "+x"(v))
+
+/* The longest exact int16 run for weights below 2^bits. */
+#define EI_DOT_RUN(bits) ((bits) <= 4 ? 8 : (bits) == 5 ? 4 : 2)
+
+static inline __attribute__((target("avx2"), always_inline)) __m256i ei_bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* n (even) groups; run divides n. */
+static inline __attribute__((target("avx2"), always_inline)) __m256i ei_dot_avx2(const __m256i *w, const int8_t *q,
+                                                                                int n, int run) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_setzero_si256();
+    for (int k0 = 0; k0 < n; k0 += run) {
+        __m256i p0 = _mm256_maddubs_epi16(w[k0], ei_bcast4(q + 4 * k0));
+        __m256i p1 = _mm256_maddubs_epi16(w[k0 + 1], ei_bcast4(q + 4 * k0 + 4));
+        for (int k = k0 + 2; k < k0 + run; k += 2) {
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[k], ei_bcast4(q + 4 * k)));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[k + 1], ei_bcast4(q + 4 * k + 4)));
+        }
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+    }
+    return s;
+}
+
+static inline __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"), always_inline)) __m256i
+ei_dot_vnni(const __m256i *w, const int8_t *q, int n) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (int k = 0; k < n; k += 2) {
+        s0 = _mm256_dpbusd_epi32(s0, w[k], ei_bcast4(q + 4 * k));
+        s1 = _mm256_dpbusd_epi32(s1, w[k + 1], ei_bcast4(q + 4 * k + 4));
+    }
+    return _mm256_add_epi32(s0, s1);
+}
+#endif
