@@ -191,10 +191,10 @@ static void fill_scalar(ei_kernels *k) {
 #define DOT_AVX512(T, name) SET_DOT(T, name, avx512)
 #define DOT4_AVX512(T, name) k->dot4[T] = ei_dot4_##name##_avx512;
 #define PACKED(T, name, sfx) k->packed[T].x1 = ei_packed_##name##_x1_##sfx, k->packed[T].x4 = ei_packed_##name##_x4_##sfx;
-/* K-quants also take NW tokens a weight pass (8 on AVX2, 16 with AVX-512's 32
- * registers): their per-block weight unpacking (scales, nibbles, 6-bit tops) is
- * then shared by more tokens */
-#define PACKED_K(T, name, sfx, NW)                                                                          \
+/* Prefill takes NW tokens a weight pass (8 on AVX2, 16 with AVX-512's 32 registers):
+ * the per-block weight unpacking (scales, nibbles, 6-bit tops) is then shared by more
+ * tokens */
+#define PACKED_WIDE(T, name, sfx, NW)                                                                          \
     PACKED(T, name, sfx) k->packed[T].xw = ei_packed_##name##_x##NW##_##sfx, k->packed[T].xw_tok = NW;
 
 static void fill_avx2(ei_kernels *k) {
@@ -202,9 +202,9 @@ static void fill_avx2(ei_kernels *k) {
     FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2)
     k->quantize_act = ei_quantize_act_avx2;
     /* Q8_0 is not packed: maddubs would saturate its 8-bit products */
-    PACKED(EI_TYPE_Q4_0, q4_0, avx2) PACKED(EI_TYPE_Q4_1, q4_1, avx2)
-    PACKED(EI_TYPE_Q5_0, q5_0, avx2) PACKED(EI_TYPE_Q5_1, q5_1, avx2)
-    PACKED_K(EI_TYPE_Q4_K, q4_k, avx2, 8) PACKED_K(EI_TYPE_Q5_K, q5_k, avx2, 8) PACKED_K(EI_TYPE_Q6_K, q6_k, avx2, 8)
+    PACKED_WIDE(EI_TYPE_Q4_0, q4_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, avx2, 8)
+    PACKED_WIDE(EI_TYPE_Q5_0, q5_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, avx2, 8)
+    PACKED_WIDE(EI_TYPE_Q4_K, q4_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, avx2, 8)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
@@ -222,10 +222,10 @@ static void fill_avx512(ei_kernels *k) {
     FLOAT_TYPES(DOT_AVX512) QUANT_TYPES(DOT_AVX512)
     QUANT_TYPES(DOT4_AVX512)
     k->quantize_act = ei_quantize_act_avx512;
-    PACKED_K(EI_TYPE_Q4_0, q4_0, vnni, 16) PACKED_K(EI_TYPE_Q4_1, q4_1, vnni, 16)
-    PACKED_K(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_K(EI_TYPE_Q5_1, q5_1, vnni, 16)
-    PACKED_K(EI_TYPE_Q8_0, q8_0, vnni, 16)
-    PACKED_K(EI_TYPE_Q4_K, q4_k, vnni, 16) PACKED_K(EI_TYPE_Q5_K, q5_k, vnni, 16) PACKED_K(EI_TYPE_Q6_K, q6_k, vnni, 16)
+    PACKED_WIDE(EI_TYPE_Q4_0, q4_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, vnni, 16)
+    PACKED_WIDE(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, vnni, 16)
+    PACKED_WIDE(EI_TYPE_Q8_0, q8_0, vnni, 16)
+    PACKED_WIDE(EI_TYPE_Q4_K, q4_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, vnni, 16)
 #define XW2(T, name) k->packed[T].xw_2g = ei_packed_##name##_x16r16_vnni;
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)

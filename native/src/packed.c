@@ -97,13 +97,18 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 #define DOT_VNNI(w, q, bits) ei_dot_vnni(w, q, 8)
 
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
- * the AVX2 and VNNI variants give identical
- * results, and each token's float ops are the same for NT = 1 and NT = 4. */
+ * the AVX2 and VNNI variants give identical results, and each token's float ops
+ * are the same for every NT. */
 #define PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
+    const int in_y = NT > 4; /* 8 tokens: the float sums wait in y (16 ymm registers) */           \
     __m256 acc[NT];                                                                                \
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                     \
+    for (int t = 0; t < NT; t++)                                                                   \
+        if (in_y)                                                                                  \
+            _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());                                    \
+        else                                                                                       \
+            acc[t] = _mm256_setzero_ps();                                                          \
     const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
     for (int64_t b = 0; b < nb; b++, p += hdr + qb) {                                              \
         if (NT == 1) ei_prefetch_ahead(p, hdr + qb);                                               \
@@ -124,11 +129,17 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
             const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));  \
-            acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);      \
-            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), acc[t]);                            \
+            __m256 r = in_y ? _mm256_loadu_ps(y + t * ldy) : acc[t];                               \
+            r = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);                 \
+            r = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r);                                      \
+            if (in_y)                                                                              \
+                _mm256_storeu_ps(y + t * ldy, r);                                                  \
+            else                                                                                   \
+                acc[t] = r;                                                                        \
         }                                                                                          \
     }                                                                                              \
-    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    if (!in_y)                                                                                     \
+        for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
@@ -155,7 +166,12 @@ static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
     }
 }
 
-/* name: type, tokens per call, instruction set */
+/* name: type, tokens per call, instruction set; AVX2 prefill takes 8 tokens a weight pass (Q4_0,
+ * one thread, cache-resident: 1.14x the 4-token kernel's rate, AMD Zen 3) */
+PACKED_FN(q4_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 1, 0.0f)
 PACKED_FN(q4_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 0, 0, 8.0f)
 PACKED_FN(q4_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 0, 0, 8.0f)
 PACKED_FN(q4_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 0, 0, 8.0f)

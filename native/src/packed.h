@@ -94,15 +94,18 @@ void ei_packed_q5_k_ref(const void *, int64_t, const void *, int64_t, float *, i
 void ei_packed_q6_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 
 #if defined(__x86_64__)
-/* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call (K
- * types also 8 and 16), AVX2 (maddubs + madd) or VNNI (vpdpbusd). */
+/* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call (AVX2 also 8, the
+ * K types also 8 and 16), AVX2 (maddubs + madd) or VNNI (vpdpbusd). */
 #define EI_PACKED_DECL(name, sfx)                                                                           \
     void ei_packed_##name##_x1_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);      \
     void ei_packed_##name##_x4_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
-EI_PACKED_DECL(q4_0, avx2)
-EI_PACKED_DECL(q4_1, avx2)
-EI_PACKED_DECL(q5_0, avx2)
-EI_PACKED_DECL(q5_1, avx2)
+#define EI_PACKED_DECL8(name, sfx)                                                                          \
+    EI_PACKED_DECL(name, sfx)                                                                               \
+    void ei_packed_##name##_x8_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_DECL8(q4_0, avx2)
+EI_PACKED_DECL8(q4_1, avx2)
+EI_PACKED_DECL8(q5_0, avx2)
+EI_PACKED_DECL8(q5_1, avx2)
 EI_PACKED_DECL(q4_0, vnni)
 EI_PACKED_DECL(q4_1, vnni)
 EI_PACKED_DECL(q5_0, vnni)
@@ -114,8 +117,7 @@ void ei_packed_q5_0_x16_vnni(const void *, int64_t, const void *, int64_t, float
 void ei_packed_q5_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q8_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
-    EI_PACKED_DECL(name, sfx)                                                                               \
-    void ei_packed_##name##_x8_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);     \
+    EI_PACKED_DECL8(name, sfx)                                                                              \
     void ei_packed_##name##_x16_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
 EI_PACKED_DECL_K(q4_k, avx2)
 EI_PACKED_DECL_K(q5_k, avx2)
