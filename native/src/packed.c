@@ -98,11 +98,12 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
  * the AVX2 and VNNI variants give identical results, and each token's float ops
- * are the same for every NT. */
-#define PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
+ * are the same for every NT. IN_Y: the float sums wait in y, not in registers
+ * (AVX2's 8-token kernels: 8 sums beside 8 weight vectors would spill). */
+#define PACKED_BODY(DOT, NT, IN_Y, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                             \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
-    const int in_y = NT > 4; /* 8 tokens: the float sums wait in y (16 ymm registers) */           \
+    const int in_y = IN_Y;                                                                         \
     __m256 acc[NT];                                                                                \
     for (int t = 0; t < NT; t++)                                                                   \
         if (in_y)                                                                                  \
@@ -143,10 +144,10 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
-#define PACKED_FN(NAME, TARGET, DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                      \
+#define PACKED_FN(NAME, TARGET, DOT, NT, IN_Y, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                \
     TARGET void ei_packed_##NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
                             float *y, int64_t ldy) {                                               \
-        PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                   \
+        PACKED_BODY(DOT, NT, IN_Y, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                             \
     }
 
 /* Q5: bit e of each row's qh word (one row per 32-bit lane) becomes 16 in the
@@ -166,36 +167,37 @@ static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
     }
 }
 
-/* name: type, tokens per call, instruction set; AVX2 prefill takes 8 tokens a weight pass (Q4_0,
+/* name: type, tokens per call, instruction set (then: tokens, sums in y, 4-bit, 5-bit, min,
+ * offset); AVX2 prefill takes 8 tokens a weight pass (Q4_0,
  * one thread, cache-resident: 1.14x the 4-token kernel's rate, AMD Zen 3) */
-PACKED_FN(q4_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 1, 0.0f)
-PACKED_FN(q4_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 1, 1, 0.0f)
-PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
-PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
+PACKED_FN(q4_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 1, 1, 0.0f)
+PACKED_FN(q4_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 0, 128.0f)
+PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 0, 128.0f)
 /* prefill: 16 tokens a weight pass with AVX-512's 32 registers (16 accumulators + 8 weights) */
-PACKED_FN(q4_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 1, 0.0f)
-PACKED_FN(q8_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 0, 0, 128.0f)
+PACKED_FN(q4_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 0, 0, 0, 128.0f)
 
 /* AVX-512: NT tokens (16, 4 or 1) over a row pair (16 rows) in zmm registers, where
  * vpdpbusd does twice the ymm form's work at the same rate. The pair's blocks
