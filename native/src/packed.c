@@ -98,16 +98,19 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
  * the AVX2 and VNNI variants give identical results, and each token's float ops
- * are the same for every NT. IN_Y: the float sums wait in y, not in registers
- * (AVX2's 8-token kernels: 8 sums beside 8 weight vectors would spill). */
+ * are the same for every NT. IN_Y: the float sums wait in memory, not in registers
+ * (AVX2's 8-token kernels: 8 sums beside 8 weight vectors would spill; packed_k_simd.h's
+ * KSUMS_IN_MEMORY says why not in y). */
 #define PACKED_BODY(DOT, NT, IN_Y, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                             \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
     const int in_y = IN_Y;                                                                         \
     __m256 acc[NT];                                                                                \
+    float sums[NT * 8] __attribute__((aligned(32)));                                               \
+    if (in_y) EI_IN_MEMORY(sums);                                                                  \
     for (int t = 0; t < NT; t++)                                                                   \
         if (in_y)                                                                                  \
-            _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());                                    \
+            _mm256_store_ps(sums + 8 * t, _mm256_setzero_ps());                                    \
         else                                                                                       \
             acc[t] = _mm256_setzero_ps();                                                          \
     const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
@@ -130,17 +133,16 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
             const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));  \
-            __m256 r = in_y ? _mm256_loadu_ps(y + t * ldy) : acc[t];                               \
+            __m256 r = in_y ? _mm256_load_ps(sums + 8 * t) : acc[t];                               \
             r = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);                 \
             r = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r);                                      \
             if (in_y)                                                                              \
-                _mm256_storeu_ps(y + t * ldy, r);                                                  \
+                _mm256_store_ps(sums + 8 * t, r);                                                  \
             else                                                                                   \
                 acc[t] = r;                                                                        \
         }                                                                                          \
     }                                                                                              \
-    if (!in_y)                                                                                     \
-        for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, in_y ? _mm256_load_ps(sums + 8 * t) : acc[t]);
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */

@@ -17,6 +17,10 @@
  * every product first and spilling them (3x slower in the token-inner AVX2 loops). */
 #define EI_PIN(v) __asm__("" : "+x"(v))
 
+/* Makes the compiler keep array p in memory (its address escapes): the kernels' float sums that
+ * do not fit in registers, which GCC would otherwise try to promote to registers and spill. */
+#define EI_IN_MEMORY(p) __asm__("" : : "r"(p) : "memory")
+
 /* The longest exact int16 run for weights below 2^bits. */
 #define EI_DOT_RUN(bits) ((bits) <= 4 ? 8 : (bits) == 5 ? 4 : 2)
 

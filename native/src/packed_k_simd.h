@@ -8,9 +8,11 @@
 #define KF(name) KCAT(name, KSFX)
 #define KINL static inline KT __attribute__((always_inline))
 /* Where the multi-token kernels keep each token's float sums: registers, or, where AVX2's 16
- * registers are taken by the tokens' integer sums (8 tokens), in y itself (a store and a load a
- * sub-block, on nt independent chains; at one token that chain would bound the kernel). */
-#define KACC_IN_Y(nt) (!KVNNI && (nt) > 4)
+ * registers are taken by the tokens' integer sums (8 tokens), in memory (a store and a load a
+ * sub-block, on nt independent chains; at one token that chain would bound the kernel): a local
+ * array, not y, whose rows can lie a multiple of 4 KiB apart (y's stride is the matrix's rows),
+ * where each load waited on the last token's store (4K aliasing, Zen 3). */
+#define KSUMS_IN_MEMORY(nt) (!KVNNI && (nt) > 4)
 /* Whether Q4_K / Q5_K's sub-blocks run as a loop (two a pass, so that shifts stay constants)
  * rather than spelled out: AVX2's multi-token kernels, whose spelled-out form is too long to run
  * from the op cache (Q4_K, 8 tokens: 1.13x rolled, AMD Zen 3; Q6_K's gained nothing). */
@@ -61,11 +63,11 @@ KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __
 }
 #else
 /* AVX2: tokens inner. Each half's 4 weight vectors are unpacked once and feed every token's
- * int16 sum (packed_dot.h's runs), all nt of them in registers (the float sums: KACC_IN_Y); a
+ * int16 sum (packed_dot.h's runs), all nt of them in registers (the float sums: KSUMS_IN_MEMORY); a
  * token's 4 activation dwords come from one 16-byte load and in-lane shuffles (at 8 tokens on
  * AMD Zen 3, Q5_K 1.15x a broadcast load per dword, Q4_K the same). */
 KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __m256 mv, const void *act,
-                        int64_t act_stride, int64_t b, __m256 *acc, float *y, int64_t ldy) {
+                        int64_t act_stride, int64_t b, __m256 *acc, float *sums) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * (j >> 1);
     const ei_q8a *a[16];
@@ -116,11 +118,11 @@ KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __
     const __m256 dmn = _mm256_mul_ps(mv, KF(kcvt8)(p + 96 + 8 * j, 0));
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) {
-        __m256 r = KACC_IN_Y(nt) ? _mm256_loadu_ps(y + t * ldy) : acc[t];
+        __m256 r = KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t];
         r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(dsc, _mm256_set1_ps(a[t]->d)), r);
         r = _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a[t]->s), r);
-        if (KACC_IN_Y(nt))
-            _mm256_storeu_ps(y + t * ldy, r);
+        if (KSUMS_IN_MEMORY(nt))
+            _mm256_store_ps(sums + 8 * t, r);
         else
             acc[t] = r;
     }
@@ -135,15 +137,17 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
     const uint8_t *p = packed;
     const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES;
     __m256 acc[16];
+    float sums[16 * 8] __attribute__((aligned(32)));   /* KSUMS_IN_MEMORY */
+    if (KSUMS_IN_MEMORY(nt)) EI_IN_MEMORY(sums);
     for (int t = 0; t < nt; t++)
-        if (KACC_IN_Y(nt))
-            _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
+        if (KSUMS_IN_MEMORY(nt))
+            _mm256_store_ps(sums + 8 * t, _mm256_setzero_ps());
         else
             acc[t] = _mm256_setzero_ps();
 #if KVNNI
 #define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc)
 #else
-#define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc, y, ldy)
+#define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc, sums)
 #endif
     for (int64_t b = 0; b < nb; b++, p += ub) {
         if (nt == 1) ei_prefetch_ahead(p, (int)ub);
@@ -160,8 +164,7 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
         }
     }
 #undef KQ45
-    if (!KACC_IN_Y(nt))
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t]);
 }
 
 #if KVNNI
@@ -265,11 +268,11 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
 
 #else
 /* AVX2: kq45k_blk's scheme (tokens inner, a token's dwords by in-lane shuffles of one load, the
- * float sums by KACC_IN_Y); each half's sum starts at the activation row's -32 * (sum of the half)
+ * float sums by KSUMS_IN_MEMORY); each half's sum starts at the activation row's -32 * (sum of the half)
  * (ei_act_half_sums) instead of kasum's. The weights of both halves stay in registers (their
  * unpacking costs more than Q4_K's, so it is done once for all nt tokens). */
 KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t nb,
-                       int64_t b, __m256 *acc, float *y, int64_t ldy) {
+                       int64_t b, __m256 *acc, float *sums) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
@@ -303,9 +306,9 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
         }
         const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(sh[0], sclo), _mm256_mullo_epi32(sh[1], schi));
         const __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
-                                         KACC_IN_Y(nt) ? _mm256_loadu_ps(y + t * ldy) : acc[t]);
-        if (KACC_IN_Y(nt))
-            _mm256_storeu_ps(y + t * ldy, r);
+                                         KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t]);
+        if (KSUMS_IN_MEMORY(nt))
+            _mm256_store_ps(sums + 8 * t, r);
         else
             acc[t] = r;
     }
@@ -440,15 +443,17 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
                    int64_t ldy) {
     const uint8_t *p = packed;
     __m256 acc[16];
+    float sums[16 * 8] __attribute__((aligned(32)));   /* KSUMS_IN_MEMORY */
+    if (KSUMS_IN_MEMORY(nt)) EI_IN_MEMORY(sums);
     for (int t = 0; t < nt; t++)
-        if (KACC_IN_Y(nt))
-            _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
+        if (KSUMS_IN_MEMORY(nt))
+            _mm256_store_ps(sums + 8 * t, _mm256_setzero_ps());
         else
             acc[t] = _mm256_setzero_ps();
 #if KVNNI
 #define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, b, acc)
 #else
-#define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, nb, b, acc, y, ldy)
+#define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, nb, b, acc, sums)
 #endif
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         if (nt == 1) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
@@ -456,8 +461,7 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
         KQ6(0); KQ6(1); KQ6(2); KQ6(3); KQ6(4); KQ6(5); KQ6(6); KQ6(7);
     }
 #undef KQ6
-    if (!KACC_IN_Y(nt))
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t]);
 }
 
 #if KVNNI
