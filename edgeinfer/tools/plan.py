@@ -291,10 +291,12 @@ def state_bytes(m: ModelShape, slots: int, n_snapshots: int | None = None) -> in
 HUGE_PAGE = 2 << 20   # the packed weights, K and V arenas sit on 2 MiB pages (runtime.c: alloc_huge)
 
 
-def mapped_bytes(m: ModelShape) -> int:
-    """File pages resident besides the weights: the metadata, and a tied head's embedding
-    (packed for the head, read row by row from the mapping for the token lookups)."""
-    return m.header_bytes + m.tied_embd_bytes
+def mapped_bytes(m: ModelShape, head_packed: bool = True) -> int:
+    """File pages resident besides the weights: the metadata, and a tied head's embedding when
+    the head is packed (the packed copy serves the head, the mapping the token lookups). Where
+    the target's kernels do not pack the head's type (a Q8_0 head on x86 without VNNI), the head
+    reads the mapping itself, so its bytes are resident once, as weights."""
+    return m.header_bytes + (m.tied_embd_bytes if head_packed else 0)
 
 
 def overhead_bytes(m: ModelShape, slots: int, process: str = "serve") -> int:
@@ -334,10 +336,12 @@ class PlanRow:
 
 def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optional[int] = None,
              max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
-             process: str = "serve", speculative: Optional[str] = None) -> PlanRow:
+             process: str = "serve", speculative: Optional[str] = None, head_packed: bool = True) -> PlanRow:
     """The peak RSS of one model with `slots` slots of `ctx` cells, in a `process` ("serve":
     `edgeinfer serve`; "engine": a script that calls edgeinfer.load); with speculative="mtp",
-    plus the MTP block's KV ring, weights and buffers (ValueError when the file has no block)."""
+    plus the MTP block's KV ring, weights and buffers (ValueError when the file has no block).
+    `head_packed`: whether the target packs a tied head's type (mapped_bytes; True, the larger
+    figure, when unknown)."""
     if speculative is not None and speculative not in SPECULATIVE:
         raise ValueError(f"the plan prices speculative {' / '.join(map(repr, SPECULATIVE))} (lookup needs no "
                          f"memory; plan a draft model with its own file), got {speculative!r}")
@@ -345,7 +349,7 @@ def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optio
     stb = state_bytes(m, slots)
     scr = scratch_bytes(m, ctx, slots, max_batch, n_threads)
     ovh = overhead_bytes(m, slots, process)
-    mapped = mapped_bytes(m)
+    mapped = mapped_bytes(m, head_packed)
     mkv = mw = mscr = 0
     if speculative == "mtp":
         block = _require_mtp(m)
