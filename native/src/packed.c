@@ -130,6 +130,9 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
         } else {                                                                                   \
             for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k)); \
         }                                                                                          \
+        /* tokens spelled out: else GCC jams two blocks into the token loop and spills their 16   \
+         * weight vectors (the 8-token Q4_0 kernel then gained nothing in the model) */            \
+        _Pragma("GCC unroll 16")                                                                   \
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
             const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));  \
