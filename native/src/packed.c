@@ -98,21 +98,17 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
  * the AVX2 and VNNI variants give identical results, and each token's float ops
- * are the same for every NT. IN_Y: the float sums wait in memory, not in registers
+ * are the same for every NT. SUMS_IN_MEM: the float sums wait in memory, not in registers
  * (AVX2's 8-token kernels: 8 sums beside 8 weight vectors would spill; packed_k_simd.h's
  * KSUMS_IN_MEMORY says why not in y). */
-#define PACKED_BODY(DOT, NT, IN_Y, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                             \
+#define PACKED_BODY(DOT, NT, SUMS_IN_MEM, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                     \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
-    const int in_y = IN_Y;                                                                         \
+    const int in_mem = SUMS_IN_MEM;                                                                \
     __m256 acc[NT];                                                                                \
     float sums[NT * 8] __attribute__((aligned(32)));                                               \
-    if (in_y) EI_IN_MEMORY(sums);                                                                  \
-    for (int t = 0; t < NT; t++)                                                                   \
-        if (in_y)                                                                                  \
-            _mm256_store_ps(sums + 8 * t, _mm256_setzero_ps());                                    \
-        else                                                                                       \
-            acc[t] = _mm256_setzero_ps();                                                          \
+    if (in_mem) EI_IN_MEMORY(sums);                                                                \
+    ei_sums_zero(in_mem, NT, acc, sums);                                                           \
     const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
     for (int64_t b = 0; b < nb; b++, p += hdr + qb) {                                              \
         if (NT == 1) ei_prefetch_ahead(p, hdr + qb);                                               \
@@ -122,7 +118,7 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
         __m256i w[8];                                                                              \
         if (FOUR_BIT) {                                                                            \
             for (int k = 0; k < 4; k++) {                                                          \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k));        \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k));         \
                 w[k] = _mm256_and_si256(v, m4);                                                    \
                 w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                          \
             }                                                                                      \
@@ -130,29 +126,25 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
         } else {                                                                                   \
             for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k)); \
         }                                                                                          \
-        /* tokens spelled out: else GCC jams two blocks into the token loop and spills their 16   \
+        /* tokens spelled out: else GCC jams two blocks into the token loop and spills their 16    \
          * weight vectors (the 8-token Q4_0 kernel then gained nothing in the model) */            \
         _Pragma("GCC unroll 16")                                                                   \
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
-            const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));  \
-            __m256 r = in_y ? _mm256_load_ps(sums + 8 * t) : acc[t];                               \
+            const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8)); \
+            __m256 r = ei_sum_get(in_mem, acc, sums, t);                                           \
             r = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);                 \
-            r = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r);                                      \
-            if (in_y)                                                                              \
-                _mm256_store_ps(sums + 8 * t, r);                                                  \
-            else                                                                                   \
-                acc[t] = r;                                                                        \
+            ei_sum_put(in_mem, acc, sums, t, _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r));        \
         }                                                                                          \
     }                                                                                              \
-    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, in_y ? _mm256_load_ps(sums + 8 * t) : acc[t]);
+    ei_sums_store(in_mem, NT, acc, sums, y, ldy);
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
-#define PACKED_FN(NAME, TARGET, DOT, NT, IN_Y, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                \
+#define PACKED_FN(NAME, TARGET, DOT, NT, SUMS_IN_MEM, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)         \
     TARGET void ei_packed_##NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
                             float *y, int64_t ldy) {                                               \
-        PACKED_BODY(DOT, NT, IN_Y, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                             \
+        PACKED_BODY(DOT, NT, SUMS_IN_MEM, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                     \
     }
 
 /* Q5: bit e of each row's qh word (one row per 32-bit lane) becomes 16 in the

@@ -21,6 +21,34 @@
  * do not fit in registers, which GCC would otherwise try to promote to registers and spill. */
 #define EI_IN_MEMORY(p) __asm__("" : : "r"(p) : "memory")
 
+/* The multi-token kernels' float sums, a vector of 8 rows per token: in registers (acc), or in
+ * memory (sums, EI_IN_MEMORY, 32-byte aligned) where they would not fit beside the kernel's other
+ * vectors (in_mem). */
+static inline __attribute__((target("avx"), always_inline)) void ei_sums_zero(int in_mem, int nt, __m256 *acc,
+                                                                             float *sums) {
+    for (int t = 0; t < nt; t++)
+        if (in_mem)
+            _mm256_store_ps(sums + 8 * t, _mm256_setzero_ps());
+        else
+            acc[t] = _mm256_setzero_ps();
+}
+static inline __attribute__((target("avx"), always_inline)) __m256 ei_sum_get(int in_mem, const __m256 *acc,
+                                                                             const float *sums, int t) {
+    return in_mem ? _mm256_load_ps(sums + 8 * t) : acc[t];
+}
+static inline __attribute__((target("avx"), always_inline)) void ei_sum_put(int in_mem, __m256 *acc, float *sums,
+                                                                           int t, __m256 r) {
+    if (in_mem)
+        _mm256_store_ps(sums + 8 * t, r);
+    else
+        acc[t] = r;
+}
+static inline __attribute__((target("avx"), always_inline)) void ei_sums_store(int in_mem, int nt, const __m256 *acc,
+                                                                              const float *sums, float *y,
+                                                                              int64_t ldy) {
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, ei_sum_get(in_mem, acc, sums, t));
+}
+
 /* The longest exact int16 run for weights below 2^bits. */
 #define EI_DOT_RUN(bits) ((bits) <= 4 ? 8 : (bits) == 5 ? 4 : 2)
 

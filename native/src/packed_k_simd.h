@@ -118,13 +118,10 @@ KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __
     const __m256 dmn = _mm256_mul_ps(mv, KF(kcvt8)(p + 96 + 8 * j, 0));
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) {
-        __m256 r = KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t];
+        __m256 r = ei_sum_get(KSUMS_IN_MEMORY(nt), acc, sums, t);
         r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(dsc, _mm256_set1_ps(a[t]->d)), r);
         r = _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a[t]->s), r);
-        if (KSUMS_IN_MEMORY(nt))
-            _mm256_store_ps(sums + 8 * t, r);
-        else
-            acc[t] = r;
+        ei_sum_put(KSUMS_IN_MEMORY(nt), acc, sums, t, r);
     }
 }
 #endif
@@ -139,11 +136,7 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
     __m256 acc[16];
     float sums[16 * 8] __attribute__((aligned(32)));   /* KSUMS_IN_MEMORY */
     if (KSUMS_IN_MEMORY(nt)) EI_IN_MEMORY(sums);
-    for (int t = 0; t < nt; t++)
-        if (KSUMS_IN_MEMORY(nt))
-            _mm256_store_ps(sums + 8 * t, _mm256_setzero_ps());
-        else
-            acc[t] = _mm256_setzero_ps();
+    ei_sums_zero(KSUMS_IN_MEMORY(nt), nt, acc, sums);
 #if KVNNI
 #define KQ45(j) KF(kq45k_blk)(five, nt, j, p, dv, mv, act, act_stride, b, acc)
 #else
@@ -164,7 +157,7 @@ KINL void KF(kq45k)(int five, int nt, const void *packed, int64_t nb, const void
         }
     }
 #undef KQ45
-    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t]);
+    ei_sums_store(KSUMS_IN_MEMORY(nt), nt, acc, sums, y, ldy);
 }
 
 #if KVNNI
@@ -305,12 +298,9 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
                                         _mm256_set1_epi32(hs[half]));
         }
         const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(sh[0], sclo), _mm256_mullo_epi32(sh[1], schi));
-        const __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
-                                         KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t]);
-        if (KSUMS_IN_MEMORY(nt))
-            _mm256_store_ps(sums + 8 * t, r);
-        else
-            acc[t] = r;
+        ei_sum_put(KSUMS_IN_MEMORY(nt), acc, sums, t,
+                   _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
+                                   ei_sum_get(KSUMS_IN_MEMORY(nt), acc, sums, t)));
     }
 }
 #endif
@@ -445,11 +435,7 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
     __m256 acc[16];
     float sums[16 * 8] __attribute__((aligned(32)));   /* KSUMS_IN_MEMORY */
     if (KSUMS_IN_MEMORY(nt)) EI_IN_MEMORY(sums);
-    for (int t = 0; t < nt; t++)
-        if (KSUMS_IN_MEMORY(nt))
-            _mm256_store_ps(sums + 8 * t, _mm256_setzero_ps());
-        else
-            acc[t] = _mm256_setzero_ps();
+    ei_sums_zero(KSUMS_IN_MEMORY(nt), nt, acc, sums);
 #if KVNNI
 #define KQ6(j) KF(kq6k_blk)(nt, j, p, dv, act, act_stride, b, acc)
 #else
@@ -461,7 +447,7 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
         KQ6(0); KQ6(1); KQ6(2); KQ6(3); KQ6(4); KQ6(5); KQ6(6); KQ6(7);
     }
 #undef KQ6
-    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, KSUMS_IN_MEMORY(nt) ? _mm256_load_ps(sums + 8 * t) : acc[t]);
+    ei_sums_store(KSUMS_IN_MEMORY(nt), nt, acc, sums, y, ldy);
 }
 
 #if KVNNI
