@@ -248,38 +248,69 @@ static inline __attribute__((always_inline)) AV void heads_scores8(const float *
             for (int j = 0; j < JN; j++) {   /* acc[(j * ut + u) * 2 + half], i = 2u + half */
                 const __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), acc[j * ut * 2 + i], vis);
                 mxv[j] = _mm256_max_ps(mxv[j], x);
-                _mm256_maskstore_ps(sc + (size_t)j * n + c, live, x);
+                if (c + 8 <= n) _mm256_storeu_ps(sc + (size_t)j * n + c, x);   /* AMD's masked store is slow */
+                else _mm256_maskstore_ps(sc + (size_t)j * n + c, live, x);
             }
         }
     }
     for (int j = 0; j < JN; j++) mx[j] = hmax8(mxv[j]);
 }
 
-/* o = sum over the n cells of weight w[c] times V row c, for JV (1 or 2) heads (weights w and
- * w + n, outputs o0 and o1), 32 values a pass: each V row is turned into floats once per pair. A
- * weight of 0 adds nothing, so the sums are those of one head at a time. */
-static inline __attribute__((always_inline)) AV void heads_v8(const float *w, const int JV, int32_t n,
-                                                              const uint8_t *v, const int hd, float *o0, float *o1) {
-    const int nv = hd / 8;
-    for (int s0 = 0; s0 < nv; s0 += 4) {
-        const int ns = EI_MIN(4, nv - s0);
-        __m256 a[2][4];
-        for (int i = 0; i < 4; i++) a[0][i] = a[1][i] = _mm256_setzero_ps();
-        for (int32_t c = 0; c < n; c++) {
-            if (w[c] == 0.0f && (JV == 1 || w[n + c] == 0.0f)) continue;
-            const uint8_t *vc = v + (size_t)c * hd * 2;
-            const __m256 x0 = _mm256_set1_ps(w[c]), x1 = _mm256_set1_ps(JV == 2 ? w[n + c] : 0.0f);
-            for (int i = 0; i < ns; i++) {
-                const __m256 vz = ld_kv8(vc, s0 + i);
-                a[0][i] = _mm256_fmadd_ps(x0, vz, a[0][i]);
-                if (JV == 2) a[1][i] = _mm256_fmadd_ps(x1, vz, a[1][i]);
-            }
-        }
-        for (int i = 0; i < ns; i++) {
-            _mm256_storeu_ps(o0 + 8 * (s0 + i), a[0][i]);
-            if (JV == 2) _mm256_storeu_ps(o1 + 8 * (s0 + i), a[1][i]);
+/* One V row (cell) times its JV weights w[j * n] into the JV x NS accumulators of values
+ * [8 * s0, 8 * (s0 + NS)), each V vector turned into floats once for the JV heads. */
+static inline __attribute__((always_inline)) AV void v_cell(const float *w, const int JV, const int NS, int s0,
+                                                            int32_t n, const uint8_t *vc, __m256 (*a)[8]) {
+    __m256 vz[8];
+    for (int i = 0; i < NS; i++) vz[i] = ld_kv8(vc, s0 + i);
+    for (int j = 0; j < JV; j++) {
+        const __m256 x = _mm256_set1_ps(w[(size_t)j * n]);
+        for (int i = 0; i < NS; i++) a[j][i] = _mm256_fmadd_ps(x, vz[i], a[j][i]);
+    }
+}
+
+/* o[j] = sum over the n cells of weight w[j * n + c] times V row c, for JV heads and values
+ * [8 * s0, 8 * (s0 + NS)). A cell whose JV weights are all 0 is skipped; a weight of 0 beside
+ * others adds 0, so a head's sum is the same in any grouping. The zero test is one vector compare
+ * per 8 cells: tested cell by cell it cost as much as the cell's FMAs. */
+static inline __attribute__((always_inline)) AV void heads_v8(const float *w, const int JV, const int NS, int s0,
+                                                              int32_t n, const uint8_t *v, const int hd,
+                                                              float *const *o) {
+    __m256 a[4][8];
+    for (int j = 0; j < JV; j++)
+        for (int i = 0; i < NS; i++) a[j][i] = _mm256_setzero_ps();
+    const size_t rb = (size_t)hd * 2;
+    int32_t c = 0;
+    for (; c + 8 <= n; c += 8) {   /* 8 cells a step, their "any weight not 0" as bits */
+        __m256 nz = _mm256_setzero_ps();
+        for (int j = 0; j < JV; j++)
+            nz = _mm256_or_ps(nz, _mm256_cmp_ps(_mm256_loadu_ps(w + (size_t)j * n + c), _mm256_setzero_ps(),
+                                                _CMP_NEQ_UQ));
+        const int live = _mm256_movemask_ps(nz);
+        if (live == 0xff) {
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) v_cell(w + c + i, JV, NS, s0, n, v + (c + i) * rb, a);
+        } else {
+            for (int i = 0; i < 8; i++)
+                if (live >> i & 1) v_cell(w + c + i, JV, NS, s0, n, v + (c + i) * rb, a);
         }
     }
+    for (; c < n; c++) {
+        int any = 0;
+        for (int j = 0; j < JV; j++) any |= w[(size_t)j * n + c] != 0.0f;
+        if (any) v_cell(w + c, JV, NS, s0, n, v + c * rb, a);
+    }
+    for (int j = 0; j < JV; j++)
+        for (int i = 0; i < NS; i++) _mm256_storeu_ps(o[j] + 8 * (s0 + i), a[j][i]);
+}
+
+/* heads_v8 over all hd values, 8 accumulators a pass or 6 for 3 heads (8 values at a time at the
+ * end when hd / 8 does not divide into passes). */
+static inline __attribute__((always_inline)) AV void heads_v(const float *w, const int JV, int32_t n,
+                                                             const uint8_t *v, const int hd, float *const *o) {
+    const int NS = JV == 1 ? 8 : JV == 2 ? 4 : 2;
+    int s0 = 0;
+    for (; s0 + NS <= hd / 8; s0 += NS) heads_v8(w, JV, NS, s0, n, v, hd, o);
+    for (; s0 < hd / 8; s0++) heads_v8(w, JV, 1, s0, n, v, hd, o);
 }
 
 /* F16 K/V, hd a multiple of 8, at most EI_ATTN_MAX_HD: the scores of up to 4 heads at once (8 FMA
@@ -312,12 +343,13 @@ static inline __attribute__((always_inline)) AV void chunk_avx2_body(
             pj[0] = mx[j];
         }
         if (mx[0] == -INFINITY) continue;
-        for (int j = 0; j < jn; j += 2) {
-            float *pj = part + (size_t)(j0 + j) * EI_ATTN_PART_FLOATS(hd) + 2;
-            if (j + 1 < jn)
-                heads_v8(scj + (size_t)j * n, 2, n, v, hd, pj, pj + EI_ATTN_PART_FLOATS(hd));
-            else
-                heads_v8(scj + (size_t)j * n, 1, n, v, hd, pj, NULL);
+        float *o[4];
+        for (int j = 0; j < jn; j++) o[j] = part + (size_t)(j0 + j) * EI_ATTN_PART_FLOATS(hd) + 2;
+        switch (jn) {   /* V for all the heads at once: 4 x 2 accumulators */
+        case 1: heads_v(scj, 1, n, v, hd, o); break;
+        case 2: heads_v(scj, 2, n, v, hd, o); break;
+        case 3: heads_v(scj, 3, n, v, hd, o); break;
+        default: heads_v(scj, 4, n, v, hd, o); break;
         }
     }
 }
