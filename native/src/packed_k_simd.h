@@ -13,9 +13,10 @@
  * array, not y, whose rows can lie a multiple of 4 KiB apart (y's stride is the matrix's rows),
  * where each load waited on the last token's store (4K aliasing, Zen 3). */
 #define KSUMS_IN_MEMORY(nt) (!KVNNI && (nt) > 4)
-/* Whether Q4_K / Q5_K's sub-blocks run as a loop (two a pass, so that shifts stay constants)
- * rather than spelled out: AVX2's multi-token kernels, whose spelled-out form is too long to run
- * from the op cache (Q4_K, 8 tokens: 1.13x rolled, AMD Zen 3; Q6_K's gained nothing). */
+/* Whether the K-quants' sub-blocks run as a loop (Q4_K / Q5_K two a pass, Q6_K four, so that
+ * shifts stay constants) rather than spelled out: AVX2's multi-token kernels, whose spelled-out
+ * form is too long to run from the op cache (8 tokens, AMD Zen 3: Q4_K 1.13x rolled; Q6_K's
+ * 3,200-instruction kernel 1.12x in two passes). */
 #define KROLL(nt) (!KVNNI && (nt) > 1)
 
 /* 16 in every byte whose bit is set in the 32-bit mask at m (Q5_K's fifth bit). */
@@ -261,46 +262,58 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
 
 #else
 /* AVX2: kq45k_blk's scheme (tokens inner, a token's dwords by in-lane shuffles of one load, the
- * float sums by KSUMS_IN_MEMORY); each half's sum starts at the activation row's -32 * (sum of the half)
- * (ei_act_half_sums) instead of kasum's. The weights of both halves stay in registers (their
- * unpacking costs more than Q4_K's, so it is done once for all nt tokens). */
+ * float sums by KSUMS_IN_MEMORY), one half of the block at a time so that only its 4 weight
+ * vectors are held; each half's sum starts at the activation row's -32 * (sum of the half)
+ * (ei_act_half_sums) instead of kasum's. The scales are applied in float, as zq6k_blk does:
+ * |lo|, |hi| <= 16 * 32 * 128 = 2^16 and |sc| <= 128, so lo * sc_lo is exact, and
+ * fmadd(hi, sc_hi, lo * sc_lo) rounds the exact integer sum once, as the VNNI kernel's conversion
+ * of its int32 sum does; each token's lo * sc_lo waits in a local array between the halves.
+ * Holding both halves' weights and two vpmulld a token, the kernel spilled: this form with kq6k's
+ * quad loop (KROLL) is 1.15x at 8 tokens, 1.11x at 4 (AMD Zen 3, cache-resident). */
 KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t nb,
                        int64_t b, __m256 *acc, float *sums) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
     const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
-    const __m256i sclo = _mm256_cvtepi8_epi32(sc2), schi = _mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8));
+    const __m256 scf[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc2)),
+                           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8)))};
     /* a token's half sums lie this many bytes after its block */
     const int64_t blk = 8 * b + j, hs_off = 8 * nb * (int64_t)sizeof(ei_q8a) + blk * 8 - blk * (int64_t)sizeof(ei_q8a);
-    __m256i w[8];
-    for (int k = 0; k < 8; k++) {
-        __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + c) + 32 * k));
-        __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));
-        if (hi) l = _mm256_srli_epi16(l, 4);
-        u = s2 == 0 ? _mm256_slli_epi16(u, 4) : s2 == 2 ? _mm256_slli_epi16(u, 2) : s2 == 6 ? _mm256_srli_epi16(u, 2) : u;
-        w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30));
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) {
-        const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk;
-        const int32_t *hs = (const int32_t *)((const uint8_t *)a + hs_off);
-        __m256i sh[2];
-        for (int half = 0; half < 2; half++) {
-            const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16 * half)));
-            const __m256i *wh = w + 4 * half;
-            /* runs of 2 (packed_dot.h) */
-            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(wh[0], _mm256_shuffle_epi32(x, 0x00)),
-                                                _mm256_maddubs_epi16(wh[1], _mm256_shuffle_epi32(x, 0x55)));
-            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(wh[2], _mm256_shuffle_epi32(x, 0xaa)),
-                                                _mm256_maddubs_epi16(wh[3], _mm256_shuffle_epi32(x, 0xff)));
-            sh[half] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)),
-                                        _mm256_set1_epi32(hs[half]));
+    float lo[16 * 8] __attribute__((aligned(32)));
+    EI_IN_MEMORY(lo);
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; half++) {
+        __m256i w[4];
+        for (int i = 0; i < 4; i++) {
+            const int k = 4 * half + i;
+            __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + c) + 32 * k));
+            __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));
+            if (hi) l = _mm256_srli_epi16(l, 4);
+            u = s2 == 0 ? _mm256_slli_epi16(u, 4) : s2 == 2 ? _mm256_slli_epi16(u, 2) : s2 == 6 ? _mm256_srli_epi16(u, 2) : u;
+            w[i] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30));
         }
-        const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(sh[0], sclo), _mm256_mullo_epi32(sh[1], schi));
-        ei_sum_put(KSUMS_IN_MEMORY(nt), acc, sums, t,
-                   _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
-                                   ei_sum_get(KSUMS_IN_MEMORY(nt), acc, sums, t)));
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) {
+            const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk;
+            const int32_t *hs = (const int32_t *)((const uint8_t *)a + hs_off);
+            const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16 * half)));
+            /* runs of 2 (packed_dot.h) */
+            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_shuffle_epi32(x, 0x00)),
+                                                _mm256_maddubs_epi16(w[1], _mm256_shuffle_epi32(x, 0x55)));
+            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_shuffle_epi32(x, 0xaa)),
+                                                _mm256_maddubs_epi16(w[3], _mm256_shuffle_epi32(x, 0xff)));
+            const __m256i sh = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)),
+                                                _mm256_set1_epi32(hs[half]));
+            if (half == 0) {
+                _mm256_store_ps(lo + 8 * t, _mm256_mul_ps(_mm256_cvtepi32_ps(sh), scf[0]));
+                continue;
+            }
+            const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh), scf[1], _mm256_load_ps(lo + 8 * t));
+            ei_sum_put(KSUMS_IN_MEMORY(nt), acc, sums, t,
+                       _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
+                                       ei_sum_get(KSUMS_IN_MEMORY(nt), acc, sums, t)));
+        }
     }
 }
 #endif
@@ -444,7 +457,15 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         if (nt == 1) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        KQ6(0); KQ6(1); KQ6(2); KQ6(3); KQ6(4); KQ6(5); KQ6(6); KQ6(7);
+        if (KROLL(nt)) {   /* a quad of blocks a pass: the shifts depend on j % 4 only */
+            for (int q = 0; q < 2; q++) {
+                __asm__("" : "+r"(q));   /* GCC peels a 2-pass loop whatever the pragma says */
+                const int j = 4 * q;
+                KQ6(j); KQ6(j + 1); KQ6(j + 2); KQ6(j + 3);
+            }
+        } else {
+            KQ6(0); KQ6(1); KQ6(2); KQ6(3); KQ6(4); KQ6(5); KQ6(6); KQ6(7);
+        }
     }
 #undef KQ6
     ei_sums_store(KSUMS_IN_MEMORY(nt), nt, acc, sums, y, ldy);
