@@ -428,10 +428,12 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
             for (int i = 0; i < 4; i++) {
                 const int j = 4 * h + i;
                 const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
-                const __m256i sclo = _mm256_cvtepi8_epi32(sc2), schi = _mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8));
-                const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(s[2 * i], sclo),
-                                                      _mm256_mullo_epi32(s[2 * i + 1], schi));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(aq[i].d)), acc);
+                /* the scales in float, exact as in kq6k_blk */
+                const __m256 sclo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc2));
+                const __m256 schi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8)));
+                const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[2 * i + 1]), schi,
+                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(s[2 * i]), sclo));
+                acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(aq[i].d)), acc);
             }
         }
     }
