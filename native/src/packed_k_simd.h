@@ -373,9 +373,12 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
     _mm256_storeu_ps(y, acc);
 }
 #else
-/* One token, Q6_K, AVX2: kq6k_1's scheme in ymm (each ql and qh byte loaded once for the four
- * blocks of a quad, the chains started at the activation's half sums, in-lane shuffles):
- * 1.12x kq6k (AVX2 table, Zen 4, cache-resident, scripts/bench_matvec.py --isa 1). */
+/* One token, Q6_K, AVX2: the four blocks of a quad share their 2-bit tops (qh); blocks i and
+ * i + 2 also share their nibble bytes (ql), so each pass takes one such pair (ql loaded once, qh
+ * twice a quad) with the chains started at the activation's half sums, in-lane shuffles, and the
+ * scales applied in float as in kq6k_blk. Taking all four blocks a pass (each byte loaded once)
+ * held 23 vectors and spilled: the pairs are 1.06x on one thread, cache-resident, and the same
+ * streaming at two threads (AMD Zen 3). The blocks' float sums are added in block order. */
 KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) {
     const uint8_t *p = packed;
     const ei_q8a *a = act;
@@ -389,52 +392,52 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
         const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const ei_q8a *aq = a + 4 * h;
-            const int32_t *hq = hs + 8 * h;
-            __m256i s[8];   /* block i's halves: s[2i], s[2i + 1] */
-            for (int i = 0; i < 8; i++) s[i] = _mm256_set1_epi32(hq[i]);
-            for (int half = 0; half < 2; half++) {
-                __m256i x[4];
-                for (int i = 0; i < 4; i++)
-                    x[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(aq[i].q + 16 * half)));
-#define KQ6W(k, w)                                                                                            \
-    do {                                                                                                      \
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h) + 32 * (k)));             \
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + 1) + 32 * (k)));         \
-        const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * (k)));                    \
-        w[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(u, 4), m30));    \
-        w[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(u, 2), m30));    \
-        w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(u, m30));    \
-        w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),                               \
-                               _mm256_and_si256(_mm256_srli_epi16(u, 2), m30));                              \
-    } while (0)
-/* groups kk and kk + 1 of each block, their int16 products added before one madd (packed_dot.h) */
-#define KQ6S(kk, sh0, sh1)                                                                                    \
-    do {                                                                                                      \
-        __m256i wa[4], wb[4];                                                                                 \
-        KQ6W(4 * half + (kk), wa);                                                                            \
-        KQ6W(4 * half + (kk) + 1, wb);                                                                        \
-        for (int i = 0; i < 4; i++)                                                                           \
-            s[2 * i + half] = _mm256_add_epi32(                                                               \
-                s[2 * i + half],                                                                              \
-                _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wa[i], _mm256_shuffle_epi32(x[i], sh0)), \
-                                                   _mm256_maddubs_epi16(wb[i], _mm256_shuffle_epi32(x[i], sh1))), \
-                                  ones));                                                                     \
-    } while (0)
-                KQ6S(0, 0x00, 0x55); KQ6S(2, 0xaa, 0xff);
-#undef KQ6W
-#undef KQ6S
+            __m256 isum[4];   /* block 4h + i's integer sum times its scales, in float */
+#pragma GCC unroll 2
+            for (int pb = 0; pb < 2; pb++) {   /* blocks pb and pb + 2: nibble bytes ql[2h + pb] */
+                const uint8_t *lq = ql + 256 * (2 * h + pb);
+                __m256i s[2][2];   /* [block pb or pb + 2][half] */
+                for (int e = 0; e < 2; e++)
+                    for (int half = 0; half < 2; half++) s[e][half] = _mm256_set1_epi32(hs[8 * h + 2 * (pb + 2 * e) + half]);
+#pragma GCC unroll 2
+                for (int half = 0; half < 2; half++) {
+                    __m256i x[2];
+                    for (int e = 0; e < 2; e++)
+                        x[e] = _mm256_broadcastsi128_si256(
+                            _mm_loadu_si128((const __m128i *)(a[4 * h + pb + 2 * e].q + 16 * half)));
+#pragma GCC unroll 4
+                    for (int k = 4 * half; k < 4 * half + 4; k += 2) {   /* groups k, k + 1: a run of 2 */
+                        __m256i w[2][2];   /* [block][group] */
+                        for (int g = 0; g < 2; g++) {
+                            const __m256i l = _mm256_loadu_si256((const __m256i *)(lq + 32 * (k + g)));
+                            const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * (k + g)));
+                            /* block pb: low nibbles, tops at bits 2pb..; block pb + 2: high nibbles */
+                            const __m256i t0 = pb ? _mm256_slli_epi16(u, 2) : _mm256_slli_epi16(u, 4);
+                            const __m256i t2 = pb ? _mm256_srli_epi16(u, 2) : u;
+                            w[0][g] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(t0, m30));
+                            w[1][g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                                                      _mm256_and_si256(t2, m30));
+                        }
+                        const int sh0 = (k & 3) == 0 ? 0x00 : 0xaa, sh1 = (k & 3) == 0 ? 0x55 : 0xff;
+                        for (int e = 0; e < 2; e++)
+                            s[e][half] = _mm256_add_epi32(
+                                s[e][half],
+                                _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[e][0], _mm256_shuffle_epi32(x[e], sh0)),
+                                                                   _mm256_maddubs_epi16(w[e][1], _mm256_shuffle_epi32(x[e], sh1))),
+                                                  ones));
+                    }
+                }
+                for (int e = 0; e < 2; e++) {   /* the scales in float, exact as in kq6k_blk */
+                    const int i = pb + 2 * e;
+                    const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * (4 * h + i)));
+                    const __m256 sclo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc2));
+                    const __m256 schi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8)));
+                    isum[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[e][1]), schi,
+                                              _mm256_mul_ps(_mm256_cvtepi32_ps(s[e][0]), sclo));
+                }
             }
-            for (int i = 0; i < 4; i++) {
-                const int j = 4 * h + i;
-                const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
-                /* the scales in float, exact as in kq6k_blk */
-                const __m256 sclo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc2));
-                const __m256 schi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8)));
-                const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[2 * i + 1]), schi,
-                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(s[2 * i]), sclo));
-                acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(aq[i].d)), acc);
-            }
+            for (int i = 0; i < 4; i++)
+                acc = _mm256_fmadd_ps(isum[i], _mm256_mul_ps(dv, _mm256_set1_ps(a[4 * h + i].d)), acc);
         }
     }
     _mm256_storeu_ps(y, acc);
