@@ -98,17 +98,12 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
  * the AVX2 and VNNI variants give identical results, and each token's float ops
- * are the same for every NT. SUMS_IN_MEM: the float sums wait in memory, not in registers
- * (AVX2's 8-token kernels: 8 sums beside 8 weight vectors would spill; packed_k_simd.h's
- * KSUMS_IN_MEMORY says why not in y). */
-#define PACKED_BODY(DOT, NT, SUMS_IN_MEM, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                     \
+ * are the same for every NT (packed_x8_ti's too). */
+#define PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                  \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
-    const int in_mem = SUMS_IN_MEM;                                                                \
     __m256 acc[NT];                                                                                \
-    float sums[NT * 8] __attribute__((aligned(32)));                                               \
-    if (in_mem) EI_IN_MEMORY(sums);                                                                \
-    ei_sums_zero(in_mem, NT, acc, sums);                                                           \
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                     \
     const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
     for (int64_t b = 0; b < nb; b++, p += hdr + qb) {                                              \
         if (NT == 1) ei_prefetch_ahead(p, hdr + qb);                                               \
@@ -132,69 +127,134 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
             const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8)); \
-            __m256 r = ei_sum_get(in_mem, acc, sums, t);                                           \
-            r = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);                 \
-            ei_sum_put(in_mem, acc, sums, t, _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r));        \
+            acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);       \
+            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), acc[t]);                            \
         }                                                                                          \
     }                                                                                              \
-    ei_sums_store(in_mem, NT, acc, sums, y, ldy);
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
-#define PACKED_FN(NAME, TARGET, DOT, NT, SUMS_IN_MEM, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)         \
+#define PACKED_FN(NAME, TARGET, DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                      \
     TARGET void ei_packed_##NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride,   \
                             float *y, int64_t ldy) {                                               \
-        PACKED_BODY(DOT, NT, SUMS_IN_MEM, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                     \
+        PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                  \
     }
 
 /* Q5: bit e of each row's qh word (one row per 32-bit lane) becomes 16 in the
  * byte holding element e: w[k] holds elements 4k+j (qh byte k/2), w[k+4]
- * elements 16+4k+j (qh byte 2+k/2), at bits 4(k%2)+j. */
-static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)qh_words);
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    for (int k = 0; k < 8; k++) {
-        const int byte = k < 4 ? (k >> 1) : 2 + ((k - 4) >> 1), shift = 4 * (k & 1);
-        const __m256i ctl = _mm256_add_epi8(_mm256_set1_epi8((char)byte),
-                                            _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
-                                                             0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
-        const __m256i bits = _mm256_set1_epi32((int)(0x08040201u << shift));
-        const __m256i hit = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, ctl), bits), bits);
-        w[k] = _mm256_or_si256(w[k], _mm256_and_si256(hit, sixteen));
-    }
+ * elements 16+4k+j (qh byte 2+k/2), at bits 4(k%2)+j. The fifth bits of w[k] from the
+ * loaded qh words: */
+static inline __attribute__((always_inline)) T_AVX2 __m256i high_bits(__m256i qh, int k) {
+    const int byte = k < 4 ? (k >> 1) : 2 + ((k - 4) >> 1), shift = 4 * (k & 1);
+    const __m256i ctl = _mm256_add_epi8(_mm256_set1_epi8((char)byte),
+                                        _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                                         0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+    const __m256i bits = _mm256_set1_epi32((int)(0x08040201u << shift));
+    const __m256i hit = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, ctl), bits), bits);
+    return _mm256_and_si256(hit, _mm256_set1_epi8(16));
 }
 
-/* name: type, tokens per call, instruction set (then: tokens, sums in y, 4-bit, 5-bit, min,
- * offset); AVX2 prefill takes 8 tokens a weight pass (Q4_0,
- * one thread, cache-resident: 1.14x the 4-token kernel's rate, AMD Zen 3) */
-PACKED_FN(q4_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x8_avx2, T_AVX2, DOT_AVX2, 8, 1, 1, 1, 1, 0.0f)
-PACKED_FN(q4_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 0, 0, 8.0f)
-PACKED_FN(q4_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 0, 1, 0.0f)
-PACKED_FN(q4_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 1, 0, 16.0f)
-PACKED_FN(q5_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 0, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 0, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 1, 1, 1, 0.0f)
-PACKED_FN(q5_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 1, 1, 1, 0.0f)
-PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 0, 128.0f)
-PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 0, 128.0f)
+static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)qh_words);
+    for (int k = 0; k < 8; k++) w[k] = _mm256_or_si256(w[k], high_bits(qh, k));
+}
+
+/* AVX2 prefill, 4- and 5-bit weights, 8 tokens, tokens inner (packed_k_simd.h's kq45k_blk
+ * order): each half of a block (its low or its high nibbles) is unpacked into 4 vectors that feed
+ * all 8 tokens' integer sums, held in registers (int16 for 4-bit weights, a run of 8; int32 for
+ * 5-bit, a run of 4 a half: packed_dot.h); the float sums wait in memory. Each token's operations
+ * are PACKED_BODY's, so the results are bit for bit the same. Against PACKED_BODY's order
+ * (weights held, tokens outside, spilling) 1.35-1.37x for Q4_0 and Q4_1 (AMD Zen 3,
+ * cache-resident, scripts/bench_matvec.py --tokens 8). */
+static inline __attribute__((always_inline)) T_AVX2 void packed_x8_ti(const void *packed, int64_t nb,
+                                                                      const void *act, int64_t act_stride,
+                                                                      float *y, int64_t ldy, const int five,
+                                                                      const int has_min, const float offset) {
+    enum { NT = 8 };
+    const int hdr = has_min ? 32 : 16, qb = five ? 160 : 128;
+    const uint8_t *p = packed;
+    float sums[NT * 8] __attribute__((aligned(32)));
+    EI_IN_MEMORY(sums);
+    ei_sums_zero(1, NT, NULL, sums);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++, p += hdr + qb) {
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const __m256 mv = has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))
+                                  : _mm256_mul_ps(dv, _mm256_set1_ps(-offset));
+        __m256i is[NT];   /* int16 sums (4-bit) or int32 (5-bit) */
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i w[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k));
+                w[k] = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, m4);
+                if (five)
+                    w[k] = _mm256_or_si256(w[k], high_bits(_mm256_loadu_si256((const __m256i *)(p + hdr + 128)),
+                                                           4 * h + k));
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const int8_t *q = ((const ei_q8a *)((const uint8_t *)act + t * act_stride) + b)->q + 16 * h;
+                __m256i p0 = _mm256_maddubs_epi16(w[0], ei_bcast4(q));
+                __m256i p1 = _mm256_maddubs_epi16(w[1], ei_bcast4(q + 4));
+                p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[2], ei_bcast4(q + 8)));
+                p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[3], ei_bcast4(q + 12)));
+                __m256i s = _mm256_add_epi16(p0, p1);
+                if (five) s = _mm256_madd_epi16(s, ones);
+                is[t] = h == 0 ? s : five ? _mm256_add_epi32(is[t], s) : _mm256_add_epi16(is[t], s);
+                EI_PIN(is[t]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;
+            const __m256 isum = _mm256_cvtepi32_ps(five ? is[t] : _mm256_madd_epi16(is[t], ones));
+            __m256 r = ei_sum_get(1, NULL, sums, t);
+            r = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);
+            ei_sum_put(1, NULL, sums, t, _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r));
+        }
+    }
+    ei_sums_store(1, NT, NULL, sums, y, ldy);
+}
+
+/* AVX2 prefill: 8 tokens a weight pass (Q4_0, one thread, cache-resident: 1.14x the 4-token
+ * kernel's rate in PACKED_BODY's order, AMD Zen 3) */
+#define PACKED_X8_TI(NAME, FIVE, HAS_MIN, OFFSET)                                                            \
+    T_AVX2 void ei_packed_##NAME(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y, \
+                                 int64_t ldy) {                                                              \
+        packed_x8_ti(packed, nb, act, act_stride, y, ldy, FIVE, HAS_MIN, OFFSET);                            \
+    }
+PACKED_X8_TI(q4_0_x8_avx2, 0, 0, 8.0f)
+PACKED_X8_TI(q4_1_x8_avx2, 0, 1, 0.0f)
+PACKED_X8_TI(q5_0_x8_avx2, 1, 0, 16.0f)
+PACKED_X8_TI(q5_1_x8_avx2, 1, 1, 0.0f)
+
+/* name: type, tokens per call, instruction set (then: tokens, 4-bit, 5-bit, min, offset) */
+PACKED_FN(q4_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 0, 0, 8.0f)
+PACKED_FN(q4_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 0, 1, 0.0f)
+PACKED_FN(q4_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 1, 0, 16.0f)
+PACKED_FN(q5_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 1, 1, 0.0f)
+PACKED_FN(q5_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
+PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
 /* prefill: 16 tokens a weight pass with AVX-512's 32 registers (16 accumulators + 8 weights) */
-PACKED_FN(q4_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 0, 0, 8.0f)
-PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 0, 1, 0.0f)
-PACKED_FN(q5_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 1, 0, 16.0f)
-PACKED_FN(q5_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 1, 1, 1, 0.0f)
-PACKED_FN(q8_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 0, 0, 0, 128.0f)
+PACKED_FN(q4_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 0, 8.0f)
+PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 1, 0.0f)
+PACKED_FN(q5_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 0, 16.0f)
+PACKED_FN(q5_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 0, 0, 128.0f)
 
 /* AVX-512: NT tokens (16, 4 or 1) over a row pair (16 rows) in zmm registers, where
  * vpdpbusd does twice the ymm form's work at the same rate. The pair's blocks
