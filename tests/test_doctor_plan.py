@@ -64,9 +64,9 @@ def test_plan_predicts_the_peak_rss_of_a_real_load(smollm2_path, ctx, slots, max
     assert got["completion_tokens"] == [8] * slots and got["prompt_tokens"] >= ctx - 8
     m = P.model_shape(smollm2_path)
     # plan counts each weight byte once: the runtime's packed copy holds at most the tensor bytes
-    # (a type this host's kernels do not pack, Q8_0 without VNNI, is read from the file mapping)
+    # (a type this host's kernels do not pack is read from the file mapping)
     assert 0 < got["packed_weight_bytes"] <= 1.01 * m.weights_bytes
-    # SmolLM2's tied Q8_0 head: packed with VNNI, read from the mapping on AVX2 alone
+    # SmolLM2's tied Q8_0 head: packed on x86 (AVX2 or VNNI), read from the mapping where no packed Q8_0 kernel runs
     head_packed = got["packed_weight_bytes"] > m.weights_bytes - m.tied_embd_bytes / 2
     row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=got["n_threads"], process="engine",
                      head_packed=head_packed)

@@ -482,15 +482,17 @@ def test_kernel_matmul_packed_rows(name):
             assert np.array_equal(y1[0], y[t]), (name, isa, t)
 
 
-# byte offsets of the fp16 fields of each 4- to 6-bit type's block (all other bytes are quants or scales)
-F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), **K_SCALE_FIELDS}
+# byte offsets of the fp16 fields of each packed type's block (all other bytes are quants or scales)
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), **K_SCALE_FIELDS}
 
 
 @pytest.mark.parametrize("name", list(F16_FIELDS))
 def test_kernel_matmul_packed_at_the_largest_quants(name):
-    """Every quant and scale byte 0xff (quants 15, 31 or 63) times activations whose 32-blocks
-    are each one value, all positive or all negative in a token (quantized to all +127 or -127): the packed kernels' integer sums at their largest (AVX2 adds maddubs
-    products as int16 before widening, packed_dot.h) still match the scalar per-row dot."""
+    """Every quant and scale byte 0xff (quants 15, 31 or 63; Q8_0's 0x80, a quant of -128) times
+    activations whose 32-blocks are each one value, all positive or all negative in a token
+    (quantized to all +127 or -127): the packed kernels' integer sums at their largest (AVX2 adds
+    maddubs products as int16 before widening, and moves Q8_0's sign onto the activation,
+    packed_dot.h) still match the scalar per-row dot."""
     rng = np.random.default_rng(11)
     n, n_rows = (768, 40) if name in K_TYPES else (576, 56)
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
@@ -499,7 +501,7 @@ def test_kernel_matmul_packed_at_the_largest_quants(name):
     keep = np.zeros(bb, bool)
     for off in F16_FIELDS[name]:
         keep[off:off + 2] = True
-    blocks[:, :, ~keep] = 0xFF
+    blocks[:, :, ~keep] = 0x80 if name == "Q8_0" else 0xFF
     n_tok = 21
     sign = np.where(np.arange(n_tok) % 2, -1.0, 1.0)[:, None]
     x = np.ascontiguousarray(sign * np.repeat(rng.uniform(0.5, 2.0, size=(n_tok, n // 32)), 32, axis=1), np.float32)

@@ -294,8 +294,9 @@ HUGE_PAGE = 2 << 20   # the packed weights, K and V arenas sit on 2 MiB pages (r
 def mapped_bytes(m: ModelShape, head_packed: bool = True) -> int:
     """File pages resident besides the weights: the metadata, and a tied head's embedding when
     the head is packed (the packed copy serves the head, the mapping the token lookups). Where
-    the target's kernels do not pack the head's type (a Q8_0 head on x86 without VNNI), the head
-    reads the mapping itself, so its bytes are resident once, as weights."""
+    the target's kernels do not pack the head's type (a type the target has no packed kernel for,
+    e.g. Q8_0 on NEON), the head reads the mapping itself, so its bytes are resident once, as
+    weights."""
     return m.header_bytes + (m.tied_embd_bytes if head_packed else 0)
 
 

@@ -201,9 +201,9 @@ static void fill_avx2(ei_kernels *k) {
     FLOAT_TYPES(DEQ_AVX2) QUANT_TYPES(DEQ_AVX2)
     FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2)
     k->quantize_act = ei_quantize_act_avx2;
-    /* Q8_0 is not packed: maddubs would saturate its 8-bit products */
     PACKED_WIDE(EI_TYPE_Q4_0, q4_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, avx2, 8)
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, avx2, 8)
+    PACKED_WIDE(EI_TYPE_Q8_0, q8_0, avx2, 8)
     PACKED_WIDE(EI_TYPE_Q4_K, q4_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, avx2, 8)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};

@@ -95,6 +95,7 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 /* The packed dot of one activation block (packed_dot.h); bits: the weights' width. */
 #define DOT_AVX2(w, q, bits) ei_dot_avx2(w, q, 8, EI_DOT_RUN(bits))
 #define DOT_VNNI(w, q, bits) ei_dot_vnni(w, q, 8)
+#define DOT_AVX2_Q8(w, q, bits) ei_dot_avx2_q8(w, q, 8)
 
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
  * the AVX2 and VNNI variants give identical results, and each token's float ops
@@ -218,6 +219,47 @@ static inline __attribute__((always_inline)) T_AVX2 void packed_x8_ti(const void
     ei_sums_store(1, NT, NULL, sums, y, ldy);
 }
 
+/* Q8_0, AVX2, 8 tokens, tokens inner: a quarter of a block (2 of its 8 groups, as |w| and w) at
+ * a time feeds all 8 tokens' int32 sums (packed_dot.h's ei_dot_q8_group); each token's float
+ * operations are PACKED_BODY's with OFFSET 0 (the sums carry no offset), so the result is the
+ * one-token kernel's bit for bit. */
+T_AVX2 void ei_packed_q8_0_x8_avx2(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
+                                   int64_t ldy) {
+    enum { NT = 8 };
+    const uint8_t *p = packed;
+    float sums[NT * 8] __attribute__((aligned(32)));
+    EI_IN_MEMORY(sums);
+    ei_sums_zero(1, NT, NULL, sums);
+    for (int64_t b = 0; b < nb; b++, p += 16 + 256) {
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const __m256 mv = _mm256_mul_ps(dv, _mm256_set1_ps(-0.0f));
+        __m256i is[NT];
+#pragma GCC unroll 4
+        for (int k = 0; k < 8; k += 2) {
+            __m256i w[2], aw[2];
+            for (int i = 0; i < 2; i++) {
+                w[i] = ei_q8_signed(_mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (k + i))));
+                aw[i] = _mm256_abs_epi8(w[i]);
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const int8_t *q = ((const ei_q8a *)((const uint8_t *)act + t * act_stride) + b)->q + 4 * k;
+                const __m256i s = _mm256_add_epi32(ei_dot_q8_group(aw[0], w[0], q), ei_dot_q8_group(aw[1], w[1], q + 4));
+                is[t] = k == 0 ? s : _mm256_add_epi32(is[t], s);
+                EI_PIN(is[t]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;
+            __m256 r = ei_sum_get(1, NULL, sums, t);
+            r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);
+            ei_sum_put(1, NULL, sums, t, _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r));
+        }
+    }
+    ei_sums_store(1, NT, NULL, sums, y, ldy);
+}
+
 /* AVX2 prefill: 8 tokens a weight pass (Q4_0, one thread, cache-resident: 1.14x the 4-token
  * kernel's rate in PACKED_BODY's order, AMD Zen 3) */
 #define PACKED_X8_TI(NAME, FIVE, HAS_MIN, OFFSET)                                                            \
@@ -247,6 +289,8 @@ PACKED_FN(q5_1_x1_avx2, T_AVX2, DOT_AVX2, 1, 1, 1, 1, 0.0f)
 PACKED_FN(q5_1_x4_avx2, T_AVX2, DOT_AVX2, 4, 1, 1, 1, 0.0f)
 PACKED_FN(q5_1_x1_vnni, T_VNNI, DOT_VNNI, 1, 1, 1, 1, 0.0f)
 PACKED_FN(q5_1_x4_vnni, T_VNNI, DOT_VNNI, 4, 1, 1, 1, 0.0f)
+PACKED_FN(q8_0_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 0, 0, 0, 0.0f)
+PACKED_FN(q8_0_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 0, 0, 0, 0.0f)
 PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
 /* prefill: 16 tokens a weight pass with AVX-512's 32 registers (16 accumulators + 8 weights) */

@@ -75,6 +75,28 @@ static inline __attribute__((target("avx2"), always_inline)) __m256i ei_dot_avx2
     return s;
 }
 
+/* Q8_0 on AVX2: the packed bytes are the quants + 128 (VNNI's unsigned operand), and that
+ * offset times an activation byte would saturate maddubs's int16 pair sums. So the quant is
+ * restored (xor 0x80) and its sign moved onto the activation: |w| * (sign(w) a), each pair sum at
+ * most 2 * 128 * 127 < 2^15 (a quant of -128 too: its |w| reads as 128 unsigned). No run: every
+ * maddubs is widened at once. The result is sum w * a (no offset term). */
+static inline __attribute__((target("avx2"), always_inline)) __m256i ei_q8_signed(__m256i w) {
+    return _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+}
+static inline __attribute__((target("avx2"), always_inline)) __m256i ei_dot_q8_group(__m256i abs_w, __m256i w,
+                                                                                    const int8_t *q) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(ei_bcast4(q), w)), _mm256_set1_epi16(1));
+}
+static inline __attribute__((target("avx2"), always_inline)) __m256i ei_dot_avx2_q8(const __m256i *w, const int8_t *q,
+                                                                                   int n) {
+    __m256i s = _mm256_setzero_si256();
+    for (int k = 0; k < n; k++) {
+        const __m256i ws = ei_q8_signed(w[k]);
+        s = _mm256_add_epi32(s, ei_dot_q8_group(_mm256_abs_epi8(ws), ws, q + 4 * k));
+    }
+    return s;
+}
+
 static inline __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"), always_inline)) __m256i
 ei_dot_vnni(const __m256i *w, const int8_t *q, int n) {
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
