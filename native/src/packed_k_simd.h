@@ -64,9 +64,10 @@ KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __
 }
 #else
 /* AVX2: tokens inner. Each half's 4 weight vectors are unpacked once and feed every token's
- * int16 sum (packed_dot.h's runs), all nt of them in registers (the float sums: KSUMS_IN_MEMORY); a
- * token's 4 activation dwords come from one 16-byte load and in-lane shuffles (at 8 tokens on
- * AMD Zen 3, Q5_K 1.15x a broadcast load per dword, Q4_K the same). */
+ * int16 sum (packed_dot.h's runs), all nt of them in registers (the float sums: KSUMS_IN_MEMORY);
+ * each activation dword is broadcast from memory. One 16-byte load and in-lane shuffles had won
+ * while the float sums lived in registers; since they moved to memory the broadcasts are 1.08x
+ * for Q4_K, 1.03x for Q5_K and 1.05x for Q6_K at 8 tokens (AMD Zen 3, cache-resident). */
 KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __m256 mv, const void *act,
                         int64_t act_stride, int64_t b, __m256 *acc, float *sums) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
@@ -97,11 +98,11 @@ KINL void KF(kq45k_blk)(int five, int nt, int j, const uint8_t *p, __m256 dv, __
         }
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) {
-            const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a[t]->q + 16 * h)));
-            __m256i p0 = _mm256_maddubs_epi16(w[0], _mm256_shuffle_epi32(x, 0x00));
-            __m256i p1 = _mm256_maddubs_epi16(w[1], _mm256_shuffle_epi32(x, 0x55));
-            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[2], _mm256_shuffle_epi32(x, 0xaa)));
-            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[3], _mm256_shuffle_epi32(x, 0xff)));
+            const int8_t *xq = a[t]->q + 16 * h;
+            __m256i p0 = _mm256_maddubs_epi16(w[0], ei_bcast4(xq));
+            __m256i p1 = _mm256_maddubs_epi16(w[1], ei_bcast4(xq + 4));
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[2], ei_bcast4(xq + 8)));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[3], ei_bcast4(xq + 12)));
             const __m256i s = _mm256_add_epi16(p0, p1);
             if (five) {   /* a run of 4 (packed_dot.h) */
                 const __m256i s32 = _mm256_madd_epi16(s, ones);
@@ -261,7 +262,7 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
 }
 
 #else
-/* AVX2: kq45k_blk's scheme (tokens inner, a token's dwords by in-lane shuffles of one load, the
+/* AVX2: kq45k_blk's scheme (tokens inner, each activation dword broadcast from memory, the
  * float sums by KSUMS_IN_MEMORY), one half of the block at a time so that only its 4 weight
  * vectors are held; each half's sum starts at the activation row's -32 * (sum of the half)
  * (ei_act_half_sums) instead of kasum's. The scales are applied in float, as zq6k_blk does:
@@ -297,12 +298,12 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
         for (int t = 0; t < nt; t++) {
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk;
             const int32_t *hs = (const int32_t *)((const uint8_t *)a + hs_off);
-            const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(a->q + 16 * half)));
+            const int8_t *xq = a->q + 16 * half;
             /* runs of 2 (packed_dot.h) */
-            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_shuffle_epi32(x, 0x00)),
-                                                _mm256_maddubs_epi16(w[1], _mm256_shuffle_epi32(x, 0x55)));
-            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_shuffle_epi32(x, 0xaa)),
-                                                _mm256_maddubs_epi16(w[3], _mm256_shuffle_epi32(x, 0xff)));
+            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], ei_bcast4(xq)),
+                                                _mm256_maddubs_epi16(w[1], ei_bcast4(xq + 4)));
+            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], ei_bcast4(xq + 8)),
+                                                _mm256_maddubs_epi16(w[3], ei_bcast4(xq + 12)));
             const __m256i sh = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)),
                                                 _mm256_set1_epi32(hs[half]));
             if (half == 0) {
