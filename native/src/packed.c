@@ -129,7 +129,8 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
             const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8)); \
             acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);       \
-            acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), acc[t]);                            \
+            if (HAS_MIN || (OFFSET) != 0)                                                          \
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), acc[t]);                        \
         }                                                                                          \
     }                                                                                              \
     for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
@@ -159,6 +160,16 @@ static inline __attribute__((always_inline)) T_AVX2 __m256i high_bits(__m256i qh
 static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
     const __m256i qh = _mm256_loadu_si256((const __m256i *)qh_words);
     for (int k = 0; k < 8; k++) w[k] = _mm256_or_si256(w[k], high_bits(qh, k));
+}
+
+/* One block's float step for token t of the 8-token kernels, PACKED_BODY's operations in its
+ * order (the sums wait in memory); the min or offset term only where the type has one. */
+static inline __attribute__((always_inline)) T_AVX2 void x8_block_sum(float *sums, int t, __m256 isum, __m256 dv,
+                                                                      __m256 mv, const ei_q8a *a, int with_min) {
+    __m256 r = ei_sum_get(1, NULL, sums, t);
+    r = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);
+    if (with_min) r = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r);
+    ei_sum_put(1, NULL, sums, t, r);
 }
 
 /* AVX2 prefill, 4- and 5-bit weights, 8 tokens, tokens inner (packed_k_simd.h's kq45k_blk
@@ -208,20 +219,16 @@ static inline __attribute__((always_inline)) T_AVX2 void packed_x8_ti(const void
             }
         }
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) {
-            const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;
-            const __m256 isum = _mm256_cvtepi32_ps(five ? is[t] : _mm256_madd_epi16(is[t], ones));
-            __m256 r = ei_sum_get(1, NULL, sums, t);
-            r = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);
-            ei_sum_put(1, NULL, sums, t, _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r));
-        }
+        for (int t = 0; t < NT; t++)
+            x8_block_sum(sums, t, _mm256_cvtepi32_ps(five ? is[t] : _mm256_madd_epi16(is[t], ones)), dv, mv,
+                         (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b, has_min || offset != 0);
     }
     ei_sums_store(1, NT, NULL, sums, y, ldy);
 }
 
 /* Q8_0, AVX2, 8 tokens, tokens inner: a quarter of a block (2 of its 8 groups, as |w| and w) at
  * a time feeds all 8 tokens' int32 sums (packed_dot.h's ei_dot_q8_group); each token's float
- * operations are PACKED_BODY's with OFFSET 0 (the sums carry no offset), so the result is the
+ * operations are PACKED_BODY's (no offset term: the sums carry none), so the result is the
  * one-token kernel's bit for bit. */
 T_AVX2 void ei_packed_q8_0_x8_avx2(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
                                    int64_t ldy) {
@@ -232,7 +239,6 @@ T_AVX2 void ei_packed_q8_0_x8_avx2(const void *packed, int64_t nb, const void *a
     ei_sums_zero(1, NT, NULL, sums);
     for (int64_t b = 0; b < nb; b++, p += 16 + 256) {
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        const __m256 mv = _mm256_mul_ps(dv, _mm256_set1_ps(-0.0f));
         __m256i is[NT];
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
@@ -250,12 +256,9 @@ T_AVX2 void ei_packed_q8_0_x8_avx2(const void *packed, int64_t nb, const void *a
             }
         }
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) {
-            const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;
-            __m256 r = ei_sum_get(1, NULL, sums, t);
-            r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), r);
-            ei_sum_put(1, NULL, sums, t, _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), r));
-        }
+        for (int t = 0; t < NT; t++)
+            x8_block_sum(sums, t, _mm256_cvtepi32_ps(is[t]), dv, dv,
+                         (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b, 0);
     }
     ei_sums_store(1, NT, NULL, sums, y, ldy);
 }
