@@ -262,27 +262,45 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
 }
 
 #else
+/* Q6_K block j's scales for vpmaddwd (8 rows' low-half scales, then their high-half ones, at
+ * sc_bytes): sc[half] holds (sc, sc) in each row's lane, sc32 (32 sc_lo, 32 sc_hi). */
+KINL void KF(q6_scales)(const uint8_t *sc_bytes, __m256i sc[2], __m256i *sc32) {
+    const __m128i sc2 = _mm_loadu_si128((const __m128i *)sc_bytes);
+    sc[0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc2, sc2));
+    sc[1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(sc2, sc2));
+    *sc32 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc2, _mm_srli_si128(sc2, 8))), 5);
+}
+
+/* The block's offset term, -32 (sc_lo sum_lo + sc_hi sum_hi), from its half sums at hs
+ * (-32 sum_lo, -32 sum_hi; ei_act_half_sums): (-sum_lo, -sum_hi) as an int16 pair in every
+ * lane, against sc32 (|sum| <= 16 * 128, so the pair fits). */
+KINL __m256i KF(q6_offsets)(const void *hs, __m256i sc32) {
+    int64_t hs2;
+    memcpy(&hs2, hs, 8);
+    const __m256i neg = _mm256_srai_epi32(_mm256_set1_epi64x(hs2), 5);
+    return _mm256_madd_epi16(_mm256_packs_epi32(neg, neg), sc32);
+}
+
 /* AVX2: kq45k_blk's scheme (tokens inner, each activation dword broadcast from memory, the
  * float sums by KSUMS_IN_MEMORY), one half of the block at a time so that only its 4 weight
- * vectors are held; each half's sum starts at the activation row's -32 * (sum of the half)
- * (ei_act_half_sums) instead of kasum's. The scales are applied in float, as zq6k_blk does:
- * |lo|, |hi| <= 16 * 32 * 128 = 2^16 and |sc| <= 128, so lo * sc_lo is exact, and
- * fmadd(hi, sc_hi, lo * sc_lo) rounds the exact integer sum once, as the VNNI kernel's conversion
- * of its int32 sum does; each token's lo * sc_lo waits in a local array between the halves.
- * Holding both halves' weights and two vpmulld a token, the kernel spilled: this form with kq6k's
- * quad loop (KROLL) is 1.15x at 8 tokens, 1.11x at 4 (AMD Zen 3, cache-resident). */
+ * vectors are held. The scales are applied in the integers: vpmaddwd widens each half's int16
+ * runs (of 2, packed_dot.h) times its scale, and one more vpmaddwd adds both halves' offsets,
+ * (-sum_lo, -sum_hi) of the activation against (32 sc_lo, 32 sc_hi) (q6_offsets). The int32 total
+ * is exact (|.| <= 2 * 16 * 32 * 128 * 128 = 2^24), so its one conversion rounds it as kq6k_1's
+ * fmadd(hi, sc_hi, lo * sc_lo) rounds the same exact sum: the results are the one-token kernel's
+ * bit for bit. Against the scales in float (two conversions, a product and the low half's sum in
+ * memory a token) 1.08-1.10x at 8 tokens, 1.17x at 4 (AMD Zen 3, cache-resident); 3B-shape
+ * Q4_K_M prefill 1.06x. */
 KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t nb,
                        int64_t b, __m256 *acc, float *sums) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
-    const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
-    const __m256 scf[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc2)),
-                           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8)))};
+    __m256i sc[2], sc32;
+    KF(q6_scales)(p + 16 + 16 * j, sc, &sc32);
     /* a token's half sums lie this many bytes after its block */
     const int64_t blk = 8 * b + j, hs_off = 8 * nb * (int64_t)sizeof(ei_q8a) + blk * 8 - blk * (int64_t)sizeof(ei_q8a);
-    float lo[16 * 8] __attribute__((aligned(32)));
-    EI_IN_MEMORY(lo);
+    __m256i is[16];
 #pragma GCC unroll 2
     for (int half = 0; half < 2; half++) {
         __m256i w[4];
@@ -297,24 +315,26 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) {
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk;
-            const int32_t *hs = (const int32_t *)((const uint8_t *)a + hs_off);
             const int8_t *xq = a->q + 16 * half;
-            /* runs of 2 (packed_dot.h) */
             const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], ei_bcast4(xq)),
                                                 _mm256_maddubs_epi16(w[1], ei_bcast4(xq + 4)));
             const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], ei_bcast4(xq + 8)),
                                                 _mm256_maddubs_epi16(w[3], ei_bcast4(xq + 12)));
-            const __m256i sh = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)),
-                                                _mm256_set1_epi32(hs[half]));
-            if (half == 0) {
-                _mm256_store_ps(lo + 8 * t, _mm256_mul_ps(_mm256_cvtepi32_ps(sh), scf[0]));
-                continue;
+            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p0, sc[half]), _mm256_madd_epi16(p1, sc[half]));
+            if (half == 0)
+                is[t] = _mm256_add_epi32(s, KF(q6_offsets)((const uint8_t *)a + hs_off, sc32));
+            else {
+                is[t] = _mm256_add_epi32(is[t], s);
             }
-            const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh), scf[1], _mm256_load_ps(lo + 8 * t));
-            ei_sum_put(KSUMS_IN_MEMORY(nt), acc, sums, t,
-                       _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
-                                       ei_sum_get(KSUMS_IN_MEMORY(nt), acc, sums, t)));
+            EI_PIN(is[t]);
         }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) {
+        const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk;
+        ei_sum_put(KSUMS_IN_MEMORY(nt), acc, sums, t,
+                   _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
+                                   ei_sum_get(KSUMS_IN_MEMORY(nt), acc, sums, t)));
     }
 }
 #endif
@@ -377,7 +397,8 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
 /* One token, Q6_K, AVX2: the four blocks of a quad share their 2-bit tops (qh); blocks i and
  * i + 2 also share their nibble bytes (ql), so each pass takes one such pair (ql loaded once, qh
  * twice a quad) with the chains started at the activation's half sums, in-lane shuffles, and the
- * scales applied in float as in kq6k_blk. Taking all four blocks a pass (each byte loaded once)
+ * scales applied in float: the fmadd rounds the exact scaled sum once, as kq6k_blk's conversion
+ * does (in the integers there, the scale vectors spilled here: 0.97-0.99x). Taking all four blocks a pass (each byte loaded once)
  * held 23 vectors and spilled: the pairs are 1.06x on one thread, cache-resident, and the same
  * streaming at two threads (AMD Zen 3). The blocks' float sums are added in block order. */
 KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) {
@@ -428,7 +449,7 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
                                                   ones));
                     }
                 }
-                for (int e = 0; e < 2; e++) {   /* the scales in float, exact as in kq6k_blk */
+                for (int e = 0; e < 2; e++) {   /* the scales in float, exact (|s| <= 2^16, |sc| <= 128) */
                     const int i = pb + 2 * e;
                     const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * (4 * h + i)));
                     const __m256 sclo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc2));
