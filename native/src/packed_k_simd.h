@@ -321,11 +321,8 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
             const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], ei_bcast4(xq + 8)),
                                                 _mm256_maddubs_epi16(w[3], ei_bcast4(xq + 12)));
             __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p0, sc[half]), _mm256_madd_epi16(p1, sc[half]));
-            if (half == 0)
-                is[t] = _mm256_add_epi32(s, KF(q6_offsets)((const uint8_t *)a + hs_off, sc32));
-            else {
-                is[t] = _mm256_add_epi32(is[t], s);
-            }
+            is[t] = half == 0 ? _mm256_add_epi32(s, KF(q6_offsets)((const uint8_t *)a + hs_off, sc32))
+                              : _mm256_add_epi32(is[t], s);
             EI_PIN(is[t]);
         }
     }
@@ -398,9 +395,10 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
  * i + 2 also share their nibble bytes (ql), so each pass takes one such pair (ql loaded once, qh
  * twice a quad) with the chains started at the activation's half sums, in-lane shuffles, and the
  * scales applied in float: the fmadd rounds the exact scaled sum once, as kq6k_blk's conversion
- * does (in the integers there, the scale vectors spilled here: 0.97-0.99x). Taking all four blocks a pass (each byte loaded once)
- * held 23 vectors and spilled: the pairs are 1.06x on one thread, cache-resident, and the same
- * streaming at two threads (AMD Zen 3). The blocks' float sums are added in block order. */
+ * does (its integer form spilled the scale vectors here: 0.97-0.99x). Taking all four blocks a
+ * pass (each byte loaded once) held 23 vectors and spilled: the pairs are 1.06x on one thread,
+ * cache-resident, and the same streaming at two threads (AMD Zen 3). The blocks' float sums are
+ * added in block order. */
 KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) {
     const uint8_t *p = packed;
     const ei_q8a *a = act;
