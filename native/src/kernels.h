@@ -95,6 +95,9 @@ void ei_geglu_avx512(float *gate, const float *up, int64_t n);
 void ei_geglu_neon(float *gate, const float *up, int64_t n);
 #endif
 
+/* One token over two row groups: x1's (packed, y) for each, pa/ya and pb/yb */
+typedef void (*ei_packed_far_fn)(const void *pa, const void *pb, int64_t nb, const void *act, float *ya, float *yb);
+
 #define EI_TYPE_IDS 31   /* GGML type ids index the per-type entries: 0 .. EI_TYPE_BF16 (30) */
 #define EI_ATTN_CANDIDATES 2
 
@@ -118,6 +121,9 @@ typedef struct ei_kernels {
         /* x1 and x4 over two row groups; set (with xw_2g) only for types packed in row pairs
          * (packed.h): NULL, groups are packed and run one at a time */
         ei_packed_fn x1_2g, x4_2g;
+        /* x1 over two row groups far apart, block by block: one thread reads two streams faster
+         * than one (AVX2 hosts, docs/performance.md); NULL: x1 a group at a time */
+        ei_packed_far_fn x1_far;
         int xw_tok;
     } packed[EI_TYPE_IDS];
     /* [F16 KV, Q8_0 KV]: SIMD kernels in order of preference (fn NULL ends the

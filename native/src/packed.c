@@ -100,40 +100,74 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
  * the AVX2 and VNNI variants give identical results, and each token's float ops
  * are the same for every NT (packed_x8_ti's too). */
+/* One block's scales (dv, mv) and weights w[8] unpacked at p (PACKED_BODY's and PACKED_FAR's). */
+#define PACKED_UNPACK(p, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)                          \
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)));                         \
+    const __m256 mv = HAS_MIN ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((p) + 16)))         \
+                              : _mm256_mul_ps(dv, _mm256_set1_ps(-(OFFSET)));                         \
+    __m256i w[8];                                                                                      \
+    if (FOUR_BIT) {                                                                                    \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
+        for (int k = 0; k < 4; k++) {                                                                  \
+            const __m256i v = _mm256_loadu_si256((const __m256i *)((p) + hdr + 32 * k));               \
+            w[k] = _mm256_and_si256(v, m4);                                                            \
+            w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                                  \
+        }                                                                                              \
+        if (FIVE_BIT) add_high_bits(w, (p) + hdr + 128);                                               \
+    } else {                                                                                           \
+        for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)((p) + hdr + 32 * k));  \
+    }
+
+/* One token's float step for one block: acc += isum * (d * a.d) (+ min or offset * a.s). */
+#define PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, acc)                     \
+    {                                                                                                  \
+        const __m256 isum = _mm256_cvtepi32_ps(DOT(w, (a)->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));       \
+        acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps((a)->d)), acc);                   \
+        if (HAS_MIN || (OFFSET) != 0) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps((a)->s), acc);          \
+    }
+
 #define PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                  \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
     __m256 acc[NT];                                                                                \
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                     \
-    const __m256i m4 = _mm256_set1_epi8(0x0f);                                                     \
     for (int64_t b = 0; b < nb; b++, p += hdr + qb) {                                              \
         if (NT == 1) ei_prefetch_ahead(p, hdr + qb);                                               \
-        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                    \
-        const __m256 mv = HAS_MIN ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))    \
-                                  : _mm256_mul_ps(dv, _mm256_set1_ps(-(OFFSET)));                  \
-        __m256i w[8];                                                                              \
-        if (FOUR_BIT) {                                                                            \
-            for (int k = 0; k < 4; k++) {                                                          \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k));         \
-                w[k] = _mm256_and_si256(v, m4);                                                    \
-                w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                          \
-            }                                                                                      \
-            if (FIVE_BIT) add_high_bits(w, p + hdr + 128);                                         \
-        } else {                                                                                   \
-            for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)(p + hdr + 32 * k)); \
-        }                                                                                          \
+        PACKED_UNPACK(p, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)                      \
         /* tokens spelled out: else GCC jams two blocks into the token loop and spills their 16    \
          * weight vectors (the 8-token Q4_0 kernel then gained nothing in the model) */            \
         _Pragma("GCC unroll 16")                                                                   \
         for (int t = 0; t < NT; t++) {                                                             \
             const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
-            const __m256 isum = _mm256_cvtepi32_ps(DOT(w, a->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8)); \
-            acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);       \
-            if (HAS_MIN || (OFFSET) != 0)                                                          \
-                acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->s), acc[t]);                        \
+            PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, acc[t])           \
         }                                                                                          \
     }                                                                                              \
     for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+
+/* One token over two row groups far apart (pa, pb), block by block: PACKED_BODY's operations for
+ * each group, so each result is the one-token kernel's bit for bit (ei_packed_far_fn). */
+#define PACKED_FAR_FN(NAME, DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                               \
+    T_AVX2 void ei_packed_##NAME##_far_avx2(const void *pa, const void *pb, int64_t nb, const void *act, \
+                                            float *ya, float *yb) {                                \
+        const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;             \
+        const uint8_t *p = pa, *q = pb;                                                            \
+        const ei_q8a *a = act;                                                                     \
+        __m256 acc = _mm256_setzero_ps(), accb = _mm256_setzero_ps();                              \
+        for (int64_t b = 0; b < nb; b++, p += hdr + qb, q += hdr + qb, a++) {                      \
+            ei_prefetch_ahead(p, hdr + qb);                                                        \
+            ei_prefetch_ahead(q, hdr + qb);                                                        \
+            {                                                                                      \
+                PACKED_UNPACK(p, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)              \
+                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, acc)          \
+            }                                                                                      \
+            {                                                                                      \
+                PACKED_UNPACK(q, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)              \
+                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, accb)         \
+            }                                                                                      \
+        }                                                                                          \
+        _mm256_storeu_ps(ya, acc);                                                                 \
+        _mm256_storeu_ps(yb, accb);                                                                \
+    }
 
 /* The 4-bit layout keeps low nibbles (elements 4k..) in w[k] and high nibbles
  * (elements 16+4k..) in w[k+4]; activations are read in the same order. */
@@ -296,6 +330,9 @@ PACKED_FN(q8_0_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 0, 0, 0, 0.0f)
 PACKED_FN(q8_0_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 0, 0, 0, 0.0f)
 PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
+/* one token over two row groups far apart (kernels.c says where they run) */
+PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)
+PACKED_FAR_FN(q8_0, DOT_AVX2_Q8, 0, 0, 0, 0.0f)
 /* prefill: 16 tokens a weight pass with AVX-512's 32 registers (16 accumulators + 8 weights) */
 PACKED_FN(q4_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 0, 8.0f)
 PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 1, 0.0f)
@@ -404,4 +441,17 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
     for (; t < n_tok; t++)
         rows_pass(k->packed[type].x1_2g, k->packed[type].x1, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
                   y + t * ldy, ldy);
+}
+
+int ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
+                         const void *packed_b, int64_t rb, float *yb, int64_t n, const void *act) {
+    const ei_packed_far_fn far = k->packed[type].x1_far;
+    if (!far) return 0;
+    const int64_t nb = n_cols / unit_elems(type);
+    const size_t gb = (size_t)nb * unit_bytes(type);
+    const uint8_t *A = packed_a, *B = packed_b;
+    for (int64_t r = 0; r < n; r += EI_PACK_ROWS)
+        far(A + (size_t)((ra + r) / EI_PACK_ROWS) * gb, B + (size_t)((rb + r) / EI_PACK_ROWS) * gb, nb, act,
+            ya + ra + r, yb + rb + r);
+    return 1;
 }

@@ -68,6 +68,12 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 
+/* One token, rows [ra, ra + n) of packed_a into ya and [rb, rb + n) of packed_b into yb (n and
+ * both starts multiples of 8; both matrices of the type and n_cols), the two ranges read side by
+ * side with the type's x1_far kernel: each row's result is x1's. 0 when the type has none. */
+int ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
+                         const void *packed_b, int64_t rb, float *yb, int64_t n, const void *act);
+
 /* Decode (one token a weight pass) streams each weight once from DRAM: the one-token kernels
  * ask for the lines EI_PF_DIST bytes ahead of each unit of `bytes`, so that more misses are
  * in flight than the hardware prefetcher keeps on its own. Intel Xeon, 1B shape, 2 threads:
@@ -107,6 +113,10 @@ EI_PACKED_DECL8(q4_1, avx2)
 EI_PACKED_DECL8(q5_0, avx2)
 EI_PACKED_DECL8(q5_1, avx2)
 EI_PACKED_DECL8(q8_0, avx2)
+#define EI_PACKED_FAR_DECL(name) \
+    void ei_packed_##name##_far_avx2(const void *, const void *, int64_t, const void *, float *, float *);
+EI_PACKED_FAR_DECL(q4_0)
+EI_PACKED_FAR_DECL(q8_0)
 EI_PACKED_DECL(q4_0, vnni)
 EI_PACKED_DECL(q4_1, vnni)
 EI_PACKED_DECL(q5_0, vnni)

@@ -420,6 +420,7 @@ typedef struct {
     int64_t n_cols, n_tok;
     int64_t chunk_end[4];   /* cumulative chunk counts per job */
     int nth;
+    int far;   /* one token, every job packed and of one type with a far kernel: chunks in pairs */
     padded_cursor cursor[MAX_THREADS];   /* cursor[i] walks [range_start(i), range_start(i + 1)) */
 } mm_task;
 
@@ -427,12 +428,20 @@ static int64_t range_start(const mm_task *t, int i) {
     return t->chunk_end[t->n_jobs - 1] * i / t->nth;
 }
 
-static void mm_chunk(const mm_task *t, int64_t chunk) {
+/* The job of a chunk and its rows [*r0, *r1). */
+static int chunk_rows(const mm_task *t, int64_t chunk, int64_t *r0, int64_t *r1) {
     int j = 0;
     while (chunk >= t->chunk_end[j]) j++;
-    int64_t first = j ? t->chunk_end[j - 1] : 0;
+    const int64_t first = j ? t->chunk_end[j - 1] : 0;
+    *r0 = (chunk - first) * ROWS_PER_CHUNK;
+    *r1 = EI_MIN(*r0 + ROWS_PER_CHUNK, t->jobs[j].w->ne1);
+    return j;
+}
+
+static void mm_chunk(const mm_task *t, int64_t chunk) {
+    int64_t r0, r1;
+    const int j = chunk_rows(t, chunk, &r0, &r1);
     const ei_weight *w = t->jobs[j].w;
-    int64_t r0 = (chunk - first) * ROWS_PER_CHUNK, r1 = EI_MIN(r0 + ROWS_PER_CHUNK, w->ne1);
     int q8 = ei_type_uses_q8a(w->type);
     const void *act = q8 ? (const void *)t->qx : (const void *)t->x;
     int64_t stride = q8 ? ei_act_row_bytes(t->n_cols)
@@ -444,17 +453,34 @@ static void mm_chunk(const mm_task *t, int64_t chunk) {
         ei_matmul_rows(t->kt, w->type, w->data, t->n_cols, r0, r1, act, stride, t->n_tok, t->jobs[j].y, w->ne1);
 }
 
+/* One token, two chunks of t->far's type read side by side by its far kernel (two read streams;
+ * each row's result is mm_chunk's), the longer one's last rows alone. */
+static void mm_chunk_pair(const mm_task *t, int64_t ca, int64_t cb) {
+    int64_t ra0, ra1, rb0, rb1;
+    const ei_mm_job *a = &t->jobs[chunk_rows(t, ca, &ra0, &ra1)], *b = &t->jobs[chunk_rows(t, cb, &rb0, &rb1)];
+    const int type = a->w->type;
+    const int64_t n = EI_MIN(ra1 - ra0, rb1 - rb0), act_bytes = ei_act_row_bytes(t->n_cols);
+    ei_matmul_packed_far(t->kt, type, t->n_cols, a->packed, ra0, a->y, b->packed, rb0, b->y, n, t->qx);
+    if (ra0 + n < ra1) ei_matmul_packed(t->kt, type, a->packed, t->n_cols, ra0 + n, ra1, t->qx, act_bytes, 1, a->y, a->w->ne1);
+    if (rb0 + n < rb1) ei_matmul_packed(t->kt, type, b->packed, t->n_cols, rb0 + n, rb1, t->qx, act_bytes, 1, b->y, b->w->ne1);
+}
+
+/* With t->far, a thread takes its range's chunks in pairs, the first half's chunk i beside the
+ * second half's chunk i: two read streams, far apart, which one thread reads faster than one
+ * (docs/performance.md; two neighbouring row groups side by side streamed slower than one, and
+ * whole chunks taken alternately gained nothing). */
 static void mm_worker(void *raw, int ith, int nth) {
     (void)nth;
     mm_task *t = raw;
     for (int k = 0; k < t->nth; k++) {
         const int r = (ith + k) % t->nth;   /* own range first, then steal */
-        const int64_t end = range_start(t, r + 1);
+        const int64_t start = range_start(t, r), end = range_start(t, r + 1);
+        const int64_t half = t->far ? (end - start + 1) / 2 : end - start;
         for (;;) {
-            const int64_t chunk = range_start(t, r) +
-                                  atomic_fetch_add_explicit(&t->cursor[r].next, 1, memory_order_relaxed);
-            if (chunk >= end) break;
-            mm_chunk(t, chunk);
+            const int64_t i = atomic_fetch_add_explicit(&t->cursor[r].next, 1, memory_order_relaxed);
+            if (i >= half) break;
+            if (t->far && start + half + i < end) mm_chunk_pair(t, start + i, start + half + i);
+            else mm_chunk(t, start + i);
         }
     }
 }
@@ -487,7 +513,9 @@ void ei_matmul_base(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const flo
                  .n_cols = jobs[0].w->ne0, .n_tok = n_tok};
     int need_q8 = 0, need_half_sums = 0;
     int64_t acc = 0;
+    t.far = n_tok == 1 && rt->kt->packed[jobs[0].w->type].x1_far;
     for (int j = 0; j < n_jobs; j++) {
+        t.far &= jobs[j].packed && jobs[j].w->type == jobs[0].w->type;
         need_q8 |= ei_type_uses_q8a(jobs[j].w->type);
         need_half_sums |= jobs[j].w->type == EI_TYPE_Q6_K;
         acc += (jobs[j].w->ne1 + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
