@@ -161,8 +161,11 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
                 PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, acc)          \
             }                                                                                      \
             {                                                                                      \
+                const ei_q8a *ab = a; /* opaque: GCC would keep one group's activation loads for   \
+                                       * the other, in registers it then spills */                \
+                __asm__("" : "+r"(ab));                                                            \
                 PACKED_UNPACK(q, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)              \
-                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, accb)         \
+                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, ab, dv, mv, w, accb)        \
             }                                                                                      \
         }                                                                                          \
         _mm256_storeu_ps(ya, acc);                                                                 \
