@@ -97,10 +97,7 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 #define DOT_VNNI(w, q, bits) ei_dot_vnni(w, q, 8)
 #define DOT_AVX2_Q8(w, q, bits) ei_dot_avx2_q8(w, q, 8)
 
-/* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
- * the AVX2 and VNNI variants give identical results, and each token's float ops
- * are the same for every NT (packed_x8_ti's too). */
-/* One block's scales (dv, mv) and weights w[8] unpacked at p (PACKED_BODY's and PACKED_FAR's). */
+/* One block's scales (dv, mv) and weights w[8] unpacked at p (PACKED_BODY's and PACKED_FAR_FN's). */
 #define PACKED_UNPACK(p, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)                          \
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)));                         \
     const __m256 mv = HAS_MIN ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((p) + 16)))         \
@@ -126,6 +123,9 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
         if (HAS_MIN || (OFFSET) != 0) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps((a)->s), acc);          \
     }
 
+/* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
+ * the AVX2 and VNNI variants give identical results, and each token's float ops
+ * are the same for every NT (packed_x8_ti's too). */
 #define PACKED_BODY(DOT, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                  \
     const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;                 \
     const uint8_t *p = packed;                                                                     \
