@@ -513,9 +513,10 @@ void ei_matmul_base(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const flo
                  .n_cols = jobs[0].w->ne0, .n_tok = n_tok};
     int need_q8 = 0, need_half_sums = 0;
     int64_t acc = 0;
-    t.far = n_tok == 1 && rt->kt->packed[jobs[0].w->type].x1_far;
+    const int type0 = jobs[0].w->type;
+    t.far = n_tok == 1 && type0 >= 0 && type0 < EI_TYPE_IDS && rt->kt->packed[type0].x1_far;
     for (int j = 0; j < n_jobs; j++) {
-        t.far &= jobs[j].packed && jobs[j].w->type == jobs[0].w->type;
+        t.far &= jobs[j].packed && jobs[j].w->type == type0;
         need_q8 |= ei_type_uses_q8a(jobs[j].w->type);
         need_half_sums |= jobs[j].w->type == EI_TYPE_Q6_K;
         acc += (jobs[j].w->ne1 + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
