@@ -205,10 +205,11 @@ static void fill_avx2(ei_kernels *k) {
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, avx2, 8)
     PACKED_WIDE(EI_TYPE_Q8_0, q8_0, avx2, 8)
     PACKED_WIDE(EI_TYPE_Q4_K, q4_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, avx2, 8)
-    /* Decode reads two row groups a thread side by side where the one-token kernel has cycles to
-     * spare (1B shape, 2 threads, AMD Zen 3: Q8_0 1.17-1.19x, Q4_0 1.06-1.11x); the K-quants'
-     * did not gain (Q4_K_M 0.95-0.96x), and Q4_1/Q5_0/Q5_1 are unmeasured */
+    /* Decode reads two row groups a thread side by side (AMD Zen 3, against one group: 1B shape
+     * Q8_0 1.20x at 1 thread, 1.08-1.19x at 2; Q4_0 1.15x, 1.05-1.40x; SmolLM2 Q4_1 1.29x,
+     * 1.06x). The K-quants' far kernels did not gain (Q4_K_M 0.96x, 1.01x); Q5_0/Q5_1 unmeasured */
     k->packed[EI_TYPE_Q4_0].x1_far = ei_packed_q4_0_far_avx2;
+    k->packed[EI_TYPE_Q4_1].x1_far = ei_packed_q4_1_far_avx2;
     k->packed[EI_TYPE_Q8_0].x1_far = ei_packed_q8_0_far_avx2;
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};

@@ -336,6 +336,7 @@ PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
 /* one token over two row groups far apart (kernels.c says where they run) */
 PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)
 PACKED_FAR_FN(q8_0, DOT_AVX2_Q8, 0, 0, 0, 0.0f)
+PACKED_FAR_FN(q4_1, DOT_AVX2, 1, 0, 1, 0.0f)
 /* prefill: 16 tokens a weight pass with AVX-512's 32 registers (16 accumulators + 8 weights) */
 PACKED_FN(q4_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 0, 8.0f)
 PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 1, 0.0f)

@@ -117,6 +117,7 @@ EI_PACKED_DECL8(q8_0, avx2)
     void ei_packed_##name##_far_avx2(const void *, const void *, int64_t, const void *, float *, float *);
 EI_PACKED_FAR_DECL(q4_0)
 EI_PACKED_FAR_DECL(q8_0)
+EI_PACKED_FAR_DECL(q4_1)
 EI_PACKED_DECL(q4_0, vnni)
 EI_PACKED_DECL(q4_1, vnni)
 EI_PACKED_DECL(q5_0, vnni)
