@@ -447,15 +447,13 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
                   y + t * ldy, ldy);
 }
 
-int ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
-                         const void *packed_b, int64_t rb, float *yb, int64_t n, const void *act) {
+void ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
+                          const void *packed_b, int64_t rb, float *yb, int64_t n, const void *act) {
     const ei_packed_far_fn far = k->packed[type].x1_far;
-    if (!far) return 0;
     const int64_t nb = n_cols / unit_elems(type);
     const size_t gb = (size_t)nb * unit_bytes(type);
     const uint8_t *A = packed_a, *B = packed_b;
     for (int64_t r = 0; r < n; r += EI_PACK_ROWS)
         far(A + (size_t)((ra + r) / EI_PACK_ROWS) * gb, B + (size_t)((rb + r) / EI_PACK_ROWS) * gb, nb, act,
             ya + ra + r, yb + rb + r);
-    return 1;
 }

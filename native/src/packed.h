@@ -70,9 +70,10 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
 
 /* One token, rows [ra, ra + n) of packed_a into ya and [rb, rb + n) of packed_b into yb (n and
  * both starts multiples of 8; both matrices of the type and n_cols), the two ranges read side by
- * side with the type's x1_far kernel: each row's result is x1's. 0 when the type has none. */
-int ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
-                         const void *packed_b, int64_t rb, float *yb, int64_t n, const void *act);
+ * side with the type's x1_far kernel, which the caller has checked is there: each row's result
+ * is x1's. */
+void ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
+                          const void *packed_b, int64_t rb, float *yb, int64_t n, const void *act);
 
 /* Decode (one token a weight pass) streams each weight once from DRAM: the one-token kernels
  * ask for the lines EI_PF_DIST bytes ahead of each unit of `bytes`, so that more misses are
