@@ -207,7 +207,8 @@ static void fill_avx2(ei_kernels *k) {
     PACKED_WIDE(EI_TYPE_Q4_K, q4_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, avx2, 8)
     /* Decode reads two row groups a thread side by side (AMD Zen 3, against one group: 1B shape
      * Q8_0 1.20x at 1 thread, 1.08-1.19x at 2; Q4_0 1.15x, 1.05-1.40x; SmolLM2 Q4_1 1.29x,
-     * 1.06x). The K-quants' far kernels did not gain (Q4_K_M 0.96x, 1.01x); Q5_0/Q5_1 unmeasured */
+     * 1.06x). The K-quants' far kernels did not gain (Q4_K_M 0.96x, 1.01x), nor clearly Q5_0/Q5_1's
+     * (1B-shape files, 1 and 2 threads: 0.91-1.14x, within the host's noise) */
     k->packed[EI_TYPE_Q4_0].x1_far = ei_packed_q4_0_far_avx2;
     k->packed[EI_TYPE_Q4_1].x1_far = ei_packed_q4_1_far_avx2;
     k->packed[EI_TYPE_Q8_0].x1_far = ei_packed_q8_0_far_avx2;
