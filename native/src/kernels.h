@@ -121,8 +121,9 @@ typedef struct ei_kernels {
         /* x1 and x4 over two row groups; set (with xw_2g) only for types packed in row pairs
          * (packed.h): NULL, groups are packed and run one at a time */
         ei_packed_fn x1_2g, x4_2g;
-        /* x1 over two row groups far apart, block by block: one thread reads two streams faster
-         * than one (AVX2 hosts, docs/performance.md); NULL: x1 a group at a time */
+        /* x1 over two row groups far apart (two row pairs for a type packed in pairs), block by
+         * block: one thread reads two streams faster than one (AVX2 hosts and AMD Zen 4,
+         * docs/performance.md); NULL: x1 a group at a time */
         ei_packed_far_fn x1_far;
         int xw_tok;
     } packed[EI_TYPE_IDS];

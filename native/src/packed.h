@@ -68,11 +68,12 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t n_cols, int64_t r0, int64_t r1,
                       const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 
-/* One token, rows [ra, ra + n) of packed_a into ya and [rb, rb + n) of packed_b into yb (n and
- * both starts multiples of 8; both matrices of the type and n_cols), the two ranges read side by
- * side with the type's x1_far kernel, which the caller has checked is there: each row's result
- * is x1's. */
-void ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
+/* One token, rows [ra, ra + m) of packed_a into ya and [rb, rb + m) of packed_b into yb, the two
+ * ranges read side by side with the type's x1_far kernel, which the caller has checked is there;
+ * returns m: n rounded down to the far kernel's rows (8, or 16 for a type packed in row pairs),
+ * the rest left to ei_matmul_packed. Both starts are multiples of 16, both matrices of the type
+ * and n_cols, and each row's result is x1's. */
+int64_t ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, const void *packed_a, int64_t ra, float *ya,
                           const void *packed_b, int64_t rb, float *yb, int64_t n, const void *act);
 
 /* Decode (one token a weight pass) streams each weight once from DRAM: the one-token kernels
@@ -154,6 +155,12 @@ EI_PACKED_R16_DECL(q4_1)
 EI_PACKED_R16_DECL(q5_0)
 EI_PACKED_R16_DECL(q5_1)
 EI_PACKED_R16_DECL(q8_0)
+/* one token over two row pairs far apart (16 rows each) */
+#define EI_PACKED_FAR_R16_DECL(name) \
+    void ei_packed_##name##_farr16_vnni(const void *, const void *, int64_t, const void *, float *, float *);
+EI_PACKED_FAR_R16_DECL(q4_0)
+EI_PACKED_FAR_R16_DECL(q4_1)
+EI_PACKED_FAR_R16_DECL(q8_0)
 void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);

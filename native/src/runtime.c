@@ -454,13 +454,14 @@ static void mm_chunk(const mm_task *t, int64_t chunk) {
 }
 
 /* One token, two chunks of t->far's type read side by side by its far kernel (two read streams;
- * each row's result is mm_chunk's), the longer one's last rows alone. */
+ * each row's result is mm_chunk's); the rows it leaves (the longer chunk's last ones), one at a time. */
 static void mm_chunk_pair(const mm_task *t, int64_t ca, int64_t cb) {
     int64_t ra0, ra1, rb0, rb1;
     const ei_mm_job *a = &t->jobs[chunk_rows(t, ca, &ra0, &ra1)], *b = &t->jobs[chunk_rows(t, cb, &rb0, &rb1)];
     const int type = a->w->type;
-    const int64_t n = EI_MIN(ra1 - ra0, rb1 - rb0), act_bytes = ei_act_row_bytes(t->n_cols);
-    ei_matmul_packed_far(t->kt, type, t->n_cols, a->packed, ra0, a->y, b->packed, rb0, b->y, n, t->qx);
+    const int64_t act_bytes = ei_act_row_bytes(t->n_cols);
+    const int64_t n = ei_matmul_packed_far(t->kt, type, t->n_cols, a->packed, ra0, a->y, b->packed, rb0, b->y,
+                                           EI_MIN(ra1 - ra0, rb1 - rb0), t->qx);
     if (ra0 + n < ra1) ei_matmul_packed(t->kt, type, a->packed, t->n_cols, ra0 + n, ra1, t->qx, act_bytes, 1, a->y, a->w->ne1);
     if (rb0 + n < rb1) ei_matmul_packed(t->kt, type, b->packed, t->n_cols, rb0 + n, rb1, t->qx, act_bytes, 1, b->y, b->w->ne1);
 }
