@@ -454,7 +454,7 @@ static void mm_chunk(const mm_task *t, int64_t chunk) {
 }
 
 /* One token, two chunks of t->far's type read side by side by its far kernel (two read streams;
- * each row's result is mm_chunk's); the rows it leaves (the longer chunk's last ones), one at a time. */
+ * each row's result is mm_chunk's); the rows it leaves at either chunk's end by the one-token kernel. */
 static void mm_chunk_pair(const mm_task *t, int64_t ca, int64_t cb) {
     int64_t ra0, ra1, rb0, rb1;
     const ei_mm_job *a = &t->jobs[chunk_rows(t, ca, &ra0, &ra1)], *b = &t->jobs[chunk_rows(t, cb, &rb0, &rb1)];
