@@ -261,7 +261,8 @@ static void fill_avx512(ei_kernels *k) {
 #undef R16
     /* Decode reads two row pairs a thread side by side on Zen 4 (1B shape, against one pair:
      * Q8_0 1.47x at 1 thread, 1.59x at 2; Q4_0 1.13x, 1.03x; docs/performance.md). Not measured
-     * on other AVX-512 hosts, nor for Q5_0/Q5_1; the K-quants' did not gain (0.94x). */
+     * on other AVX-512 hosts; Q5_0/Q5_1's (0.99x, 1.06x at 1 thread) and the K-quants' (0.94x)
+     * did not gain. */
     if (amd_zen4()) {
         k->packed[EI_TYPE_Q4_0].x1_far = ei_packed_q4_0_farr16_vnni;
         k->packed[EI_TYPE_Q4_1].x1_far = ei_packed_q4_1_farr16_vnni;
