@@ -468,6 +468,17 @@ def test_bench_profile_and_floor(smollm2_path):
     assert "decode profile, 1 thread(s)" in table and "ABOVE THE MEMORY FLOOR" in table
 
 
+def test_bench_profile_at_depth(smollm2_path):
+    """--profile with --ctx-depth profiles the decode after ctx_depth tokens: the attention stage
+    reads the KV of that depth (2 x layers x kv heads x head size x f16 per cell)."""
+    cfg = BenchConfig(model=str(smollm2_path), threads=[1], pp=8, tg=4, reps=1, prompt_len=8, output_len=2,
+                      ctx_depth=200, isolated_rss=False, profile=True)
+    (prof,) = run_bench(cfg).to_dict()["profile"]
+    assert prof["prompt_len"] == 200 and prof["mean_depth"] == 200 + (4 + 1) / 2
+    attention = {r["stage"]: r for r in prof["stages"]}["attention"]
+    assert attention["bytes_per_token"] == 2 * 30 * 3 * 64 * 2 * prof["mean_depth"]   # SmolLM2-135M's KV
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lfm2", "qwen35"])
 def test_bench_profile_of_a_hybrid(kind, tmp_path):

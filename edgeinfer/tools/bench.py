@@ -25,7 +25,8 @@ Metrics (definitions: docs/architecture.md, "Metrics"):
   run's mean depth). With ``--floor GB/s`` (scripts/memory_floor.py's figure) the table gives
   each decode's share of it and says loudly when a decode passes it: the floor is then wrong.
 - ``profile`` (``--profile``): per forward stage of an edgeinfer decode, ms per token, bytes per
-  token and GB/s (stage_profile.py), and the share of ``--floor``.
+  token and GB/s (stage_profile.py), and the share of ``--floor``; at ``ctx_depth`` when given,
+  so the attention's share at that depth shows.
 
 Every timed metric is a :class:`Spread` (median, min, max, stdev, values) over ``reps``
 repetitions. With peers, each repetition measures every engine back to back, metric by
@@ -508,10 +509,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
 
 def _profile(cfg: BenchConfig, path: str, threads: int, n_ctx: int, moved: DecodeBytes) -> dict:
     """A stage-by-stage profile of an in-process edgeinfer decode (stage_profile.py) after a
-    prompt of tg_prompt tokens (its own seed: the other measurements' ids stay as without it)."""
+    prompt of ctx_depth tokens, or tg_prompt without it (its own seed: the other measurements'
+    ids stay as without it)."""
     r = make_runner("edgeinfer", None, path, threads, n_ctx, cfg.batch, cfg.isa, cfg.kv, cfg.device)
     try:
-        prompt = _random_ids(np.random.default_rng(cfg.seed + 1), cfg.tg_prompt, r.n_vocab or 32000)
+        prompt = _random_ids(np.random.default_rng(cfg.seed + 1), cfg.ctx_depth or cfg.tg_prompt, r.n_vocab or 32000)
         if cfg.warmup:
             r.tg(prompt, min(cfg.tg, 8))
         prof = profile_decode(r, prompt, cfg.tg, cfg.reps)
