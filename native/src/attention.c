@@ -281,7 +281,9 @@ static inline __attribute__((always_inline)) AV void heads_v8(const float *w, co
     const size_t rb = (size_t)hd * 2;
     int32_t c = 0;
     for (; c + 8 <= n; c += 8) {   /* 8 cells a step, their "any weight not 0" as bits */
-        if (s0 == 0)   /* the first pass streams V: 16 rows ahead, 1.3x at depth 4096 (Zen 4, this kernel) */
+        /* the first pass streams V: 16 rows ahead, 1.3x at depth 4096 (Zen 4, this kernel); past the
+         * chunk only if it is whole, as ei_attend_chunk_avx512's K */
+        if (s0 == 0 && (c + 24 <= n || n == EI_ATTN_CHUNK))
             for (size_t p = 0; p < 8 * rb; p += 64) _mm_prefetch((const char *)v + (c + 16) * rb + p, _MM_HINT_T0);
         __m256 nz = _mm256_setzero_ps();
         for (int j = 0; j < JV; j++)

@@ -204,9 +204,9 @@ typedef struct {
     atomic_llong next;
 } attn_task;
 
-static void attn_chunk_worker(void *raw, int ith, int nth) {
-    (void)nth;
-    attn_task *t = raw;
+/* One item of an attn_task: a chunk of one (token, kv head); the thread finishing the last chunk
+ * of a (token, kv head) merges its partials. */
+static void attend_item(attn_task *t, int64_t item, int ith) {
     ei_runtime *rt = t->rt;
     const ei_model_config *c = &rt->m->cfg;
     const int hd = ei_layer_head_dim(c, t->layer), group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
@@ -220,38 +220,49 @@ static void attn_chunk_worker(void *raw, int ith, int nth) {
     int32_t *masked = rt->swa_cell_pos ? rt->swa_cell_pos + (size_t)ith * rt->p.n_ctx : NULL;
     float *scores = rt->scores + (size_t)ith * group * EI_ATTN_CHUNK;
     const int64_t per_tok = (int64_t)c->n_head_kv * t->n_chunks;
-    const int64_t total = (t->t1 - t->t0) * per_tok;
-    for (;;) {
-        const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (item >= total) break;
-        const int64_t lt = item / per_tok, tok = t->t0 + lt;
-        const int kvh = (int)(item % per_tok / t->n_chunks), chunk = (int)(item % t->n_chunks);
-        const int slot = t->slots[tok];
-        /* partials laid out [token][kv head][chunk][head of the group] */
-        float *part = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
-        const int ring = ei_layer_in_local_ring(rt, t->layer);
-        const int32_t c0 = chunk * EI_ATTN_CHUNK,
-                      c1 = EI_MIN(c0 + EI_ATTN_CHUNK, ring ? rt->local_used[slot] : rt->n_used[slot]);
-        if (c0 >= c1) {
-            for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
-        } else {
-            const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
-            const int32_t *cp = ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
-                                     : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
-            const int32_t lo = t->pos[tok] - window;
-            if (window > 0 && lo >= keep_below) {   /* cells older than the window read as empty */
-                for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo || cp[cc] < keep_below ? cp[cc] : -1;
-                cp = masked;
-            }
-            ei_attend_chunk(kernel, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                            rt->v + off, cp, c0, c1, n_cells, t->pos[tok], hd, scale, scores, part);
+    const int64_t lt = item / per_tok, tok = t->t0 + lt;
+    const int kvh = (int)(item % per_tok / t->n_chunks), chunk = (int)(item % t->n_chunks);
+    const int slot = t->slots[tok];
+    /* partials laid out [token][kv head][chunk][head of the group] */
+    float *part = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
+    const int ring = ei_layer_in_local_ring(rt, t->layer);
+    const int32_t c0 = chunk * EI_ATTN_CHUNK,
+                  c1 = EI_MIN(c0 + EI_ATTN_CHUNK, ring ? rt->local_used[slot] : rt->n_used[slot]);
+    if (c0 >= c1) {
+        for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
+    } else {
+        const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
+        const int32_t *cp = ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
+                                 : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
+        const int32_t lo = t->pos[tok] - window;
+        if (window > 0 && lo >= keep_below) {   /* cells older than the window read as empty */
+            for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo || cp[cc] < keep_below ? cp[cc] : -1;
+            cp = masked;
         }
-        atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
-        if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) != t->n_chunks - 1) continue;
-        const float *first = rt->attn_part + ((lt * c->n_head_kv + kvh) * t->n_chunks) * group * pf;
-        for (int j = 0; j < group; j++)
-            ei_attend_merge(first + (int64_t)j * pf, t->n_chunks, (int64_t)group * pf, hd,
-                            rt->att + (tok * c->n_head + (int64_t)kvh * group + j) * hd);
+        ei_attend_chunk(kernel, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
+                        rt->v + off, cp, c0, c1, n_cells, t->pos[tok], hd, scale, scores, part);
+    }
+    atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
+    if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) != t->n_chunks - 1) return;
+    const float *first = rt->attn_part + ((lt * c->n_head_kv + kvh) * t->n_chunks) * group * pf;
+    for (int j = 0; j < group; j++)
+        ei_attend_merge(first + (int64_t)j * pf, t->n_chunks, (int64_t)group * pf, hd,
+                        rt->att + (tok * c->n_head + (int64_t)kvh * group + j) * hd);
+}
+
+/* Items are claimed in runs of consecutive chunks of one arena (at most a (token, kv head)'s, and
+ * about 8 runs a thread or more): a thread then streams on through the arena, its kernel's
+ * prefetch running into the chunk it does next. One item a claim sent neighbouring chunks to
+ * alternate threads, every chunk starting cold: 1.3x on a decode's attention at depth 4096
+ * (2 threads, Zen 4). */
+static void attn_chunk_worker(void *raw, int ith, int nth) {
+    attn_task *t = raw;
+    const int64_t total = (t->t1 - t->t0) * t->rt->m->cfg.n_head_kv * t->n_chunks;
+    const int64_t run = EI_MAX(1, EI_MIN(t->n_chunks, total / ((int64_t)nth * 8)));
+    for (;;) {
+        const int64_t first = atomic_fetch_add_explicit(&t->next, run, memory_order_relaxed);
+        if (first >= total) break;
+        for (int64_t item = first; item < EI_MIN(total, first + run); item++) attend_item(t, item, ith);
     }
 }
 
