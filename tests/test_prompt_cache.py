@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import pytest
 
 import edgeinfer
 from edgeinfer.engine.prompt_cache import HEADER, SUFFIX, PromptCache
-from edgeinfer.hub import models_dir
 from edgeinfer.server import ServerThread
+from tests.support.strict import require
 
 N_CTX = 1024
 SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and kindly." for i in range(50))
@@ -81,12 +82,19 @@ def test_a_damaged_file_is_skipped_with_a_warning(smollm2_path, tmp_path, cold, 
 
 
 def test_another_models_file_is_skipped_with_a_warning(smollm2_path, tmp_path, caplog):
-    other = models_dir() / "SmolLM2-135M-Instruct.Q8_0.gguf"   # same tokenizer and KV shape, other weights
-    if not other.exists():
-        pytest.skip("needs the Q8_0 SmolLM2 file beside the default one")
-    _fill(other, tmp_path)
+    # another model of the same tokenizer and KV shape: the default file with one weight bit flipped
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(smollm2_path, other)
+    first_weight = require("gguf").GGUFReader(str(smollm2_path)).data_offset
+    with open(other, "r+b") as fh:
+        fh.seek(first_weight)
+        byte = fh.read(1)[0]
+        fh.seek(first_weight)
+        fh.write(bytes([byte ^ 1]))
+    cache = tmp_path / "cache"
+    _fill(other, cache)
     with caplog.at_level(logging.WARNING, logger="edgeinfer"):
-        eng = _load(smollm2_path, tmp_path)
+        eng = _load(smollm2_path, cache)
         _, stats = _run(eng)
     eng.close()
     assert stats.cached_tokens == 0
