@@ -30,7 +30,8 @@ AI AV5 __m512 ld16(const uint8_t *row, int i) {
  * tile's row d for each (head, tile), so each cell's score is one FMA chain over d; JN x U chains
  * hide the FMA latency. qs[j * hd + d] is head j's query times scale. The next pass's tiles (at
  * next) are prefetched a slice per value: so much arithmetic per byte leaves the hardware
- * prefetchers too few loads to run far enough ahead (1.45x on a decode at depth 4096, Zen 4). */
+ * prefetchers too few loads to run far enough ahead (1.3x on a decode's attention at depth 4096,
+ * Zen 4). */
 AI AV5 void tiles_scores(const float *qs, const int JN, const int U, const uint8_t *const *tile, const int hd,
                          const uint8_t *next, __m512 acc[MAX_TILE][MAX_U]) {
     const int slice = U * EI_KT * 2;   /* bytes of the pass per value d */
