@@ -202,21 +202,19 @@ typedef struct {
     int32_t n_chunks;
     const int32_t *slots, *pos;
     atomic_llong next;
+    /* the layer's: set once by attention() */
+    const ei_attn_kernel *kernel;
+    int hd, group, ring;
+    float scale;
+    int32_t n_cells, window, keep_below;
 } attn_task;
 
 /* One item of an attn_task: a chunk of one (token, kv head); the thread finishing the last chunk
  * of a (token, kv head) merges its partials. */
-static void attend_item(attn_task *t, int64_t item, int ith) {
+static void attend_item(const attn_task *t, int64_t item, int ith) {
     ei_runtime *rt = t->rt;
     const ei_model_config *c = &rt->m->cfg;
-    const int hd = ei_layer_head_dim(c, t->layer), group = c->n_head / c->n_head_kv, pf = EI_ATTN_PART_FLOATS(hd);
-    const ei_attn_kernel *kernel = hd == c->head_dim ? &rt->attn : &rt->attn_swa;
-    const float scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd);
-    const int32_t n_cells = (int32_t)ei_layer_cells(rt, ei_layer_kv_source(c, t->layer));
-    /* The token's window: a local layer sees its last swa_window positions; a global layer of a
-     * ring with slack sees the sinks and its last slide_window positions. */
-    const int local = ei_layer_is_local(c, t->layer);
-    const int32_t window = local ? c->swa_window : rt->p.slide_window, keep_below = local ? 0 : rt->p.n_sink;
+    const int hd = t->hd, group = t->group, pf = EI_ATTN_PART_FLOATS(hd);
     int32_t *masked = rt->swa_cell_pos ? rt->swa_cell_pos + (size_t)ith * rt->p.n_ctx : NULL;
     float *scores = rt->scores + (size_t)ith * group * EI_ATTN_CHUNK;
     const int64_t per_tok = (int64_t)c->n_head_kv * t->n_chunks;
@@ -225,22 +223,21 @@ static void attend_item(attn_task *t, int64_t item, int ith) {
     const int slot = t->slots[tok];
     /* partials laid out [token][kv head][chunk][head of the group] */
     float *part = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
-    const int ring = ei_layer_in_local_ring(rt, t->layer);
     const int32_t c0 = chunk * EI_ATTN_CHUNK,
-                  c1 = EI_MIN(c0 + EI_ATTN_CHUNK, ring ? rt->local_used[slot] : rt->n_used[slot]);
+                  c1 = EI_MIN(c0 + EI_ATTN_CHUNK, t->ring ? rt->local_used[slot] : rt->n_used[slot]);
     if (c0 >= c1) {
         for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
     } else {
         const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
-        const int32_t *cp = ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
-                                 : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
-        const int32_t lo = t->pos[tok] - window;
-        if (window > 0 && lo >= keep_below) {   /* cells older than the window read as empty */
+        const int32_t *cp = t->ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
+                                    : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
+        const int32_t lo = t->pos[tok] - t->window, keep_below = t->keep_below;
+        if (t->window > 0 && lo >= keep_below) {   /* cells older than the window read as empty */
             for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo || cp[cc] < keep_below ? cp[cc] : -1;
             cp = masked;
         }
-        ei_attend_chunk(kernel, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                        rt->v + off, cp, c0, c1, n_cells, t->pos[tok], hd, scale, scores, part);
+        ei_attend_chunk(t->kernel, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
+                        rt->v + off, cp, c0, c1, t->n_cells, t->pos[tok], hd, t->scale, scores, part);
     }
     atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
     if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) != t->n_chunks - 1) return;
@@ -270,13 +267,22 @@ static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *s
     int32_t used = 0;
     const int ring = ei_layer_in_local_ring(rt, layer);
     for (int64_t i = 0; i < n_tok; i++) used = EI_MAX(used, ring ? rt->local_used[slots[i]] : rt->n_used[slots[i]]);
+    const ei_model_config *c = &rt->m->cfg;
+    const int hd = ei_layer_head_dim(c, layer), local = ei_layer_is_local(c, layer);
+    /* the token's window: a local layer sees its last swa_window positions; a global layer of a
+     * ring with slack sees the sinks and its last slide_window positions */
     attn_task t = {.rt = rt, .layer = layer, .slots = slots, .pos = pos,
-                   .n_chunks = (used + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK};
+                   .n_chunks = (used + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK,
+                   .kernel = hd == c->head_dim ? &rt->attn : &rt->attn_swa, .hd = hd,
+                   .group = c->n_head / c->n_head_kv, .ring = ring,
+                   .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd),
+                   .n_cells = (int32_t)ei_layer_cells(rt, ei_layer_kv_source(c, layer)),
+                   .window = local ? c->swa_window : rt->p.slide_window, .keep_below = local ? 0 : rt->p.n_sink};
     for (int64_t t0 = 0; t0 < n_tok; t0 += rt->attn_tokens) {
         t.t0 = t0;
         t.t1 = EI_MIN(n_tok, t0 + rt->attn_tokens);
         atomic_init(&t.next, 0);
-        for (int64_t i = 0; i < (t.t1 - t.t0) * rt->m->cfg.n_head_kv; i++) atomic_init(&rt->attn_done[i], 0);
+        for (int64_t i = 0; i < (t.t1 - t.t0) * c->n_head_kv; i++) atomic_init(&rt->attn_done[i], 0);
         ei_pool_run(rt->pool, attn_chunk_worker, &t);
     }
 }
