@@ -30,6 +30,7 @@ import numpy as np
 CDEF = """
 typedef struct ei_kernels ei_kernels;
 const ei_kernels *ei_kernels_get(int isa);
+int64_t ei_act_stride(int64_t n_cols);
 void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out,
                           int half_sums);
 size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols);
@@ -42,7 +43,6 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
 TYPES = {"Q4_0": (2, 32, 18, (0,)), "Q4_1": (3, 32, 20, (0, 2)), "Q5_0": (6, 32, 22, (0,)), "Q8_0": (8, 32, 34, (0,)),
          "Q4_K": (12, 256, 144, (0, 2)), "Q5_K": (13, 256, 176, (0, 2)), "Q6_K": (14, 256, 210, (208,))}
 ISA_AVX512, ISA_AVX2 = 2, 1
-ACT_BYTES_PER_BLOCK = 40 + 8   # ei_q8a (d, s, 32 quants) + the two half sums
 
 
 def random_rows(name: str, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -63,6 +63,13 @@ class Build:
             raise SystemExit(f"{label}: ISA {isa} not available")
         self.packed: dict = {}
 
+    def act_stride(self, n_cols: int) -> int:
+        """Bytes between activation rows, as this build lays them out."""
+        try:
+            return self.lib.ei_act_stride(n_cols)
+        except AttributeError:   # a build from before the rows were padded (ei_act_row_bytes)
+            return n_cols // 32 * 48
+
     def pack(self, key, tid: int, raw: np.ndarray, n_cols: int) -> None:
         n = self.lib.ei_packed_bytes(self.k, tid, raw.shape[0], n_cols)
         if not n:
@@ -72,8 +79,8 @@ class Build:
         self.packed[key] = buf
 
     def act(self, x: np.ndarray) -> np.ndarray:
-        """x: [tokens, n_cols] -> activation rows, ACT_BYTES_PER_BLOCK * n_cols / 32 bytes apart."""
-        out = np.zeros(x.size // 32 * ACT_BYTES_PER_BLOCK, np.uint8)
+        """x: [tokens, n_cols] -> activation rows, act_stride(n_cols) bytes apart."""
+        out = np.zeros(x.shape[0] * self.act_stride(x.shape[1]), np.uint8)
         self.lib.ei_quantize_act_rows(self.k, self.ffi.cast("float *", self.ffi.from_buffer(x)), x.shape[0],
                                       x.shape[1], self.ffi.from_buffer(out), 1)
         return out
@@ -135,7 +142,6 @@ def main() -> None:
     builds = [Build(*spec.split("=", 1), args.isa) for spec in args.lib]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.tokens, args.n_cols)).astype(np.float32)
-    act_stride = args.n_cols // 32 * ACT_BYTES_PER_BLOCK
     acts = [b.act(x) for b in builds]
     teams = {n: Team(n) for n in map(int, args.threads.split(","))}
     print(f"load average before: {os.getloadavg()}")
@@ -160,11 +166,11 @@ def main() -> None:
                     b, y = builds[bi], ys[bi]
                     pk, act = b.ffi.from_buffer(b.packed[(name, size)]), b.ffi.from_buffer(acts[bi])
                     yp = b.ffi.cast("float *", b.ffi.from_buffer(y))
-                    f, k = b.lib.ei_matmul_packed, b.k
+                    f, k, stride = b.lib.ei_matmul_packed, b.k, b.act_stride(args.n_cols)
 
                     def go():
                         for _ in range(inner):
-                            f(k, tid, pk, args.n_cols, r0, r1, act, act_stride, args.tokens, yp, n_rows)
+                            f(k, tid, pk, args.n_cols, r0, r1, act, stride, args.tokens, yp, n_rows)
                     return go
 
                 jobs = [[work(bi, r0, r1) for r0, r1 in split(n_rows, nthr)] for bi in range(len(builds))]

@@ -79,6 +79,12 @@ ATTN_CHUNK = 256                 # EI_ATTN_CHUNK (native/src/attention.h)
 # an activation block (ei_act_row_bytes, native/src/kernels.h): its ei_q8a (float d, float s,
 # int8 q[32]) and the int32 sums of its two 16-quant halves
 ACT_BLOCK_BYTES = 40 + 2 * 4
+
+
+def act_row_bytes(n_cols: int) -> int:
+    """ei_act_row_bytes: a row's blocks, padded to an odd number of 64-byte lines."""
+    lines = (n_cols // 32 * ACT_BLOCK_BYTES + 63) // 64
+    return (lines | 1) * 64
 DELTA_CHUNK = 64                 # EI_DELTA_CHUNK (edgeinfer_layout.h): a run of this many tokens goes by chunks
 # RSS of a process that has imported what it needs, before any model (x86_64, CPython 3.11):
 # `import edgeinfer.engine` (numpy, jinja2, the native library) and, for `edgeinfer serve`,
@@ -227,7 +233,7 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
     total += B * qd * f32 * (4 if m.attn_gate else 2)         # q, att (gated: q holds the gate, + its buffer)
     total += B * kvd * f32 * 2                                # kc, vc (this step's K/V before the arena)
     total += B * ff * f32 * 2                                 # gate, up
-    total += B * ((widest + 31) // 32) * ACT_BLOCK_BYTES      # quantized activations
+    total += B * act_row_bytes(widest + 31)                   # quantized activations
     group = max(m.n_head // max(m.n_head_kv, 1), 1)
     total += threads * group * ATTN_CHUNK * f32               # attention scores per thread
     # attention partials (chunked softmax): as many tokens as fit in ~4 MiB, at least one, and

@@ -353,6 +353,8 @@ const ei_kernels *ei_kernels_get(int isa) {
 
 /* ---------------- activations and row-blocked matmul ---------------- */
 
+int64_t ei_act_stride(int64_t n_cols) { return ei_act_row_bytes(n_cols); }
+
 void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out,
                           int half_sums) {
     const int64_t nb = n_cols / EI_QA_BLOCK, row_bytes = ei_act_row_bytes(n_cols);
