@@ -186,7 +186,7 @@ def main() -> None:
                 cells = []
                 for bi, b in enumerate(builds):
                     med = float(np.median(times[bi]))
-                    cells.append(f"{b.label} {nbytes / best[bi] / 1e9:6.1f} (med {nbytes / med / 1e9:5.1f})")
+                    cells.append(f"{b.label} {nbytes / best[bi] / 1e9:7.3f} (med {nbytes / med / 1e9:6.3f})")
                 # the medians' ratio too: one lucky (or mistimed) rep moves a best
                 ratio = (f"  {builds[-1].label}/{builds[0].label} best {best[0] / best[-1]:.3f}"
                          f" med {np.median(times[0]) / np.median(times[-1]):.3f}") if len(builds) > 1 else ""
