@@ -35,8 +35,8 @@ AI AVQ __m512i row_offsets(int32_t c, int32_t n, size_t rb) {
     return _mm512_mullo_epi32(cells, _mm512_set1_epi32((int32_t)rb));
 }
 
-/* The rows of cells c..c+15 below end on their way to L1: the transposed loads below visit
- * rows out of order, which the hardware prefetchers do not follow. */
+/* The rows of cells c..c+15 (those before end) on their way to L1: the transposed loads below
+ * visit rows out of order, which the hardware prefetchers do not follow. */
 AI AVQ void prefetch_rows(const uint8_t *base, int32_t c, int32_t end, size_t rb) {
     if (c >= end) return;
     const uint8_t *from = base + (size_t)c * rb, *to = base + (size_t)(c + 16 < end ? c + 16 : end) * rb;

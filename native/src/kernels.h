@@ -163,7 +163,7 @@ int64_t ei_row_bytes(int type, int64_t n);
 static inline int64_t ei_act_row_bytes(int64_t n_cols) {
     /* padded to an odd number of 64-byte lines, so that the rows the prefill kernels read side
      * by side (16 tokens) start in different L1 sets: 8,192 columns make 12,288 bytes, a
-     * multiple of 4 KiB, which put all 16 rows in the same sets (Q6_K 16-token tiles 1.37x
+     * multiple of 4 KiB, which put all 16 rows in the same sets (Q6_K 16-token tiles 1.27x
      * faster padded, AMD Zen 4, scripts/bench_matvec.py --n-cols 8192) */
     const int64_t lines = (n_cols / EI_QA_BLOCK * (int64_t)(sizeof(ei_q8a) + 2 * sizeof(int32_t)) + 63) / 64;
     return (lines | 1) * 64;
