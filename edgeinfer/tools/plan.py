@@ -79,12 +79,6 @@ ATTN_CHUNK = 256                 # EI_ATTN_CHUNK (native/src/attention.h)
 # an activation block (ei_act_row_bytes, native/src/kernels.h): its ei_q8a (float d, float s,
 # int8 q[32]) and the int32 sums of its two 16-quant halves
 ACT_BLOCK_BYTES = 40 + 2 * 4
-
-
-def act_row_bytes(n_cols: int) -> int:
-    """ei_act_row_bytes: a row's blocks, padded to an odd number of 64-byte lines."""
-    lines = (n_cols // 32 * ACT_BLOCK_BYTES + 63) // 64
-    return (lines | 1) * 64
 DELTA_CHUNK = 64                 # EI_DELTA_CHUNK (edgeinfer_layout.h): a run of this many tokens goes by chunks
 # RSS of a process that has imported what it needs, before any model (x86_64, CPython 3.11):
 # `import edgeinfer.engine` (numpy, jinja2, the native library) and, for `edgeinfer serve`,
@@ -216,6 +210,12 @@ def _require_mtp(m: ModelShape) -> ModelShape:
                          f"{m.arch}.nextn_predict_layers >= 1), and {m.name} ({m.path or m.arch}) has no MTP block"
                          + (" (converted without it?)" if m.arch == "qwen35" else ""))
     return m.mtp
+
+
+def act_row_bytes(n_cols: int) -> int:
+    """ei_act_row_bytes: a row's blocks, padded to an odd number of 64-byte lines."""
+    lines = (n_cols // 32 * ACT_BLOCK_BYTES + 63) // 64
+    return (lines | 1) * 64
 
 
 def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_MAX_BATCH,

@@ -238,14 +238,12 @@ AVQ void ei_attend_chunk_q8_avx512(const float *q, int g, const uint8_t *k, cons
      * touch of V, which gathers made wait on memory (1.15-1.28x on a decode's attention at depth
      * 4096 with the prefetch past the chunk above, Zen 4, scripts/bench_attention.c) */
     float dv[MAX_NB][EI_ATTN_CHUNK];
-    uint16_t dvh[MAX_NB][EI_ATTN_CHUNK + 16];
-    for (int32_t c = 0; c < (n + 15) / 16 * 16; c++)   /* past n: 0, masked off below */
-        for (int b = 0; b < nb; b++)
-            if (c < n) memcpy(&dvh[b][c], v + (size_t)c * rb + 34 * b, 2);
-            else dvh[b][c] = 0;
+    uint16_t dvh[MAX_NB][EI_ATTN_CHUNK];
+    for (int32_t c = 0; c < n; c++)
+        for (int b = 0; b < nb; b++) memcpy(&dvh[b][c], v + (size_t)c * rb + 34 * b, 2);
     for (int32_t c = 0; c < n; c += 16)
         for (int b = 0; b < nb; b++)
-            _mm512_storeu_ps(dv[b] + c, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dvh[b] + c))));
+            _mm512_storeu_ps(dv[b] + c, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes_below(n - c), dvh[b] + c)));
     /* heads in tiles whose int32 accumulators (2 per head and block) fit the registers */
     const int tile = nb <= 2 ? 4 : nb == 4 ? 2 : 1;
     enum { WST = EI_ATTN_CHUNK + 2, WROWS = MAX_NB > 8 ? MAX_NB : 8 };   /* tile * nb rows: at most max(8, nb) */

@@ -474,23 +474,23 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
     const uint8_t *A = act, *P = packed;
     const int nw = k->packed[type].xw_tok;
     int64_t t = 0;
-    /* Several wide passes (a prefill): as many rows again past r1 (where a runtime thread's next
-     * chunk lies) go to L2 in shares before passes 2.., so that chunk's first pass does not wait
-     * on memory (1B-shape Q4_K_M pp256 1.04x, pp1024 1.01x; 3B pp256 1.01x; Zen 4) */
-    const int64_t passes = k->packed[type].xw ? n_tok / nw : 0;
-    const size_t ahead = (size_t)((r1 - r0) / EI_PACK_ROWS) * gb;
-    const size_t share = passes > 1 ? (ahead / (size_t)(passes - 1) + 63) & ~(size_t)63 : 0;
-    /* addresses, not pointers: they may run past the matrix, where a prefetch is harmless */
-    uintptr_t next = (uintptr_t)(P + (size_t)(r1 / EI_PACK_ROWS) * gb);
-    const uintptr_t next_end = next + ahead;
-    if (k->packed[type].xw)
+    if (k->packed[type].xw) {
+        /* Several wide passes (a prefill): as many rows again past r1 (where a runtime thread's
+         * next chunk lies) go to L2 in shares before passes 2.., so that chunk's first pass does
+         * not wait on memory (1B-shape Q4_K_M pp256 1.04x, pp1024 1.01x; 3B pp256 1.01x; Zen 4).
+         * Addresses, not pointers: they may run past the matrix, where a prefetch is harmless. */
+        const int64_t passes = n_tok / nw;
+        const size_t ahead = (size_t)((r1 - r0) / EI_PACK_ROWS) * gb;
+        const size_t share = passes > 1 ? (ahead / (size_t)(passes - 1) + 63) & ~(size_t)63 : 0;
+        uintptr_t next = (uintptr_t)(P + (size_t)(r1 / EI_PACK_ROWS) * gb);
+        const uintptr_t next_end = next + ahead;
         for (; t + nw <= n_tok; t += nw) {
-            if (t > 0)
-                for (const uintptr_t e = next + share; next < e && next < next_end; next += 64)
-                    __builtin_prefetch((const void *)next, 0, 2);
+            for (const uintptr_t e = t > 0 ? next + share : next; next < e && next < next_end; next += 64)
+                __builtin_prefetch((const void *)next, 0, 2);
             rows_pass(k->packed[type].xw_2g, k->packed[type].xw, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
                       y + t * ldy, ldy);
         }
+    }
     for (; t + 4 <= n_tok; t += 4)
         rows_pass(k->packed[type].x4_2g, k->packed[type].x4, P, gb, nb, r0, r1, A + t * act_stride, act_stride,
                   y + t * ldy, ldy);
