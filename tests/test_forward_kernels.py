@@ -58,6 +58,23 @@ def test_attention_matches_exact_math(n_cells, hd, g):
         assert nmse <= 1e-10, (isa, nmse)
 
 
+@pytest.mark.parametrize("hd,g", [(64, 4), (128, 2), (64, 1)])
+@pytest.mark.parametrize("pos", [0, 40, 300, 517])
+def test_attention_over_a_causal_prefix_matches_exact_math(pos, hd, g):
+    """Cells in order, as a prefill writes them: the query sees cells [0, pos], and the hidden
+    cells after it (part of a chunk, whole chunks) are dropped before any kernel runs."""
+    rng = np.random.default_rng(pos + hd + g)
+    n_cells = 600
+    q = (rng.standard_normal((g, hd)) * 2).astype(np.float32)
+    k = (rng.standard_normal((n_cells, hd))).astype(np.float16).view(np.uint16)
+    v = (rng.standard_normal((n_cells, hd))).astype(np.float16).view(np.uint16)
+    cell_pos = np.arange(n_cells, dtype=np.int32)
+    ref = reference(q, k, v, cell_pos, pos)
+    for isa in each_level(ISAS):
+        out = attend(isa, q, k, v, cell_pos, pos)
+        assert np.abs(out - ref).max() < 1e-5, isa
+
+
 def q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows quantized to GGUF Q8_0 blocks with the gguf package, and their exact dequantized values."""
     from gguf import GGMLQuantizationType as T, quants
