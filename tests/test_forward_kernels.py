@@ -75,6 +75,34 @@ def test_attention_over_a_causal_prefix_matches_exact_math(pos, hd, g):
         assert np.abs(out - ref).max() < 1e-5, isa
 
 
+@pytest.mark.parametrize("n_cells,hd,g,shuffled", [(600, 64, 4, False), (300, 64, 3, False), (520, 128, 3, False),
+                                                   (333, 64, 5, True), (257, 128, 2, True), (90, 32, 2, False),
+                                                   (300, 512, 2, False), (40, 64, 8, True)])
+def test_attention_of_two_tokens_at_once_is_the_same_bits(n_cells, hd, g, shuffled):
+    """A prefill reads each chunk once for a pair of its tokens: each token's output is the same
+    bits as alone, on every level, whether the pair is adjacent or far apart, and where one of the
+    two sees no cell of a chunk."""
+    rng = np.random.default_rng(n_cells * 7 + hd + g)
+    q0, q1 = ((rng.standard_normal((g, hd)) * 2).astype(np.float32) for _ in range(2))
+    k = (rng.standard_normal((n_cells, hd))).astype(np.float16).view(np.uint16)
+    v = (rng.standard_normal((n_cells, hd))).astype(np.float16).view(np.uint16)
+    cell_pos = np.arange(n_cells, dtype=np.int32)
+    if shuffled:
+        rng.shuffle(cell_pos)
+        cell_pos[rng.random(n_cells) < 0.1] = -1
+    for pos0, pos1 in ((n_cells // 2, n_cells // 2 + 1), (3, n_cells - 1), (n_cells - 1, 20)):
+        outs = [np.zeros((g, hd), np.float32) for _ in range(2)]
+        for isa in each_level(ISAS):
+            st = lib.ei_kernel_attention_pair(isa, ffi.from_buffer("float[]", q0), ffi.from_buffer("float[]", q1), g,
+                                              ffi.from_buffer(k), ffi.from_buffer(v), lib.EI_TYPE_F16,
+                                              ffi.from_buffer("int32_t[]", cell_pos), n_cells, pos0, pos1, hd,
+                                              ffi.from_buffer("float[]", outs[0]), ffi.from_buffer("float[]", outs[1]))
+            assert st == 0
+            for q, pos, out in ((q0, pos0, outs[0]), (q1, pos1, outs[1])):
+                assert np.array_equal(out, attend(isa, q, k, v, cell_pos, pos)), (isa, pos0, pos1)
+                assert np.abs(out - reference(q, k, v, cell_pos, pos)).max() < 1e-5
+
+
 def q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows quantized to GGUF Q8_0 blocks with the gguf package, and their exact dequantized values."""
     from gguf import GGMLQuantizationType as T, quants

@@ -235,7 +235,7 @@ def scratch_bytes(m: ModelShape, ctx: int, slots: int, max_batch: int = DEFAULT_
     total += B * ff * f32 * 2                                 # gate, up
     total += B * act_row_bytes(widest + 31)                   # quantized activations
     group = max(m.n_head // max(m.n_head_kv, 1), 1)
-    total += threads * group * ATTN_CHUNK * f32               # attention scores per thread
+    total += threads * 2 * group * ATTN_CHUNK * f32           # attention scores per thread (two tokens)
     # attention partials (chunked softmax): as many tokens as fit in ~4 MiB, at least one, and
     # their per-KV-head done counters
     part_per_tok = m.n_head * ((ctx + ATTN_CHUNK - 1) // ATTN_CHUNK) * (m.head_dim + 2)

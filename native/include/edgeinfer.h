@@ -82,6 +82,12 @@ ei_status ei_kernel_matmul(int type, int isa, const void *w, int64_t n_rows, int
  * partials merged in order). */
 ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, const void *v, int kv_type,
                               const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out);
+/* The same for two tokens' queries over one KV (positions pos0 and pos1), in one pass where
+ * the level has a two-token kernel, as a prefill pairs its tokens: each out is the same bits as
+ * ei_kernel_attention's. */
+ei_status ei_kernel_attention_pair(int isa, const float *q0, const float *q1, int g, const void *k, const void *v,
+                                   int kv_type, const int32_t *cell_pos, int32_t n_cells, int32_t pos0, int32_t pos1,
+                                   int hd, float *out0, float *out1);
 
 /* gate[i] = silu(gate[i]) * up[i] for i < n: the SwiGLU of the feed-forward block. */
 ei_status ei_kernel_swiglu(int isa, float *gate, const float *up, int64_t n);

@@ -403,6 +403,25 @@ void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8
               scores + (size_t)j0 * (c1 - c0), part + (size_t)j0 * EI_ATTN_PART_FLOATS(hd));
 }
 
+void ei_attend_chunk_pair(const ei_attn_kernel *a, const float *const q[2], int g, const uint8_t *k, const uint8_t *v,
+                          const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t n_cells, const int32_t pos[2],
+                          int hd, float scale, float *scores, float *const part[2]) {
+    if (!a->pair) {
+        for (int t = 0; t < 2; t++)
+            ei_attend_chunk(a, q[t], g, k, v, cell_pos, c0, c1, n_cells, pos[t], hd, scale, scores, part[t]);
+        return;
+    }
+    /* cells hidden from both at the chunk's end, as ei_attend_chunk drops them for one (hidden
+     * cells left in weigh nothing: the earlier token's partial keeps its bits) */
+    const int32_t later = pos[0] > pos[1] ? pos[0] : pos[1];
+    while (c1 > c0 && !ei_attn_visible(cell_pos[c1 - 1], later)) c1--;
+    if (c1 == c0) {
+        for (int t = 0; t < 2; t++) ei_attn_empty_parts(part[t], g, hd);
+        return;
+    }
+    a->pair(q, g, k, v, cell_pos, c0, c1, n_cells, pos, hd, scale, scores, part);
+}
+
 void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out) {
     float m = -INFINITY, s = 0.0f;
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
@@ -421,9 +440,13 @@ void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int 
     }
 }
 
-ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, const void *v, int kv_type,
-                              const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out) {
-    if (!q || !k || !v || !cell_pos || !out || g < 1 || n_cells < 1 || hd < 1 || hd > 1024)
+/* ei_kernel_attention for nt (1 or 2) tokens: two go through ei_attend_chunk_pair, as a prefill
+ * pairs them. */
+static ei_status kernel_attention(int isa, const float *const *q, int nt, int g, const void *k, const void *v,
+                                  int kv_type, const int32_t *cell_pos, int32_t n_cells, const int32_t *pos, int hd,
+                                  float *const *out) {
+    if (!q[0] || !q[nt - 1] || !k || !v || !cell_pos || !out[0] || !out[nt - 1] || g < 1 || n_cells < 1 || hd < 1 ||
+        hd > 1024)
         return ei_fail(EI_ERR_INVALID_ARG, "kernel_attention: bad arguments");
     if (kv_type != EI_TYPE_F16 && !(kv_type == EI_TYPE_Q8_0 && hd % 32 == 0))
         return ei_fail(EI_ERR_UNSUPPORTED, "kernel_attention: KV type %d with head_dim %d", kv_type, hd);
@@ -431,9 +454,9 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
     if (!kt) return ei_fail(EI_ERR_UNSUPPORTED, "ISA %d not supported here", isa);
     const ei_attn_kernel a = ei_attn_pick(kt, kv_type, hd);
     const int n_chunks = (n_cells + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK, pf = EI_ATTN_PART_FLOATS(hd);
-    const size_t rb = (size_t)ei_row_bytes(kv_type, hd);
-    float *scores = malloc(sizeof(float) * (size_t)g * EI_ATTN_CHUNK);
-    float *parts = malloc(sizeof(float) * (size_t)n_chunks * g * pf);
+    const size_t rb = (size_t)ei_row_bytes(kv_type, hd), tok_parts = (size_t)n_chunks * g * pf;
+    float *scores = malloc(sizeof(float) * 2 * (size_t)g * EI_ATTN_CHUNK);
+    float *parts = malloc(sizeof(float) * nt * tok_parts);
     uint8_t *arena = malloc(rb * (size_t)n_cells);   /* k's rows as the runtime keeps K */
     if (!scores || !parts || !arena) {
         free(scores);
@@ -446,12 +469,29 @@ ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, con
     const float scale = 1.0f / sqrtf((float)hd);
     for (int c = 0; c < n_chunks; c++) {
         const int32_t c0 = c * EI_ATTN_CHUNK, c1 = (int32_t)((int64_t)c0 + EI_ATTN_CHUNK < n_cells ? c0 + EI_ATTN_CHUNK : n_cells);
-        ei_attend_chunk(&a, q, g, arena, v, cell_pos, c0, c1, n_cells, pos, hd, scale, scores,
-                        parts + (size_t)c * g * pf);
+        float *part[2] = {parts + (size_t)c * g * pf, parts + tok_parts + (size_t)c * g * pf};
+        if (nt == 2) ei_attend_chunk_pair(&a, q, g, arena, v, cell_pos, c0, c1, n_cells, pos, hd, scale, scores, part);
+        else ei_attend_chunk(&a, q[0], g, arena, v, cell_pos, c0, c1, n_cells, pos[0], hd, scale, scores, part[0]);
     }
-    for (int j = 0; j < g; j++) ei_attend_merge(parts + (size_t)j * pf, n_chunks, (int64_t)g * pf, hd, out + (size_t)j * hd);
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < g; j++)
+            ei_attend_merge(parts + t * tok_parts + (size_t)j * pf, n_chunks, (int64_t)g * pf, hd, out[t] + (size_t)j * hd);
     free(scores);
     free(parts);
     free(arena);
     return EI_OK;
+}
+
+ei_status ei_kernel_attention(int isa, const float *q, int g, const void *k, const void *v, int kv_type,
+                              const int32_t *cell_pos, int32_t n_cells, int32_t pos, int hd, float *out) {
+    return kernel_attention(isa, &q, 1, g, k, v, kv_type, cell_pos, n_cells, &pos, hd, &out);
+}
+
+ei_status ei_kernel_attention_pair(int isa, const float *q0, const float *q1, int g, const void *k, const void *v,
+                                   int kv_type, const int32_t *cell_pos, int32_t n_cells, int32_t pos0, int32_t pos1,
+                                   int hd, float *out0, float *out1) {
+    const float *q[2] = {q0, q1};
+    const int32_t pos[2] = {pos0, pos1};
+    float *out[2] = {out0, out1};
+    return kernel_attention(isa, q, 2, g, k, v, kv_type, cell_pos, n_cells, pos, hd, out);
 }

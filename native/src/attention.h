@@ -61,6 +61,13 @@ void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale,
                      float *scores, float *part);
 
+/* ei_attend_chunk for two tokens of one slot (q[t], pos[t], part[t]) in one pass over the chunk
+ * where the kernel has a two-token form, else one after the other: the same bits either way.
+ * scores needs 2 * g * (c1 - c0) floats. */
+void ei_attend_chunk_pair(const ei_attn_kernel *a, const float *const q[2], int g, const uint8_t *k, const uint8_t *v,
+                          const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t n_cells, const int32_t pos[2],
+                          int hd, float scale, float *scores, float *const part[2]);
+
 /* The attention kernel of table k for a KV type and head size: the first of the
  * table's SIMD kernels that takes hd, else the scalar reference (hd <= 1024). */
 ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd);
@@ -85,6 +92,9 @@ void ei_attend_chunk_avx2(const float *q, int g, const uint8_t *k, const uint8_t
                           int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_avx512(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                             int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part);
+void ei_attend_pair_avx512(const float *const q[2], int g, const uint8_t *k, const uint8_t *v,
+                           const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t n_cells, const int32_t pos[2],
+                           int hd, float scale, float *scores, float *const part[2]);
 void ei_attend_chunk_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                           int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part);
 void ei_attend_chunk_q8_neon(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,

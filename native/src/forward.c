@@ -194,7 +194,9 @@ static void act_chunk(void *raw, int64_t i) {
 /* Attention for tokens [t0, t1) of the batch in one pass over the pool: a
  * partial softmax per (token, kv head, chunk of cells); whichever thread
  * finishes the last chunk of a (token, kv head) merges its heads' partials in
- * chunk order, so the result does not depend on who merges. */
+ * chunk order, so the result does not depend on who merges. The tokens go in
+ * units of `pair` (1 or 2): a prefill's tokens two at a time, one pass over each
+ * chunk's K and V for both. */
 typedef struct {
     ei_runtime *rt;
     int layer;
@@ -204,57 +206,77 @@ typedef struct {
     atomic_llong next;
     /* the layer's: set once by attention() */
     const ei_attn_kernel *kernel;
-    int hd, group, ring;
+    int hd, group, ring, pair;
     float scale;
     int32_t n_cells, window, keep_below;
 } attn_task;
 
-/* One item of an attn_task: a chunk of one (token, kv head); the thread finishing the last chunk
- * of a (token, kv head) merges its partials. */
-static void attend_item(const attn_task *t, int64_t item, int ith) {
+/* The thread finishing the last chunk of (token, kv head) merges its heads' partials. */
+static void merge_if_last(const attn_task *t, int64_t lt, int kvh) {
     ei_runtime *rt = t->rt;
     const ei_model_config *c = &rt->m->cfg;
     const int hd = t->hd, group = t->group, pf = EI_ATTN_PART_FLOATS(hd);
-    int32_t *masked = rt->swa_cell_pos ? rt->swa_cell_pos + (size_t)ith * rt->p.n_ctx : NULL;
-    float *scores = rt->scores + (size_t)ith * group * EI_ATTN_CHUNK;
-    const int64_t per_tok = (int64_t)c->n_head_kv * t->n_chunks;
-    const int64_t lt = item / per_tok, tok = t->t0 + lt;
-    const int kvh = (int)(item % per_tok / t->n_chunks), chunk = (int)(item % t->n_chunks);
-    const int slot = t->slots[tok];
-    /* partials laid out [token][kv head][chunk][head of the group] */
-    float *part = rt->attn_part + (((lt * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
-    const int32_t c0 = chunk * EI_ATTN_CHUNK,
-                  c1 = EI_MIN(c0 + EI_ATTN_CHUNK, t->ring ? rt->local_used[slot] : rt->n_used[slot]);
-    if (c0 >= c1) {
-        for (int j = 0; j < group; j++) part[(int64_t)j * pf] = -INFINITY;
-    } else {
-        const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
-        const int32_t *cp = t->ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
-                                    : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
-        const int32_t lo = t->pos[tok] - t->window, keep_below = t->keep_below;
-        if (t->window > 0 && lo >= keep_below) {   /* cells older than the window read as empty */
-            for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo || cp[cc] < keep_below ? cp[cc] : -1;
-            cp = masked;
-        }
-        ei_attend_chunk(t->kernel, rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd, group, rt->k + off,
-                        rt->v + off, cp, c0, c1, t->n_cells, t->pos[tok], hd, t->scale, scores, part);
-    }
     atomic_int *done = rt->attn_done + lt * c->n_head_kv + kvh;
     if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) != t->n_chunks - 1) return;
     const float *first = rt->attn_part + ((lt * c->n_head_kv + kvh) * t->n_chunks) * group * pf;
     for (int j = 0; j < group; j++)
         ei_attend_merge(first + (int64_t)j * pf, t->n_chunks, (int64_t)group * pf, hd,
-                        rt->att + (tok * c->n_head + (int64_t)kvh * group + j) * hd);
+                        rt->att + ((t->t0 + lt) * c->n_head + (int64_t)kvh * group + j) * hd);
 }
 
-/* Items are claimed in runs of consecutive chunks of one arena (at most a (token, kv head)'s, and
+/* One item of an attn_task: a chunk of one (unit of tokens, kv head). */
+static void attend_item(const attn_task *t, int64_t item, int ith) {
+    ei_runtime *rt = t->rt;
+    const ei_model_config *c = &rt->m->cfg;
+    const int hd = t->hd, group = t->group, pf = EI_ATTN_PART_FLOATS(hd);
+    int32_t *masked = rt->swa_cell_pos ? rt->swa_cell_pos + (size_t)ith * rt->p.n_ctx : NULL;
+    float *scores = rt->scores + (size_t)ith * 2 * group * EI_ATTN_CHUNK;
+    const int64_t per_unit = (int64_t)c->n_head_kv * t->n_chunks;
+    const int64_t lt = item / per_unit * t->pair, tok = t->t0 + lt;   /* the unit's first token */
+    const int nt = (int)EI_MIN(t->pair, t->t1 - tok);
+    const int kvh = (int)(item % per_unit / t->n_chunks), chunk = (int)(item % t->n_chunks);
+    const int slot = t->slots[tok];   /* a unit of two is one slot's */
+    /* partials laid out [token][kv head][chunk][head of the group] */
+    float *part[2];
+    for (int i = 0; i < nt; i++)
+        part[i] = rt->attn_part + ((((lt + i) * c->n_head_kv + kvh) * t->n_chunks + chunk) * group) * pf;
+    const int32_t c0 = chunk * EI_ATTN_CHUNK,
+                  c1 = EI_MIN(c0 + EI_ATTN_CHUNK, t->ring ? rt->local_used[slot] : rt->n_used[slot]);
+    if (c0 >= c1) {
+        for (int i = 0; i < nt; i++)
+            for (int j = 0; j < group; j++) part[i][(int64_t)j * pf] = -INFINITY;
+    } else {
+        const size_t off = ei_kv_offset(rt, slot, t->layer, kvh);
+        const int32_t *cp = t->ring ? rt->local_cell_pos + (size_t)slot * rt->local_cells
+                                    : rt->cell_pos + (size_t)slot * rt->p.n_ctx;
+        const float *q0 = rt->q + (tok * c->n_head + (int64_t)kvh * group) * hd;
+        if (nt == 2) {   /* attention() pairs tokens only where no window masks cells */
+            const float *q[2] = {q0, q0 + (int64_t)c->n_head * hd};
+            const int32_t pos[2] = {t->pos[tok], t->pos[tok + 1]};
+            ei_attend_chunk_pair(t->kernel, q, group, rt->k + off, rt->v + off, cp, c0, c1, t->n_cells, pos, hd,
+                                 t->scale, scores, part);
+        } else {
+            const int32_t lo = t->pos[tok] - t->window, keep_below = t->keep_below;
+            if (t->window > 0 && lo >= keep_below) {   /* cells older than the window read as empty */
+                for (int32_t cc = c0; cc < c1; cc++) masked[cc] = cp[cc] > lo || cp[cc] < keep_below ? cp[cc] : -1;
+                cp = masked;
+            }
+            ei_attend_chunk(t->kernel, q0, group, rt->k + off, rt->v + off, cp, c0, c1, t->n_cells, t->pos[tok], hd,
+                            t->scale, scores, part[0]);
+        }
+    }
+    for (int i = 0; i < nt; i++) merge_if_last(t, lt + i, kvh);
+}
+
+/* Items are claimed in runs of consecutive chunks of one arena (at most a (unit, kv head)'s, and
  * about 8 runs a thread or more): a thread then streams on through the arena, its kernel's
  * prefetch running into the chunk it does next. One item a claim sent neighbouring chunks to
  * alternate threads, every chunk starting cold: 1.3x on a decode's attention at depth 4096
  * (2 threads, Zen 4). */
 static void attn_chunk_worker(void *raw, int ith, int nth) {
     attn_task *t = raw;
-    const int64_t total = (t->t1 - t->t0) * t->rt->m->cfg.n_head_kv * t->n_chunks;
+    const int64_t units = (t->t1 - t->t0 + t->pair - 1) / t->pair;
+    const int64_t total = units * t->rt->m->cfg.n_head_kv * t->n_chunks;
     const int64_t run = EI_MAX(1, EI_MIN(t->n_chunks, total / ((int64_t)nth * 8)));
     for (;;) {
         const int64_t first = atomic_fetch_add_explicit(&t->next, run, memory_order_relaxed);
@@ -278,6 +300,12 @@ static void attention(ei_runtime *rt, int layer, int64_t n_tok, const int32_t *s
                    .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)hd),
                    .n_cells = (int32_t)ei_layer_cells(rt, ei_layer_kv_source(c, layer)),
                    .window = local ? c->swa_window : rt->p.slide_window, .keep_below = local ? 0 : rt->p.n_sink};
+    /* two tokens a unit where the kernel reads a chunk once for both: a batch of one slot's tokens
+     * (a prefill) and no window (the window masks cells per token); a batch of many slots keeps
+     * one token a unit, so a thread's run of items streams through one arena */
+    int one_slot = 1;
+    for (int64_t i = 1; i < n_tok; i++) one_slot &= slots[i] == slots[0];
+    t.pair = t.kernel->pair && one_slot && t.window <= 0 && n_tok > 1 ? 2 : 1;
     for (int64_t t0 = 0; t0 < n_tok; t0 += rt->attn_tokens) {
         t.t0 = t0;
         t.t1 = EI_MIN(n_tok, t0 + rt->attn_tokens);

@@ -268,7 +268,7 @@ static void fill_avx512(ei_kernels *k) {
         k->packed[EI_TYPE_Q4_1].x1_far = ei_packed_q4_1_farr16_vnni;
         k->packed[EI_TYPE_Q8_0].x1_far = ei_packed_q8_0_farr16_vnni;
     }
-    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, EI_ATTN_MAX_HD, 0};
+    k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx512, 16, EI_ATTN_MAX_HD, 0, ei_attend_pair_avx512};
     k->attend[0][1] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx512, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};
     k->geglu = ei_geglu_avx512;

@@ -38,11 +38,19 @@ typedef void (*ei_packed_fn)(const void *packed, int64_t nb, const void *act, in
 typedef void (*ei_attn_fn)(const float *q, int g, const uint8_t *k, const uint8_t *v, const int32_t *cell_pos,
                            int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale, float *scores, float *part);
 
+/* The same for two tokens' queries of one slot at once (q[t], pos[t], part[t]); scores needs
+ * 2 * g * (c1 - c0) floats. Each token's partial is the same bits as fn's. */
+typedef void (*ei_attn_pair_fn)(const float *const q[2], int g, const uint8_t *k, const uint8_t *v,
+                                const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t n_cells, const int32_t pos[2],
+                                int hd, float scale, float *scores, float *const part[2]);
+
 /* An attention kernel and the head sizes and group it takes: hd a multiple of
- * hd_mult, at most hd_max; at most max_group query heads a call (0: any). */
+ * hd_mult, at most hd_max; at most max_group query heads a call (0: any). pair: NULL, or its
+ * two-token form (for any group). */
 typedef struct {
     ei_attn_fn fn;
     int hd_mult, hd_max, max_group;
+    ei_attn_pair_fn pair;
 } ei_attn_kernel;
 
 /* floats to IEEE half, round to nearest even (to_f16.c; the F16 KV cache) */

@@ -209,7 +209,7 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     rt->up = alloc_zeroed(B * ff * sizeof(float), &scratch);
     rt->act = alloc_zeroed(B * (size_t)ei_act_row_bytes(widest + EI_QA_BLOCK - 1), &scratch);
     size_t group = (size_t)(c->n_head / c->n_head_kv);
-    rt->scores = alloc_zeroed((size_t)prm.n_threads * group * EI_ATTN_CHUNK * sizeof(float), &scratch);
+    rt->scores = alloc_zeroed((size_t)prm.n_threads * 2 * group * EI_ATTN_CHUNK * sizeof(float), &scratch);   /* two tokens */
     /* Attention partials for as many tokens as fit in ~4 MiB (at least one). */
     size_t part_per_tok = (size_t)c->n_head * ((prm.n_ctx + EI_ATTN_CHUNK - 1) / EI_ATTN_CHUNK) *
                           EI_ATTN_PART_FLOATS(c->head_dim);

@@ -42,7 +42,7 @@ struct ei_runtime {
     /* Scratch for max_batch tokens, allocated once. */
     float *x, *xn, *q, *kc, *vc, *att, *gate, *up;
     void *act;           /* quantized activation rows (ei_act_row_bytes), max(n_embd, n_ff, q_dim) wide */
-    float *scores;       /* [n_threads][group * EI_ATTN_CHUNK] attention scores */
+    float *scores;       /* [n_threads][2 * group * EI_ATTN_CHUNK] attention scores (of up to two tokens) */
     float *attn_part;    /* [attn_tokens][n_head][n_chunks][hd + 2] partial softmaxes */
     int32_t attn_tokens; /* tokens whose attention partials fit attn_part at once */
     atomic_int *attn_done; /* [attn_tokens][n_head_kv]: chunks finished; the last one merges */
