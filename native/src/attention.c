@@ -387,12 +387,18 @@ ei_attn_kernel ei_attn_pick(const ei_kernels *k, int kv_type, int hd) {
     return (ei_attn_kernel){kv_type == EI_TYPE_Q8_0 ? chunk_q8_ref : chunk_ref, 1, 1024, 0};
 }
 
+/* The end of cells [c0, c1) once the cells at its end that a query at pos cannot see are dropped:
+ * they weigh nothing, and in a prefill they are the later tokens of the batch, so dropping them
+ * halves its score work on average. */
+static int32_t visible_end(const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t pos) {
+    while (c1 > c0 && !ei_attn_visible(cell_pos[c1 - 1], pos)) c1--;
+    return c1;
+}
+
 void ei_attend_chunk(const ei_attn_kernel *a, const float *q, int g, const uint8_t *k, const uint8_t *v,
                      const int32_t *cell_pos, int32_t c0, int32_t c1, int32_t n_cells, int32_t pos, int hd, float scale,
                      float *scores, float *part) {
-    /* Cells at the chunk's end that the query cannot see weigh nothing: in a prefill they are
-     * the later tokens of the batch, so dropping them halves its score work on average */
-    while (c1 > c0 && !ei_attn_visible(cell_pos[c1 - 1], pos)) c1--;
+    c1 = visible_end(cell_pos, c0, c1, pos);
     if (c1 == c0) {
         ei_attn_empty_parts(part, g, hd);
         return;
@@ -411,10 +417,9 @@ void ei_attend_chunk_pair(const ei_attn_kernel *a, const float *const q[2], int 
             ei_attend_chunk(a, q[t], g, k, v, cell_pos, c0, c1, n_cells, pos[t], hd, scale, scores, part[t]);
         return;
     }
-    /* cells hidden from both at the chunk's end, as ei_attend_chunk drops them for one (hidden
-     * cells left in weigh nothing: the earlier token's partial keeps its bits) */
-    const int32_t later = pos[0] > pos[1] ? pos[0] : pos[1];
-    while (c1 > c0 && !ei_attn_visible(cell_pos[c1 - 1], later)) c1--;
+    /* the cells hidden from both (cells hidden from only the earlier token weigh nothing for it:
+     * its partial keeps its bits) */
+    c1 = visible_end(cell_pos, c0, c1, pos[0] > pos[1] ? pos[0] : pos[1]);
     if (c1 == c0) {
         for (int t = 0; t < 2; t++) ei_attn_empty_parts(part[t], g, hd);
         return;

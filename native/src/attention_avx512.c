@@ -111,14 +111,14 @@ AI AV5 void attend_tile(const float *const *q, const int TN, const int JN, const
     float mx[MAX_ROWS];
     tile_scores(q, TN, JN, k, hd, t0, n_cells, cell_pos, n, pos, scale, sc, mx);
     for (int t = 0; t < TN; t++) {
-        const float *st = sc + (size_t)t * JN * n;
+        float *st = sc + (size_t)t * JN * n;
         float *pt = part[t];
         if (!ei_attn_any_visible(cell_pos, n, pos[t])) {   /* visibility is the same for every head */
             ei_attn_empty_parts(pt, JN, hd);
             continue;
         }
         float sum[MAX_TILE];
-        for (int j = 0; j < JN; j++) sum[j] = exp_scores16((float *)st + (size_t)j * n, n, mx[t * JN + j]);
+        for (int j = 0; j < JN; j++) sum[j] = exp_scores16(st + (size_t)j * n, n, mx[t * JN + j]);
         __m512 acc[MAX_TILE][MAX_NV];
         for (int j = 0; j < JN; j++)
             for (int i = 0; i < NV; i++) acc[j][i] = _mm512_setzero_ps();
