@@ -7,9 +7,11 @@ Per file: one interleaved `edgeinfer bench` (edgeinfer and llama.cpp, each in a 
 its own; the ratios), then `floor_vs_decode.py`'s paired rounds (--pair-rounds): each engine's tg
 between two reads of the same bytes by the memory probe, milliseconds apart, so that the share
 compares a decode with the bandwidth the host gave in that second (on the shared 2-core VMs it
-switches between about 40 and 60-70 GB/s). The share is the median over the steady rounds. A
-decode faster than the fastest read of the run is reported (the reads must be an upper bound) and
-makes the exit status 1. The host (CPU model, ISA, load average) heads the output.
+switches between about 40 and 60-70 GB/s). The share is the median over the steady rounds. The
+floor is the host's, not a file's: the fastest read of the whole run (every file's probe reads,
+each far larger than the caches), and the table prints it under every file. A decode faster than
+it is reported (the reads must be an upper bound) and makes the exit status 1. The host (CPU
+model, ISA, load average) heads the output.
 
     python scripts/host_table.py FILE... [--threads 2] [--reps 3] [--pp 256] [--tg 32] [--depth N]
 """
@@ -47,10 +49,10 @@ def main() -> int:
     print(f"host: {cpu_name()}, {os.cpu_count()} CPUs, kernels {cpu_report()['best_isa']}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load {os.getloadavg()[0]:.2f}", flush=True)
     head = ("| file | edgeinfer pp / tg (t/s) | llama.cpp pp / tg | prefill | decode | decode GB/s "
-            "(ours / llama.cpp) | fastest read GB/s | share of the reads around each decode (ours / llama.cpp) |")
+            "(ours / llama.cpp) | fastest read of the run GB/s | share of the reads around each decode (ours / llama.cpp) |")
     if a.depth:
         head += f" decode at depth {a.depth} (ours vs llama.cpp) |"
-    rows, results, passed = [head, "| " + " | ".join(["---"] * (8 + bool(a.depth))) + " |"], [], False
+    rows, results, decodes = [head, "| " + " | ".join(["---"] * (8 + bool(a.depth))) + " |"], [], []
     for f in a.files:
         path = str(Path(f).expanduser())
         cfg = BenchConfig(model=path, threads=[a.threads], pp=a.pp, tg=a.tg, reps=a.reps, compare=["llama.cpp"],
@@ -61,25 +63,28 @@ def main() -> int:
         ours, peer = d["runs"][0], d["runs"][1]
         ratio = d["ratios"][0]
         gbs = [r["tg"]["gb_per_s"]["median"] for r in (ours, peer)]
-        fastest = max([r["tg"]["gb_per_s"]["max"] for r in (ours, peer)] + list(pair["fastest"].values()))
-        passed |= fastest > pair["top_read_gb_per_s"]
+        decodes.append(max([r["tg"]["gb_per_s"]["max"] for r in (ours, peer)] + list(pair["fastest"].values())))
         share = " / ".join("-" if median_share(pair, n) is None else f"{median_share(pair, n):.0%}"
                            for n in ("edgeinfer", "llama.cpp"))
         med = lambda r, k: r[k]["tokens_per_s"]["median"]   # noqa: E731
         row = (f"| {Path(path).name} | {med(ours, 'pp'):.1f} / {med(ours, 'tg'):.1f} | {med(peer, 'pp'):.1f} / "
                f"{med(peer, 'tg'):.1f} | **{ratio['pp']:.2f}x** | **{ratio['tg']:.2f}x** | {gbs[0]:.1f} / {gbs[1]:.1f} "
-               f"| {pair['top_read_gb_per_s']:.1f} | {share} |")
+               f"| {{floor}} | {share} |")
         if a.depth:
             row += f" {med(ours, 'tg_depth'):.1f} vs {med(peer, 'tg_depth'):.1f} t/s, **{ratio['tg_depth']:.2f}x** |"
         rows.append(row)
         results.append(d)
-        print(row + f"  (load {os.getloadavg()[0]:.2f})", flush=True)
-    print("\n".join(rows))
+        so_far = max(r["paired"]["top_read_gb_per_s"] for r in results)
+        print(row.replace("{floor}", f"{so_far:.1f} so far") + f"  (load {os.getloadavg()[0]:.2f})", flush=True)
+    floor = max(d["paired"]["top_read_gb_per_s"] for d in results)
+    print("\n".join(row.replace("{floor}", f"{floor:.1f}") for row in rows))
+    print(f"fastest read of the run {floor:.1f} GB/s; fastest decode {max(decodes):.1f} GB/s")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
-    if passed:
-        print("!! a decode passed the fastest read of its run: the reads are not an upper bound", file=sys.stderr)
-    return 1 if passed else 0
+    if max(decodes) > floor:
+        print("!! a decode passed the fastest read of the run: the reads are not an upper bound", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
