@@ -77,7 +77,7 @@ def test_attention_over_a_causal_prefix_matches_exact_math(pos, hd, g):
 
 @pytest.mark.parametrize("n_cells,hd,g,shuffled", [(600, 64, 4, False), (300, 64, 3, False), (520, 128, 3, False),
                                                    (333, 64, 5, True), (257, 128, 2, True), (90, 32, 2, False),
-                                                   (300, 512, 2, False), (40, 64, 8, True)])
+                                                   (300, 512, 2, False), (40, 64, 8, True), (200, 80, 3, True)])
 def test_attention_of_two_tokens_at_once_is_the_same_bits(n_cells, hd, g, shuffled):
     """A prefill reads each chunk once for a pair of its tokens: each token's output is the same
     bits as alone, on every level, whether the pair is adjacent or far apart, and where one of the
