@@ -443,7 +443,10 @@ def test_stage_rows_arithmetic():
 @pytest.mark.slow
 def test_bench_profile_and_floor(smollm2_path):
     """--profile: one profiled decode per thread count, every CPU stage timed, each stage's bytes
-    the file's tensors as the gguf package sizes them; --floor: a decode above it is announced."""
+    the file's tensors as the gguf package sizes them; --floor: a decode above it is announced.
+    Then a prefill of pp tokens: its stages' shares add up to its time, and their multiply-adds
+    are the file's matrix elements per token (the output head for the last token only) and each
+    token's query heads over the cells up to its own, as the gguf package's shapes give them."""
     gguf = require("gguf")
     cfg = BenchConfig(model=str(smollm2_path), threads=[1], pp=8, tg=4, reps=1, prompt_len=8, output_len=2,
                       isolated_rss=False, profile=True, floor_gb_s=1e-6)
@@ -456,9 +459,12 @@ def test_bench_profile_and_floor(smollm2_path):
     timed = sum(r["ms_per_token"] for r in prof["stages"][:10])   # the runtime's stages run inside the timed steps
     assert timed <= prof["wall_ms_per_token"] and prof["mean_depth"] == cfg.tg_prompt + (4 + 1) / 2
     sizes: dict[str, int] = {}
-    for t in gguf.GGUFReader(str(smollm2_path)).tensors:
+    elems: dict[str, int] = {}
+    tensors = gguf.GGUFReader(str(smollm2_path)).tensors
+    for t in tensors:
         base = t.name.split(".")[2] if t.name.startswith("blk.") else t.name.split(".")[0]
         sizes[base] = sizes.get(base, 0) + int(t.n_bytes)
+        elems[base] = elems.get(base, 0) + int(t.n_elements)
     assert stages["ffn_up"]["bytes_per_token"] == sizes["ffn_gate"] + sizes["ffn_up"]
     assert stages["qkv"]["bytes_per_token"] == sizes["attn_q"] + sizes["attn_k"] + sizes["attn_v"]
     assert stages["head"]["bytes_per_token"] == sizes["token_embd"] + sizes["output_norm"]   # tied head
@@ -466,6 +472,14 @@ def test_bench_profile_and_floor(smollm2_path):
     assert tg["gb_per_s"]["median"] == pytest.approx(tg["tokens_per_s"]["median"] * tg["bytes_per_token"] / 1e9)
     table = format_table(d)
     assert "decode profile, 1 thread(s)" in table and "ABOVE THE MEMORY FLOOR" in table
+    pre = {r["stage"]: r for r in prof["prefill"]["stages"]}
+    assert prof["prefill"]["n_tokens"] == 8 and sum(r["share"] for r in pre.values()) == pytest.approx(1.0)
+    rate = lambda stage, macs: macs / (pre[stage]["ms"] / 1e3) / 1e9   # noqa: E731
+    assert pre["ffn_up"]["gmac_per_s"] == pytest.approx(rate("ffn_up", 8 * (elems["ffn_gate"] + elems["ffn_up"])))
+    assert pre["head"]["gmac_per_s"] == pytest.approx(rate("head", elems["token_embd"]))   # tied head, one token
+    q = [t for t in tensors if t.name.endswith("attn_q.weight")]   # K and V as long as a query head here
+    assert pre["attention"]["gmac_per_s"] == pytest.approx(rate("attention", len(q) * 2 * int(q[0].shape[1]) * 8 * 9 // 2))
+    assert pre["norm"]["gmac_per_s"] is None and "prefill profile, 1 thread(s)" in table
 
 
 def test_bench_profile_at_depth(smollm2_path):

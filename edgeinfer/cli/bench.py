@@ -53,7 +53,8 @@ def bench(
         help="Run each engine in a worker process of its own (same interleaved schedule), so that "
              "engines sharing one process cannot slow each other.")] = False,
     profile: Annotated[bool, typer.Option("--profile", help="Also profile an edgeinfer decode: ms, bytes "
-                                          "and GB/s per forward stage (at --ctx-depth when given).")] = False,
+                                          "and GB/s per forward stage (at --ctx-depth when given); then a "
+                                          "pp-token prefill: ms, share and multiply-adds/s per stage.")] = False,
     floor: Annotated[Optional[float], typer.Option("--floor", help="The memory floor in GB/s "
                                                    "(scripts/memory_floor.py): each decode's share of it.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (every field; see "

@@ -26,7 +26,8 @@ Metrics (definitions: docs/architecture.md, "Metrics"):
   each decode's share of it and says loudly when a decode passes it: the floor is then wrong.
 - ``profile`` (``--profile``): per forward stage of an edgeinfer decode, ms per token, bytes per
   token and GB/s (stage_profile.py), and the share of ``--floor``; at ``ctx_depth`` when given,
-  so the attention's share at that depth shows.
+  so the attention's share at that depth shows. Then a prefill of ``pp`` tokens the same way:
+  each stage's ms, share of the time and billions of multiply-adds a second.
 
 Every timed metric is a :class:`Spread` (median, min, max, stdev, values) over ``reps``
 repetitions. With peers, each repetition measures every engine back to back, metric by
@@ -62,7 +63,8 @@ present; a value is null only where noted.
     skipped: [{engine, spec, reason}]   # peers that could not run (e.g. ort-genai absent)
     profile: null without --profile, else [{threads, prompt_len, n_tokens, mean_depth, wall_ms_per_token,
               floor_gb_s, stages: [{stage, ms_per_token, bytes_per_token, gb_per_s,
-              share_of_floor}]}]   # one per thread count; see stage_profile.py
+              share_of_floor}], prefill: {n_tokens, wall_ms, tokens_per_s,
+              stages: [{stage, ms, share, gmac_per_s (null)}]}}]   # one per thread count; see stage_profile.py
     Spread: {median, min, max, stdev, values [..]}
 """
 from __future__ import annotations
@@ -87,7 +89,7 @@ import numpy as np
 from ..backends import DEVICES
 from .decode_bytes import DecodeBytes, decode_bytes
 from .plan import KV_TYPES
-from .stage_profile import profile_decode, profile_entry
+from .stage_profile import prefill_entry, profile_decode, profile_entry, profile_prefill
 
 __all__ = ["BenchConfig", "BenchResult", "Spread", "run_bench", "format_table", "format_profile",
            "parse_threads", "cpu_name", "SCHEMA"]
@@ -509,17 +511,19 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
 
 def _profile(cfg: BenchConfig, path: str, threads: int, n_ctx: int, moved: DecodeBytes) -> dict:
     """A stage-by-stage profile of an in-process edgeinfer decode (stage_profile.py) after a
-    prompt of ctx_depth tokens, or tg_prompt without it (its own seed: the other measurements'
-    ids stay as without it)."""
+    prompt of ctx_depth tokens, or tg_prompt without it, and of a pp-token prefill (their own
+    seed: the other measurements' ids stay as without it)."""
     r = make_runner("edgeinfer", None, path, threads, n_ctx, cfg.batch, cfg.isa, cfg.kv, cfg.device)
     try:
-        prompt = _random_ids(np.random.default_rng(cfg.seed + 1), cfg.ctx_depth or cfg.tg_prompt, r.n_vocab or 32000)
+        rng = np.random.default_rng(cfg.seed + 1)
+        prompt = _random_ids(rng, cfg.ctx_depth or cfg.tg_prompt, r.n_vocab or 32000)
         if cfg.warmup:
             r.tg(prompt, min(cfg.tg, 8))
         prof = profile_decode(r, prompt, cfg.tg, cfg.reps)
+        pre = profile_prefill(r, _random_ids(rng, cfg.pp, r.n_vocab or 32000), cfg.reps)
     finally:
         r.close()
-    return profile_entry(prof, moved, cfg.kv, threads, cfg.floor_gb_s)
+    return {**profile_entry(prof, moved, cfg.kv, threads, cfg.floor_gb_s), "prefill": prefill_entry(pre, moved)}
 
 
 def _loadavg() -> Optional[float]:
@@ -722,7 +726,13 @@ def format_profile(entry: dict) -> str:
              f"{entry['prompt_len']}-token prompt "
              f"(mean depth {entry['mean_depth']:.0f}), {entry['wall_ms_per_token']:.2f} ms/token"
              + (f"; floor {floor:.1f} GB/s" if floor else ""))
-    return title + "\n\n" + _md_table(header, body)
+    pre = entry["prefill"]
+    pre_body = [[r["stage"], f"{r['ms']:.1f}", f"{r['share']:.1%}",
+                 "-" if r["gmac_per_s"] is None else f"{r['gmac_per_s']:.1f}"] for r in pre["stages"]]
+    pre_title = (f"prefill profile, {entry['threads']} thread(s): {pre['n_tokens']} tokens from an empty context, "
+                 f"{pre['wall_ms']:.1f} ms ({pre['tokens_per_s']:.1f} t/s)")
+    return (title + "\n\n" + _md_table(header, body) + "\n\n" + pre_title + "\n\n"
+            + _md_table(["stage", "ms", "share", "billion multiply-adds/s"], pre_body))
 
 
 def _x(v: Optional[float]) -> str:

@@ -77,6 +77,8 @@ class DecodeBytes:
     untied_embd_bytes: int          # a separate token embedding: gathered one row per token
     kv_layers: int                  # layers that read a KV ring (a hybrid's recurrent ones do not)
     kv_row_elems: int               # K and V elements per layer and context cell
+    matrix_elems: dict[str, int]    # elements of the matrices a token multiplies, by stage (a prefill's work)
+    attn_row_elems: int             # query heads x (K + V length): an attention layer's multiply-adds per cell
 
     @property
     def weight_bytes(self) -> int:
@@ -112,6 +114,7 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
             return v[0] if isinstance(v, (list, tuple)) and v else v   # per-layer arrays
 
         weights: dict[str, int] = {}
+        matrices: dict[str, int] = {}
         untied = 0
         recurrent = _recurrent_layers(tensors)
         # block_count counts a Qwen3.5 file's MTP block(s) last: a plain decode never reads them
@@ -126,9 +129,12 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
                     untied = n
                 else:                                                  # tied: the head reads it all
                     weights["head"] = weights.get("head", 0) + n
+                    matrices["head"] = matrices.get("head", 0) + int(t.n_elements)
                 continue
             stage = stage_of(name, _layer(name) in recurrent)
             weights[stage] = weights.get(stage, 0) + n
+            if t.n_dims == 2:
+                matrices[stage] = matrices.get(stage, 0) + int(t.n_elements)
         n_head = int(key("attention.head_count", 0) or 0)
         n_embd = int(key("embedding_length", 0) or 0)
         k_len = int(key("attention.key_length", n_embd // max(n_head, 1)) or 0)
@@ -139,6 +145,7 @@ def decode_bytes(path: str | Path) -> DecodeBytes:
             name=str(md.get("general.name", "") or path.stem), path=path, file_bytes=path.stat().st_size,
             tensor_bytes=sum(int(t.nbytes) for t in tensors.values()), weights=weights,
             untied_embd_bytes=untied, kv_layers=n_trunk - len(recurrent),
-            kv_row_elems=n_head_kv * (k_len + v_len))
+            kv_row_elems=n_head_kv * (k_len + v_len), matrix_elems=matrices,
+            attn_row_elems=n_head * (k_len + v_len))
     finally:
         g.close()

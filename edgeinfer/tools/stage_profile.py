@@ -7,6 +7,10 @@ it reads, the KV read at the run's mean depth for attention, the K/V row written
 rope_kv), so bytes / time is the bandwidth that stage drew, comparable with the memory floor
 (``scripts/memory_floor.py``). "outside the forward" is the wall time per token the stages
 do not cover: Python, the argmax, the lease.
+
+A prefill is profiled too (``profile_prefill``): bench's pp prompt from an empty context,
+each stage's share of the time and the multiply-adds it did per second (``prefill_macs``), the
+rate to hold against the kernels' ceilings, since a prefill is bound by arithmetic, not reads.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Optional
 
 from .decode_bytes import DecodeBytes
 
-__all__ = ["profile_decode", "profile_entry", "stage_rows"]
+__all__ = ["profile_decode", "profile_entry", "profile_prefill", "prefill_entry", "prefill_macs", "stage_rows"]
 
 
 def profile_decode(runner, prompt: list[int], n: int, reps: int) -> dict:
@@ -31,6 +35,44 @@ def profile_decode(runner, prompt: list[int], n: int, reps: int) -> dict:
         if best is None or sum(run["stage_s_per_token"].values()) < sum(best["stage_s_per_token"].values()):
             best = run
     return best or {}
+
+
+def profile_prefill(runner, prompt: list[int], reps: int) -> dict:
+    """Prefills `prompt` from an empty context (bench's pp: logits for the last token only),
+    `reps` times, on an in-process EdgeinferRunner; the repetition with the least forward time:
+    {n_tokens, wall_s, stage_s {stage: seconds}}."""
+    eng = runner.eng
+    best: Optional[dict] = None
+    for _ in range(reps):
+        eng.stage_profile(reset=True)
+        wall = runner.pp(prompt)
+        run = {"n_tokens": len(prompt), "wall_s": wall, "stage_s": eng.stage_profile(reset=True)}
+        if best is None or sum(run["stage_s"].values()) < sum(best["stage_s"].values()):
+            best = run
+    return best or {}
+
+
+def prefill_macs(db: DecodeBytes, n_tokens: int) -> dict[str, int]:
+    """Multiply-adds of an n-token prefill from an empty context, by stage: every matrix once per
+    token (the output head for the last token only, as bench's pp asks for its logits), and each
+    token's query heads over the cells up to its own (layers with a sliding window do fewer: an
+    upper bound there)."""
+    out = {k: e * (1 if k == "head" else n_tokens) for k, e in db.matrix_elems.items()}
+    out["attention"] = db.kv_layers * db.attn_row_elems * n_tokens * (n_tokens + 1) // 2
+    return out
+
+
+def prefill_entry(prof: dict, db: DecodeBytes) -> dict:
+    """The JSON record of one profiled prefill: {n_tokens, wall_ms, tokens_per_s, stages: [{stage,
+    ms, share (of the wall time), gmac_per_s (null for a stage without matrices)}]}, the timed
+    stages in their order, then "outside the forward"."""
+    macs, wall = prefill_macs(db, prof["n_tokens"]), prof["wall_s"]
+    rows = [{"stage": k, "ms": s * 1e3, "share": s / wall, "gmac_per_s": macs[k] / s / 1e9 if macs.get(k) else None}
+            for k, s in prof["stage_s"].items() if s]
+    rest = max(wall - sum(prof["stage_s"].values()), 0.0)
+    rows.append({"stage": "outside the forward", "ms": rest * 1e3, "share": rest / wall, "gmac_per_s": None})
+    return {"n_tokens": prof["n_tokens"], "wall_ms": wall * 1e3, "tokens_per_s": prof["n_tokens"] / wall,
+            "stages": rows}
 
 
 def stage_rows(stage_s: dict[str, float], stage_bytes: dict[str, int], wall_s: Optional[float] = None,
