@@ -513,17 +513,13 @@ KINL __m512 KF(zu8f)(const uint8_t *p, size_t gs) {
  * in-process A/B, 16 reps). Per token and sub-block the float operations are kq45k's. */
 KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, size_t gs, __m512 dv, __m512 mv,
                          const void *act, int64_t act_stride, int64_t b, __m512 *acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
     const uint8_t *sc = p + 32 + 16 * pr, *mn = p + 96 + 16 * pr;
     const __m512 dsc0 = _mm512_mul_ps(dv, KF(zu8f)(sc, gs)), dsc1 = _mm512_mul_ps(dv, KF(zu8f)(sc + 8, gs));
     const __m512 dmn0 = _mm512_mul_ps(mv, KF(zu8f)(mn, gs)), dmn1 = _mm512_mul_ps(mv, KF(zu8f)(mn + 8, gs));
-    const uint8_t *qp = p + EI_PK_HDR_Q4K + 256 * pr;
     __m512i w0[8], w1[8];
-    for (int k = 0; k < 8; k++) {
-        const __m512i v = zld2(qp + 32 * k, gs);
-        w0[k] = _mm512_and_si512(v, m4);
-        w1[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        if (five) {
+    znibbles8(p + EI_PK_HDR_Q4K + 256 * pr, gs, w0, w1);
+    if (five)   /* Q5_K: each quant's fifth bit */
+        for (int k = 0; k < 8; k++)
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * pr + h;
                 uint32_t lo, hi;
@@ -533,8 +529,6 @@ KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, size_t gs, 
                 if (h) w1[k] = _mm512_or_si512(w1[k], hb);
                 else w0[k] = _mm512_or_si512(w0[k], hb);
             }
-        }
-    }
     /* Four tokens a pass, one vpdpbusd chain per (token, sub-block): eight independent chains.
      * Two tokens a pass (four chains) left vpdpbusd waiting on the chains' latency on Zen 5:
      * four make the 16 x 16 tile 1.04-1.17x faster (cache-resident, interleaved A/B), with
