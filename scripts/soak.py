@@ -21,9 +21,9 @@ of the streams, and the server's RSS (read with psutil from its pid). At the end
 * RSS growth after warm-up above --max-rss-growth (3%): the median RSS of the last interval
   over the median of the first interval after --warmup. With --rss anon (the default) the
   judged RSS is the server's anonymous memory (RssAnon + RssShmem: what it allocated, where a
-  leak shows); its file-backed pages (RssFile: libraries, the model's file mapping, whose
-  token-embedding rows fault in as new tokens are seen, up to the file's size, and stay
-  reclaimable) are reported beside it. --rss total judges VmRSS, both together;
+  leak shows); its file-backed pages (RssFile: libraries, the model's file mapping, where an
+  untied token embedding's rows fault in as new tokens are seen, up to the table's size, and
+  stay reclaimable) are reported beside it. --rss total judges VmRSS, both together;
 * the server exiting during the run, or not becoming ready;
 * a slot or queue entry still held once every request is over (/health, after the drain).
 

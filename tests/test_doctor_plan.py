@@ -66,10 +66,7 @@ def test_plan_predicts_the_peak_rss_of_a_real_load(smollm2_path, ctx, slots, max
     # plan counts each weight byte once: the runtime's packed copy holds at most the tensor bytes
     # (a type this host's kernels do not pack is read from the file mapping)
     assert 0 < got["packed_weight_bytes"] <= 1.01 * m.weights_bytes
-    # SmolLM2's tied Q8_0 head: packed on x86 (AVX2 or VNNI), read from the mapping where no packed Q8_0 kernel runs
-    head_packed = got["packed_weight_bytes"] > m.weights_bytes - m.tied_embd_bytes / 2
-    row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=got["n_threads"], process="engine",
-                     head_packed=head_packed)
+    row = P.plan_one(m, ctx, slots, kv=kv, max_batch=max_batch, n_threads=got["n_threads"], process="engine")
     peak = got["peak_rss"]
     assert abs(row.total - peak) <= 0.10 * peak, (P.human(row.total), P.human(peak), row)
 

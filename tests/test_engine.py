@@ -1,6 +1,7 @@
 """Engine behaviour on the real model: the KV ring, SIMD levels, threads, seeds, bad input."""
 from __future__ import annotations
 
+import platform
 import threading
 
 import numpy as np
@@ -139,6 +140,27 @@ def test_overflow_slide_runs_in_constant_memory(smollm2_path):
 
 
 @pytest.mark.slow
+def _rss_file() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="only x86 kernels pack Q8_0 (the table's type)")
+def test_tied_embedding_lookup_maps_no_file_pages(smollm2_path):
+    """SmolLM2's embedding is its output head. The head is packed at load and its file pages are
+    dropped; the lookup reads rows back from the packed copy, so a prompt of tokens from all over
+    the vocabulary maps none of the table's pages again (else each token's page would come back
+    into the process's RSS, from the disk on a host that reclaimed the file's cache)."""
+    eng = edgeinfer.load(smollm2_path, n_ctx=1024, n_threads=2)
+    eng.logits([1, 2, 3])   # warm up
+    n_vocab = eng.config.n_vocab
+    ids = list(range(5, n_vocab, n_vocab // 1000))[:1000]   # rows 30 KB apart: 1000 pages, 4 MB
+    before = _rss_file()
+    eng.logits(ids)
+    grown = _rss_file() - before
+    assert grown < 2**20, f"file-backed RSS grew by {grown / 2**20:.1f} MiB over a {len(ids)}-token prompt"
+
+
 def test_prefix_reuse_gives_same_output(smollm2_path):
     eng = edgeinfer.load(smollm2_path, n_ctx=256, n_threads=2)
     system = "You are a careful assistant. Answer briefly. " * 3

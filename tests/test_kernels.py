@@ -149,6 +149,9 @@ void ei_matmul_rows(const ei_kernels *k, int type, const void *w, int64_t n_cols
                     const void *act, int64_t act_stride, int64_t n_tok, float *y, int64_t ldy);
 int64_t ei_row_bytes(int type, int64_t n);
 size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_cols);
+void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
+void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_rows, int64_t n_cols, int64_t row,
+                   void *dst);
 float ei_fp16_to_fp32(uint16_t h);
 uint16_t ei_fp32_to_fp16(float f);
 float ei_bf16_to_fp32(uint16_t h);
@@ -480,6 +483,30 @@ def test_kernel_matmul_packed_rows(name):
             xt = np.ascontiguousarray(x[t:t + 1])
             assert lib.ei_kernel_matmul(tid, isa, ffi.from_buffer(raw), n_rows, n, fptr(xt), 1, fptr(y1), 1) == 0
             assert np.array_equal(y1[0], y[t]), (name, isa, t)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_unpack_row_gives_back_the_gguf_row(internal, name):
+    """ei_unpack_row reads each row's GGUF bytes back out of its packed copy (a tied embedding's
+    lookup does): every byte of random rows, through each SIMD level's layout (AVX-512's row pairs
+    and a last, unpaired group of 8 rows: 7 groups)."""
+    iffi, ilib = internal
+    rng = np.random.default_rng(17)
+    tid = TYPES[name][0]
+    n_rows, n = 56, 768
+    raw = rng.integers(0, 256, size=(n_rows, ilib.ei_row_bytes(tid, n)), dtype=np.uint8)
+    levels = [isa for isa in each_level(SIMD_ISAS) if ilib.ei_packed_bytes(ilib.ei_kernels_get(isa), tid, n_rows, n)]
+    if not levels:
+        pytest.skip(f"no kernel level of this CPU packs {name}")
+    for isa in levels:
+        k = ilib.ei_kernels_get(isa)
+        size = ilib.ei_packed_bytes(k, tid, n_rows, n)
+        packed = np.zeros(size, np.uint8)
+        ilib.ei_pack(k, tid, iffi.from_buffer(raw), n_rows, n, iffi.from_buffer(packed))
+        row = np.zeros(raw.shape[1], np.uint8)
+        for r in range(n_rows):
+            ilib.ei_unpack_row(k, tid, iffi.from_buffer(packed), n_rows, n, r, iffi.from_buffer(row))
+            assert np.array_equal(row, raw[r]), (name, isa, r)
 
 
 # byte offsets of the fp16 fields of each packed type's block (all other bytes are quants or scales)

@@ -8,11 +8,10 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
   trunk: the trunk never reads it; see "MTP draft" below). The runtime packs every matrix into an arena of its
   own (``packed_weight_bytes`` in ``Engine.info()``, within 0.1% of the tensor bytes) and drops
   the packed tensors' pages of the file mapping; what it does not pack (norms, an untied token
-  embedding) it reads from the mapping. Each weight byte is resident once;
+  embedding) it reads from the mapping, and a token embedding tied to the packed head is looked
+  up in the packed copy. Each weight byte is resident once;
 * mapped: file pages resident on top of that: the metadata the reader parses (tokenizer
-  tables, tensor infos: the bytes before the tensor data), and, when the output head is tied
-  to the token embedding, the embedding again: the head reads its packed copy, the token
-  lookups read rows of the mapping, and hours of varied text read them all;
+  tables, tensor infos: the bytes before the tensor data);
 * KV arena = 2 (K and V) x n_layers x n_kv_heads x head_dim x capacity x
   bytes_per_element x n_slots  (docs/architecture.md; f16: 2 bytes, q8_0: 34/32 bytes), zeroed
   at load, so resident from the start; a hybrid's recurrent layers (LFM2's short convolutions,
@@ -116,7 +115,6 @@ class ModelShape(HeadDims, RecurrentDims):
     swa_window: int = 0      # sliding-window layers (Gemma 3): their window and the local:global pattern
     swa_pattern: int = 0
     header_bytes: int = 0    # metadata and tensor infos: the file's bytes before the tensor data
-    tied_embd_bytes: int = 0  # the token embedding's bytes when the output head is tied to it, else 0
     # per layer (Gemma 4): K elements per cell it stores (0: a KV-shared or recurrent layer), sliding flags
     layer_kv_elems: tuple[int, ...] = ()
     swa_layers: tuple[bool, ...] = ()
@@ -154,7 +152,6 @@ def model_shape(path: str | os.PathLike) -> ModelShape:
         blocks = {n: int(t.nbytes) for n, t in g.tensors.items() if layer.get(n, -1) >= cfg.n_layer}
         name = str(g.metadata.get("general.name", "") or p.stem)
         header = int(g.data_offset)
-        tied = int(g.tensors[cfg.global_tensor_names()["token_embd"]].nbytes) if cfg.tied_output else 0
     finally:
         g.close()
     mtp = None
@@ -162,7 +159,7 @@ def model_shape(path: str | os.PathLike) -> ModelShape:
         first = sum(b for n, b in blocks.items() if layer[n] == cfg.n_layer)   # the block speculative="mtp" runs
         mtp = _shape(block_config(cfg), name=f"{name} (MTP block)", weights_bytes=first, nextn=True)
     return _shape(cfg, name=name, weights_bytes=weights - sum(blocks.values()), file_bytes=p.stat().st_size,
-                  path=str(p), header_bytes=header, tied_embd_bytes=tied, mtp=mtp,
+                  path=str(p), header_bytes=header, mtp=mtp,
                   mtp_file_bytes=sum(blocks.values()))
 
 
@@ -297,13 +294,11 @@ def state_bytes(m: ModelShape, slots: int, n_snapshots: int | None = None) -> in
 HUGE_PAGE = 2 << 20   # the packed weights, K and V arenas sit on 2 MiB pages (runtime.c: alloc_huge)
 
 
-def mapped_bytes(m: ModelShape, head_packed: bool = True) -> int:
-    """File pages resident besides the weights: the metadata, and a tied head's embedding when
-    the head is packed (the packed copy serves the head, the mapping the token lookups). Where
-    the target's kernels do not pack the head's type (a type the target has no packed kernel for,
-    e.g. Q8_0 on NEON), the head reads the mapping itself, so its bytes are resident once, as
-    weights."""
-    return m.header_bytes + (m.tied_embd_bytes if head_packed else 0)
+def mapped_bytes(m: ModelShape) -> int:
+    """File pages resident besides the weights: the metadata. A tied embedding is resident once
+    either way: packed, its lookups read the packed head; unpacked (a type the target has no
+    packed kernel for, e.g. Q8_0 on NEON), the head and the lookups both read the mapping."""
+    return m.header_bytes
 
 
 def overhead_bytes(m: ModelShape, slots: int, process: str = "serve") -> int:
@@ -343,12 +338,10 @@ class PlanRow:
 
 def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optional[int] = None,
              max_batch: int = DEFAULT_MAX_BATCH, n_threads: Optional[int] = None,
-             process: str = "serve", speculative: Optional[str] = None, head_packed: bool = True) -> PlanRow:
+             process: str = "serve", speculative: Optional[str] = None) -> PlanRow:
     """The peak RSS of one model with `slots` slots of `ctx` cells, in a `process` ("serve":
     `edgeinfer serve`; "engine": a script that calls edgeinfer.load); with speculative="mtp",
-    plus the MTP block's KV ring, weights and buffers (ValueError when the file has no block).
-    `head_packed`: whether the target packs a tied head's type (mapped_bytes; True, the larger
-    figure, when unknown)."""
+    plus the MTP block's KV ring, weights and buffers (ValueError when the file has no block)."""
     if speculative is not None and speculative not in SPECULATIVE:
         raise ValueError(f"the plan prices speculative {' / '.join(map(repr, SPECULATIVE))} (lookup needs no "
                          f"memory; plan a draft model with its own file), got {speculative!r}")
@@ -356,7 +349,7 @@ def plan_one(m: ModelShape, ctx: int, slots: int, kv: str = "f16", memory: Optio
     stb = state_bytes(m, slots)
     scr = scratch_bytes(m, ctx, slots, max_batch, n_threads)
     ovh = overhead_bytes(m, slots, process)
-    mapped = mapped_bytes(m, head_packed)
+    mapped = mapped_bytes(m)
     mkv = mw = mscr = 0
     if speculative == "mtp":
         block = _require_mtp(m)

@@ -6,6 +6,7 @@
 
 #include "attention.h"
 #include "common.h"
+#include "packed.h"
 #include "recurrent.h"
 #include "runtime.h"
 #include "state.h"
@@ -324,8 +325,15 @@ static ei_status embed(ei_runtime *rt, const int32_t *tokens, int64_t n_tok) {
     int64_t row = ei_row_bytes(e->type, e->ne0);
     const ei_dequant_fn deq = row ? rt->kt->dequant[e->type] : NULL;
     if (!deq) return ei_fail(EI_ERR_UNSUPPORTED, "no dequantizer for token_embd type %d", e->type);
-    for (int64_t t = 0; t < n_tok; t++)
-        deq((const uint8_t *)e->data + row * tokens[t], rt->x + t * e->ne0, e->ne0);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const void *src = (const uint8_t *)e->data + row * tokens[t];
+        if (rt->embd_row) {   /* tied: the packed head's row, in memory, not the dropped file page */
+            ei_unpack_row(rt->kt, e->type, rt->packed[(size_t)rt->m->cfg.n_layer * EI_PACKED_PER_LAYER], e->ne1,
+                          e->ne0, tokens[t], rt->embd_row);
+            src = rt->embd_row;
+        }
+        deq(src, rt->x + t * e->ne0, e->ne0);
+    }
     const float sc = rt->m->cfg.embd_scale;
     if (sc > 0 && sc != 1.0f)
         for (int64_t i = 0; i < n_tok * e->ne0; i++) rt->x[i] *= sc;

@@ -84,6 +84,33 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
     }
 }
 
+void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_rows, int64_t n_cols, int64_t row,
+                   void *dst) {
+    if (ei_packed_k_unit_bytes(type)) {
+        ei_unpack_k_row(type, packed, n_cols, row, dst);
+        return;
+    }
+    const int64_t nb = n_cols / QK, g = row / EI_PACK_ROWS, n_groups = n_rows / EI_PACK_ROWS;
+    const int r = (int)(row % EI_PACK_ROWS);
+    const src_layout L = layout(type);
+    const int qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
+    const size_t unit = (size_t)(hdr + qb);
+    const int64_t paired = k->packed[type].x1_2g ? n_groups & ~(int64_t)1 : 0;
+    for (int64_t b = 0; b < nb; b++) {   /* ei_pack's walk, read back */
+        const uint8_t *in = (const uint8_t *)packed + (g < paired ? (size_t)(g & ~(int64_t)1) * (size_t)nb * unit +
+                                                                        (size_t)(2 * b + (g & 1)) * unit
+                                                                  : ((size_t)g * (size_t)nb + (size_t)b) * unit);
+        const uint8_t *q = in + hdr;
+        uint8_t *blk = (uint8_t *)dst + (size_t)b * L.bytes, *qs = blk + L.qs;
+        memcpy(blk, in + 2 * r, 2);
+        if (L.m >= 0) memcpy(blk + L.m, in + 16 + 2 * r, 2);
+        if (L.qh >= 0) memcpy(blk + L.qh, q + 128 + 4 * r, 4);
+        for (int kk = 0; kk < groups; kk++)
+            for (int j = 0; j < 4; j++)
+                qs[4 * kk + j] = type == EI_TYPE_Q8_0 ? (uint8_t)(q[32 * kk + 4 * r + j] ^ 0x80) : q[32 * kk + 4 * r + j];
+    }
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 

@@ -35,8 +35,8 @@
  * two groups as two runs 8 rows' blocks apart streamed 20-40% slower on AMD EPYC (Zen 5,
  * 1 thread). A last, unpaired group keeps the 8-row layout. Rows are split among threads
  * in multiples of 16, so no 8-row kernel ever sees a paired group.
- * Rows must come in multiples of 8; the original GGUF bytes are kept for the
- * embedding lookup and the scalar reference.
+ * Rows must come in multiples of 8; the original GGUF bytes stay mapped for the scalar
+ * reference and an untied embedding's lookup (a tied one reads the packed head: ei_unpack_row).
  */
 #ifndef EI_PACKED_H
 #define EI_PACKED_H
@@ -61,6 +61,13 @@ size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_
 
 /* Writes the packed form of w into dst (ei_packed_bytes bytes) for table k's kernels. */
 void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
+
+/* The GGUF bytes of row `row` of a [n_rows, n_cols] matrix that ei_pack packed for table k: its
+ * inverse, so that a tied embedding's lookup reads the packed output head, which stays in memory,
+ * not the file pages dropped once it was packed (they would fault back in from the disk and stay
+ * in the process's RSS). dst holds ei_row_bytes(type, n_cols). */
+void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_rows, int64_t n_cols, int64_t row,
+                   void *dst);
 
 /* y[t * ldy + r] for rows [r0, r1) (multiples of 8; r0 of 16 for a type packed in row
  * pairs) and tokens [0, n_tok) from packed weights and ei_q8a activations. Each (row,
@@ -97,6 +104,7 @@ static inline void ei_prefetch_ahead(const uint8_t *p, int bytes) {
  * scalar references of its packed kernels (one token; the oracle of the SIMD ones). */
 size_t ei_packed_k_unit_bytes(int type);
 void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
+void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, void *dst);
 void ei_packed_q4_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);

@@ -79,6 +79,53 @@ void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, void *ds
         }
 }
 
+/* The inverse of pack_q45k / pack_q6k for row r of the 8-row super-block at p: its GGUF block. */
+static void unpack_q45k(int type, const uint8_t *p, int r, uint8_t *blk) {
+    const uint8_t *sc = p + 32, *mn = p + 96, *q = p + EI_PK_HDR_Q4K, *qh = p + EI_PK_Q4K_BYTES;
+    memcpy(blk, p + 2 * r, 2);
+    memcpy(blk + 2, p + 16 + 2 * r, 2);
+    uint8_t *scales = blk + 4;   /* ei_k_scale_min's 6-bit form: every bit of the 12 bytes is used */
+    for (int j = 0; j < 4; j++) {
+        const uint8_t s_lo = sc[8 * j + r], m_lo = mn[8 * j + r], s_hi = sc[8 * (j + 4) + r], m_hi = mn[8 * (j + 4) + r];
+        scales[j] = (uint8_t)(s_lo | (s_hi >> 4) << 6);
+        scales[j + 4] = (uint8_t)(m_lo | (m_hi >> 4) << 6);
+        scales[j + 8] = (uint8_t)((s_hi & 15) | (m_hi & 15) << 4);
+    }
+    uint8_t *qs = blk + (type == EI_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs));
+    for (int pr = 0; pr < 4; pr++)
+        for (int k = 0; k < 8; k++) memcpy(qs + 32 * pr + 4 * k, q + 256 * pr + 32 * k + 4 * r, 4);
+    if (type == EI_TYPE_Q5_K) {
+        uint8_t *h = blk + offsetof(block_q5_K, qh);
+        memset(h, 0, QKK / 8);
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < 8; k++)
+                for (int i = 0; i < 4; i++)
+                    h[4 * k + i] |= (uint8_t)(((qh[32 * j + 4 * k + (4 * r + i) / 8] >> ((4 * r + i) % 8)) & 1u) << j);
+    }
+}
+
+static void unpack_q6k(const uint8_t *p, int r, uint8_t *out) {
+    block_q6_K *blk = (block_q6_K *)out;
+    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
+    memcpy(&blk->d, p + 2 * r, 2);
+    for (int s = 0; s < 16; s++) blk->scales[s] = (int8_t)p[16 + 8 * s + r];
+    for (int pr = 0; pr < 4; pr++)
+        for (int k = 0; k < 8; k++) memcpy(blk->ql + 32 * pr + 4 * k, ql + 256 * pr + 32 * k + 4 * r, 4);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 8; k++) memcpy(blk->qh + 32 * h + 4 * k, qh + 256 * h + 32 * k + 4 * r, 4);
+}
+
+void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, void *dst) {
+    const int64_t nsb = n_cols / QKK;
+    const size_t ub = ei_packed_k_unit_bytes(type), bs = (size_t)ei_row_bytes(type, QKK);
+    const uint8_t *p = (const uint8_t *)packed + (size_t)(row / EI_PACK_ROWS) * (size_t)nsb * ub;
+    for (int64_t b = 0; b < nsb; b++, p += ub) {
+        uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;
+        if (type == EI_TYPE_Q6_K) unpack_q6k(p, (int)(row % EI_PACK_ROWS), blk);
+        else unpack_q45k(type, p, (int)(row % EI_PACK_ROWS), blk);
+    }
+}
+
 /* ---------------- scalar references (one token) ---------------- */
 
 /* 4-bit value of element l of sub-block j, row r, from the nibble pairs at q. */

@@ -131,6 +131,13 @@ static ei_status pack_weights(ei_runtime *rt) {
         at += bytes[i];
     }
     if (head_rt) rt->packed[n - 1] = head_rt->packed[(size_t)head_rt->m->cfg.n_layer * EI_PACKED_PER_LAYER];
+    /* A head tied to this model's token table (its own, or the trunk's it shares) serves the lookups too */
+    const ei_weight *e = &rt->m->globals.tok_embd, *head = ei_model_output(head_rt ? head_rt->m : rt->m);
+    if (rt->packed[n - 1] && e->data && head->data == e->data &&
+        !(rt->embd_row = malloc((size_t)ei_row_bytes(e->type, e->ne0)))) {
+        free(bytes);
+        return EI_ERR_OUT_OF_MEMORY;
+    }
     rt->pack_bytes = sizes_total;
     free(bytes);
     return EI_OK;
@@ -288,6 +295,7 @@ void ei_runtime_free(ei_runtime *rt) {
     ei_pool_free(rt->pool);
     free(rt->packed);
     free(rt->pack_arena);
+    free(rt->embd_row);
     void *bufs[] = {rt->k, rt->v, rt->cell_pos, rt->n_used, rt->x, rt->xn, rt->q, rt->kc, rt->vc, rt->att,
                     rt->gate, rt->up, rt->act, rt->scores, rt->attn_part, (void *)rt->attn_done, rt->rope_cos, rt->rope_sin, rt->rope_freq, rt->out_rows,
                     rt->swa_cell_pos, rt->rope_cos_l, rt->rope_sin_l, rt->rope_freq_local,

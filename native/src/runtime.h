@@ -83,6 +83,7 @@ struct ei_runtime {
     const void **packed;  /* [n_layer * EI_PACKED_PER_LAYER + 1]; the last is the output head */
     void *pack_arena;
     size_t pack_bytes;
+    void *embd_row;   /* a tied embedding's row read back from the packed head (embed); NULL: the lookup reads the GGUF bytes */
 
     /* LoRA adapters per slot (lora.c); NULL until one is attached. During a forward whose batch has a
      * slot with adapters, lora_slots gives the slot of each row the matmuls see (NULL otherwise). */
