@@ -52,6 +52,16 @@ size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_
     return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / unit_elems(type)) * unit_bytes(type);
 }
 
+/* Where group g's block b starts: groups 2p and 2p + 1 alternate block by block where the table
+ * has 16-row kernels for the type (all groups but a last, unpaired one), else each group's blocks
+ * run on their own. */
+static size_t block_offset(const ei_kernels *k, int type, int64_t n_rows, int64_t nb, int64_t g, int64_t b) {
+    const size_t unit = unit_bytes(type);
+    const int64_t paired = k->packed[type].x1_2g ? (n_rows / EI_PACK_ROWS) & ~(int64_t)1 : 0;
+    return g < paired ? (size_t)(g & ~(int64_t)1) * (size_t)nb * unit + (size_t)(2 * b + (g & 1)) * unit
+                      : ((size_t)g * (size_t)nb + (size_t)b) * unit;
+}
+
 void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
     if (ei_packed_k_unit_bytes(type)) {
         ei_pack_k(type, w, n_rows, n_cols, dst);
@@ -59,15 +69,11 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
     }
     const int64_t nb = n_cols / QK, n_groups = n_rows / EI_PACK_ROWS;
     const src_layout L = layout(type);
-    const int qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
-    const size_t unit = (size_t)(hdr + qb);
-    const int64_t paired = k->packed[type].x1_2g ? n_groups & ~(int64_t)1 : 0;   /* groups packed in pairs */
+    const int groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
     const uint8_t *src = w;
     for (int64_t g = 0; g < n_groups; g++) {
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *out = (uint8_t *)dst + (g < paired ? (size_t)(g & ~(int64_t)1) * (size_t)nb * unit +
-                                                              (size_t)(2 * b + (g & 1)) * unit
-                                                        : ((size_t)g * (size_t)nb + (size_t)b) * unit);
+            uint8_t *out = (uint8_t *)dst + block_offset(k, type, n_rows, nb, g, b);
             uint16_t *d = (uint16_t *)out, *m = d + EI_PACK_ROWS;
             uint8_t *q = out + hdr;
             for (int r = 0; r < EI_PACK_ROWS; r++) {
@@ -90,16 +96,12 @@ void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_
         ei_unpack_k_row(type, packed, n_cols, row, dst);
         return;
     }
-    const int64_t nb = n_cols / QK, g = row / EI_PACK_ROWS, n_groups = n_rows / EI_PACK_ROWS;
+    const int64_t nb = n_cols / QK, g = row / EI_PACK_ROWS;
     const int r = (int)(row % EI_PACK_ROWS);
     const src_layout L = layout(type);
-    const int qb = quant_bytes(type), groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
-    const size_t unit = (size_t)(hdr + qb);
-    const int64_t paired = k->packed[type].x1_2g ? n_groups & ~(int64_t)1 : 0;
+    const int groups = type == EI_TYPE_Q8_0 ? 8 : 4, hdr = header_bytes(type);
     for (int64_t b = 0; b < nb; b++) {   /* ei_pack's walk, read back */
-        const uint8_t *in = (const uint8_t *)packed + (g < paired ? (size_t)(g & ~(int64_t)1) * (size_t)nb * unit +
-                                                                        (size_t)(2 * b + (g & 1)) * unit
-                                                                  : ((size_t)g * (size_t)nb + (size_t)b) * unit);
+        const uint8_t *in = (const uint8_t *)packed + block_offset(k, type, n_rows, nb, g, b);
         const uint8_t *q = in + hdr;
         uint8_t *blk = (uint8_t *)dst + (size_t)b * L.bytes, *qs = blk + L.qs;
         memcpy(blk, in + 2 * r, 2);

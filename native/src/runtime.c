@@ -118,7 +118,8 @@ static ei_status pack_weights(ei_runtime *rt) {
         if (!bytes[i]) continue;
         const ei_weight *w = packable(rt->m, i);
         /* Slices of rows, each source slice dropped once packed, so that at most one
-         * slice of the file is resident on top of the packed copy (peak RSS). */
+         * slice of the file is resident on top of the packed copy (peak RSS). A slice holds an
+         * even number of row groups, so row pairs fall as in one call over all rows. */
         const int64_t slice = 256, row_bytes = ei_row_bytes(w->type, w->ne0);
         const size_t packed_row_bytes = ei_packed_bytes(rt->kt, w->type, EI_PACK_ROWS, w->ne0) / EI_PACK_ROWS;
         for (int64_t r0 = 0; r0 < w->ne1; r0 += slice) {
