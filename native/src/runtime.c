@@ -84,6 +84,28 @@ static void drop_pages(const void *p, size_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+enum { PACK_SLICE = 256 };
+typedef struct {
+    int i;        /* the packable weight */
+    int64_t r0;   /* its first row in the slice */
+} pack_slice;
+typedef struct {
+    ei_runtime *rt;
+    pack_slice *slices;
+} pack_task;
+
+static void pack_one_slice(void *ctx, int64_t k) {
+    const pack_task *t = ctx;
+    const ei_runtime *rt = t->rt;
+    const pack_slice sl = t->slices[k];
+    const ei_weight *w = packable(rt->m, sl.i);
+    const int64_t n = EI_MIN(PACK_SLICE, w->ne1 - sl.r0), row_bytes = ei_row_bytes(w->type, w->ne0);
+    const size_t packed_row_bytes = ei_packed_bytes(rt->kt, w->type, EI_PACK_ROWS, w->ne0) / EI_PACK_ROWS;
+    const uint8_t *src = (const uint8_t *)w->data + sl.r0 * row_bytes;
+    ei_pack(rt->kt, w->type, src, n, w->ne0, (uint8_t *)rt->packed[sl.i] + (size_t)sl.r0 * packed_row_bytes);
+    if (rt->p.drop_packed_source) drop_pages(src, (size_t)(n * row_bytes));
+}
+
 /* Packs every weight matrix the table's packed kernels support into one arena. */
 static ei_status pack_weights(ei_runtime *rt) {
     const int n = rt->m->cfg.n_layer * EI_PACKED_PER_LAYER + 1;
@@ -113,24 +135,29 @@ static ei_status pack_weights(ei_runtime *rt) {
         free(bytes);
         return EI_ERR_OUT_OF_MEMORY;
     }
+    /* Slices of PACK_SLICE rows, packed by the pool's threads, each source slice dropped once
+     * packed, so that at most one slice a thread of the file is resident on top of the packed
+     * copy (peak RSS). A slice holds an even number of row groups, so row pairs fall as in one
+     * call over all rows. */
+    int64_t n_slices = 0;
     uint8_t *at = rt->pack_arena;
     for (int i = 0; i < n; i++) {
         if (!bytes[i]) continue;
-        const ei_weight *w = packable(rt->m, i);
-        /* Slices of rows, each source slice dropped once packed, so that at most one
-         * slice of the file is resident on top of the packed copy (peak RSS). A slice holds an
-         * even number of row groups, so row pairs fall as in one call over all rows. */
-        const int64_t slice = 256, row_bytes = ei_row_bytes(w->type, w->ne0);
-        const size_t packed_row_bytes = ei_packed_bytes(rt->kt, w->type, EI_PACK_ROWS, w->ne0) / EI_PACK_ROWS;
-        for (int64_t r0 = 0; r0 < w->ne1; r0 += slice) {
-            const int64_t n = EI_MIN(slice, w->ne1 - r0);
-            const uint8_t *src = (const uint8_t *)w->data + r0 * row_bytes;
-            ei_pack(rt->kt, w->type, src, n, w->ne0, at + (size_t)r0 * packed_row_bytes);
-            if (rt->p.drop_packed_source) drop_pages(src, (size_t)(n * row_bytes));
-        }
         rt->packed[i] = at;
         at += bytes[i];
+        n_slices += (packable(rt->m, i)->ne1 + PACK_SLICE - 1) / PACK_SLICE;
     }
+    pack_task task = {rt, malloc((size_t)n_slices * sizeof *task.slices)};
+    if (n_slices && !task.slices) {
+        free(bytes);
+        return EI_ERR_OUT_OF_MEMORY;
+    }
+    int64_t s = 0;
+    for (int i = 0; i < n; i++)
+        for (int64_t r0 = 0; bytes[i] && r0 < packable(rt->m, i)->ne1; r0 += PACK_SLICE)
+            task.slices[s++] = (pack_slice){i, r0};
+    ei_pool_for(rt->pool, n_slices, pack_one_slice, &task);
+    free(task.slices);
     if (head_rt) rt->packed[n - 1] = head_rt->packed[(size_t)head_rt->m->cfg.n_layer * EI_PACKED_PER_LAYER];
     /* A head tied to this model's token table (its own, or the trunk's it shares) serves the lookups too */
     const ei_weight *e = &rt->m->globals.tok_embd, *head = ei_model_output(head_rt ? head_rt->m : rt->m);
@@ -277,15 +304,15 @@ ei_status ei_runtime_create(const ei_model *m, const ei_runtime_params *p, ei_ru
     const double base_l = c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta;
     for (int i = 0; rt->rope_freq_local && i < rope_dim_l / 2; i++)
         rt->rope_freq_local[i] = pow(base_l, -2.0 * i / (double)rope_dim_l);
-    const ei_status st_pack = pack_weights(rt);
-    if (st_pack != EI_OK) {
-        ei_runtime_free(rt);
-        return st_pack == EI_ERR_OUT_OF_MEMORY ? ei_fail(st_pack, "runtime_create: cannot allocate packed weights") : st_pack;
-    }
     rt->pool = ei_pool_create(prm.n_threads);
     if (!rt->pool) {
         ei_runtime_free(rt);
         return ei_fail(EI_ERR_OUT_OF_MEMORY, "runtime_create: cannot start %d threads", prm.n_threads);
+    }
+    const ei_status st_pack = pack_weights(rt);   /* on the pool's threads */
+    if (st_pack != EI_OK) {
+        ei_runtime_free(rt);
+        return st_pack == EI_ERR_OUT_OF_MEMORY ? ei_fail(st_pack, "runtime_create: cannot allocate packed weights") : st_pack;
     }
     *out = rt;
     return EI_OK;
