@@ -139,7 +139,6 @@ def test_overflow_slide_runs_in_constant_memory(smollm2_path):
     assert all(np.isfinite(lp.logprob) and np.isfinite([v for _, v in lp.top]).all() for lp in gen.logprobs)
 
 
-@pytest.mark.slow
 def _rss_file() -> int:
     with open("/proc/self/status") as fh:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("RssFile:"))
@@ -161,6 +160,7 @@ def test_tied_embedding_lookup_maps_no_file_pages(smollm2_path):
     assert grown < 2**20, f"file-backed RSS grew by {grown / 2**20:.1f} MiB over a {len(ids)}-token prompt"
 
 
+@pytest.mark.slow
 def test_prefix_reuse_gives_same_output(smollm2_path):
     eng = edgeinfer.load(smollm2_path, n_ctx=256, n_threads=2)
     system = "You are a careful assistant. Answer briefly. " * 3

@@ -85,6 +85,7 @@ static void drop_pages(const void *p, size_t n) {
 }
 
 enum { PACK_SLICE = 256 };
+_Static_assert(PACK_SLICE % (2 * EI_PACK_ROWS) == 0, "a slice holds whole row pairs (ei_unpack_row reads them so)");
 typedef struct {
     int i;        /* the packable weight */
     int64_t r0;   /* its first row in the slice */
