@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What a prompt reads from the model's file once it is loaded: the major page faults and the
-growth of the process's file-backed RSS (RssFile) over a prompt of N random token ids, after the
+growth of the process's file-backed RSS (psutil's `shared`: RssFile + RssShmem) over a prompt of N random token ids, after the
 file has been evicted from the page cache (as on a host that reclaims it). The packed weights
 are in memory; what still comes from the file is what the runtime reads from its mapping (norms,
 an untied token embedding's rows).
@@ -15,13 +15,9 @@ import resource
 import time
 
 import numpy as np
+import psutil
 
 from edgeinfer.engine.engine import Engine
-
-
-def rss_file() -> int:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("RssFile:"))
 
 
 def main() -> None:
@@ -37,9 +33,10 @@ def main() -> None:
     finally:
         os.close(fd)
     ids = np.random.default_rng(0).integers(0, eng.config.n_vocab, a.tokens).tolist()
-    rss0, flt0, t0 = rss_file(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt, time.perf_counter()
+    proc = psutil.Process()
+    rss0, flt0, t0 = proc.memory_info().shared, resource.getrusage(resource.RUSAGE_SELF).ru_majflt, time.perf_counter()
     eng.logits(ids)
-    t1, flt1, rss1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt, rss_file()
+    t1, flt1, rss1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt, proc.memory_info().shared
     print(f"{os.path.basename(a.model)}: {a.tokens} tokens in {t1 - t0:.2f} s, {flt1 - flt0} major faults, "
           f"file-backed RSS +{(rss1 - rss0) / 2**20:.1f} MiB")
 

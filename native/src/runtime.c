@@ -154,9 +154,10 @@ static ei_status pack_weights(ei_runtime *rt) {
         return EI_ERR_OUT_OF_MEMORY;
     }
     int64_t s = 0;
-    for (int i = 0; i < n; i++)
-        for (int64_t r0 = 0; bytes[i] && r0 < packable(rt->m, i)->ne1; r0 += PACK_SLICE)
-            task.slices[s++] = (pack_slice){i, r0};
+    for (int i = 0; i < n; i++) {
+        if (!bytes[i]) continue;
+        for (int64_t r0 = 0; r0 < packable(rt->m, i)->ne1; r0 += PACK_SLICE) task.slices[s++] = (pack_slice){i, r0};
+    }
     ei_pool_for(rt->pool, n_slices, pack_one_slice, &task);
     free(task.slices);
     if (head_rt) rt->packed[n - 1] = head_rt->packed[(size_t)head_rt->m->cfg.n_layer * EI_PACKED_PER_LAYER];
