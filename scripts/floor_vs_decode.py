@@ -45,53 +45,80 @@ READS = 3       # a read is the best of this many back-to-back reads (one read a
 SETTLE_S = 0.2   # before each read: the engines' worker threads stop spinning and leave the CPUs to it
 
 
-def paired_rounds(path: str, rounds: int = 9, threads: int = 2, tg: int = 32, floor_rounds: int = 5,
+class HostReads:
+    """The probe over a file's weight bytes: its configuration search (`memory_floor.py FILE`'s,
+    best of `floor_rounds` rounds), then `read()`: the best of READS back-to-back reads with the
+    best configuration, after SETTLE_S. Every read is kept; `top` is the fastest, the search's
+    included, so a caller that reads around all its decodes gets a floor from the same minutes."""
+
+    def __init__(self, weight_bytes: int, threads: int, floor_rounds: int = 5):
+        best = min(probe(weight_bytes, 0, threads, floor_rounds)["configs"], key=lambda c: c["weights_s"])
+        self.cfg = (best["threads"], best["streams"], best["prefetch"])
+        self.searched = weight_bytes / best["weights_s"] / 1e9
+        self.summary = (f"probe's best configuration {self.cfg[0]} thread(s), {self.cfg[1]} stream(s), prefetch "
+                        f"{'on' if self.cfg[2] else 'off'}: {self.searched:.1f} GB/s (best of {floor_rounds} rounds)")
+        self.reads: list[float] = []
+        self._reader = FloorReader(weight_bytes, self.cfg[0])
+
+    def read(self) -> float:
+        time.sleep(SETTLE_S)
+        gb_s = max(self._reader.gb_s(*self.cfg) for _ in range(READS))
+        self.reads.append(gb_s)
+        return gb_s
+
+    @property
+    def top(self) -> float:
+        return max([self.searched, *self.reads])
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> "HostReads":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def paired_rounds(path: str, host: HostReads, rounds: int = 9, threads: int = 2, tg: int = 32,
                   say=print) -> dict:
-    """The rounds described above; `say` gets one line per round. {per_token_bytes, searched_gb_per_s,
-    shares {engine: [steady shares]}, fastest {engine: GB/s}, reads [GB/s], ratios [per round],
-    top_read_gb_per_s (the fastest read, the search's included)}."""
-    db = decode_bytes(path)
-    per_token = db.per_token(PROMPT + (tg + 1) / 2)   # bytes at the tg run's mean depth
-    found = probe(db.weight_bytes, 0, threads, floor_rounds)
-    best = min(found["configs"], key=lambda c: c["weights_s"])
-    cfg = (best["threads"], best["streams"], best["prefetch"])
-    searched = db.weight_bytes / best["weights_s"] / 1e9
-    say(f"{Path(path).name}: {per_token / 1e6:.1f} MB a token; probe's best configuration {cfg[0]} thread(s), "
-        f"{cfg[1]} stream(s), prefetch {'on' if cfg[2] else 'off'}: {searched:.1f} GB/s (best of {floor_rounds} rounds)")
+    """The rounds described above, reading with `host` (a HostReads over the file's weight bytes);
+    `say` gets one line per round. {per_token_bytes, searched_gb_per_s, shares {engine: [steady
+    shares]}, fastest {engine: GB/s}, reads [GB/s, the rounds'], ratios [per round],
+    top_read_gb_per_s (the fastest of all host's reads, the search's included)}."""
+    per_token = decode_bytes(path).per_token(PROMPT + (tg + 1) / 2)   # bytes at the tg run's mean depth
+    say(f"{Path(path).name}: {per_token / 1e6:.1f} MB a token; {host.summary}")
     engines = [ProcessRunner(kind, None, path, threads, 256, 512) for kind in ("edgeinfer", "llama.cpp")]
     shares: dict[str, list[float]] = {e.engine: [] for e in engines}
     fastest = {e.engine: 0.0 for e in engines}
     reads: list[float] = []
     ratios: list[float] = []
     try:
-        with FloorReader(db.weight_bytes, cfg[0]) as reader:
-            prompt = [100 + (i * 37) % 5000 for i in range(PROMPT)]
-            for e in engines:
-                e.tg(prompt, 8)   # warm-up
-            for r in range(rounds):
-                cells, tok_s = [], {}
-                for e in (engines if r % 2 == 0 else engines[::-1]):
-                    time.sleep(SETTLE_S)
-                    before = max(reader.gb_s(*cfg) for _ in range(READS))
-                    tok_s[e.engine] = tg / e.tg(prompt, tg)
-                    time.sleep(SETTLE_S)
-                    after = max(reader.gb_s(*cfg) for _ in range(READS))
-                    reads += [before, after]
-                    gbs = tok_s[e.engine] * per_token / 1e9
-                    fastest[e.engine] = max(fastest[e.engine], gbs)
-                    steady = abs(before - after) <= STEADY * max(before, after)
-                    if steady:
-                        shares[e.engine].append(gbs / max(before, after))
-                    cells.append(f"{e.engine} {tok_s[e.engine]:.1f} t/s {gbs:.1f} GB/s between reads of {before:.1f} "
-                                 f"/ {after:.1f} ({gbs / max(before, after):.0%}{'' if steady else ', unsteady'})")
-                ratios.append(tok_s["edgeinfer"] / tok_s["llama.cpp"])
-                say(f"round {r + 1}: " + " | ".join(cells) + f" | ratio {ratios[-1]:.2f}x | "
-                    f"load {os.getloadavg()[0]:.2f}")
+        prompt = [100 + (i * 37) % 5000 for i in range(PROMPT)]
+        for e in engines:
+            e.tg(prompt, 8)   # warm-up
+        for r in range(rounds):
+            cells, tok_s = [], {}
+            for e in (engines if r % 2 == 0 else engines[::-1]):
+                before = host.read()
+                tok_s[e.engine] = tg / e.tg(prompt, tg)
+                after = host.read()
+                reads += [before, after]
+                gbs = tok_s[e.engine] * per_token / 1e9
+                fastest[e.engine] = max(fastest[e.engine], gbs)
+                steady = abs(before - after) <= STEADY * max(before, after)
+                if steady:
+                    shares[e.engine].append(gbs / max(before, after))
+                cells.append(f"{e.engine} {tok_s[e.engine]:.1f} t/s {gbs:.1f} GB/s between reads of {before:.1f} "
+                             f"/ {after:.1f} ({gbs / max(before, after):.0%}{'' if steady else ', unsteady'})")
+            ratios.append(tok_s["edgeinfer"] / tok_s["llama.cpp"])
+            say(f"round {r + 1}: " + " | ".join(cells) + f" | ratio {ratios[-1]:.2f}x | "
+                f"load {os.getloadavg()[0]:.2f}")
     finally:
         for e in engines:
             e.close()
-    return {"per_token_bytes": per_token, "searched_gb_per_s": searched, "shares": shares, "fastest": fastest,
-            "reads": reads, "ratios": ratios, "top_read_gb_per_s": max(max(reads), searched)}
+    return {"per_token_bytes": per_token, "searched_gb_per_s": host.searched, "shares": shares, "fastest": fastest,
+            "reads": reads, "ratios": ratios, "top_read_gb_per_s": host.top}
 
 
 def median_share(res: dict, engine: str) -> Optional[float]:
@@ -108,8 +135,9 @@ def main() -> int:
     ap.add_argument("--floor-rounds", type=int, default=5, help="rounds of the probe's configuration search")
     ap.add_argument("--check", action="store_true", help="exit 1 when a decode passes the fastest read")
     a = ap.parse_args()
-    res = paired_rounds(str(Path(a.model).expanduser()), a.rounds, a.threads, a.tg, a.floor_rounds,
-                        say=lambda line: print(line, flush=True))
+    path = str(Path(a.model).expanduser())
+    with HostReads(decode_bytes(path).weight_bytes, a.threads, a.floor_rounds) as host:
+        res = paired_rounds(path, host, a.rounds, a.threads, a.tg, say=lambda line: print(line, flush=True))
     print("median share of the reads around each steady decode: " + ", ".join(
         f"{n} {median_share(res, n):.0%} ({len(v)} of {a.rounds})" if v else f"{n} - (no steady decode)"
         for n, v in res["shares"].items()) + f"; median edgeinfer / llama.cpp {statistics.median(res['ratios']):.2f}x")

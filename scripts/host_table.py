@@ -7,9 +7,11 @@ Per file: one interleaved `edgeinfer bench` (edgeinfer and llama.cpp, each in a 
 its own; the ratios), then `floor_vs_decode.py`'s paired rounds (--pair-rounds): each engine's tg
 between two reads of the same bytes by the memory probe, milliseconds apart, so that the share
 compares a decode with the bandwidth the host gave in that second (on the shared 2-core VMs it
-switches between about 40 and 60-70 GB/s). The share is the median over the steady rounds. The
+switches between about 30 and 60-70 GB/s). The share is the median over the steady rounds. The
 floor is the host's, not a file's: the fastest read of the whole run (every file's probe reads,
-each far larger than the caches), and the table prints it under every file. A decode faster than
+each far larger than the caches: the search's, one right before every timed step of the bench,
+and two around each paired decode, so that the reads sample the minutes the decodes ran in),
+and the table prints it under every file. A decode faster than
 it is reported (the reads must be an upper bound) and makes the exit status 1. The host (CPU
 model, ISA, load average) heads the output.
 
@@ -28,9 +30,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from floor_vs_decode import median_share, paired_rounds  # noqa: E402
+from floor_vs_decode import HostReads, median_share, paired_rounds  # noqa: E402
 
 from edgeinfer.tools.bench import BenchConfig, cpu_name, run_bench  # noqa: E402
+from edgeinfer.tools.decode_bytes import decode_bytes  # noqa: E402
 
 
 def main() -> int:
@@ -57,8 +60,11 @@ def main() -> int:
         path = str(Path(f).expanduser())
         cfg = BenchConfig(model=path, threads=[a.threads], pp=a.pp, tg=a.tg, reps=a.reps, compare=["llama.cpp"],
                           isolated_rss=False, process_per_engine=True, ctx_depth=a.depth)
-        d = run_bench(cfg).to_dict()
-        pair = paired_rounds(path, a.pair_rounds, a.threads, a.tg, say=lambda line: print("  " + line, flush=True))
+        with HostReads(decode_bytes(path).weight_bytes, a.threads) as host:
+            d = run_bench(cfg, before_step=host.read).to_dict()
+            d["bench_reads_gb_per_s"] = list(host.reads)
+            pair = paired_rounds(path, host, a.pair_rounds, a.threads, a.tg,
+                                 say=lambda line: print("  " + line, flush=True))
         d["paired"] = pair
         ours, peer = d["runs"][0], d["runs"][1]
         ratio = d["ratios"][0]

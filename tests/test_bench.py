@@ -169,6 +169,41 @@ def test_bench_process_per_engine(smollm2_path):
     assert _child_pids() <= children   # the worker that could not load is gone
 
 
+def test_bench_before_step_runs_right_before_each_timed_step(smollm2_path, monkeypatch):
+    """run_bench's before_step (scripts/host_table.py reads the memory bandwidth there) runs right
+    before every timed step of every rep: prefill, decode, decode at depth, TTFT/TPOT; not before
+    the warm-up."""
+    import edgeinfer.tools.bench as bench
+
+    events: list[str] = []
+
+    class Spy:
+        def __init__(self, runner):
+            self._r = runner
+
+        def __getattr__(self, name):
+            return getattr(self._r, name)
+
+        def pp(self, ids):
+            events.append("pp")
+            return self._r.pp(ids)
+
+        def tg(self, ids, n):
+            events.append("tg")
+            return self._r.tg(ids, n)
+
+        def ttft_tpot(self, ids, n):
+            events.append("ttft")
+            return self._r.ttft_tpot(ids, n)
+
+    real = bench.make_runner
+    monkeypatch.setattr(bench, "make_runner", lambda *a, **k: Spy(real(*a, **k)))
+    cfg = BenchConfig(model=str(smollm2_path), threads=[1], pp=8, tg=2, reps=2, prompt_len=8, output_len=2,
+                      ctx_depth=16, isolated_rss=False)
+    run_bench(cfg, before_step=lambda: events.append("read"))
+    assert events == ["pp", "tg"] + ["read", "pp", "read", "tg", "read", "tg", "read", "ttft"] * 2
+
+
 def _child_pids() -> set[int]:
     import os
     from pathlib import Path

@@ -419,8 +419,11 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
-              command: Optional[list[str]] = None) -> BenchResult:
-    """Runs the benchmark; `log` gets one line per step (progress), default: nothing."""
+              command: Optional[list[str]] = None,
+              before_step: Optional[Callable[[], object]] = None) -> BenchResult:
+    """Runs the benchmark; `log` gets one line per step (progress), default: nothing;
+    `before_step` is called right before each engine's timed step (scripts/host_table.py reads
+    the memory bandwidth there, so that its floor samples the same minutes as the decodes)."""
     from ..hub import resolve_model
 
     cfg.validate()
@@ -458,7 +461,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] | None = None,
                 skipped.append({"engine": kind, "spec": spec, "reason": str(e)})
                 skipped_specs.add(spec)
         try:
-            runs_t = _measure(cfg, runners, threads, n_ctx, rng, say, moved)
+            runs_t = _measure(cfg, runners, threads, n_ctx, rng, say, moved, before_step)
             if cfg.process_per_engine:   # this process holds no engine: its RSS says nothing
                 for run in runs_t:
                     run["process_peak_rss_bytes"] = run["process_rss_bytes"] = None
@@ -543,7 +546,8 @@ def _decode_record(n: int, depth: int, seconds: list[float], moved: DecodeBytes,
 
 
 def _measure(cfg: BenchConfig, runners: list, threads: int, n_ctx: int, rng: np.random.Generator,
-             say: Callable[[str], None], moved: DecodeBytes) -> list[dict]:
+             say: Callable[[str], None], moved: DecodeBytes,
+             before_step: Optional[Callable[[], object]] = None) -> list[dict]:
     n_vocab = min((r.n_vocab for r, _, _ in runners if r.n_vocab), default=32000)
     pp_ids = _random_ids(rng, cfg.pp, n_vocab)
     tg_ids = _random_ids(rng, cfg.tg_prompt, n_vocab)
@@ -564,6 +568,8 @@ def _measure(cfg: BenchConfig, runners: list, threads: int, n_ctx: int, rng: np.
         order = list(range(k)) if rep % 2 == 0 else list(reversed(range(k)))
         for i in order:
             time.sleep(_SETTLE_S)
+            if before_step:
+                before_step()
             yield i, runners[i][0]
 
     for rep in range(cfg.reps):
