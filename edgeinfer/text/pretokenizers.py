@@ -8,6 +8,7 @@ form (``edgeinfer/convert/tokenizer_meta.py`` reads the table).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,23 +30,31 @@ __all__ = [
     "strip_quirk",
 ]
 
-def _rx(pattern: str) -> regex.Pattern[str]:
-    """Compiles a pre-tokenizer regex written with llama.cpp's classes ({S} its whitespace,
-    {L} / {N} / {M} / {P}: see ``unicode_classes.py``). llama.cpp's splitters for gpt2 / llama3 /
+def _rx(pattern: str) -> str:
+    """A pre-tokenizer regex written with llama.cpp's classes ({S} its whitespace, {L} / {N} /
+    {M} / {P}: see ``unicode_classes.py``), expanded. llama.cpp's splitters for gpt2 / llama3 /
     qwen2 / qwen35 behave exactly like these regexes (including the trailing `|\\s+` its gpt2
     splitter adds)."""
-    return regex.compile(expand(pattern), regex.V1)
+    return expand(pattern)
+
+
+@functools.cache
+def _compiled(pattern: str) -> regex.Pattern[str]:
+    """Compiled on first use: the table's regexes take ~10 ms each to compile, and a model uses one
+    split list."""
+    return regex.compile(pattern, regex.V1)
 
 
 @dataclass(frozen=True)
 class Splitter:
-    """One of llama.cpp's regex split lists: each regex cuts every piece the previous left."""
+    """One of llama.cpp's regex split lists: each regex (its pattern) cuts every piece the
+    previous left."""
 
-    regexes: tuple[regex.Pattern[str], ...]
+    patterns: tuple[str, ...]
 
     def split(self, text: str) -> list[str]:
         chunks = [text]
-        for rx in self.regexes:
+        for rx in map(_compiled, self.patterns):
             out: list[str] = []
             for c in chunks:
                 parts = rx.findall(c)
@@ -99,7 +108,7 @@ _RX_QWEN35 = _rx(
 )
 QWEN35 = Splitter((_RX_QWEN35,))
 # metaspace BPE (gemma4): only runs of newlines are cut off, the merges see whole lines
-LINES = Splitter((regex.compile(r"[^\n]+|\n+"),))
+LINES = Splitter((r"[^\n]+|\n+",))
 DEFAULT = Splitter((
     _rx(r"[{P}$+<=>^~|]+"), _RX_GPT2, _rx(r"{N}+"), _rx(r"[0-9][0-9][0-9]")))
 
