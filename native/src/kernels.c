@@ -249,15 +249,14 @@ static void fill_avx512(ei_kernels *k) {
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)
 #undef XW2
-    /* The 32-element-block types run every token count on 16-row kernels, their row pairs
-     * packed block by block (packed.h): at one token 1.31-1.41x the 8-row kernels' rate on a
-     * cache-resident matrix, the same rate streaming (AMD EPYC Zen 5, scripts/bench_matvec.py).
-     * The K-quants decode on 8-row ymm kernels of their own (packed_k_simd.h kq45k_1, kq6k_1):
-     * their 16-row kernels read a pair as two runs, and took 2x as long at one token (an AMD
-     * EPYC, 1B-shape Q4_K_M, per-stage profile, 2 threads). */
+    /* The 32-element-block types and Q4_K run every token count on 16-row kernels, their row
+     * pairs packed unit by unit (packed.h): at one token 1.31-1.41x the 8-row kernels' rate on
+     * a cache-resident matrix, the same rate streaming (AMD EPYC Zen 5, scripts/bench_matvec.py);
+     * Q4_K 1.06-1.17x and the same (Zen 4; packed_k_simd.h). Q5_K and Q6_K decode on their
+     * 8-row ymm kernels (kq45k_1, kq6k_1), which were the faster there. */
 #define R16(T, name) k->packed[T].x1_2g = ei_packed_##name##_x1r16_vnni, k->packed[T].x4_2g = ei_packed_##name##_x4r16_vnni;
     R16(EI_TYPE_Q4_0, q4_0) R16(EI_TYPE_Q4_1, q4_1) R16(EI_TYPE_Q5_0, q5_0) R16(EI_TYPE_Q5_1, q5_1)
-    R16(EI_TYPE_Q8_0, q8_0)
+    R16(EI_TYPE_Q8_0, q8_0) R16(EI_TYPE_Q4_K, q4_k)
 #undef R16
     /* Decode reads two row pairs a thread side by side on Zen 4 (1B shape, against one pair:
      * Q8_0 1.47x at 1 thread, 1.59x at 2; Q4_0 1.13x, 1.03x; docs/performance.md). Not measured

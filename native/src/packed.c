@@ -55,16 +55,17 @@ size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_
 /* Where group g's block b starts: groups 2p and 2p + 1 alternate block by block where the table
  * has 16-row kernels for the type (all groups but a last, unpaired one), else each group's blocks
  * run on their own. */
+static int64_t paired_groups(const ei_kernels *k, int type, int64_t n_rows) {
+    return k->packed[type].x1_2g ? (n_rows / EI_PACK_ROWS) & ~(int64_t)1 : 0;
+}
+
 static size_t block_offset(const ei_kernels *k, int type, int64_t n_rows, int64_t nb, int64_t g, int64_t b) {
-    const size_t unit = unit_bytes(type);
-    const int64_t paired = k->packed[type].x1_2g ? (n_rows / EI_PACK_ROWS) & ~(int64_t)1 : 0;
-    return g < paired ? (size_t)(g & ~(int64_t)1) * (size_t)nb * unit + (size_t)(2 * b + (g & 1)) * unit
-                      : ((size_t)g * (size_t)nb + (size_t)b) * unit;
+    return ei_unit_offset(paired_groups(k, type, n_rows), nb, unit_bytes(type), g, b);
 }
 
 void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
     if (ei_packed_k_unit_bytes(type)) {
-        ei_pack_k(type, w, n_rows, n_cols, dst);
+        ei_pack_k(type, w, n_rows, n_cols, paired_groups(k, type, n_rows), dst);
         return;
     }
     const int64_t nb = n_cols / QK, n_groups = n_rows / EI_PACK_ROWS;
@@ -93,7 +94,7 @@ void ei_pack(const ei_kernels *k, int type, const void *w, int64_t n_rows, int64
 void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_rows, int64_t n_cols, int64_t row,
                    void *dst) {
     if (ei_packed_k_unit_bytes(type)) {
-        ei_unpack_k_row(type, packed, n_cols, row, dst);
+        ei_unpack_k_row(type, packed, n_cols, row, paired_groups(k, type, n_rows), dst);
         return;
     }
     const int64_t nb = n_cols / QK, g = row / EI_PACK_ROWS;

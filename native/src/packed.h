@@ -29,12 +29,14 @@
  *     as Q4_K's pairs from GGUF ql[32P ..]: low nibbles block 4h + c, high
  *     block 4h + c + 2; qh quad h, group k holds GGUF qh[32h + 4k ..+3] of each
  *     row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32)
- * Row pairs (AVX-512, the 32-element-block types): where the table has 16-row kernels for
- * a type (x1_2g), each pair of groups 2p, 2p+1 alternates block by block (group 2p's block
- * b, then group 2p+1's block b), so the 16-row kernels stream one run of bytes: reading the
- * two groups as two runs 8 rows' blocks apart streamed 20-40% slower on AMD EPYC (Zen 5,
- * 1 thread). A last, unpaired group keeps the 8-row layout. Rows are split among threads
- * in multiples of 16, so no 8-row kernel ever sees a paired group.
+ * Row pairs (AVX-512): where the table has 16-row kernels for a type (x1_2g), each pair of
+ * groups 2p, 2p+1 alternates block by block (group 2p's block b, then group 2p+1's), so the
+ * 16-row kernels stream one run of bytes: reading the two groups as two runs 8 rows' blocks
+ * apart streamed 20-40% slower on AMD EPYC (Zen 5, 1 thread). Q4_K's pairs interleave finer,
+ * within each super-block, chunk by chunk (packed_k.c, pair_chunk): its two super-blocks side
+ * by side, two runs 1,184 bytes apart, streamed 0.55x the 8-row kernel at one token (Zen 4,
+ * 1 thread). A last, unpaired group keeps the 8-row layout. Rows are split among threads in
+ * multiples of 16, so no 8-row kernel ever sees a paired group.
  * Rows must come in multiples of 8; the original GGUF bytes stay mapped for the scalar
  * reference and an untied embedding's lookup (a tied one reads the packed head: ei_unpack_row).
  */
@@ -53,6 +55,14 @@
 #define EI_PK_Q5K_BYTES (EI_PK_Q4K_BYTES + 256)
 #define EI_PK_HDR_Q6K 144
 #define EI_PK_Q6K_BYTES (EI_PK_HDR_Q6K + 1024 + 512)
+
+/* Where group g's unit b (a block, or a super-block, of `unit` bytes) starts in a matrix of
+ * nb units a row whose first `paired` groups (an even number) alternate in row pairs (a Q4_K
+ * pair's two super-blocks, interleaved, start at group 2p's offset). */
+static inline size_t ei_unit_offset(int64_t paired, int64_t nb, size_t unit, int64_t g, int64_t b) {
+    return g < paired ? (size_t)(g & ~(int64_t)1) * (size_t)nb * unit + (size_t)(2 * b + (g & 1)) * unit
+                      : ((size_t)g * (size_t)nb + (size_t)b) * unit;
+}
 
 /* Bytes of the packed form of a [n_rows, n_cols] matrix of `type`, or 0 when it
  * stays in its GGUF layout: table k has no packed kernel for the type, or the
@@ -100,11 +110,12 @@ static inline void ei_prefetch_ahead(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) __builtin_prefetch(p + EI_PF_DIST + o, 0, EI_PF_LOCALITY);
 }
 
-/* packed_k.c: super-block bytes of a K type (0: not one), its packing, and the
- * scalar references of its packed kernels (one token; the oracle of the SIMD ones). */
+/* packed_k.c: super-block bytes of a K type (0: not one), its packing (the first `paired`
+ * groups in row pairs, ei_unit_offset), and the scalar references of its packed kernels (one
+ * token, 8 rows in the unpaired layout; the oracle of the SIMD ones). */
 size_t ei_packed_k_unit_bytes(int type);
-void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst);
-void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, void *dst);
+void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, int64_t paired, void *dst);
+void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, int64_t paired, void *dst);
 void ei_packed_q4_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
@@ -172,6 +183,7 @@ EI_PACKED_FAR_R16_DECL(q8_0)
 void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_R16_DECL(q4_k)
 #endif
 #if defined(__aarch64__)
 /* packed_k_neon.c: plain ASIMD and dotprod builds */

@@ -67,15 +67,42 @@ static void pack_q6k(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint
     }
 }
 
-void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, void *dst) {
+static void pack_unit(int type, const uint8_t *w, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
+    if (type == EI_TYPE_Q6_K) pack_q6k(w, nsb, g, b, out);
+    else pack_q45k(type, w, nsb, g, b, out);
+}
+
+/* Row pairs (packed.h; Q4_K only): the two groups' super-blocks interleaved chunk by chunk, a
+ * chunk being one field element of 8 rows (an f16 per row: 16 bytes; a u8 scale or min per row:
+ * 8; a 4-byte quant group per row: 32), so that the 16-row kernels read each field of both groups
+ * with one load: the chunk at byte o of group h's 8-row super-block lies at 2 o + h c. */
+static size_t pair_chunk(size_t o) { return o < 32 ? 16 : o < EI_PK_HDR_Q4K ? 8 : 32; }
+
+static void pair_put(int type, const uint8_t *unit, int h, uint8_t *pair) {
+    for (size_t o = 0, c; o < ei_packed_k_unit_bytes(type); o += c) {
+        c = pair_chunk(o);
+        memcpy(pair + 2 * o + h * c, unit + o, c);
+    }
+}
+
+static void pair_get(int type, const uint8_t *pair, int h, uint8_t *unit) {
+    for (size_t o = 0, c; o < ei_packed_k_unit_bytes(type); o += c) {
+        c = pair_chunk(o);
+        memcpy(unit + o, pair + 2 * o + h * c, c);
+    }
+}
+
+void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, int64_t paired, void *dst) {
     const int64_t nsb = n_cols / QKK;
     const size_t ub = ei_packed_k_unit_bytes(type);
-    uint8_t *out = dst;
-    memset(dst, 0, (size_t)(n_rows / EI_PACK_ROWS) * (size_t)nsb * ub);
+    uint8_t unit[EI_PK_Q6K_BYTES];   /* the largest */
     for (int64_t g = 0; g < n_rows / EI_PACK_ROWS; g++)
-        for (int64_t b = 0; b < nsb; b++, out += ub) {
-            if (type == EI_TYPE_Q6_K) pack_q6k(w, nsb, g, b, out);
-            else pack_q45k(type, w, nsb, g, b, out);
+        for (int64_t b = 0; b < nsb; b++) {
+            uint8_t *out = (uint8_t *)dst + ei_unit_offset(paired, nsb, ub, g < paired ? g & ~(int64_t)1 : g, b);
+            uint8_t *to = g < paired ? unit : out;
+            memset(to, 0, ub);   /* Q5_K's masks are or-ed in */
+            pack_unit(type, w, nsb, g, b, to);
+            if (g < paired) pair_put(type, unit, (int)(g & 1), out);
         }
 }
 
@@ -115,11 +142,17 @@ static void unpack_q6k(const uint8_t *p, int r, uint8_t *out) {
         for (int k = 0; k < 8; k++) memcpy(blk->qh + 32 * h + 4 * k, qh + 256 * h + 32 * k + 4 * r, 4);
 }
 
-void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, void *dst) {
+void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, int64_t paired, void *dst) {
     const int64_t nsb = n_cols / QKK;
     const size_t ub = ei_packed_k_unit_bytes(type), bs = (size_t)ei_row_bytes(type, QKK);
-    const uint8_t *p = (const uint8_t *)packed + (size_t)(row / EI_PACK_ROWS) * (size_t)nsb * ub;
-    for (int64_t b = 0; b < nsb; b++, p += ub) {
+    const int64_t g = row / EI_PACK_ROWS;
+    uint8_t unit[EI_PK_Q6K_BYTES];
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *p = (const uint8_t *)packed + ei_unit_offset(paired, nsb, ub, g < paired ? g & ~(int64_t)1 : g, b);
+        if (g < paired) {
+            pair_get(type, p, (int)(g & 1), unit);
+            p = unit;
+        }
         uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;
         if (type == EI_TYPE_Q6_K) unpack_q6k(p, (int)(row % EI_PACK_ROWS), blk);
         else unpack_q45k(type, p, (int)(row % EI_PACK_ROWS), blk);

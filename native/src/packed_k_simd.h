@@ -497,43 +497,87 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
 }
 
 #if KVNNI
-/* AVX-512: two row groups (16 rows) a zmm register (packed_zmm.h), where vpdpbusd
- * does twice the work of the ymm form at the same rate (2 a cycle) on the Intel host; on
- * Zen 4, which runs it in two halves, these prefill kernels are still 1.40x. Prefill
- * only: one token is faster on the 8-row kernels there. Every lane runs
- * the 8-row kernels' operations in the same order, so each (row, token) result is
- * theirs bit for bit. */
+/* AVX-512: two row groups (16 rows) a zmm register (packed_zmm.h), where vpdpbusd does twice
+ * the work of the ymm form at the same rate (2 a cycle) on the Intel host; on Zen 4, which runs
+ * it in two halves, these prefill kernels are still 1.40x. Q4_K's groups come in row pairs,
+ * interleaved within each super-block (packed.h), so each field of 16 rows is one load: its
+ * 16-row kernels run every token count, one token 1.06-1.17x kq45k_1 on a cache-resident
+ * matrix and the same rate streaming, 16 tokens 1.07x and 64 1.02x the two-run reads before
+ * (Zen 4, one thread, scripts/bench_matvec.py). Q6_K's one-token form in pairs streamed
+ * 0.88-0.92x kq6k_1 (1.24-1.26x cache-resident) and Q5_K's ran 0.84x kq45k_1: both keep 8-row
+ * groups one after the other, and their 16-row prefill kernels read a group pair as two runs.
+ * Every lane runs the 8-row kernels' operations in the same order, so each (row, token)
+ * result is theirs bit for bit. */
 /* 8 u8 of each group (sub-block scales or mins of 8 rows) as 16 floats */
 KINL __m512 KF(zu8f)(const uint8_t *p, size_t gs) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(zld8x2(p, gs)));
 }
 
+/* dword k of the 32 activation bytes in x's low half, in every lane */
+#define zdword(x, k) _mm512_permutexvar_epi32(_mm512_set1_epi32(k), (x))
+
+/* Where the 16-row Q4_K / Q5_K kernels find the two groups' bytes: the field at offset o of the
+ * 8-row layout (packed.h) lies at m * o, the second group's copy one f16 chunk, u8 chunk or quant
+ * chunk later (a row pair: m = 2 and 16, 8, 32 bytes; two groups one after the other: m = 1 and
+ * the group's bytes for all three). */
+typedef struct {
+    int m;
+    size_t f16, u8, q;
+} kgeo;
+static const kgeo KGEO_PAIR = {2, 16, 8, 32};
+
 /* Q4_K / Q5_K over 16 rows, sub-blocks 2p and 2p+1 (nibble pair pr) together: one load of
  * the pair serves both (+5% on the 1B-shape Q4_K_M prefill over one sub-block at a time,
  * in-process A/B, 16 reps). Per token and sub-block the float operations are kq45k's. */
-KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, size_t gs, __m512 dv, __m512 mv,
+KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, kgeo G, __m512 dv, __m512 mv,
                          const void *act, int64_t act_stride, int64_t b, __m512 *acc) {
-    const uint8_t *sc = p + 32 + 16 * pr, *mn = p + 96 + 16 * pr;
-    const __m512 dsc0 = _mm512_mul_ps(dv, KF(zu8f)(sc, gs)), dsc1 = _mm512_mul_ps(dv, KF(zu8f)(sc + 8, gs));
-    const __m512 dmn0 = _mm512_mul_ps(mv, KF(zu8f)(mn, gs)), dmn1 = _mm512_mul_ps(mv, KF(zu8f)(mn + 8, gs));
+    const uint8_t *sc = p + G.m * (32 + 16 * pr), *mn = p + G.m * (96 + 16 * pr);
+    const __m512 dsc0 = _mm512_mul_ps(dv, KF(zu8f)(sc, G.u8)), dsc1 = _mm512_mul_ps(dv, KF(zu8f)(sc + 8 * G.m, G.u8));
+    const __m512 dmn0 = _mm512_mul_ps(mv, KF(zu8f)(mn, G.u8)), dmn1 = _mm512_mul_ps(mv, KF(zu8f)(mn + 8 * G.m, G.u8));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512i w0[8], w1[8];
-    znibbles8(p + EI_PK_HDR_Q4K + 256 * pr, gs, w0, w1);
-    if (five)   /* Q5_K: each quant's fifth bit */
+    for (int k = 0; k < 8; k++) {
+        const __m512i v = zld2(p + G.m * (EI_PK_HDR_Q4K + 256 * pr + 32 * k), G.q);
+        w0[k] = _mm512_and_si512(v, m4);
+        w1[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (five)   /* Q5_K (one group after the other): each quant's fifth bit */
         for (int k = 0; k < 8; k++)
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * pr + h;
                 uint32_t lo, hi;
                 memcpy(&lo, p + EI_PK_Q4K_BYTES + 32 * j + 4 * k, 4);
-                memcpy(&hi, p + gs + EI_PK_Q4K_BYTES + 32 * j + 4 * k, 4);
+                memcpy(&hi, p + G.q + EI_PK_Q4K_BYTES + 32 * j + 4 * k, 4);
                 const __m512i hb = _mm512_maskz_mov_epi8(((__mmask64)hi << 32) | lo, _mm512_set1_epi8(16));
                 if (h) w1[k] = _mm512_or_si512(w1[k], hb);
                 else w0[k] = _mm512_or_si512(w0[k], hb);
             }
+    if (nt == 1) {   /* two chains a sub-block (k even, odd), their sums added as integers */
+        const ei_q8a *a = (const ei_q8a *)act + 8 * b + 2 * pr;
+        const __m512i z = _mm512_setzero_si512();
+        /* each activation dword put in every lane by a vpermd: broadcasts read inside the
+         * vpdpbusd (zdpb4) ran 1.12-1.17x kq45k_1 on a cache-resident matrix but streamed
+         * 0.90-0.99x its rate (Zen 4, one thread) */
+        const __m512i x0 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a[0].q));
+        const __m512i x1 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a[1].q));
+        __m512i s0 = _mm512_dpbusd_epi32(z, w0[0], zdword(x0, 0)), s1 = _mm512_dpbusd_epi32(z, w0[1], zdword(x0, 1));
+        __m512i u0 = _mm512_dpbusd_epi32(z, w1[0], zdword(x1, 0)), u1 = _mm512_dpbusd_epi32(z, w1[1], zdword(x1, 1));
+        for (int k = 2; k < 8; k += 2) {
+            s0 = _mm512_dpbusd_epi32(s0, w0[k], zdword(x0, k)), s1 = _mm512_dpbusd_epi32(s1, w0[k + 1], zdword(x0, k + 1));
+            u0 = _mm512_dpbusd_epi32(u0, w1[k], zdword(x1, k)), u1 = _mm512_dpbusd_epi32(u1, w1[k + 1], zdword(x1, k + 1));
+        }
+        __m512 r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                   _mm512_mul_ps(dsc0, _mm512_set1_ps(a[0].d)), acc[0]);
+        r = _mm512_fnmadd_ps(dmn0, _mm512_set1_ps(a[0].s), r);
+        r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(u0, u1)), _mm512_mul_ps(dsc1, _mm512_set1_ps(a[1].d)), r);
+        acc[0] = _mm512_fnmadd_ps(dmn1, _mm512_set1_ps(a[1].s), r);
+        return;
+    }
     /* Four tokens a pass, one vpdpbusd chain per (token, sub-block): eight independent chains.
      * Two tokens a pass (four chains) left vpdpbusd waiting on the chains' latency on Zen 5:
      * four make the 16 x 16 tile 1.04-1.17x faster (cache-resident, interleaved A/B), with
      * each broadcast read inside the vpdpbusd (zdpb4; without it the four tokens gain 2-4%).
-     * Each token's float operations are unchanged. nt is a multiple of 4 (16). */
+     * Each token's float operations are unchanged. nt is a multiple of 4 (4, 16). */
     enum { TPP = 4 };
     for (int t = 0; t < nt; t += TPP) {
         const ei_q8a *a[TPP];
@@ -557,18 +601,21 @@ KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, size_t gs, 
     }
 }
 
-KINL void KF(zq45k)(int five, int nt, const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
-                    int64_t ldy) {
+/* paired: the two groups in a row pair (Q4_K), else one group after the other (Q5_K) */
+KINL void KF(zq45k)(int five, int nt, int paired, const void *packed, int64_t nb, const void *act, int64_t act_stride,
+                    float *y, int64_t ldy) {
     const uint8_t *p = packed;
     const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES, gs = (size_t)nb * ub;
+    const kgeo G = paired ? KGEO_PAIR : (kgeo){1, gs, gs, gs};
     __m512 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, p += ub) {
-        const __m512 dv = zh2f(p, gs), mv = zh2f(p + 16, gs);
-        KF(zq45k_pair)(five, nt, 0, p, gs, dv, mv, act, act_stride, b, acc);
-        KF(zq45k_pair)(five, nt, 1, p, gs, dv, mv, act, act_stride, b, acc);
-        KF(zq45k_pair)(five, nt, 2, p, gs, dv, mv, act, act_stride, b, acc);
-        KF(zq45k_pair)(five, nt, 3, p, gs, dv, mv, act, act_stride, b, acc);
+    for (int64_t b = 0; b < nb; b++, p += paired ? 2 * ub : ub) {
+        if (nt == 1) ei_prefetch_ahead(p, (int)(2 * ub));   /* a decode streams the matrix once */
+        const __m512 dv = zh2f(p, G.f16), mv = zh2f(p + 16 * G.m, G.f16);
+        KF(zq45k_pair)(five, nt, 0, p, G, dv, mv, act, act_stride, b, acc);
+        KF(zq45k_pair)(five, nt, 1, p, G, dv, mv, act, act_stride, b, acc);
+        KF(zq45k_pair)(five, nt, 2, p, G, dv, mv, act, act_stride, b, acc);
+        KF(zq45k_pair)(five, nt, 3, p, G, dv, mv, act, act_stride, b, acc);
     }
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
 }
@@ -624,11 +671,17 @@ KINL void KF(zq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
 }
 
+KT void KF(ei_packed_q4_k_x1r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(zq45k)(0, 1, 1, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q4_k_x4r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(zq45k)(0, 4, 1, pk, nb, act, st, y, ldy);
+}
 KT void KF(ei_packed_q4_k_x16r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(0, 16, pk, nb, act, st, y, ldy);
+    KF(zq45k)(0, 16, 1, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q5_k_x16r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(1, 16, pk, nb, act, st, y, ldy);
+    KF(zq45k)(1, 16, 0, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q6_k_x16r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(zq6k)(16, pk, nb, act, st, y, ldy);

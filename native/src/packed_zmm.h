@@ -1,6 +1,7 @@
 /* AVX-512 loads of two packed row groups (16 rows) into one register: group g's bytes at p,
- * group g+1's gs bytes later (packed.h: one block later in the 32-block types' row pairs, one
- * group later for the K-quants). Shared by the 16-row kernels of packed.c and packed_k_simd.h. */
+ * group g+1's gs bytes later (packed.h: one block later in the 32-block types' row pairs, the
+ * next chunk in the K-quants', one group later for Q5_K), one load where they are adjacent.
+ * Shared by the 16-row kernels of packed.c and packed_k_simd.h. */
 #ifndef EI_PACKED_ZMM_H
 #define EI_PACKED_ZMM_H
 #if defined(__x86_64__)
@@ -14,6 +15,7 @@
 
 /* 32 bytes of each group */
 ZINL __m512i zld2(const uint8_t *p, size_t gs) {
+    if (gs == 32) return _mm512_loadu_si512((const void *)p);
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
                               _mm256_loadu_si256((const __m256i *)(p + gs)), 1);
 }
@@ -31,11 +33,13 @@ ZINL void znibbles8(const uint8_t *qp, size_t gs, __m512i lo[8], __m512i hi[8]) 
 
 /* 8 bytes of each group */
 ZINL __m128i zld8x2(const uint8_t *p, size_t gs) {
+    if (gs == 8) return _mm_loadu_si128((const __m128i *)p);
     return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p), _mm_loadl_epi64((const __m128i *)(p + gs)));
 }
 
 /* 8 f16 of each group (the 8 rows' scales) as 16 floats */
 ZINL __m512 zh2f(const uint8_t *p, size_t gs) {
+    if (gs == 16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
                                                    _mm_loadu_si128((const __m128i *)(p + gs)), 1));
 }

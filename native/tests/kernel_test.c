@@ -242,7 +242,9 @@ static void test_type(const tinfo *t, const path *p) {
  * contracts differently), then this path's packed kernels, 1 and 4 tokens a
  * call, against the reference (NMSE <= 1e-10, the packed-kernel bound of
  * tests/test_kernels.py) and x4 (and the wide kernel, 8 or 16 tokens, where
- * present) identical to x1 per token (batch invariance). */
+ * present) identical to x1 per token (batch invariance); the 8-row kernels on
+ * groups packed one after the other, and, where the path has 16-row kernels,
+ * those on the row pair ei_pack makes of the first two groups, identical to x1. */
 static void test_packed_k(const path *p) {
     static const struct {
         int type;
@@ -265,15 +267,17 @@ static void test_packed_k(const path *p) {
         for (int si = 0; si < 3; si++) {
             const int64_t n = sizes[si], nb = n / 256, rb = nb * t->bytes;
             const size_t pb = ei_packed_bytes(k, t->type, ROWS, n);
-            uint8_t *w = malloc((size_t)(rb * ROWS)), *pk = malloc(pb);
+            uint8_t *w = malloc((size_t)(rb * ROWS)), *pk = malloc(pb), *pairs = malloc(pb);
             float *x = malloc(NT * n * sizeof(float));
             const int64_t st = ei_act_row_bytes(n);   /* activation rows as the runtime makes them */
             uint8_t *qa = calloc(NT, (size_t)st);
             float y0[NT * ROWS], yr[NT * ROWS], y1[NT * ROWS], y4[NT * ROWS], yw[NT * ROWS];
+            float z1[NT * ROWS], z4[NT * ROWS], zw[NT * ROWS];
             rnd_weights(t, w, n * ROWS);
             rnd_act(x, NT * n);
             ei_quantize_act_rows(scalar_ref(), x, NT, n, qa, 1);
-            ei_pack(k, t->type, w, ROWS, n, pk);
+            ei_pack_k(t->type, w, ROWS, n, 0, pk);
+            ei_pack(k, t->type, w, ROWS, n, pairs);
             const int64_t gb = (int64_t)pb / (ROWS / 8);
             for (int tok = 0; tok < NT; tok++)
                 for (int r = 0; r < ROWS; r++) y0[tok * ROWS + r] = scalar_ref()->dot[t->type](n, w + r * rb, qa + tok * st);
@@ -288,8 +292,24 @@ static void test_packed_k(const path *p) {
                 for (int tok = 0; k->packed[t->type].xw && tok < NT; tok += nw)
                     k->packed[t->type].xw(pk + g * gb, nb, qa + tok * st, st, yw + tok * ROWS + 8 * g, ROWS);
             }
+            const int pair = k->packed[t->type].x1_2g != NULL;
+            if (pair) {   /* rows 0..15 */
+                for (int tok = 0; tok < NT; tok++)
+                    k->packed[t->type].x1_2g(pairs, nb, qa + tok * st, st, z1 + tok * ROWS, ROWS);
+                for (int tok = 0; tok < NT; tok += 4)
+                    k->packed[t->type].x4_2g(pairs, nb, qa + tok * st, st, z4 + tok * ROWS, ROWS);
+                k->packed[t->type].xw_2g(pairs, nb, qa, st, zw, ROWS);
+            }
             char what[64];
             snprintf(what, sizeof what, "packed %s n=%lld", t->name, (long long)n);
+            if (pair) {
+                int same = 1;
+                for (int tok = 0; tok < NT; tok++)
+                    same &= !memcmp(z1 + tok * ROWS, y1 + tok * ROWS, 16 * sizeof(float)) &&
+                            !memcmp(z4 + tok * ROWS, y1 + tok * ROWS, 16 * sizeof(float)) &&
+                            !memcmp(zw + tok * ROWS, y1 + tok * ROWS, 16 * sizeof(float));
+                check(same, "%s [%s]: the row pair's 16-row kernels differ from x1", what, p->name, 0);
+            }
             double e = nmse(yr, y0, NT * ROWS);
             check(e <= 1e-12, "%s [%s]: scalar packed reference vs unpacked dot NMSE %.3g", what, p->name, e);
             e = nmse(y1, yr, NT * ROWS);
@@ -299,6 +319,7 @@ static void test_packed_k(const path *p) {
                 check(!memcmp(y1, yw, sizeof y1), "%s [%s]: x%d differs from x1", what, p->name, k->packed[t->type].xw_tok);
             free(w);
             free(pk);
+            free(pairs);
             free(x);
             free(qa);
         }
