@@ -252,7 +252,7 @@ static void fill_avx512(ei_kernels *k) {
     /* The 32-element-block types and Q4_K run every token count on 16-row kernels, their row
      * pairs packed unit by unit (packed.h): at one token 1.31-1.41x the 8-row kernels' rate on
      * a cache-resident matrix, the same rate streaming (AMD EPYC Zen 5, scripts/bench_matvec.py);
-     * Q4_K 1.06-1.17x and the same (Zen 4; packed_k_simd.h). Q5_K and Q6_K decode on their
+     * Q4_K 1.05-1.08x and the same (Zen 4; packed_k_simd.h). Q5_K and Q6_K decode on their
      * 8-row ymm kernels (kq45k_1, kq6k_1), which were the faster there. */
 #define R16(T, name) k->packed[T].x1_2g = ei_packed_##name##_x1r16_vnni, k->packed[T].x4_2g = ei_packed_##name##_x4r16_vnni;
     R16(EI_TYPE_Q4_0, q4_0) R16(EI_TYPE_Q4_1, q4_1) R16(EI_TYPE_Q5_0, q5_0) R16(EI_TYPE_Q5_1, q5_1)

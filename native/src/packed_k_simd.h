@@ -501,7 +501,7 @@ KINL void KF(kq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
  * the work of the ymm form at the same rate (2 a cycle) on the Intel host; on Zen 4, which runs
  * it in two halves, these prefill kernels are still 1.40x. Q4_K's groups come in row pairs,
  * interleaved within each super-block (packed.h), so each field of 16 rows is one load: its
- * 16-row kernels run every token count, one token 1.06-1.17x kq45k_1 on a cache-resident
+ * 16-row kernels run every token count, one token 1.05-1.08x kq45k_1 on a cache-resident
  * matrix and the same rate streaming, 16 tokens 1.07x and 64 1.02x the two-run reads before
  * (Zen 4, one thread, scripts/bench_matvec.py). Q6_K's one-token form in pairs streamed
  * 0.88-0.92x kq6k_1 (1.24-1.26x cache-resident) and Q5_K's ran 0.84x kq45k_1: both keep 8-row
