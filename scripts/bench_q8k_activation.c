@@ -57,6 +57,17 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* The low and high nibbles of 8 x 32 bytes of each group at qp (a nibble pair: two sub-blocks'
+ * 4-bit quants, packed.h), as bytes */
+ZINL void znibbles8(const uint8_t *qp, size_t gs, __m512i lo[8], __m512i hi[8]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int k = 0; k < 8; k++) {
+        const __m512i v = zld2(qp + 32 * k, gs);
+        lo[k] = _mm512_and_si512(v, m4);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+}
+
 /* 8 u8 of each group (8 rows' sub-block scales or mins) as 16 floats / 16 int32 */
 ZINL __m512i zu8i(const uint8_t *p, size_t gs) { return _mm512_cvtepu8_epi32(zld8x2(p, gs)); }
 

@@ -20,17 +20,6 @@ ZINL __m512i zld2(const uint8_t *p, size_t gs) {
                               _mm256_loadu_si256((const __m256i *)(p + gs)), 1);
 }
 
-/* The low and high nibbles of 8 x 32 bytes of each group at qp (a Q4_K / Q5_K nibble pair: two
- * sub-blocks' 4-bit quants, packed.h), as bytes */
-ZINL void znibbles8(const uint8_t *qp, size_t gs, __m512i lo[8], __m512i hi[8]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    for (int k = 0; k < 8; k++) {
-        const __m512i v = zld2(qp + 32 * k, gs);
-        lo[k] = _mm512_and_si512(v, m4);
-        hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    }
-}
-
 /* 8 bytes of each group */
 ZINL __m128i zld8x2(const uint8_t *p, size_t gs) {
     if (gs == 8) return _mm_loadu_si128((const __m128i *)p);
