@@ -52,13 +52,13 @@ size_t ei_packed_bytes(const ei_kernels *k, int type, int64_t n_rows, int64_t n_
     return (size_t)(n_rows / EI_PACK_ROWS) * (size_t)(n_cols / unit_elems(type)) * unit_bytes(type);
 }
 
-/* Where group g's block b starts: groups 2p and 2p + 1 alternate block by block where the table
- * has 16-row kernels for the type (all groups but a last, unpaired one), else each group's blocks
- * run on their own. */
+/* The groups that come in row pairs: all but a last, unpaired one where the table has 16-row
+ * kernels for the type, else none. */
 static int64_t paired_groups(const ei_kernels *k, int type, int64_t n_rows) {
     return k->packed[type].x1_2g ? (n_rows / EI_PACK_ROWS) & ~(int64_t)1 : 0;
 }
 
+/* Where group g's block b starts (packed.h, ei_unit_offset). */
 static size_t block_offset(const ei_kernels *k, int type, int64_t n_rows, int64_t nb, int64_t g, int64_t b) {
     return ei_unit_offset(paired_groups(k, type, n_rows), nb, unit_bytes(type), g, b);
 }

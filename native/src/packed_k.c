@@ -78,15 +78,15 @@ static void pack_unit(int type, const uint8_t *w, int64_t nsb, int64_t g, int64_
  * with one load: the chunk at byte o of group h's 8-row super-block lies at 2 o + h c. */
 static size_t pair_chunk(size_t o) { return o < 32 ? 16 : o < EI_PK_HDR_Q4K ? 8 : 32; }
 
-static void pair_put(int type, const uint8_t *unit, int h, uint8_t *pair) {
-    for (size_t o = 0, c; o < ei_packed_k_unit_bytes(type); o += c) {
+static void pair_put(const uint8_t *unit, int h, uint8_t *pair) {
+    for (size_t o = 0, c; o < EI_PK_Q4K_BYTES; o += c) {
         c = pair_chunk(o);
         memcpy(pair + 2 * o + h * c, unit + o, c);
     }
 }
 
-static void pair_get(int type, const uint8_t *pair, int h, uint8_t *unit) {
-    for (size_t o = 0, c; o < ei_packed_k_unit_bytes(type); o += c) {
+static void pair_get(const uint8_t *pair, int h, uint8_t *unit) {
+    for (size_t o = 0, c; o < EI_PK_Q4K_BYTES; o += c) {
         c = pair_chunk(o);
         memcpy(unit + o, pair + 2 * o + h * c, c);
     }
@@ -102,7 +102,7 @@ void ei_pack_k(int type, const void *w, int64_t n_rows, int64_t n_cols, int64_t 
             uint8_t *to = g < paired ? unit : out;
             memset(to, 0, ub);   /* Q5_K's masks are or-ed in */
             pack_unit(type, w, nsb, g, b, to);
-            if (g < paired) pair_put(type, unit, (int)(g & 1), out);
+            if (g < paired) pair_put(unit, (int)(g & 1), out);
         }
 }
 
@@ -150,7 +150,7 @@ void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, 
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *p = (const uint8_t *)packed + ei_unit_offset(paired, nsb, ub, g < paired ? g & ~(int64_t)1 : g, b);
         if (g < paired) {
-            pair_get(type, p, (int)(g & 1), unit);
+            pair_get(p, (int)(g & 1), unit);
             p = unit;
         }
         uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;

@@ -292,17 +292,14 @@ static void test_packed_k(const path *p) {
                 for (int tok = 0; k->packed[t->type].xw && tok < NT; tok += nw)
                     k->packed[t->type].xw(pk + g * gb, nb, qa + tok * st, st, yw + tok * ROWS + 8 * g, ROWS);
             }
-            const int pair = k->packed[t->type].x1_2g != NULL;
-            if (pair) {   /* rows 0..15 */
+            char what[64];
+            snprintf(what, sizeof what, "packed %s n=%lld", t->name, (long long)n);
+            if (k->packed[t->type].x1_2g) {   /* rows 0..15 */
                 for (int tok = 0; tok < NT; tok++)
                     k->packed[t->type].x1_2g(pairs, nb, qa + tok * st, st, z1 + tok * ROWS, ROWS);
                 for (int tok = 0; tok < NT; tok += 4)
                     k->packed[t->type].x4_2g(pairs, nb, qa + tok * st, st, z4 + tok * ROWS, ROWS);
                 k->packed[t->type].xw_2g(pairs, nb, qa, st, zw, ROWS);
-            }
-            char what[64];
-            snprintf(what, sizeof what, "packed %s n=%lld", t->name, (long long)n);
-            if (pair) {
                 int same = 1;
                 for (int tok = 0; tok < NT; tok++)
                     same &= !memcmp(z1 + tok * ROWS, y1 + tok * ROWS, 16 * sizeof(float)) &&
