@@ -25,10 +25,12 @@
  *     x = (d * sc) * q - dmin * m
  *   Q5_K: Q4_K's bytes, then 8 x 32 bytes of fifth bits: sub-block j, group k
  *     is a 32-bit mask whose bit 4r + i is bit 4 of element 4k + i of row r.
- *   Q6_K: f16 d[8] | i8 sc[16][8] | ql 4 x 256 | qh 2 x 256. ql pair P = 2h + c
- *     as Q4_K's pairs from GGUF ql[32P ..]: low nibbles block 4h + c, high
- *     block 4h + c + 2; qh quad h, group k holds GGUF qh[32h + 4k ..+3] of each
- *     row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32)
+ *   Q6_K: f16 d[8] | i8 sc[16][8] | quant bytes: ql 4 x 256, qh 2 x 256. ql pair
+ *     P = 2h + c as Q4_K's pairs from GGUF ql[32P ..]: low nibbles block 4h + c,
+ *     high block 4h + c + 2; qh quad h, group k holds GGUF qh[32h + 4k ..+3] of
+ *     each row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32). The three
+ *     runs of quad h (ql pairs 2h, 2h + 1, qh quad h) alternate in 64-byte pieces
+ *     (ei_q6k_ql, ei_q6k_qh), the order in which the one-token kernel reads them.
  * Row pairs (AVX-512): where the table has 16-row kernels for a type (x1_2g), each pair of
  * groups 2p, 2p+1 alternates block by block (group 2p's block b, then group 2p+1's), so the
  * 16-row kernels stream one run of bytes: reading the two groups as two runs 8 rows' blocks
@@ -55,6 +57,18 @@
 #define EI_PK_Q5K_BYTES (EI_PK_Q4K_BYTES + 256)
 #define EI_PK_HDR_Q6K 144
 #define EI_PK_Q6K_BYTES (EI_PK_HDR_Q6K + 1024 + 512)
+
+/* Offsets in a packed Q6_K super-block of byte o (< 256) of ql pair `pair` and of qh quad h:
+ * quad h's three runs alternate in 64-byte pieces, so that a decode's reads ascend. The hardware
+ * prefetcher follows ascending reads; the runs read side by side (ql 256 and 1,024 bytes ahead of
+ * qh) kept it idle: a read loop in the kernel's order streamed 10 GB/s where the same lines in
+ * ascending order streamed 28 (AMD EPYC Zen 4, one thread). A kernel load never crosses a piece. */
+static inline size_t ei_q6k_ql(int pair, int o) {
+    return (size_t)(EI_PK_HDR_Q6K + 768 * (pair >> 1) + 192 * (o >> 6) + 64 * (pair & 1) + (o & 63));
+}
+static inline size_t ei_q6k_qh(int h, int o) {
+    return (size_t)(EI_PK_HDR_Q6K + 768 * h + 192 * (o >> 6) + 128 + (o & 63));
+}
 
 /* Where group g's unit b (a block, or a super-block, of `unit` bytes) starts in a matrix of
  * nb units a row whose first `paired` groups (an even number) alternate in row pairs (a Q4_K
@@ -106,6 +120,12 @@ int64_t ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, cons
 #ifndef EI_PF_LOCALITY
 #define EI_PF_LOCALITY 2
 #endif
+/* The "_hw" one-token K-quant kernels (kernels.c) prefetch only rows longer than this many
+ * super-blocks; on shorter rows the hardware prefetcher, following their ascending reads, reads
+ * ahead better alone (Q4_K 1.14-1.22x, Q6_K 1.05x at 3,072 values a row; one thread, AMD EPYC
+ * Zen 4, scripts/bench_matvec.py). On longer rows, whose activation row is larger, Q6_K ran
+ * 0.87-0.95x without the software prefetch (5,120 and 8,192 values). */
+#define EI_HW_PF_MAX_NB 16
 static inline void ei_prefetch_ahead(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) __builtin_prefetch(p + EI_PF_DIST + o, 0, EI_PF_LOCALITY);
 }
@@ -184,6 +204,10 @@ void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 EI_PACKED_R16_DECL(q4_k)
+/* one token, the read-ahead left to the hardware on short rows (EI_HW_PF_MAX_NB; kernels.c says
+ * where they run) */
+void ei_packed_q4_k_x1r16_hw_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q6_k_x1_hw_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #endif
 #if defined(__aarch64__)
 /* packed_k_neon.c: plain ASIMD and dotprod builds */

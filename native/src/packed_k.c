@@ -54,16 +54,16 @@ static void pack_q45k(int type, const uint8_t *src, int64_t nsb, int64_t g, int6
 static void pack_q6k(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
     uint16_t *d = (uint16_t *)out;
     int8_t *sc = (int8_t *)(out + 16);
-    uint8_t *ql = out + EI_PK_HDR_Q6K, *qh = ql + 1024;
     for (int r = 0; r < EI_PACK_ROWS; r++) {
         const block_q6_K *blk = (const block_q6_K *)(src + ((g * EI_PACK_ROWS + r) * nsb + b) * sizeof(block_q6_K));
         d[r] = ei_ld16((const uint8_t *)&blk->d);
         for (int s = 0; s < 16; s++) sc[8 * s + r] = blk->scales[s];
         /* GGUF ql[32P ..] (P = 2h + c) holds blocks 4h+c (low) and 4h+c+2 (high);
          * qh[32h ..] the 2-bit tops of blocks 4h..4h+3: both copy as 4-byte groups */
-        put_nibble_pairs(ql, r, blk->ql);
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 8; k++) memcpy(qh + 256 * h + 32 * k + 4 * r, blk->qh + 32 * h + 4 * k, 4);
+        for (int k = 0; k < 8; k++) {
+            for (int pr = 0; pr < 4; pr++) memcpy(out + ei_q6k_ql(pr, 32 * k + 4 * r), blk->ql + 32 * pr + 4 * k, 4);
+            for (int h = 0; h < 2; h++) memcpy(out + ei_q6k_qh(h, 32 * k + 4 * r), blk->qh + 32 * h + 4 * k, 4);
+        }
     }
 }
 
@@ -133,13 +133,12 @@ static void unpack_q45k(int type, const uint8_t *p, int r, uint8_t *blk) {
 
 static void unpack_q6k(const uint8_t *p, int r, uint8_t *out) {
     block_q6_K *blk = (block_q6_K *)out;
-    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     memcpy(&blk->d, p + 2 * r, 2);
     for (int s = 0; s < 16; s++) blk->scales[s] = (int8_t)p[16 + 8 * s + r];
-    for (int pr = 0; pr < 4; pr++)
-        for (int k = 0; k < 8; k++) memcpy(blk->ql + 32 * pr + 4 * k, ql + 256 * pr + 32 * k + 4 * r, 4);
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 8; k++) memcpy(blk->qh + 32 * h + 4 * k, qh + 256 * h + 32 * k + 4 * r, 4);
+    for (int k = 0; k < 8; k++) {
+        for (int pr = 0; pr < 4; pr++) memcpy(blk->ql + 32 * pr + 4 * k, p + ei_q6k_ql(pr, 32 * k + 4 * r), 4);
+        for (int h = 0; h < 2; h++) memcpy(blk->qh + 32 * h + 4 * k, p + ei_q6k_qh(h, 32 * k + 4 * r), 4);
+    }
 }
 
 void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, int64_t paired, void *dst) {
@@ -208,7 +207,6 @@ void ei_packed_q6_k_ref(const void *packed, int64_t nb, const void *act, int64_t
     float acc[EI_PACK_ROWS] = {0};
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES) {
         const int8_t *sc = (const int8_t *)(p + 16);
-        const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
         for (int j = 0; j < 8; j++, a++) {
             /* block j = 4h + c + 2s': nibble pair 2h + c, half s'; top bits quad h, shift 2(j & 3) */
             const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1;
@@ -216,8 +214,8 @@ void ei_packed_q6_k_ref(const void *packed, int64_t nb, const void *act, int64_t
                 int lo = 0, up = 0;
                 for (int l = 0; l < 32; l++) {
                     const int o = 32 * (l >> 2) + 4 * r + (l & 3);
-                    const int v = ((ql[256 * (2 * h + c) + o] >> (4 * hi)) & 15) |
-                                  (((qh[256 * h + o] >> (2 * (j & 3))) & 3) << 4);
+                    const int v = ((p[ei_q6k_ql(2 * h + c, o)] >> (4 * hi)) & 15) |
+                                  (((p[ei_q6k_qh(h, o)] >> (2 * (j & 3))) & 3) << 4);
                     if (l < 16) lo += (v - 32) * a->q[l];
                     else up += (v - 32) * a->q[l];
                 }

@@ -147,15 +147,14 @@ PKINL void PKF(pkn_q45k)(int five, int nt, const void *packed, int64_t nb, const
 PKINL void PKF(pkn_q6k_blk)(int nt, int j, const uint8_t *p, float32x4_t d0, float32x4_t d1, const void *act,
                            int64_t act_stride, int64_t b, float32x4_t acc[][2]) {
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m30 = vdupq_n_u8(0x30);
-    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
     const int8_t *sc = (const int8_t *)(p + 16 + 16 * j);
     const int32x4_t sl0 = pkn_s8i(sc), sl1 = pkn_s8i(sc + 4), sh0 = pkn_s8i(sc + 8), sh1 = pkn_s8i(sc + 12);
     int8x16_t w0[8], w1[8];
     for (int k = 0; k < 8; k++) {
         for (int half = 0; half < 2; half++) {
-            uint8x16_t l = vld1q_u8(ql + 256 * (2 * h + c) + 32 * k + 16 * half);
-            uint8x16_t u = vld1q_u8(qh + 256 * h + 32 * k + 16 * half);
+            uint8x16_t l = vld1q_u8(p + ei_q6k_ql(2 * h + c, 32 * k + 16 * half));
+            uint8x16_t u = vld1q_u8(p + ei_q6k_qh(h, 32 * k + 16 * half));
             l = hi ? vshrq_n_u8(l, 4) : vandq_u8(l, m4);
             u = s2 == 0 ? vshlq_n_u8(u, 4) : s2 == 2 ? vshlq_n_u8(u, 2) : s2 == 6 ? vshrq_n_u8(u, 2) : u;
             const int8x16_t wv = vreinterpretq_s8_u8(vorrq_u8(l, vandq_u8(u, m30)));

@@ -238,14 +238,13 @@ KINL void KF(kasum)(const ei_q8a *a, __m256i *lo, __m256i *hi) {
 KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t b,
                        __m256 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
     const __m128i sc2 = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
     const __m256i sclo = _mm256_cvtepi8_epi32(sc2), schi = _mm256_cvtepi8_epi32(_mm_srli_si128(sc2, 8));
     __m256i w[8];
     for (int k = 0; k < 8; k++) {
-        __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + c) + 32 * k));
-        __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));
+        __m256i l = _mm256_loadu_si256((const __m256i *)(p + ei_q6k_ql(2 * h + c, 32 * k)));
+        __m256i u = _mm256_loadu_si256((const __m256i *)(p + ei_q6k_qh(h, 32 * k)));
         if (hi) l = _mm256_srli_epi16(l, 4);
         u = s2 == 0 ? _mm256_slli_epi16(u, 4) : s2 == 2 ? _mm256_slli_epi16(u, 2) : s2 == 6 ? _mm256_srli_epi16(u, 2) : u;
         w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30));
@@ -294,7 +293,6 @@ KINL __m256i KF(q6_offsets)(const void *hs, __m256i sc32) {
 KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *act, int64_t act_stride, int64_t nb,
                        int64_t b, __m256 *acc, float *sums) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
     __m256i sc[2], sc32;
     KF(q6_scales)(p + 16 + 16 * j, sc, &sc32);
@@ -306,8 +304,8 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
         __m256i w[4];
         for (int i = 0; i < 4; i++) {
             const int k = 4 * half + i;
-            __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 256 * (2 * h + c) + 32 * k));
-            __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * k));
+            __m256i l = _mm256_loadu_si256((const __m256i *)(p + ei_q6k_ql(2 * h + c, 32 * k)));
+            __m256i u = _mm256_loadu_si256((const __m256i *)(p + ei_q6k_qh(h, 32 * k)));
             if (hi) l = _mm256_srli_epi16(l, 4);
             u = s2 == 0 ? _mm256_slli_epi16(u, 4) : s2 == 2 ? _mm256_slli_epi16(u, 2) : s2 == 6 ? _mm256_srli_epi16(u, 2) : u;
             w[i] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(u, m30));
@@ -343,7 +341,7 @@ KINL void KF(kq6k_blk)(int nt, int j, const uint8_t *p, __m256 dv, const void *a
  * dwords put under them by vpermd (as kq45k_1); each half's chain starts, in its low lanes, at
  * the activation row's -32 * (sum of the half) (ei_act_half_sums, as zq6k) instead of kasum's
  * sum. The zmm form is 1.10x the ymm one on Zen 4 (cache-resident, scripts/bench_matvec.py). */
-KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) {
+KINL void KF(kq6k_1)(int pf, const void *packed, int64_t nb, const void *act, float *y) {   /* pf: as zq45k */
     const uint8_t *p = packed;
     const ei_q8a *a = act;
     const int32_t *hs = ei_act_half_sums(act, 8 * nb);
@@ -351,9 +349,8 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
     const __m512i i01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES, a += 8, hs += 16) {
-        ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
+        if (pf) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const ei_q8a *aq = a + 4 * h;
@@ -365,9 +362,9 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
             for (int k = 0; k < 8; k += 2) {
                 const int half = k >> 2;
                 const __m512i idx = _mm512_add_epi32(i01, _mm512_set1_epi32(k));
-                const __m512i l0 = _mm512_loadu_si512((const void *)(ql + 256 * (2 * h) + 32 * k));
-                const __m512i l1 = _mm512_loadu_si512((const void *)(ql + 256 * (2 * h + 1) + 32 * k));
-                const __m512i u = _mm512_loadu_si512((const void *)(qh + 256 * h + 32 * k));
+                const __m512i l0 = _mm512_loadu_si512((const void *)(p + ei_q6k_ql(2 * h, 32 * k)));
+                const __m512i l1 = _mm512_loadu_si512((const void *)(p + ei_q6k_ql(2 * h + 1, 32 * k)));
+                const __m512i u = _mm512_loadu_si512((const void *)(p + ei_q6k_qh(h, 32 * k)));
                 const __m512i w0 = _mm512_ternarylogic_epi32(l0, _mm512_and_si512(_mm512_slli_epi16(u, 4), m30), m4, 0xEC);
                 const __m512i w1 = _mm512_ternarylogic_epi32(l1, _mm512_and_si512(_mm512_slli_epi16(u, 2), m30), m4, 0xEC);
                 const __m512i w2 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l0, 4), _mm512_and_si512(u, m30), m4, 0xEC);
@@ -399,7 +396,7 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
  * pass (each byte loaded once) held 23 vectors and spilled: the pairs are 1.06x on one thread,
  * cache-resident, and the same streaming at two threads (AMD Zen 3). The blocks' float sums are
  * added in block order. */
-KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) {
+KINL void KF(kq6k_1)(int pf, const void *packed, int64_t nb, const void *act, float *y) {   /* pf: as zq45k */
     const uint8_t *p = packed;
     const ei_q8a *a = act;
     const int32_t *hs = ei_act_half_sums(act, 8 * nb);
@@ -407,15 +404,13 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += EI_PK_Q6K_BYTES, a += 8, hs += 16) {
-        ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
+        if (pf) ei_prefetch_ahead(p, EI_PK_Q6K_BYTES);
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256 isum[4];   /* block 4h + i's integer sum times its scales, in float */
 #pragma GCC unroll 2
             for (int pb = 0; pb < 2; pb++) {   /* blocks pb and pb + 2: nibble bytes ql[2h + pb] */
-                const uint8_t *lq = ql + 256 * (2 * h + pb);
                 __m256i s[2][2];   /* [block pb or pb + 2][half] */
                 for (int e = 0; e < 2; e++)
                     for (int half = 0; half < 2; half++) s[e][half] = _mm256_set1_epi32(hs[8 * h + 2 * (pb + 2 * e) + half]);
@@ -429,8 +424,8 @@ KINL void KF(kq6k_1)(const void *packed, int64_t nb, const void *act, float *y) 
                     for (int k = 4 * half; k < 4 * half + 4; k += 2) {   /* groups k, k + 1: a run of 2 */
                         __m256i w[2][2];   /* [block][group] */
                         for (int g = 0; g < 2; g++) {
-                            const __m256i l = _mm256_loadu_si256((const __m256i *)(lq + 32 * (k + g)));
-                            const __m256i u = _mm256_loadu_si256((const __m256i *)(qh + 256 * h + 32 * (k + g)));
+                            const __m256i l = _mm256_loadu_si256((const __m256i *)(p + ei_q6k_ql(2 * h + pb, 32 * (k + g))));
+                            const __m256i u = _mm256_loadu_si256((const __m256i *)(p + ei_q6k_qh(h, 32 * (k + g))));
                             /* block pb: low nibbles, tops at bits 2pb..; block pb + 2: high nibbles */
                             const __m256i t0 = pb ? _mm256_slli_epi16(u, 2) : _mm256_slli_epi16(u, 4);
                             const __m256i t2 = pb ? _mm256_srli_epi16(u, 2) : u;
@@ -601,8 +596,9 @@ KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, kgeo G, __m
     }
 }
 
-/* paired: the two groups in a row pair (Q4_K), else one group after the other (Q5_K) */
-KINL void KF(zq45k)(int five, int nt, int paired, const void *packed, int64_t nb, const void *act, int64_t act_stride,
+/* paired: the two groups in a row pair (Q4_K), else one group after the other (Q5_K); pf: one
+ * token prefetches ahead (ei_prefetch_ahead) */
+KINL void KF(zq45k)(int five, int nt, int paired, int pf, const void *packed, int64_t nb, const void *act, int64_t act_stride,
                     float *y, int64_t ldy) {
     const uint8_t *p = packed;
     const size_t ub = five ? EI_PK_Q5K_BYTES : EI_PK_Q4K_BYTES, gs = (size_t)nb * ub;
@@ -610,7 +606,7 @@ KINL void KF(zq45k)(int five, int nt, int paired, const void *packed, int64_t nb
     __m512 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += paired ? 2 * ub : ub) {
-        if (nt == 1) ei_prefetch_ahead(p, (int)(2 * ub));   /* a decode streams the matrix once */
+        if (nt == 1 && pf) ei_prefetch_ahead(p, (int)(2 * ub));   /* a decode streams the matrix once */
         const __m512 dv = zh2f(p, G.f16), mv = zh2f(p + 16 * G.m, G.f16);
         KF(zq45k_pair)(five, nt, 0, p, G, dv, mv, act, act_stride, b, acc);
         KF(zq45k_pair)(five, nt, 1, p, G, dv, mv, act, act_stride, b, acc);
@@ -623,7 +619,6 @@ KINL void KF(zq45k)(int five, int nt, int paired, const void *packed, int64_t nb
 KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, const void *act, int64_t act_stride,
                        int64_t nb, int64_t b, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const uint8_t *ql = p + EI_PK_HDR_Q6K, *qh = ql + 1024;
     const int h = j >> 2, c = j & 1, hi = (j >> 1) & 1, s2 = 2 * (j & 3);
     const __m128i sa = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));
     const __m128i sb = _mm_loadu_si128((const __m128i *)(p + gs + 16 + 16 * j));
@@ -631,8 +626,8 @@ KINL void KF(zq6k_blk)(int nt, int j, const uint8_t *p, size_t gs, __m512 dv, co
     const __m512 schi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi64(sa, sb)));
     __m512i w[8];
     for (int k = 0; k < 8; k++) {
-        __m512i l = zld2(ql + 256 * (2 * h + c) + 32 * k, gs);
-        __m512i u = zld2(qh + 256 * h + 32 * k, gs);
+        __m512i l = zld2(p + ei_q6k_ql(2 * h + c, 32 * k), gs);
+        __m512i u = zld2(p + ei_q6k_qh(h, 32 * k), gs);
         if (hi) l = _mm512_srli_epi16(l, 4);
         u = s2 == 0 ? _mm512_slli_epi16(u, 4) : s2 == 2 ? _mm512_slli_epi16(u, 2) : s2 == 6 ? _mm512_srli_epi16(u, 2) : u;
         w[k] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(u, m30));
@@ -672,16 +667,19 @@ KINL void KF(zq6k)(int nt, const void *packed, int64_t nb, const void *act, int6
 }
 
 KT void KF(ei_packed_q4_k_x1r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(0, 1, 1, pk, nb, act, st, y, ldy);
+    KF(zq45k)(0, 1, 1, 1, pk, nb, act, st, y, ldy);
+}
+KT void KF(ei_packed_q4_k_x1r16_hw)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    KF(zq45k)(0, 1, 1, nb > EI_HW_PF_MAX_NB, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q4_k_x4r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(0, 4, 1, pk, nb, act, st, y, ldy);
+    KF(zq45k)(0, 4, 1, 0, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q4_k_x16r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(0, 16, 1, pk, nb, act, st, y, ldy);
+    KF(zq45k)(0, 16, 1, 0, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q5_k_x16r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
-    KF(zq45k)(1, 16, 0, pk, nb, act, st, y, ldy);
+    KF(zq45k)(1, 16, 0, 0, pk, nb, act, st, y, ldy);
 }
 KT void KF(ei_packed_q6_k_x16r16)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(zq6k)(16, pk, nb, act, st, y, ldy);
@@ -712,8 +710,14 @@ KT void KF(ei_packed_q5_k_x4)(const void *pk, int64_t nb, const void *act, int64
 }
 KT void KF(ei_packed_q6_k_x1)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     (void)st, (void)ldy;
-    KF(kq6k_1)(pk, nb, act, y);
+    KF(kq6k_1)(1, pk, nb, act, y);
 }
+#if KVNNI
+KT void KF(ei_packed_q6_k_x1_hw)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
+    (void)st, (void)ldy;
+    KF(kq6k_1)(nb > EI_HW_PF_MAX_NB, pk, nb, act, y);
+}
+#endif
 KT void KF(ei_packed_q6_k_x4)(const void *pk, int64_t nb, const void *act, int64_t st, float *y, int64_t ldy) {
     KF(kq6k)(4, pk, nb, act, st, y, ldy);
 }

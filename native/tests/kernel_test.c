@@ -169,6 +169,17 @@ static int collect_paths(path *p) {
         const ei_kernels *k = ei_kernels_get(isa);
         if (k) p[n++] = (path){ei_isa_name(isa), isa, *k};
     }
+#if defined(__x86_64__)
+    /* The AVX-512 table with the other hosts' one-token K-quant kernels (software prefetch or
+     * the hardware's: kernels.c picks by host), so that every AVX-512 host tests both. */
+    if (n && p[n - 1].isa == EI_ISA_AVX512) {
+        ei_kernels k = p[n - 1].k;
+        const int hw = k.packed[EI_TYPE_Q6_K].x1 == ei_packed_q6_k_x1_hw_vnni;
+        k.packed[EI_TYPE_Q4_K].x1_2g = hw ? ei_packed_q4_k_x1r16_vnni : ei_packed_q4_k_x1r16_hw_vnni;
+        k.packed[EI_TYPE_Q6_K].x1 = hw ? ei_packed_q6_k_x1_vnni : ei_packed_q6_k_x1_hw_vnni;
+        p[n++] = (path){hw ? "avx512 (sw pf)" : "avx512 (hw pf)", EI_ISA_AVX512, k};
+    }
+#endif
     return n;
 }
 
