@@ -51,6 +51,19 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* The loops below are bodies specialized by stream count (BY_STREAMS), so that each stream's
+ * accumulator stays in a register: with the count a run-time variable they lived on the stack,
+ * and the store-to-load chain through them held one stream to about 17 GB/s on a thread that
+ * reads 29 (AMD EPYC Zen 4). */
+#define BODY_ATTR static inline __attribute__((always_inline))
+#define BY_STREAMS(body)                                                                      \
+    switch (streams) {                                                                        \
+    case 1: return body(p, n, 1, prefetch);                                                   \
+    case 4: return body(p, n, 4, prefetch);                                                   \
+    case 8: return body(p, n, 8, prefetch);                                                   \
+    default: return body(p, n, streams, prefetch);                                            \
+    }
+
 /* Each loop splits its range into `streams` equal runs read side by side: several
  * independent address streams keep more of the hardware prefetchers busy. */
 #define STREAM_BASES                                                   \
@@ -58,7 +71,7 @@ static double now(void) {
     const char *base[MAX_STREAMS];                                     \
     for (int s = 0; s < streams; s++) base[s] = p + (size_t)s * run;
 
-static uint64_t read_scalar(const char *p, size_t n, int streams, int prefetch) {
+BODY_ATTR uint64_t read_scalar_body(const char *p, size_t n, int streams, int prefetch) {
     STREAM_BASES
     uint64_t acc[MAX_STREAMS] = {0};
     for (size_t i = 0; i < run; i += LINE)
@@ -71,9 +84,12 @@ static uint64_t read_scalar(const char *p, size_t n, int streams, int prefetch) 
     for (int s = 0; s < streams; s++) r ^= acc[s];
     return r;
 }
+static uint64_t read_scalar(const char *p, size_t n, int streams, int prefetch) {
+    BY_STREAMS(read_scalar_body)
+}
 
 #ifdef X86
-__attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t n, int streams, int prefetch) {
+__attribute__((target("avx2"))) BODY_ATTR uint64_t read_avx2_body(const char *p, size_t n, int streams, int prefetch) {
     STREAM_BASES
     __m256i acc[MAX_STREAMS];
     for (int s = 0; s < MAX_STREAMS; s++) acc[s] = _mm256_setzero_si256();
@@ -88,8 +104,11 @@ __attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t 
     for (int s = 0; s < streams; s++) r = _mm256_xor_si256(r, acc[s]);
     return (uint64_t)_mm256_extract_epi64(r, 0) ^ (uint64_t)_mm256_extract_epi64(r, 3);
 }
+__attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t n, int streams, int prefetch) {
+    BY_STREAMS(read_avx2_body)
+}
 
-__attribute__((target("avx512f"))) static uint64_t read_avx512(const char *p, size_t n, int streams, int prefetch) {
+__attribute__((target("avx512f"))) BODY_ATTR uint64_t read_avx512_body(const char *p, size_t n, int streams, int prefetch) {
     STREAM_BASES
     __m512i acc[MAX_STREAMS];
     for (int s = 0; s < MAX_STREAMS; s++) acc[s] = _mm512_setzero_si512();
@@ -103,10 +122,13 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const char *p, si
     for (int s = 0; s < streams; s++) r = _mm512_xor_si512(r, acc[s]);
     return (uint64_t)_mm512_reduce_or_epi64(r);
 }
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const char *p, size_t n, int streams, int prefetch) {
+    BY_STREAMS(read_avx512_body)
+}
 #endif
 
 #ifdef __aarch64__
-static uint64_t read_neon(const char *p, size_t n, int streams, int prefetch) {
+BODY_ATTR uint64_t read_neon_body(const char *p, size_t n, int streams, int prefetch) {
     STREAM_BASES
     uint8x16_t acc[MAX_STREAMS];
     for (int s = 0; s < MAX_STREAMS; s++) acc[s] = vdupq_n_u8(0);
@@ -120,6 +142,9 @@ static uint64_t read_neon(const char *p, size_t n, int streams, int prefetch) {
     uint8x16_t r = vdupq_n_u8(0);
     for (int s = 0; s < streams; s++) r = veorq_u8(r, acc[s]);
     return vgetq_lane_u64(vreinterpretq_u64_u8(r), 0);
+}
+static uint64_t read_neon(const char *p, size_t n, int streams, int prefetch) {
+    BY_STREAMS(read_neon_body)
 }
 #endif
 
