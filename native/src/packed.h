@@ -122,9 +122,10 @@ int64_t ei_matmul_packed_far(const ei_kernels *k, int type, int64_t n_cols, cons
 #endif
 /* The "_hw" one-token K-quant kernels (kernels.c) prefetch only rows longer than this many
  * super-blocks; on shorter rows the hardware prefetcher, following their ascending reads, reads
- * ahead better alone (Q4_K 1.14-1.22x, Q6_K 1.05x at 3,072 values a row; one thread, AMD EPYC
- * Zen 4, scripts/bench_matvec.py). On longer rows, whose activation row is larger, Q6_K ran
- * 0.87-0.95x without the software prefetch (5,120 and 8,192 values). */
+ * ahead better alone (at 3,072 values a row Q4_K 1.18-1.26x, Q6_K 1.05-1.20x; one thread, AMD
+ * EPYC Zen 4, scripts/bench_matvec.py). On longer rows Q6_K ran 0.95x and 0.87-0.97x without the
+ * software prefetch (5,120 and 8,192 values), and the 1B shape's 8,192-value ffn_down 10-17%
+ * slower in the model. */
 #define EI_HW_PF_MAX_NB 16
 static inline void ei_prefetch_ahead(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) __builtin_prefetch(p + EI_PF_DIST + o, 0, EI_PF_LOCALITY);
