@@ -596,8 +596,8 @@ KINL void KF(zq45k_pair)(int five, int nt, int pr, const uint8_t *p, kgeo G, __m
     }
 }
 
-/* paired: the two groups in a row pair (Q4_K), else one group after the other (Q5_K); pf: one
- * token prefetches ahead (ei_prefetch_ahead) */
+/* paired: the two groups in a row pair (Q4_K), else one group after the other (Q5_K); pf: prefetch
+ * ahead (ei_prefetch_ahead; one token only, as a decode streams the matrix once) */
 KINL void KF(zq45k)(int five, int nt, int paired, int pf, const void *packed, int64_t nb, const void *act, int64_t act_stride,
                     float *y, int64_t ldy) {
     const uint8_t *p = packed;
@@ -606,7 +606,7 @@ KINL void KF(zq45k)(int five, int nt, int paired, int pf, const void *packed, in
     __m512 acc[16];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, p += paired ? 2 * ub : ub) {
-        if (nt == 1 && pf) ei_prefetch_ahead(p, (int)(2 * ub));   /* a decode streams the matrix once */
+        if (pf) ei_prefetch_ahead(p, (int)(2 * ub));
         const __m512 dv = zh2f(p, G.f16), mv = zh2f(p + 16 * G.m, G.f16);
         KF(zq45k_pair)(five, nt, 0, p, G, dv, mv, act, act_stride, b, acc);
         KF(zq45k_pair)(five, nt, 1, p, G, dv, mv, act, act_stride, b, acc);
