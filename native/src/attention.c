@@ -427,15 +427,18 @@ void ei_attend_chunk_pair(const ei_attn_kernel *a, const float *const q[2], int 
     a->pair(q, g, k, v, cell_pos, c0, c1, n_cells, pos, hd, scale, scores, part);
 }
 
-void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out) {
+/* out and the partials never overlap (restrict): the loops over hd vectorize, each lane the same
+ * multiplies and add as the scalar loop (merging was 2% of a 4K-token prefill scalar). */
+void ei_attend_merge(const float *restrict parts, int n_chunks, int64_t part_stride, int hd, float *restrict out) {
     float m = -INFINITY, s = 0.0f;
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
     for (int c = 0; c < n_chunks; c++) {
-        const float *p = parts + c * part_stride;
+        const float *restrict p = parts + c * part_stride;
         if (p[0] == -INFINITY) continue;
         const float mn = p[0] > m ? p[0] : m;
         const float a = m == -INFINITY ? 0.0f : expf(m - mn), b = expf(p[0] - mn);
-        for (int i = 0; i < hd; i++) out[i] = out[i] * a + p[2 + i] * b;
+        const float *restrict pv = p + 2;
+        for (int i = 0; i < hd; i++) out[i] = out[i] * a + pv[i] * b;
         s = s * a + p[1] * b;
         m = mn;
     }

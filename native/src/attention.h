@@ -136,5 +136,5 @@ size_t ei_k_prefix_cells(int kv_type, int32_t n, int32_t n_cells);
 
 /* out[hd] = the normalized attention output from n_chunks partials of one head
  * (part_stride floats apart), merged in order. */
-void ei_attend_merge(const float *parts, int n_chunks, int64_t part_stride, int hd, float *out);
+void ei_attend_merge(const float *restrict parts, int n_chunks, int64_t part_stride, int hd, float *restrict out);
 #endif
