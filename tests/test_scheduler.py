@@ -4,7 +4,6 @@ batching decisions without one."""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 from edgeinfer.errors import NativeError, StateError
 from tests.support.logprob_oracle import assert_logprobs_match, teacher_forced_rows
+from tests.test_server import wait_idle
 
 PROMPTS = [
     "The history of the printing press begins",
@@ -103,10 +103,7 @@ def test_cancel_frees_slot_and_queue_is_bounded(smollm2_path):
         eng.stream(PROMPTS[2], **long)
     waiting.close()
     running.close()
-    deadline = time.time() + 10
-    while eng.scheduler.snapshot()["slots_busy"] and time.time() < deadline:
-        time.sleep(0.01)
-    snap = eng.scheduler.snapshot()
+    snap = wait_idle(eng, timeout=10)   # the cancelled streams' slot, freed as an event
     assert snap["slots_busy"] == 0 and snap["queue_length"] == 0
     out = eng.generate(PROMPTS[3], max_tokens=3, temperature=0.0, ignore_eos=True)
     assert len(out.tokens) == 3 and out.finish_reason == "length"
