@@ -59,7 +59,8 @@ def _check_real(name: str, x: Any, lo: float | None = None, hi: float | None = N
 def _check_f32(name: str, v: float) -> float:
     """A value the penalties apply in float32 must keep its meaning there: finite, and not
     a nonzero that rounds to 0 (a repeat_penalty of 1e-300 would divide by zero)."""
-    f = np.float32(v)
+    with np.errstate(over="ignore", under="ignore"):   # judged below: no warning to the caller
+        f = np.float32(v)
     if not np.isfinite(f) or (v != 0.0 and f == 0.0):
         raise SamplingParamsError(f"{name}={v!r} is outside float32's range")
     return v
