@@ -479,7 +479,7 @@ def test_bench_cli_dispatches_to_the_server(server):
 # --------------------------------------------------------------------------- units (no server)
 
 def test_request_errors_name_the_field_and_unknown_fields_are_ignored():
-    from edgeinfer.server.protocol import APIError, parse_chat, parse_completion
+    from edgeinfer.server.protocol import APIError, EmbeddingsBody, parse, parse_chat, parse_completion
 
     msg = [{"role": "user", "content": "x"}]
     for body, param, code in (
@@ -494,6 +494,18 @@ def test_request_errors_name_the_field_and_unknown_fields_are_ignored():
             parse_chat(body)
         assert (e.value.status, e.value.param, e.value.code) == (400, param, code), e.value.body()
         assert param in e.value.message
+    # a value that fails every member of a union: the member that took its shape is reported,
+    # under the field's name (not pydantic's name for the member)
+    for body, param, says in (
+            ({"input": [[1, -2]]}, "input[0][1]", "greater than or equal to 0"),
+            ({"input": [[]]}, "input[0]", "at least 1 item"),
+            ({"input": [1, "a"]}, "input[1]", "valid integer")):
+        with pytest.raises(APIError) as e:
+            parse(EmbeddingsBody, body)
+        assert (e.value.param, says in e.value.message) == (param, True), e.value.body()
+    with pytest.raises(APIError) as e:
+        parse_chat({"messages": msg, "tool_choice": 5})
+    assert e.value.param == "tool_choice", e.value.body()
     req = parse_chat({"messages": msg, "max_tokens": 5, "service_tier": "auto", "modalities": ["text"]})
     assert req.max_tokens == 5 and req.messages == msg
     # max_tokens omitted: until EOS or the context is full (the server resolves None to the room left)

@@ -7,6 +7,7 @@ extensions `top_k`, `min_p`, `repeat_penalty` and `ignore_eos` are accepted as w
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar, Union
 
@@ -218,22 +219,50 @@ class EmbeddingsBody(_Body):
 M = TypeVar("M", bound=BaseModel)
 
 
+# The names pydantic puts in an error's location for the member of a union it tried
+# ('constrained-str', 'list[constrained-int]', a model's class name): not fields of the request.
+_UNION_MEMBER = re.compile(r"[a-z-]+\[.*\]|constrained-[a-z]+|str|int|float|bool|none")
+
+
+def _is_union_member(part: Any) -> bool:
+    return isinstance(part, str) and (_UNION_MEMBER.fullmatch(part) is not None or part in _BODY_NAMES)
+
+
+def _field_loc(loc: tuple) -> tuple:
+    return tuple(p for p in loc if not _is_union_member(p))
+
+
 def _param(loc: tuple) -> str | None:
-    """('messages', 0, 'role') -> 'messages[0].role'."""
+    """('messages', 0, 'role') -> 'messages[0].role'; union members' names left out."""
     out = ""
-    for part in loc:
+    for part in _field_loc(loc):
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or None
 
 
+def _most_telling(errors: list[dict]) -> dict:
+    """The error to report: where a value fails every member of a union, pydantic lists one
+    error per member; the member that took the value's shape says what is wrong with it (a
+    constraint rather than a type, then the deepest location, then the furthest item), the
+    others only that it is not their type. Otherwise the first error."""
+    def rank(err: dict) -> tuple:
+        loc = _field_loc(err["loc"])
+        return (not err["type"].endswith("_type"), len(loc), [p for p in loc if isinstance(p, int)])
+    best = errors[0]
+    for err in errors[1:]:
+        if rank(err) > rank(best):
+            best = err
+    return best
+
+
 def parse(model: type[M], body: Any) -> M:
-    """Validates a decoded JSON body; APIError 400 naming the first bad field."""
+    """Validates a decoded JSON body; APIError 400 naming the bad field."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
+        err = _most_telling(e.errors(include_url=False))
         param = _param(err["loc"])
         kind = err["type"]
         if kind == "missing":
@@ -442,3 +471,8 @@ class MessagesBody(CountTokensBody):
     ignore_eos: bool | None = None
     logit_bias: dict | None = None
     grammar: str | None = None         # a GBNF (or Lark) grammar the output follows
+
+
+# the request models' class names (union members in an error's location)
+_BODY_NAMES = frozenset(name for name, v in list(globals().items())
+                        if isinstance(v, type) and issubclass(v, BaseModel))
