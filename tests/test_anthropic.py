@@ -29,12 +29,17 @@ OPENAI_TOOLS = [{"type": "function", "function": {"name": t["name"], "descriptio
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path):
+def engine(smollm2_path):
     eng = edgeinfer.load(smollm2_path, n_ctx=512, n_threads=2, n_slots=2)
-    srv = ServerThread(eng, model_name="smollm2").start()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    srv = ServerThread(engine, model_name="smollm2").start()
     yield srv
     srv.stop(timeout_s=10)
-    eng.close()
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +83,27 @@ def test_plain_and_streamed_equal_the_openai_route(client, oai):
             final = stream.get_final_message()
         assert text == msg.content[0].text
         assert (final.stop_reason, final.usage.output_tokens) == (msg.stop_reason, msg.usage.output_tokens)
+
+
+def test_a_prefilled_reply_is_continued(client, engine):
+    """A conversation that ends with the assistant's text (Anthropic's prefill): the reply is the
+    greedy continuation of the prompt transformers renders with continue_final_message, without
+    the prefill itself, plain and streamed."""
+    transformers = require("transformers", "apply_chat_template(continue_final_message=True) is the prompt's oracle")
+    tokenizers = require("tokenizers", "a stand-in tokenizer object for transformers' template rendering")
+    messages = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is"}]
+    eng = engine
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    prompt = tok.apply_chat_template([{"role": "system", "content": SYSTEM}] + messages, tokenize=False,
+                                     chat_template=eng.template.source, continue_final_message=True)
+    assert prompt.endswith("assistant\nThe color is")
+    want = eng.generate(eng.tokenize(prompt, add_special=False), max_tokens=8, temperature=0.0)
+    kw = dict(model="smollm2", system=SYSTEM, messages=messages, max_tokens=8, extra_body=GREEDY)
+    msg = client.messages.create(**kw)
+    assert blocks(msg) == [("text", want.text)] and msg.usage.output_tokens == len(want.tokens)
+    with client.messages.stream(**kw) as stream:
+        assert "".join(stream.text_stream) == want.text
 
 
 def test_stream_events_come_in_anthropic_order(server):

@@ -7,8 +7,9 @@ import tracemalloc
 import jinja2
 import pytest
 
-from edgeinfer.text.chat_template import CHATML_TEMPLATE, ChatTemplate, validate_messages
+from edgeinfer.text.chat_template import CHATML_TEMPLATE, ChatTemplate, is_prefill, validate_messages
 from edgeinfer.errors import TemplateError
+from tests.support.strict import require
 
 SMOLLM2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -90,6 +91,31 @@ def test_hf_features():
     assert guard.render([{"role": "user", "content": "a"}]) == "ok"
     with pytest.raises(TemplateError, match="first must be user"):
         guard.render([{"role": "assistant", "content": "a"}])
+
+
+def test_a_final_assistant_message_is_continued_as_transformers_does():
+    """continue_final leaves the last (assistant) message open: transformers' apply_chat_template
+    with continue_final_message=True is the oracle, trailing whitespace included; is_prefill
+    says which chats end that way; a template that rewrites the message cannot be continued."""
+    transformers = require("transformers", "apply_chat_template(continue_final_message=True) is the oracle")
+    tokenizers = require("tokenizers", "a stand-in tokenizer object for transformers' template rendering")
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    ct = ChatTemplate(SMOLLM2_TEMPLATE, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    for prefill in ("Rome", "It is ", "  {"):
+        chat = CONVERSATION + [{"role": "assistant", "content": prefill}]
+        want = tok.apply_chat_template(chat, chat_template=SMOLLM2_TEMPLATE, tokenize=False,
+                                       continue_final_message=True)
+        assert ct.render(chat, continue_final=True) == want, prefill
+        assert is_prefill(chat)
+    parts = CONVERSATION + [{"role": "assistant", "content": [{"type": "text", "text": "Rome"}]}]
+    assert is_prefill(parts)
+    for chat in (CONVERSATION, CONVERSATION + [{"role": "assistant", "content": " "}],
+                 CONVERSATION + [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]):
+        assert not is_prefill(chat)
+    upper = ChatTemplate("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
+    with pytest.raises(TemplateError, match="cannot continue"):
+        upper.render([{"role": "assistant", "content": "abc"}], continue_final=True)
 
 
 def test_fallback_chatml():

@@ -11,7 +11,7 @@ from ..backends import Capabilities, KVPlan, backend_for_model, select_backend
 from ..errors import ContextOverflowError, EmbeddingError, InvalidTokenError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, layer_state_floats, local_ring_cells
-from ..text.chat_template import ChatTemplate
+from ..text.chat_template import ChatTemplate, is_prefill
 from ..text.tokenizer import Tokenizer
 from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
@@ -367,21 +367,26 @@ class Engine:
         chat_ids), constrained (`plan.spec`: generate's `grammar=`) and read back (`plan.parse`)."""
         return plan_tools(self.template.source, messages, tools, tool_choice)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
-        """The chat's prompt text; `extra` are more template variables (e.g. enable_thinking)."""
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            continue_final: bool = False, **extra: Any) -> str:
+        """The chat's prompt text; `extra` are more template variables (e.g. enable_thinking).
+        continue_final: the last (assistant) message is left open for the reply to continue."""
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                    continue_final=continue_final, **extra)
 
     def chat_ids(self, messages: list[dict], **extra: Any) -> list[int]:
         """The prompt ids of a chat. The template writes BOS itself where the model wants it;
-        special tokens are parsed. Messages longer than any rendered prompt may be are a
-        ContextOverflowError, not a template failure."""
+        special tokens are parsed. A chat that ends with an assistant message with text is a
+        prefill: the prompt stops at the end of that text, and the reply continues it. Messages
+        longer than any prompt may render to are a ContextOverflowError, not a template failure."""
         size = _content_chars(messages)
         limit = self.template.max_output_chars
         if size > limit:
             raise ContextOverflowError(
                 f"the messages hold {size:,} characters, more than a chat prompt may render to "
                 f"({limit:,}) and far more than the context of {self.n_ctx} tokens")
-        return self.tokenize(self.apply_chat_template(messages, **extra), add_special=False)
+        return self.tokenize(self.apply_chat_template(messages, continue_final=is_prefill(messages), **extra),
+                             add_special=False)
 
     def _generation(self, ids: list[int], params: dict, parse_calls=None) -> Generation:
         params = dict(params)

@@ -107,6 +107,39 @@ def validate_messages(messages: Any) -> list[dict]:
     return out
 
 
+def message_text(message: Mapping[str, Any]) -> str:
+    """A message's text: its content string, or its text parts joined."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content or () if p.get("type") == "text")
+
+
+def is_prefill(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a chat ends with the start of the assistant's reply, to be continued (Anthropic's
+    prefill; llama.cpp's server continues it too): an assistant message with text, no tool calls."""
+    if not messages or not isinstance(messages[-1], Mapping):
+        return False
+    last = messages[-1]
+    content = last.get("content")
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return False
+    if not isinstance(content, str) and not (isinstance(content, (list, tuple))
+                                             and all(isinstance(p, Mapping) for p in content)):
+        return False
+    return bool(message_text(last).strip())
+
+
+def _cut_after(text: str, final: str) -> str:
+    """The rendered chat up to the end of its final message's text (what follows it closes the turn)."""
+    for needle in (final, final.strip()):
+        i = text.rfind(needle)
+        if needle and i >= 0:
+            return text[:i + len(needle)]
+    raise TemplateError("the chat template does not write the last (assistant) message as given, "
+                        "so the reply cannot continue it")
+
+
 # ---------------------------------------------------------------------------------------------
 # the sandbox
 # ---------------------------------------------------------------------------------------------
@@ -384,16 +417,17 @@ class ChatTemplate:
         return self.source == CHATML_TEMPLATE
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               **extra: Any) -> str:
+               continue_final: bool = False, **extra: Any) -> str:
+        """The prompt text. continue_final: the last message (the assistant's) is left open, its
+        end-of-turn cut, so that generation continues it (transformers' continue_final_message)."""
         msgs = validate_messages(messages)
         ctx: dict[str, Any] = dict(self.special_tokens)
         for k, v in extra.items():
             ctx[k] = _plain(v, k)
         ctx["messages"] = msgs
-        ctx["add_generation_prompt"] = bool(add_generation_prompt)
-        if self.timeout_s is None:
-            return self._render(ctx)
-        return self._render_in_thread(ctx, self.timeout_s)
+        ctx["add_generation_prompt"] = bool(add_generation_prompt) and not continue_final
+        out = self._render(ctx) if self.timeout_s is None else self._render_in_thread(ctx, self.timeout_s)
+        return _cut_after(out, message_text(msgs[-1])) if continue_final and msgs else out
 
     __call__ = render
 
