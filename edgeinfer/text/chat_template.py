@@ -118,9 +118,11 @@ def message_text(message: Mapping[str, Any]) -> str:
 def is_prefill(messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a chat ends with the start of the assistant's reply, to be continued (Anthropic's
     prefill; llama.cpp's server continues it too): an assistant message with text, no tool calls."""
-    if not messages or not isinstance(messages[-1], Mapping):
-        return False
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        return False   # validate_messages names what is wrong
     last = messages[-1]
+    if not isinstance(last, Mapping):
+        return False
     content = last.get("content")
     if last.get("role") != "assistant" or last.get("tool_calls"):
         return False
