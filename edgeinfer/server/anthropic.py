@@ -19,6 +19,7 @@ from aiohttp import web
 from ..engine import DoneEvent, ErrorEvent, TokenEvent, call_finish
 from .protocol import (AnthropicText, APIError, CountTokensBody, GenRequest, MessagesBody, bad, parse,
                        parse_chat)
+from .reply_parts import StreamParts
 
 __all__ = ["error_body", "parse_messages", "parse_count_tokens", "reply", "stream_reply"]
 
@@ -29,7 +30,6 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                 429: "rate_limit_error", 503: "overloaded_error"}
 _TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
-_CALL_START = "{<[`"      # a reply starting with one of these may be a bare JSON call: held until it ends
 
 
 def error_body(e: APIError) -> dict:
@@ -208,18 +208,13 @@ class _Blocks:
 
 async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                        fail: Callable[[ErrorEvent], APIError]) -> web.StreamResponse:
-    """The reply as Anthropic's server-sent events. With tools in a format with call markers
-    the text streams up to each call block and the block's calls become tool_use blocks once
-    it closes (CallScanner, as `reply` splits the whole answer); with a bare JSON call, text
-    that may be a call is held until the reply ends and is parsed. A tool_use block's input
-    goes in one delta."""
+    """The reply as Anthropic's server-sent events: thinking and text blocks as the text comes,
+    each tool call a tool_use block once it is whole (StreamParts), its input in one delta."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     await resp.prepare(request)
     blocks = _Blocks()
-    scanner = ctx.plan.scanner() if ctx.plan is not None else None
-    held: list[str] | None = [] if ctx.plan is not None and scanner is None else None
-    n_calls = 0
+    parts = StreamParts(ctx.plan)
 
     def tool_use(calls: list[dict]) -> list[bytes]:
         out: list[bytes] = []
@@ -240,30 +235,14 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                     out.append(b"event: error\ndata: " + json.dumps(error_body(fail(ev))).encode() + b"\n\n")
                     finished = True
                     break
-                out += blocks.delta("thinking", ev.reasoning)
-                if scanner is not None:
-                    for kind, part in scanner.feed_parts(ev.text, isinstance(ev, DoneEvent)):
-                        out += tool_use([part]) if kind == "call" else blocks.delta("text", part)
-                    n_calls = scanner.n_calls
-                elif held is not None:
-                    held.append(ev.text)
-                    start = "".join(held).lstrip()
-                    if start and start[0] not in _CALL_START:
-                        out += blocks.delta("text", "".join(held))
-                        held = None
-                else:
-                    out += blocks.delta("text", ev.text)
+                for kind, part in parts.feed(ev):
+                    out += tool_use([part]) if kind == "call" else blocks.delta(kind, part)
                 if isinstance(ev, DoneEvent):
                     ctx.done(ev)
-                    calls = ctx.plan.parse("".join(held)) if held is not None else None
-                    if calls:
-                        out += tool_use(calls)
-                    elif held:
-                        out += blocks.delta("text", "".join(held))
                     if blocks.index < 0:       # an empty reply still has its text block
                         out += blocks.start({"type": "text", "text": ""})
                     out += blocks.stop()
-                    reason, sequence = _stop(ev, calls or n_calls)
+                    reason, sequence = _stop(ev, parts.n_calls)
                     out.append(_event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
                                       usage={"output_tokens": ev.stats.completion_tokens}))
                     out.append(_event("message_stop"))
