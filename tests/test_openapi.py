@@ -56,18 +56,20 @@ def _config() -> SchemathesisConfig:
     })
 
 
-def cap_generation(body, default: bool = True) -> None:
+def cap_generation(body, default: str | None = "max_tokens") -> None:
     """Caps generation lengths the document allows, so that a valid value stays valid and an
     invalid one (below the minimum, of the wrong type) stays invalid; every phase's bodies
-    (examples, coverage, fuzzing) pass here. `default`: an omitted max_tokens is capped too
-    (not where the route requires it: /v1/messages)."""
+    (examples, coverage, fuzzing) pass here. `default`: the field an omitted length is capped by
+    (None where the route requires it: /v1/messages)."""
     if isinstance(body, dict):
-        for key, cap in (("max_tokens", MAX_TOKENS_CAP), ("max_completion_tokens", MAX_TOKENS_CAP), ("n", N_CAP)):
+        for key, cap in (("max_tokens", MAX_TOKENS_CAP), ("max_completion_tokens", MAX_TOKENS_CAP),
+                         ("max_output_tokens", MAX_TOKENS_CAP), ("n", N_CAP)):
             v = body.get(key)
             if type(v) is int and cap < v <= (16 if key == "n" else 2**63):
                 body[key] = cap
-        if default and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:   # to the end
-            body["max_tokens"] = MAX_TOKENS_CAP
+        lengths = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+        if default and all(body.get(k) is None for k in lengths):   # to the end
+            body[default] = MAX_TOKENS_CAP
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +83,10 @@ schema = schemathesis.pytest.from_fixture("api")
 @schema.parametrize()
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_answer_matches_the_document(case):
-    if case.operation.path in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
-        cap_generation(case.body, default=case.operation.path != "/v1/messages")
+    length = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens", "/v1/messages": None,
+              "/v1/responses": "max_output_tokens"}
+    if case.operation.path in length:
+        cap_generation(case.body, default=length[case.operation.path])
     case.call_and_validate(timeout=120)
 
 

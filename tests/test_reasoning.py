@@ -1,6 +1,7 @@
 """Reasoning output on a template with a thinking block (a tiny Qwen3 checkpoint, its
 tokenizer holding <think> and </think>): the block's text comes back apart from the answer
-(`reasoning_content`, plain and streamed; Anthropic's thinking blocks), and a thinking budget
+(`reasoning_content`, plain and streamed; Anthropic's thinking blocks; the Responses API's
+reasoning items), and a thinking budget
 closes the block after exactly that many tokens, the answer following.
 
 Two files of one checkpoint: Qwen3's template (the prompt leaves the block closed; the model
@@ -138,6 +139,31 @@ def test_thinking_blocks_on_the_anthropic_route(engines, server):
         final = stream.get_final_message()
     assert [b.model_dump(include={"type", "thinking", "text"}) for b in final.content] == \
         [b.model_dump(include={"type", "thinking", "text"}) for b in msg.content]
+
+
+def test_reasoning_items_on_the_responses_route(engines, server):
+    """reasoning_budget (the chat route's extension) bounds the block; it comes back as a
+    reasoning item before the message (streamed as reasoning_text deltas), and its tokens are
+    counted as the usage's reasoning tokens: the budget and the closing marker."""
+    eng = engines["open"]
+    _, end, bias = markers(eng)
+    budget = 3
+    _, reasoning, content = reference(eng, budget)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    kw = dict(model="open", input=MSGS, max_output_tokens=MAX_TOKENS, temperature=0.0,
+              extra_body={"ignore_eos": True, "logit_bias": bias, "reasoning_budget": budget})
+    got = client.responses.create(**kw)
+    assert [o.type for o in got.output] == ["reasoning", "message"]
+    assert (got.output[0].content[0].text, got.output_text) == (reasoning, content)
+    assert got.usage.output_tokens_details.reasoning_tokens == budget + len(end)
+    kinds, final = [], None
+    for ev in client.responses.create(**kw, stream=True):
+        kinds += [ev.type] if ev.type.endswith("_text.delta") else []
+        final = ev.response if ev.type == "response.incomplete" else final    # cut by max_output_tokens
+    assert kinds == sorted(kinds, reverse=True) and set(kinds) == {"response.reasoning_text.delta",
+                                                                   "response.output_text.delta"}
+    assert [o.model_dump(include={"type", "content"}) for o in final.output] == \
+        [o.model_dump(include={"type", "content"}) for o in got.output]
 
 
 def test_a_block_the_model_writes_is_split(engines):

@@ -27,7 +27,7 @@ from ..engine import (AdapterBusyError, AdapterError, UnknownAdapterError, Cache
                       check_logit_bias, grammar_spec)
 from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
-from . import anthropic
+from . import anthropic, openai_responses
 from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
@@ -510,6 +510,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "messages")
 
 
+async def create_response(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API, stateless: the chat route's engine calls, the Responses shapes."""
+    return await _generate(request, "responses")
+
+
 async def count_tokens(request: web.Request) -> web.Response:
     """The prompt tokens /v1/messages would use for the same body (its prompt_tokens)."""
     state: ServerState = request.app[STATE_KEY]
@@ -570,6 +575,15 @@ def _sibling_seeds(seed: int | None, n: int) -> list[int | None]:
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+    try:
+        return await _generate_as(request, kind)
+    except APIError as e:
+        if kind == "responses":
+            openai_responses.in_request_terms(e)
+        raise
+
+
+async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
     t_arrival = time.perf_counter()
     state: ServerState = request.app[STATE_KEY]
     state.check_draining()
@@ -579,6 +593,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     eng = served.require()
     if kind == "messages":
         req = anthropic.parse_messages(body)
+    elif kind == "responses":
+        req = openai_responses.parse_request(body)
     else:
         req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     if adapter is not None:
@@ -629,6 +645,10 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
             return await anthropic.stream_reply(request, queue, ctx, _engine_error)
         if kind == "messages":
             return _json(await anthropic.reply(queue, ctx, _engine_error))
+        if kind == "responses" and req.stream:
+            return await openai_responses.stream_reply(request, queue, ctx, _engine_error)
+        if kind == "responses":
+            return _json(await openai_responses.reply(queue, ctx, _engine_error))
         if req.stream:
             return await _stream(request, queue, ctx)
         return await _collect(queue, ctx)

@@ -12,7 +12,7 @@ from pydantic.json_schema import models_json_schema
 
 from . import responses as R
 from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, LoraLoadBody,
-                       MessagesBody, SlotBody, TokenizeBody)
+                       MessagesBody, ResponsesBody, SlotBody, TokenizeBody)
 
 __all__ = ["Operation", "OPERATIONS", "document"]
 
@@ -40,6 +40,7 @@ class Operation:
     errors: dict[str, str] = field(default_factory=dict)
     public: bool = False                        # answered without the API key
     anthropic: bool = False                     # Anthropic's error and stream shapes, not OpenAI's
+    named_events: bool = False                  # stream events name their type in `event`, no [DONE]
     params: tuple[dict, ...] = ()               # path and query parameters beyond {model_id}
 
     @property
@@ -75,8 +76,12 @@ OPERATIONS = (
               ok=R.Detokenized, errors={"400": "a bad field or a token id outside the vocabulary",
                                         "413": "the body exceeds the server's limit",
                                         "503": "loading, failed or shutting down"}),
+    Operation("POST", "/v1/responses", "create_response", "OpenAI Responses (stateless: nothing is stored)",
+              body=ResponsesBody, ok=R.ResponseObject, stream=R.ResponseStreamEvent, errors=GENERATION_ERRORS,
+              named_events=True),
     Operation("POST", "/v1/messages", "messages", "Anthropic Messages", body=MessagesBody,
-              ok=R.AnthropicMessageOut, stream=R.AnthropicStreamEvent, errors=GENERATION_ERRORS, anthropic=True),
+              ok=R.AnthropicMessageOut, stream=R.AnthropicStreamEvent, errors=GENERATION_ERRORS, anthropic=True,
+              named_events=True),
     Operation("POST", "/v1/messages/count_tokens", "count_tokens", "Anthropic token count of a Messages request",
               body=CountTokensBody, ok=R.InputTokens, anthropic=True,
               errors={k: v for k, v in GENERATION_ERRORS.items() if k != "429"}),
@@ -115,11 +120,11 @@ def _ref(model: type[BaseModel]) -> dict:
 
 
 def _event(op: Operation) -> dict:
-    """One server-sent event: a JSON chunk, an error object, or (OpenAI) the closing [DONE];
-    Anthropic's events name their type in `event`."""
+    """One server-sent event: a JSON chunk, an error object, or (OpenAI's chat and completions)
+    the closing [DONE]; Anthropic's and the Responses API's events name their type in `event`."""
     json_data = {"contentMediaType": "application/json",
                  "contentSchema": {"anyOf": [_ref(op.stream), _ref(op.error_model)]}}
-    if op.anthropic:
+    if op.named_events:
         return {"type": "object", "required": ["event", "data"],
                 "properties": {"event": {"type": "string"}, "data": {"type": "string", **json_data}}}
     return {"type": "object", "required": ["data"],

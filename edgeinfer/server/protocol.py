@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
+                      ValidationError, WithJsonSchema)
 from pydantic_core import PydanticCustomError
 
 from ..engine import EFFORT_BUDGETS
@@ -296,6 +297,7 @@ class GenRequest:
     reasoning_budget: int | None = None     # chat: most tokens of the thinking block (None: no bound)
     lora: list[dict] = field(default_factory=list)   # LoRA adapters: {"id" or "name", "scale"}
     adapter: str | None = None              # `model` named this LoRA adapter: the reply's model
+    echo: dict = field(default_factory=dict)   # /v1/responses: the settings its Response repeats
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -471,6 +473,141 @@ class MessagesBody(CountTokensBody):
     ignore_eos: bool | None = None
     logit_bias: dict | None = None
     grammar: str | None = None         # a GBNF (or Lark) grammar the output follows
+
+
+# --------------------------------------------------------------------------- OpenAI Responses
+
+class ResponsesContentPart(_Body):
+    """A part of an input message's content: text parts are read, other kinds refused by name."""
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+_ResponsesContent = str | list[ResponsesContentPart]
+
+
+class ResponsesMessageItem(_Body):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: _ResponsesContent
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesFunctionCallItem(_Body):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesFunctionCallOutputItem(_Body):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: _ResponsesContent
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesReasoningText(_Body):
+    type: str
+    text: str
+
+
+class ResponsesReasoningItem(_Body):
+    type: Literal["reasoning"]
+    summary: list[ResponsesReasoningText] = []
+    content: list[ResponsesReasoningText] | None = None
+    id: str | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+class ResponsesOtherItem(_Body):
+    """An item kind this server does not take (an item_reference, a built-in tool's call):
+    refused by name."""
+    type: str
+
+
+_RESPONSES_ITEMS = {"message": ResponsesMessageItem, "function_call": ResponsesFunctionCallItem,
+                    "function_call_output": ResponsesFunctionCallOutputItem, "reasoning": ResponsesReasoningItem}
+
+
+def _responses_item_kind(v: Any) -> str:
+    """An input item's model, by its type (a message may leave it out): the class name is the
+    union's tag, which an error's location leaves out as it does every request model's name."""
+    kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
+    return _RESPONSES_ITEMS.get(kind if isinstance(kind, str) else "", ResponsesOtherItem).__name__
+
+
+ResponsesItem = Annotated[Union[tuple(Annotated[m, Tag(m.__name__)]
+                                      for m in (*_RESPONSES_ITEMS.values(), ResponsesOtherItem))],
+                          Discriminator(_responses_item_kind)]
+
+
+class ResponsesTool(_Body):
+    type: str                          # only "function" is served; others are refused by name
+    name: str | None = None
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ResponsesToolChoiceFunction(_Body):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+class ResponsesTextFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponsesTextConfig(_Body):
+    format: ResponsesTextFormat | None = None
+    verbosity: str | None = None
+
+
+class ResponsesReasoningConfig(_Body):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None
+
+
+class ResponsesBody(_Body):
+    """POST /v1/responses (OpenAI's Responses API, stateless)."""
+    model: str | None = None
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[ResponsesItem], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stream: bool | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: ResponsesTextConfig | None = None
+    reasoning: ResponsesReasoningConfig | None = None
+    previous_response_id: str | None = None      # refused: nothing is stored
+    conversation: Any = None                     # refused: nothing is stored
+    background: bool | None = None               # refused when true
+    store: bool | None = None
+    metadata: dict | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    # the chat route's extensions
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict | None = None
+    reasoning_budget: int | None = Field(None, ge=0)
+    lora: list[LoraRef] | None = None
 
 
 # the request models' class names (union members in an error's location)

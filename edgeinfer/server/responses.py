@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 __all__ = ["ErrorResponse", "Health", "ModelObject", "ModelList", "Tokens", "Detokenized",
            "ChatCompletion", "ChatCompletionChunk", "Completion", "CompletionChunk",
            "AnthropicErrorResponse", "AnthropicMessageOut", "AnthropicStreamEvent", "InputTokens",
-           "EmbeddingList"]
+           "EmbeddingList", "ResponseObject", "ResponseStreamEvent"]
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
@@ -396,3 +396,162 @@ class AnthropicStreamEvent(RootModel):
     """One event of a streamed /v1/messages reply (its SSE `event:` field names the type)."""
     root: Annotated[Union[MessageStart, ContentBlockStart, ContentBlockDelta, ContentBlockStop, MessageDelta,
                           MessageStop, Ping, AnthropicErrorResponse], Field(discriminator="type")]
+
+
+# --------------------------------------------------------------------------- OpenAI Responses
+
+class OutputText(_Out):
+    type: Literal["output_text"]
+    text: str
+    annotations: list
+    logprobs: list
+
+
+class ReasoningText(_Out):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputMessageItem(_Out):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: ItemStatus
+    content: list[OutputText]
+
+
+class ReasoningItem(_Out):
+    id: str
+    type: Literal["reasoning"]
+    status: ItemStatus
+    summary: list
+    content: list[ReasoningText]
+
+
+class FunctionCallItem(_Out):
+    id: str
+    type: Literal["function_call"]
+    status: ItemStatus
+    call_id: str
+    name: str
+    arguments: str
+
+
+OutputItem = Annotated[Union[OutputMessageItem, ReasoningItem, FunctionCallItem], Field(discriminator="type")]
+
+
+class ResponsesInputDetails(_Out):
+    cached_tokens: int
+
+
+class ResponsesOutputDetails(_Out):
+    reasoning_tokens: int
+
+
+class ResponsesUsage(_Out):
+    input_tokens: int
+    input_tokens_details: ResponsesInputDetails
+    output_tokens: int
+    output_tokens_details: ResponsesOutputDetails
+    total_tokens: int
+
+
+class IncompleteDetails(_Out):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseObject(_Out):
+    """POST /v1/responses: the Response (stored nowhere: `store` is false)."""
+    id: str
+    object: Literal["response"]
+    created_at: int
+    completed_at: int | None
+    status: Literal["in_progress", "completed", "incomplete"]
+    error: None
+    incomplete_details: IncompleteDetails | None
+    model: str
+    output: list[OutputItem]
+    instructions: str | None
+    max_output_tokens: int | None
+    metadata: dict
+    parallel_tool_calls: bool
+    previous_response_id: None
+    reasoning: dict
+    store: bool
+    temperature: float
+    text: dict
+    tool_choice: str | dict
+    tools: list[dict]
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: ResponsesUsage | None
+    user: str | None
+
+
+class _Numbered(_Out):
+    sequence_number: int
+
+
+class ResponseLifecycleEvent(_Numbered):
+    type: Literal["response.created", "response.in_progress", "response.completed", "response.incomplete"]
+    response: ResponseObject
+
+
+class OutputItemEvent(_Numbered):
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    output_index: int
+    item: OutputItem
+
+
+class ContentPartEvent(_Numbered):
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    part: Annotated[Union[OutputText, ReasoningText], Field(discriminator="type")]
+
+
+class TextDeltaEvent(_Numbered):
+    type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class TextDoneEvent(_Numbered):
+    type: Literal["response.output_text.done", "response.reasoning_text.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
+class ArgumentsDeltaEvent(_Numbered):
+    type: Literal["response.function_call_arguments.delta"]
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ArgumentsDoneEvent(_Numbered):
+    type: Literal["response.function_call_arguments.done"]
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class ResponseErrorEvent(_Numbered):
+    type: Literal["error"]
+    message: str
+    code: str | None
+    param: str | None
+
+
+class ResponseStreamEvent(RootModel):
+    """One event of a streamed /v1/responses reply (its SSE `event:` field names the type)."""
+    root: Union[ResponseLifecycleEvent, OutputItemEvent, ContentPartEvent, TextDeltaEvent, TextDoneEvent,
+                ArgumentsDeltaEvent, ArgumentsDoneEvent, ResponseErrorEvent]
