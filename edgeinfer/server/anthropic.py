@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import uuid
 from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine import DoneEvent, ErrorEvent, TokenEvent, call_finish
+from ..engine import DoneEvent, ErrorEvent, call_finish
+from .event_stream import StreamParts, collect, relay
 from .protocol import (AnthropicText, APIError, CountTokensBody, GenRequest, MessagesBody, bad, parse,
                        parse_chat)
-from .reply_parts import StreamParts
 
 __all__ = ["error_body", "parse_messages", "parse_count_tokens", "reply", "stream_reply"]
-
-log = logging.getLogger("edgeinfer.server")
 
 # HTTP status -> Anthropic's error type
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -144,20 +141,7 @@ def _message(ctx, content: list[dict], stop: tuple[str | None, str | None], outp
 
 async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError]) -> dict:
     """The whole message of a request that is not streamed."""
-    text, thinking = [], []
-    done: DoneEvent | None = None
-    while done is None:
-        _, events = await queue.get()
-        for ev in events:
-            if isinstance(ev, (TokenEvent, DoneEvent)):
-                text.append(ev.text)
-                thinking.append(ev.reasoning)
-            if isinstance(ev, DoneEvent):
-                ctx.done(ev)
-                done = ev
-            elif isinstance(ev, ErrorEvent):
-                raise fail(ev)
-    answer, thought = "".join(text), "".join(thinking)
+    answer, thought, done = await collect(queue, ctx, fail)
     parts = ctx.plan.parts(answer) if ctx.plan is not None else ([("text", answer)] if answer else [])
     calls = [c for kind, c in parts if kind == "call"]
     content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
@@ -210,48 +194,30 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                        fail: Callable[[ErrorEvent], APIError]) -> web.StreamResponse:
     """The reply as Anthropic's server-sent events: thinking and text blocks as the text comes,
     each tool call a tool_use block once it is whole (StreamParts), its input in one delta."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                       "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    await resp.prepare(request)
     blocks = _Blocks()
     parts = StreamParts(ctx.plan)
 
-    def tool_use(calls: list[dict]) -> list[bytes]:
+    def tool_use(call: dict) -> list[bytes]:
+        (block,) = _tool_blocks([call])
+        return blocks.start({**block, "input": {}}) + [_event(
+            "content_block_delta", index=blocks.index,
+            delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)})]
+
+    def on_event(ev) -> tuple[list[bytes], bool]:
+        if isinstance(ev, ErrorEvent):
+            return [b"event: error\ndata: " + json.dumps(error_body(fail(ev))).encode() + b"\n\n"], True
         out: list[bytes] = []
-        for block in _tool_blocks(calls):
-            out += blocks.start({**block, "input": {}})
-            out.append(_event("content_block_delta", index=blocks.index,
-                              delta={"type": "input_json_delta",
-                                     "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
-        return out
-    try:
-        await resp.write(_event("message_start", message=_message(ctx, [], (None, None), 0)) + _event("ping"))
-        while True:
-            _, events = await queue.get()
-            out: list[bytes] = []
-            finished = False
-            for ev in events:
-                if isinstance(ev, ErrorEvent):
-                    out.append(b"event: error\ndata: " + json.dumps(error_body(fail(ev))).encode() + b"\n\n")
-                    finished = True
-                    break
-                for kind, part in parts.feed(ev):
-                    out += tool_use([part]) if kind == "call" else blocks.delta(kind, part)
-                if isinstance(ev, DoneEvent):
-                    ctx.done(ev)
-                    if blocks.index < 0:       # an empty reply still has its text block
-                        out += blocks.start({"type": "text", "text": ""})
-                    out += blocks.stop()
-                    reason, sequence = _stop(ev, parts.n_calls)
-                    out.append(_event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
-                                      usage={"output_tokens": ev.stats.completion_tokens}))
-                    out.append(_event("message_stop"))
-                    finished = True
-            if out:
-                await resp.write(b"".join(out))
-            if finished:
-                break
-        await resp.write_eof()
-    except (ConnectionResetError, ConnectionError):
-        log.debug("client went away during a stream")   # the caller cancels the request
-    return resp
+        for kind, part in parts.feed(ev):
+            out += tool_use(part) if kind == "call" else blocks.delta(kind, part)
+        if not isinstance(ev, DoneEvent):
+            return out, False
+        ctx.done(ev)
+        if blocks.index < 0:       # an empty reply still has its text block
+            out += blocks.start({"type": "text", "text": ""})
+        reason, sequence = _stop(ev, parts.n_calls)
+        return out + blocks.stop() + [
+            _event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
+                   usage={"output_tokens": ev.stats.completion_tokens}),
+            _event("message_stop")], True
+    first = _event("message_start", message=_message(ctx, [], (None, None), 0)) + _event("ping")
+    return await relay(request, queue, first, on_event)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 import time
 import uuid
@@ -24,13 +23,11 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ..engine import DoneEvent, ErrorEvent, TokenEvent
+from .event_stream import StreamParts, collect, relay
 from .protocol import (APIError, GenRequest, ResponsesBody, ResponsesFunctionCallItem, ResponsesFunctionCallOutputItem,
                        ResponsesMessageItem, ResponsesReasoningItem, bad, parse, parse_chat)
-from .reply_parts import StreamParts
 
 __all__ = ["parse_request", "in_request_terms", "reply", "stream_reply"]
-
-log = logging.getLogger("edgeinfer.server")
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # the chat request's fields that errors name -> the Responses body's
@@ -220,22 +217,9 @@ def _call_item(call: dict, status: str) -> dict:
 
 async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError]) -> dict:
     """The whole Response of a request that is not streamed."""
-    text, thinking = [], []
     usage = _Usage()
-    done: DoneEvent | None = None
-    while done is None:
-        _, events = await queue.get()
-        for ev in events:
-            if isinstance(ev, (TokenEvent, DoneEvent)):
-                text.append(ev.text)
-                thinking.append(ev.reasoning)
-                usage.feed(ev)
-            if isinstance(ev, DoneEvent):
-                ctx.done(ev)
-                done = ev
-            elif isinstance(ev, ErrorEvent):
-                raise fail(ev)
-    answer, thought, status = "".join(text), "".join(thinking), _status(done)
+    answer, thought, done = await collect(queue, ctx, fail, usage.feed)
+    status = _status(done)
     parts = ctx.plan.parts(answer) if ctx.plan is not None else [("text", answer)]
     output = [_reasoning_item(thought, status)] if thought else []
     for kind, part in parts:          # messages and calls in the order the model wrote them
@@ -317,43 +301,25 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                        fail: Callable[[ErrorEvent], APIError]) -> web.StreamResponse:
     """The Response as OpenAI's server-sent events: reasoning and message items as the text
     comes, each function call an item once it is whole (StreamParts), its arguments in one delta."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                       "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    await resp.prepare(request)
     rid, items, parts, usage = _new_id("resp"), _Items(), StreamParts(ctx.plan), _Usage()
-    try:
-        start = _response(ctx, rid, "in_progress", [], None)
-        await resp.write(items.event("response.created", response=start)
-                         + items.event("response.in_progress", response=start))
-        while True:
-            _, events = await queue.get()
-            out: list[bytes] = []
-            finished = False
-            for ev in events:
-                if isinstance(ev, ErrorEvent):
-                    e = fail(ev)
-                    out.append(items.event("error", code=e.code, message=e.message, param=e.param))
-                    finished = True
-                    break
-                usage.feed(ev)
-                for kind, part in parts.feed(ev):
-                    out += items.call(part) if kind == "call" else items.delta(kind, part)
-                if isinstance(ev, DoneEvent):
-                    ctx.done(ev)
-                    status = _status(ev)
-                    if not any(o["type"] != "reasoning" for o in items.output):   # an empty reply: its message
-                        out += items.close(status) + items.start("message")
-                    out += items.close(status)
-                    final = _response(ctx, rid, status, items.output, usage.body(ctx, ev))
-                    out.append(items.event("response.incomplete" if status == "incomplete" else "response.completed",
-                                           response=final))
-                    finished = True
-            if out:
-                await resp.write(b"".join(out))
-            if finished:
-                break
-        await resp.write_eof()
-    except (ConnectionResetError, ConnectionError):
-        log.debug("client went away during a stream")   # the caller cancels the request
-    return resp
 
+    def on_event(ev) -> tuple[list[bytes], bool]:
+        if isinstance(ev, ErrorEvent):
+            e = fail(ev)
+            return [items.event("error", code=e.code, message=e.message, param=e.param)], True
+        usage.feed(ev)
+        out: list[bytes] = []
+        for kind, part in parts.feed(ev):
+            out += items.call(part) if kind == "call" else items.delta(kind, part)
+        if not isinstance(ev, DoneEvent):
+            return out, False
+        ctx.done(ev)
+        status = _status(ev)
+        if not any(o["type"] != "reasoning" for o in items.output):   # an empty reply: its message
+            out += items.close(status) + items.start("message")
+        out += items.close(status)
+        final = _response(ctx, rid, status, items.output, usage.body(ctx, ev))
+        return out + [items.event(f"response.{status}", response=final)], True
+    start = _response(ctx, rid, "in_progress", [], None)
+    first = items.event("response.created", response=start) + items.event("response.in_progress", response=start)
+    return await relay(request, queue, first, on_event)
