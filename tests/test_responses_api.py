@@ -168,6 +168,8 @@ def test_text_format_json_schema_is_followed(client):
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_value"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
      "input[0].content[0]", "unsupported_value"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text",
+     "missing_required_parameter"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "invalid_value"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id",
      "missing_required_parameter"),

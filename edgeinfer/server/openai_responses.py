@@ -110,13 +110,13 @@ def _text(content: Any, where: str) -> str:
         return content
     out = []
     for j, p in enumerate(content):
-        if p.type in _TEXT_PARTS and p.text is not None:
-            out.append(p.text)
-        elif p.type == "refusal" and p.refusal is not None:
-            out.append(p.refusal)
-        else:
+        field = "text" if p.type in _TEXT_PARTS else "refusal" if p.type == "refusal" else None
+        if field is None:
             raise bad(f"content parts of type '{p.type}' are not taken: the model reads text",
                       f"{where}.content[{j}]", "unsupported_value")
+        if getattr(p, field) is None:
+            raise bad(f"a {p.type} part needs '{field}'", f"{where}.content[{j}].{field}", "missing_required_parameter")
+        out.append(getattr(p, field))
     return "".join(out)
 
 
