@@ -174,6 +174,7 @@ def test_text_format_json_schema_is_followed(client):
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id",
      "missing_required_parameter"),
     ({"input": []}, "input", "invalid_value"),
+    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "unsupported_value"),
     ({"input": "x", "temperature": 2.5}, "temperature", "invalid_value"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "p"}}}, "text.format.schema",
      "missing_required_parameter"),

@@ -45,6 +45,9 @@ def parse_request(body: Any) -> GenRequest:
         if value is not None:
             raise bad(f"'{name}' is not supported: this server stores no responses; send the conversation "
                       "as input items", name, "unsupported_parameter")
+    if "message.output_text.logprobs" in (b.include or []) or b.top_logprobs:
+        raise bad("logprobs are not served on /v1/responses: ask /v1/chat/completions for them",
+                  "include" if b.include else "top_logprobs", "unsupported_value")
     if b.background:
         raise bad("'background' is not supported: stream the response instead", "background", "unsupported_value")
     chat: dict = {"model": b.model, "messages": _messages(b)}

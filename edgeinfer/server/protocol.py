@@ -600,6 +600,8 @@ class ResponsesBody(_Body):
     metadata: dict | None = None
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None             # refused: the output_text logprobs
+    top_logprobs: int | None = Field(None, ge=0, le=20)   # refused above 0
     # the chat route's extensions
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
