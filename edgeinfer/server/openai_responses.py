@@ -182,12 +182,10 @@ class _Usage:
         if isinstance(ev, TokenEvent) and self.thinking and not self.answering:
             self.reasoning_tokens += 1
 
-    def body(self, ctx, done: DoneEvent | None) -> dict | None:
-        if done is None:
-            return None
+    def body(self, ctx, done: DoneEvent) -> dict:
         n_out = done.stats.completion_tokens
         return {"input_tokens": ctx.n_prompt, "input_tokens_details": {"cached_tokens": done.stats.cached_tokens},
-                "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": min(self.reasoning_tokens, n_out)},
+                "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                 "total_tokens": ctx.n_prompt + n_out}
 
 
