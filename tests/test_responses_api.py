@@ -1,8 +1,8 @@
-"""POST /v1/responses through the official `openai` client's Responses API: the same
-conversation gives the chat route's greedy text (plain and streamed, its events in the order and
-shapes the document gives), function calls and their outputs, structured output, and bad input
-answered 400 in OpenAI's error shape, naming the Responses body's fields. Reasoning items are in
-tests/test_reasoning.py."""
+"""/v1/responses through the official `openai` client's Responses API: the same conversation
+gives the chat route's greedy text (plain and streamed, its events in the order and shapes the
+document gives), function calls and their outputs, a kept response continued by
+previous_response_id, structured output, and bad input answered 400 in OpenAI's error shape,
+naming the Responses body's fields. Reasoning items are in tests/test_reasoning.py."""
 from __future__ import annotations
 
 import json
@@ -149,6 +149,39 @@ def test_function_call_round_trip(client):
          if message.tool_calls else [("message", message.content)])
 
 
+def test_previous_response_id_continues_a_kept_response(client):
+    """A kept response's conversation (its input and output, not its instructions) goes before the
+    next request's input: the chat route's reply to the whole conversation. GET returns the kept
+    response; DELETE forgets it; `store: false` keeps none."""
+    first = client.responses.create(model="smollm2", instructions=SYSTEM, input=TURNS[0]["content"],
+                                    max_output_tokens=20, temperature=0.0)
+    then = client.responses.create(model="smollm2", instructions=SYSTEM, input=TURNS[2]["content"],
+                                   previous_response_id=first.id, max_output_tokens=20, temperature=0.0)
+    want = chat_reply(client, [TURNS[0], {"role": "assistant", "content": first.output_text}, TURNS[2]], 20)
+    assert then.output_text == want.choices[0].message.content and then.previous_response_id == first.id
+    assert then.usage.input_tokens == want.usage.prompt_tokens
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="smollm2", input="x", previous_response_id=first.id)
+    assert e.value.body["code"] == "previous_response_not_found"
+    unkept = client.responses.create(model="smollm2", input="x", max_output_tokens=2, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+
+
+def test_the_store_keeps_the_last_responses_only():
+    from edgeinfer.server.openai_responses import ResponseStore
+    store = ResponseStore(capacity=2)
+    for rid in ("a", "b", "c"):
+        store.put({"id": rid}, [{"role": "user", "content": rid}])
+    assert store.get("a") is None and store.get("c") == ({"id": "c"}, [{"role": "user", "content": "c"}])
+    assert store.delete("b") and not store.delete("b") and store.get("b") is None
+
+
 def test_text_format_json_schema_is_followed(client):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
@@ -163,7 +196,8 @@ def test_text_format_json_schema_is_followed(client):
 
 
 @pytest.mark.parametrize("body, param, code", [
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "previous_response_not_found"),
+    ({"input": "x", "conversation": "conv_1"}, "conversation", "unsupported_parameter"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "unsupported_value"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_value"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},

@@ -61,6 +61,7 @@ class ServerState:
             self.metrics.add_model(m.name)
         self.created = int(time.time())
         self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeinfer-tok")
+        self.responses = openai_responses.ResponseStore()   # /v1/responses kept for previous_response_id
 
     # in_flight and draining wake wait_until: an embedding app or a test waits on them, not on a clock
     @property
@@ -515,6 +516,27 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "responses")
 
 
+def _kept_response(state: ServerState, rid: str) -> dict:
+    kept = state.responses.get(rid)
+    if kept is None:
+        raise APIError(404, f"no kept response '{rid}'", param="response_id", code="response_not_found")
+    return kept[0]
+
+
+async def get_response(request: web.Request) -> web.Response:
+    """GET /v1/responses/{response_id}: a kept Response."""
+    return _json(_kept_response(request.app[STATE_KEY], request.match_info["response_id"]))
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    """DELETE /v1/responses/{response_id}: forgets a kept Response."""
+    state: ServerState = request.app[STATE_KEY]
+    rid = request.match_info["response_id"]
+    _kept_response(state, rid)
+    state.responses.delete(rid)
+    return _json({"id": rid, "object": "response", "deleted": True})
+
+
 async def count_tokens(request: web.Request) -> web.Response:
     """The prompt tokens /v1/messages would use for the same body (its prompt_tokens)."""
     state: ServerState = request.app[STATE_KEY]
@@ -594,7 +616,7 @@ async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
     if kind == "messages":
         req = anthropic.parse_messages(body)
     elif kind == "responses":
-        req = openai_responses.parse_request(body)
+        req = openai_responses.parse_request(body, state.responses)
     else:
         req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     if adapter is not None:

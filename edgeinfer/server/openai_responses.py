@@ -1,4 +1,5 @@
-"""OpenAI's Responses API (POST /v1/responses) over the chat machinery, stateless.
+"""OpenAI's Responses API (POST /v1/responses, GET and DELETE /v1/responses/{id}) over the
+chat machinery.
 
 A body becomes the chat request an OpenAI chat body would (`parse_chat`: the same template,
 tools, sampling, structured output and thinking budget), so both routes make the same engine
@@ -7,9 +8,10 @@ calls; the engine's events become a Response object, or its stream of events
 reasoning item content_part.added, its text deltas and .done events, for a function call its
 arguments; then response.completed, or response.incomplete when max_output_tokens cut it).
 
-Nothing is stored, as with `store: false`: the client sends the conversation as input items
-(messages, the function_call items of earlier output and their function_call_output), and a
-request that names an earlier response or conversation is a 400. Errors take OpenAI's shape.
+Responses are kept in memory, the last `ResponseStore.capacity` of them (`store: false` keeps
+none), each with the conversation it ends, so that a later request continues one by
+`previous_response_id`; a client may as well send the whole conversation as input items.
+Errors take OpenAI's shape.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import json
 import re
 import time
 import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiohttp import web
@@ -27,7 +31,7 @@ from .event_stream import StreamParts, collect, relay
 from .protocol import (APIError, GenRequest, ResponsesBody, ResponsesFunctionCallItem, ResponsesFunctionCallOutputItem,
                        ResponsesMessageItem, ResponsesReasoningItem, bad, parse, parse_chat)
 
-__all__ = ["parse_request", "in_request_terms", "reply", "stream_reply"]
+__all__ = ["ResponseStore", "parse_request", "in_request_terms", "reply", "stream_reply"]
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # the chat request's fields that errors name -> the Responses body's
@@ -37,20 +41,59 @@ _FIELD_WORDS = re.compile(r"\b(?:max_tokens|response_format)\b")    # in a messa
 
 # --------------------------------------------------------------------------- requests
 
-def parse_request(body: Any) -> GenRequest:
-    """A /v1/responses body as the chat request it asks for, with the settings its Response
-    repeats in `echo`; 400 naming the first bad field."""
+class ResponseStore:
+    """The kept Responses, the oldest dropped past `capacity` (bounded memory): each the Response
+    and the conversation it ends, its input (a previous response's included) and then its output
+    as the assistant's turn, in chat messages without the instructions (OpenAI does not carry
+    them over)."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._kept: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+
+    def put(self, response: dict, conversation: list[dict]) -> None:
+        self._kept[response["id"]] = (response, conversation)
+        while len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+    def get(self, rid: str) -> tuple[dict, list[dict]] | None:
+        return self._kept.get(rid)
+
+    def delete(self, rid: str) -> bool:
+        return self._kept.pop(rid, None) is not None
+
+
+@dataclass
+class ResponsesCall:
+    """What a /v1/responses request keeps beside its chat request: the settings its Response
+    repeats, and, when it is stored, the conversation up to its output."""
+    echo: dict
+    conversation: list[dict] | None
+
+
+def parse_request(body: Any, store: ResponseStore) -> GenRequest:
+    """A /v1/responses body as the chat request it asks for (its ResponsesCall in `responses`);
+    400 naming the first bad field."""
     b = parse(ResponsesBody, body)
-    for name, value in (("previous_response_id", b.previous_response_id), ("conversation", b.conversation)):
-        if value is not None:
-            raise bad(f"'{name}' is not supported: this server stores no responses; send the conversation "
-                      "as input items", name, "unsupported_parameter")
+    if b.conversation is not None:
+        raise bad("'conversation' is not supported: continue a response by 'previous_response_id', or send "
+                  "the conversation as input items", "conversation", "unsupported_parameter")
+    history: list[dict] = []
+    if b.previous_response_id is not None:
+        kept = store.get(b.previous_response_id)
+        if kept is None:
+            raise bad(f"no kept response '{b.previous_response_id}' (the server keeps the last {store.capacity} "
+                      "responses made with store true, in memory)", "previous_response_id",
+                      "previous_response_not_found")
+        history = kept[1]
     if "message.output_text.logprobs" in (b.include or []) or b.top_logprobs:
         raise bad("logprobs are not served on /v1/responses: ask /v1/chat/completions for them",
                   "include" if b.include else "top_logprobs", "unsupported_value")
     if b.background:
         raise bad("'background' is not supported: stream the response instead", "background", "unsupported_value")
-    chat: dict = {"model": b.model, "messages": _messages(b)}
+    conversation = history + _messages(b.input)
+    instructions = [{"role": "system", "content": b.instructions}] if b.instructions else []
+    chat: dict = {"model": b.model, "messages": instructions + conversation}
     chat.update({k: v for k, v in (("max_tokens", b.max_output_tokens), ("stream", b.stream),
                                    ("temperature", b.temperature), ("top_p", b.top_p), ("top_k", b.top_k),
                                    ("min_p", b.min_p), ("seed", b.seed), ("ignore_eos", b.ignore_eos),
@@ -86,15 +129,17 @@ def parse_request(body: Any) -> GenRequest:
     if b.reasoning is not None and b.reasoning.effort is not None:
         chat["reasoning_effort"] = b.reasoning.effort
     req = parse_chat(chat)
-    req.echo = {
+    kept = b.store is not False      # OpenAI's default: stored
+    req.responses = ResponsesCall(conversation=conversation if kept else None, echo={
         "instructions": b.instructions, "max_output_tokens": b.max_output_tokens, "metadata": b.metadata or {},
         "parallel_tool_calls": True if b.parallel_tool_calls is None else b.parallel_tool_calls,
+        "previous_response_id": b.previous_response_id, "store": kept,
         "reasoning": {"effort": b.reasoning.effort if b.reasoning else None,
                       "summary": b.reasoning.summary if b.reasoning else None},
         "temperature": req.sampling["temperature"], "top_p": req.sampling["top_p"],
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
         "tool_choice": (choice if isinstance(choice, str) else choice.model_dump()) if choice is not None else "auto",
-        "tools": tools, "truncation": "disabled", "user": b.user}
+        "tools": tools, "truncation": "disabled", "user": b.user})
     return req
 
 
@@ -123,19 +168,19 @@ def _text(content: Any, where: str) -> str:
     return "".join(out)
 
 
-def _messages(b: ResponsesBody) -> list[dict]:
-    """The instructions and input items as chat messages: the instructions as the system
-    prompt, a function_call item as a call of the assistant turn it follows (or a turn of its
-    own), its output as a tool message, a reasoning item as the next assistant turn's thinking."""
-    out: list[dict] = [{"role": "system", "content": b.instructions}] if b.instructions else []
-    if isinstance(b.input, str):
-        return out + [{"role": "user", "content": b.input}]
+def _messages(given: Any) -> list[dict]:
+    """The input as chat messages: a string as a user message; of the items, a function_call
+    item as a call of the assistant turn it follows (or a turn of its own), its output as a tool
+    message, a reasoning item as the next assistant turn's thinking."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    out: list[dict] = []
 
     def assistant_turn(fresh: bool) -> dict:
         if fresh or not out or out[-1]["role"] != "assistant":
             out.append({"role": "assistant", "content": ""})
         return out[-1]
-    for i, item in enumerate(b.input):
+    for i, item in enumerate(given):
         where = f"input[{i}]"
         if isinstance(item, ResponsesMessageItem):
             text = _text(item.content, where)
@@ -155,8 +200,8 @@ def _messages(b: ResponsesBody) -> list[dict]:
             text = "".join(p.text for p in (item.content if item.content else item.summary))
             assistant_turn(True)["reasoning_content"] = text
         else:
-            raise bad(f"input items of type '{item.type}' are not taken: this server stores nothing, so the "
-                      "conversation comes as message, function_call and function_call_output items",
+            raise bad(f"input items of type '{item.type}' are not taken: the conversation comes as message, "
+                      "function_call and function_call_output items, or by previous_response_id",
                       f"{where}.type", "unsupported_value")
     return out
 
@@ -193,8 +238,26 @@ def _response(ctx, rid: str, status: str, output: list[dict], usage: dict | None
     return {"id": rid, "object": "response", "created_at": ctx.created, "status": status,
             "completed_at": int(time.time()) if status != "in_progress" else None, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "model": ctx.model, "output": output, "previous_response_id": None, "store": False, "usage": usage,
-            **ctx.req.echo}
+            "model": ctx.model, "output": output, "usage": usage, **ctx.req.responses.echo}
+
+
+def _keep(ctx, response: dict) -> None:
+    """A finished Response into the server's store, with the conversation it ends, where the
+    request keeps it."""
+    conversation = ctx.req.responses.conversation
+    if conversation is None:
+        return
+    out = response["output"]
+    turn: dict = {"role": "assistant", "content": "".join(p["text"] for o in out if o["type"] == "message"
+                                                          for p in o["content"])}
+    calls = [{"id": o["call_id"], "type": "function", "function": {"name": o["name"], "arguments": o["arguments"]}}
+             for o in out if o["type"] == "function_call"]
+    if calls:
+        turn["tool_calls"] = calls
+    thought = "".join(p["text"] for o in out if o["type"] == "reasoning" for p in o["content"])
+    if thought:
+        turn["reasoning_content"] = thought
+    ctx.state.responses.put(response, conversation + [turn])
 
 
 def _status(done: DoneEvent) -> str:
@@ -232,7 +295,9 @@ async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError
             output.append(_message_item(part, status))
     if not any(o["type"] != "reasoning" for o in output):   # an empty reply still has its message
         output.append(_message_item("", status))
-    return _response(ctx, _new_id("resp"), status, output, usage.body(ctx, done))
+    response = _response(ctx, _new_id("resp"), status, output, usage.body(ctx, done))
+    _keep(ctx, response)
+    return response
 
 
 class _Items:
@@ -320,6 +385,7 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
             out += items.close(status) + items.start("message")
         out += items.close(status)
         final = _response(ctx, rid, status, items.output, usage.body(ctx, ev))
+        _keep(ctx, final)
         return out + [items.event(f"response.{status}", response=final)], True
     start = _response(ctx, rid, "in_progress", [], None)
     first = items.event("response.created", response=start) + items.event("response.in_progress", response=start)

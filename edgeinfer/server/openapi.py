@@ -24,6 +24,7 @@ GENERATION_ERRORS = {"400": "a bad field, named in `param`; a prompt that does n
                      "429": "the model's queue is full (Retry-After)",
                      "503": "loading, failed or shutting down (Retry-After)"}
 STREAM = "text/event-stream"
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,13 @@ OPERATIONS = (
               ok=R.Detokenized, errors={"400": "a bad field or a token id outside the vocabulary",
                                         "413": "the body exceeds the server's limit",
                                         "503": "loading, failed or shutting down"}),
-    Operation("POST", "/v1/responses", "create_response", "OpenAI Responses (stateless: nothing is stored)",
-              body=ResponsesBody, ok=R.ResponseObject, stream=R.ResponseStreamEvent, errors=GENERATION_ERRORS,
-              named_events=True),
+    Operation("POST", "/v1/responses", "create_response", "OpenAI Responses (kept in memory for "
+              "previous_response_id unless store is false)", body=ResponsesBody, ok=R.ResponseObject,
+              stream=R.ResponseStreamEvent, errors=GENERATION_ERRORS, named_events=True),
+    Operation("GET", "/v1/responses/{response_id}", "get_response", "A kept Response", ok=R.ResponseObject,
+              params=(_RESPONSE_ID,), errors={"404": "no kept response of that id"}),
+    Operation("DELETE", "/v1/responses/{response_id}", "delete_response", "Forgets a kept Response",
+              ok=R.ResponseDeleted, params=(_RESPONSE_ID,), errors={"404": "no kept response of that id"}),
     Operation("POST", "/v1/messages", "messages", "Anthropic Messages", body=MessagesBody,
               ok=R.AnthropicMessageOut, stream=R.AnthropicStreamEvent, errors=GENERATION_ERRORS, anthropic=True,
               named_events=True),

@@ -297,7 +297,7 @@ class GenRequest:
     reasoning_budget: int | None = None     # chat: most tokens of the thinking block (None: no bound)
     lora: list[dict] = field(default_factory=list)   # LoRA adapters: {"id" or "name", "scale"}
     adapter: str | None = None              # `model` named this LoRA adapter: the reply's model
-    echo: dict = field(default_factory=dict)   # /v1/responses: the settings its Response repeats
+    responses: Any = None                   # /v1/responses: its ResponsesCall (what it repeats and keeps)
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -593,8 +593,8 @@ class ResponsesBody(_Body):
     parallel_tool_calls: bool | None = None
     text: ResponsesTextConfig | None = None
     reasoning: ResponsesReasoningConfig | None = None
-    previous_response_id: str | None = None      # refused: nothing is stored
-    conversation: Any = None                     # refused: nothing is stored
+    previous_response_id: str | None = None      # a stored response this one continues
+    conversation: Any = None                     # refused: conversations are not kept
     background: bool | None = None               # refused when true
     store: bool | None = None
     metadata: dict | None = None

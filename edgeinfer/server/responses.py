@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 __all__ = ["ErrorResponse", "Health", "ModelObject", "ModelList", "Tokens", "Detokenized",
            "ChatCompletion", "ChatCompletionChunk", "Completion", "CompletionChunk",
            "AnthropicErrorResponse", "AnthropicMessageOut", "AnthropicStreamEvent", "InputTokens",
-           "EmbeddingList", "ResponseObject", "ResponseStreamEvent"]
+           "EmbeddingList", "ResponseObject", "ResponseStreamEvent", "ResponseDeleted"]
 
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]
 
@@ -443,6 +443,13 @@ class FunctionCallItem(_Out):
 OutputItem = Annotated[Union[OutputMessageItem, ReasoningItem, FunctionCallItem], Field(discriminator="type")]
 
 
+class ResponseDeleted(_Out):
+    """DELETE /v1/responses/{response_id}."""
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
 class ResponsesInputDetails(_Out):
     cached_tokens: int
 
@@ -464,7 +471,7 @@ class IncompleteDetails(_Out):
 
 
 class ResponseObject(_Out):
-    """POST /v1/responses: the Response (stored nowhere: `store` is false)."""
+    """POST /v1/responses and GET /v1/responses/{response_id}: a Response."""
     id: str
     object: Literal["response"]
     created_at: int
@@ -478,7 +485,7 @@ class ResponseObject(_Out):
     max_output_tokens: int | None
     metadata: dict
     parallel_tool_calls: bool
-    previous_response_id: None
+    previous_response_id: str | None
     reasoning: dict
     store: bool
     temperature: float
