@@ -182,6 +182,21 @@ def test_the_store_keeps_the_last_responses_only():
     assert store.delete("b") and not store.delete("b") and store.get("b") is None
 
 
+def test_logprobs_are_the_chat_routes(client):
+    """include message.output_text.logprobs with top_logprobs: each token's logprob and
+    alternatives on the message's output_text, as the chat route gives them; streamed, the
+    deltas' logprobs make up the same list."""
+    want = chat_reply(client, TURNS, 8, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    kw = dict(model="smollm2", instructions=SYSTEM, input=TURNS, max_output_tokens=8, temperature=0.0,
+              include=["message.output_text.logprobs"], top_logprobs=3, extra_body={"ignore_eos": True})
+    got = client.responses.create(**kw).output[0].content[0].logprobs
+    assert [lp.model_dump() for lp in got] == [lp.model_dump() for lp in want.choices[0].logprobs.content]
+    assert len(got) == 8 and all(len(lp.top_logprobs) == 3 for lp in got)
+    streamed = [lp for ev in client.responses.create(**kw, stream=True) if ev.type == "response.output_text.delta"
+                for lp in ev.logprobs]
+    assert [(lp.token, lp.logprob) for lp in streamed] == [(lp.token, lp.logprob) for lp in got]
+
+
 def test_text_format_json_schema_is_followed(client):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
@@ -208,7 +223,6 @@ def test_text_format_json_schema_is_followed(client):
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id",
      "missing_required_parameter"),
     ({"input": []}, "input", "invalid_value"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "unsupported_value"),
     ({"input": "x", "temperature": 2.5}, "temperature", "invalid_value"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "p"}}}, "text.format.schema",
      "missing_required_parameter"),

@@ -86,9 +86,6 @@ def parse_request(body: Any, store: ResponseStore) -> GenRequest:
                       "responses made with store true, in memory)", "previous_response_id",
                       "previous_response_not_found")
         history = kept[1]
-    if "message.output_text.logprobs" in (b.include or []) or b.top_logprobs:
-        raise bad("logprobs are not served on /v1/responses: ask /v1/chat/completions for them",
-                  "include" if b.include else "top_logprobs", "unsupported_value")
     if b.background:
         raise bad("'background' is not supported: stream the response instead", "background", "unsupported_value")
     conversation = history + _messages(b.input)
@@ -128,6 +125,8 @@ def parse_request(body: Any, store: ResponseStore) -> GenRequest:
             "name": fmt.name or "response", "schema": fmt.schema_, "strict": bool(fmt.strict)}}
     if b.reasoning is not None and b.reasoning.effort is not None:
         chat["reasoning_effort"] = b.reasoning.effort
+    if "message.output_text.logprobs" in (b.include or []) or b.top_logprobs:
+        chat.update(logprobs=True, top_logprobs=b.top_logprobs or 0)
     req = parse_chat(chat)
     kept = b.store is not False      # OpenAI's default: stored
     req.responses = ResponsesCall(conversation=conversation if kept else None, echo={
@@ -139,7 +138,7 @@ def parse_request(body: Any, store: ResponseStore) -> GenRequest:
         "temperature": req.sampling["temperature"], "top_p": req.sampling["top_p"],
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
         "tool_choice": (choice if isinstance(choice, str) else choice.model_dump()) if choice is not None else "auto",
-        "tools": tools, "truncation": "disabled", "user": b.user})
+        "tools": tools, "top_logprobs": b.top_logprobs, "truncation": "disabled", "user": b.user})
     return req
 
 
@@ -212,22 +211,31 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class _Usage:
-    """Output tokens, and those of the thinking block: the tokens before the answer's first text
-    once thinking text has come (its closing tag included)."""
+class _Tokens:
+    """The reply's tokens as they come: those of the thinking block (the tokens before the
+    answer's first text once thinking text has come, its closing tag included), and the
+    logprobs not yet given out (where the request asks for them)."""
 
     def __init__(self):
         self.thinking = False
         self.answering = False
         self.reasoning_tokens = 0
+        self.logprobs: list = []
 
     def feed(self, ev: TokenEvent | DoneEvent) -> None:
         self.thinking |= bool(ev.reasoning)
         self.answering |= bool(ev.text)
-        if isinstance(ev, TokenEvent) and self.thinking and not self.answering:
-            self.reasoning_tokens += 1
+        if isinstance(ev, TokenEvent):
+            self.reasoning_tokens += self.thinking and not self.answering
+            if ev.logprob is not None:
+                self.logprobs.append(ev.logprob)
 
-    def body(self, ctx, done: DoneEvent) -> dict:
+    def take_logprobs(self, ctx) -> list[dict]:
+        """The logprobs not given out yet, in OpenAI's shape (token, bytes, logprob, top_logprobs)."""
+        taken, self.logprobs = self.logprobs, []
+        return ctx.chat_logprobs(taken)["content"] if taken else []
+
+    def usage(self, ctx, done: DoneEvent) -> dict:
         n_out = done.stats.completion_tokens
         return {"input_tokens": ctx.n_prompt, "input_tokens_details": {"cached_tokens": done.stats.cached_tokens},
                 "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
@@ -281,8 +289,8 @@ def _call_item(call: dict, status: str) -> dict:
 
 async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError]) -> dict:
     """The whole Response of a request that is not streamed."""
-    usage = _Usage()
-    answer, thought, done = await collect(queue, ctx, fail, usage.feed)
+    tokens = _Tokens()
+    answer, thought, done = await collect(queue, ctx, fail, tokens.feed)
     status = _status(done)
     parts = ctx.plan.parts(answer) if ctx.plan is not None else [("text", answer)]
     output = [_reasoning_item(thought, status)] if thought else []
@@ -295,7 +303,10 @@ async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError
             output.append(_message_item(part, status))
     if not any(o["type"] != "reasoning" for o in output):   # an empty reply still has its message
         output.append(_message_item("", status))
-    response = _response(ctx, _new_id("resp"), status, output, usage.body(ctx, done))
+    messages = [o for o in output if o["type"] == "message"]
+    if messages:          # every token's logprobs (where asked for) on the first message
+        messages[0]["content"][0]["logprobs"] = tokens.take_logprobs(ctx)
+    response = _response(ctx, _new_id("resp"), status, output, tokens.usage(ctx, done))
     _keep(ctx, response)
     return response
 
@@ -304,7 +315,8 @@ class _Items:
     """The output items of a stream and their events, each numbered in order: a message or
     reasoning item stays open while its kind of text comes; a call is one whole item."""
 
-    def __init__(self):
+    def __init__(self, ctx, tokens: _Tokens):
+        self.ctx, self.tokens = ctx, tokens
         self.output: list[dict] = []
         self.seq = 0
         self.open: int | None = None          # index of the open message or reasoning item
@@ -319,11 +331,14 @@ class _Items:
         out = [] if self.open is not None and self.output[self.open]["type"] == item_type else \
             self.close("completed") + self.start(item_type)
         item = self.output[self.open]
-        item["content"][0]["text"] += piece
-        name = "response.reasoning_text.delta" if item_type == "reasoning" else "response.output_text.delta"
-        extra = {} if item_type == "reasoning" else {"logprobs": []}
-        return out + [self.event(name, item_id=item["id"], output_index=self.open, content_index=0, delta=piece,
-                                 **extra)]
+        part = item["content"][0]
+        part["text"] += piece
+        ids = {"item_id": item["id"], "output_index": self.open, "content_index": 0}
+        if item_type == "reasoning":
+            return out + [self.event("response.reasoning_text.delta", **ids, delta=piece)]
+        logprobs = self.tokens.take_logprobs(self.ctx)     # the tokens' that released this text, and before
+        part["logprobs"] += logprobs
+        return out + [self.event("response.output_text.delta", **ids, delta=piece, logprobs=logprobs)]
 
     def start(self, item_type: str) -> list[bytes]:
         item = (_reasoning_item if item_type == "reasoning" else _message_item)("", "in_progress")
@@ -343,8 +358,11 @@ class _Items:
         part = item["content"][0]
         item["status"] = status
         ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        done = (self.event("response.reasoning_text.done", **ids, text=part["text"]) if item["type"] == "reasoning"
-                else self.event("response.output_text.done", **ids, text=part["text"], logprobs=[]))
+        if item["type"] == "reasoning":
+            done = self.event("response.reasoning_text.done", **ids, text=part["text"])
+        else:
+            part["logprobs"] += self.tokens.take_logprobs(self.ctx)   # tokens that released no text
+            done = self.event("response.output_text.done", **ids, text=part["text"], logprobs=part["logprobs"])
         return [done, self.event("response.content_part.done", **ids, part=part),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
@@ -367,13 +385,14 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
                        fail: Callable[[ErrorEvent], APIError]) -> web.StreamResponse:
     """The Response as OpenAI's server-sent events: reasoning and message items as the text
     comes, each function call an item once it is whole (StreamParts), its arguments in one delta."""
-    rid, items, parts, usage = _new_id("resp"), _Items(), StreamParts(ctx.plan), _Usage()
+    tokens = _Tokens()
+    rid, items, parts = _new_id("resp"), _Items(ctx, tokens), StreamParts(ctx.plan)
 
     def on_event(ev) -> tuple[list[bytes], bool]:
         if isinstance(ev, ErrorEvent):
             e = fail(ev)
             return [items.event("error", code=e.code, message=e.message, param=e.param)], True
-        usage.feed(ev)
+        tokens.feed(ev)
         out: list[bytes] = []
         for kind, part in parts.feed(ev):
             out += items.call(part) if kind == "call" else items.delta(kind, part)
@@ -384,7 +403,7 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
         if not any(o["type"] != "reasoning" for o in items.output):   # an empty reply: its message
             out += items.close(status) + items.start("message")
         out += items.close(status)
-        final = _response(ctx, rid, status, items.output, usage.body(ctx, ev))
+        final = _response(ctx, rid, status, items.output, tokens.usage(ctx, ev))
         _keep(ctx, final)
         return out + [items.event(f"response.{status}", response=final)], True
     start = _response(ctx, rid, "in_progress", [], None)
