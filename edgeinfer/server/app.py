@@ -512,28 +512,28 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    """OpenAI's Responses API, stateless: the chat route's engine calls, the Responses shapes."""
+    """OpenAI's Responses API: the chat route's engine calls, the Responses shapes."""
     return await _generate(request, "responses")
 
 
-def _kept_response(state: ServerState, rid: str) -> dict:
-    kept = state.responses.get(rid)
-    if kept is None:
-        raise APIError(404, f"no kept response '{rid}'", param="response_id", code="response_not_found")
-    return kept[0]
+def _not_kept(rid: str) -> APIError:
+    return APIError(404, f"no kept response '{rid}'", param="response_id", code="response_not_found")
 
 
 async def get_response(request: web.Request) -> web.Response:
     """GET /v1/responses/{response_id}: a kept Response."""
-    return _json(_kept_response(request.app[STATE_KEY], request.match_info["response_id"]))
+    rid = request.match_info["response_id"]
+    kept = request.app[STATE_KEY].responses.get(rid)
+    if kept is None:
+        raise _not_kept(rid)
+    return _json(kept[0])
 
 
 async def delete_response(request: web.Request) -> web.Response:
     """DELETE /v1/responses/{response_id}: forgets a kept Response."""
-    state: ServerState = request.app[STATE_KEY]
     rid = request.match_info["response_id"]
-    _kept_response(state, rid)
-    state.responses.delete(rid)
+    if not request.app[STATE_KEY].responses.delete(rid):
+        raise _not_kept(rid)
     return _json({"id": rid, "object": "response", "deleted": True})
 
 
