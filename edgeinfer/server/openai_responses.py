@@ -98,19 +98,17 @@ def parse_request(body: Any, store: ResponseStore) -> GenRequest:
                  if v is not None})
     if b.lora:
         chat["lora"] = [r.model_dump(exclude_none=True) for r in b.lora]
-    tools = []
+    tools = []     # as the Response repeats them; the chat request takes each as a function
     for i, t in enumerate(b.tools or []):
         if t.type != "function":
             raise bad(f"tools of type '{t.type}' are not served: only 'function' tools", f"tools[{i}].type",
                       "unsupported_value")
         if not t.name:
             raise bad("a function tool needs 'name'", f"tools[{i}].name", "missing_required_parameter")
-        tools.append({"type": "function", "name": t.name, "description": t.description,
-                      "parameters": t.parameters if t.parameters is not None else {"type": "object", "properties": {}},
-                      "strict": t.strict})
-    if tools:
-        chat["tools"] = [{"type": "function", "function": {"name": t["name"], "description": t["description"] or "",
-                                                           "parameters": t["parameters"]}} for t in tools]
+        function = {"name": t.name, "description": t.description or "",
+                    "parameters": t.parameters if t.parameters is not None else {"type": "object", "properties": {}}}
+        tools.append({"type": "function", **function, "strict": t.strict})
+        chat.setdefault("tools", []).append({"type": "function", "function": function})
     choice = b.tool_choice
     if choice is not None:
         chat["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",

@@ -487,12 +487,12 @@ class ResponsesContentPart(_Body):
 _ResponsesContent = str | list[ResponsesContentPart]
 
 
+# Input items: the fields read; the rest (an item's id and status from an earlier response,
+# encrypted reasoning) is ignored, as every body's unknown fields are.
 class ResponsesMessageItem(_Body):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: _ResponsesContent
-    id: str | None = None
-    status: str | None = None
 
 
 class ResponsesFunctionCallItem(_Body):
@@ -500,16 +500,12 @@ class ResponsesFunctionCallItem(_Body):
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
-    id: str | None = None
-    status: str | None = None
 
 
 class ResponsesFunctionCallOutputItem(_Body):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
     output: _ResponsesContent
-    id: str | None = None
-    status: str | None = None
 
 
 class ResponsesReasoningText(_Body):
@@ -521,9 +517,6 @@ class ResponsesReasoningItem(_Body):
     type: Literal["reasoning"]
     summary: list[ResponsesReasoningText] = []
     content: list[ResponsesReasoningText] | None = None
-    id: str | None = None
-    encrypted_content: str | None = None
-    status: str | None = None
 
 
 class ResponsesOtherItem(_Body):
