@@ -72,6 +72,16 @@ def cap_generation(body, default: str | None = "max_tokens") -> None:
             body[default] = MAX_TOKENS_CAP
 
 
+def cap_ollama(body) -> None:
+    """An Ollama body's `options.num_predict` capped as cap_generation caps max_tokens; omitted
+    or without a bound (-1, -2), it is set to the cap."""
+    if isinstance(body, dict):
+        opts = body.setdefault("options", {})
+        v = opts.get("num_predict") if isinstance(opts, dict) else 0
+        if v is None or (type(v) is int and (v > MAX_TOKENS_CAP or v in (-1, -2))):
+            opts["num_predict"] = MAX_TOKENS_CAP
+
+
 @pytest.fixture(scope="module")
 def api(server):
     return schemathesis.openapi.from_url(server.url + "/openapi.json", config=_config())
@@ -87,6 +97,8 @@ def test_every_answer_matches_the_document(case):
               "/v1/responses": "max_output_tokens"}
     if case.operation.path in length:
         cap_generation(case.body, default=length[case.operation.path])
+    if case.operation.path in ("/api/chat", "/api/generate"):
+        cap_ollama(case.body)
     case.call_and_validate(timeout=120)
 
 

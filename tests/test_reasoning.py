@@ -1,7 +1,7 @@
 """Reasoning output on a template with a thinking block (a tiny Qwen3 checkpoint, its
 tokenizer holding <think> and </think>): the block's text comes back apart from the answer
 (`reasoning_content`, plain and streamed; Anthropic's thinking blocks; the Responses API's
-reasoning items), and a thinking budget
+reasoning items; Ollama's `thinking`), and a thinking budget
 closes the block after exactly that many tokens, the answer following.
 
 Two files of one checkpoint: Qwen3's template (the prompt leaves the block closed; the model
@@ -164,6 +164,25 @@ def test_reasoning_items_on_the_responses_route(engines, server):
                                                                    "response.output_text.delta"}
     assert [o.model_dump(include={"type", "content"}) for o in final.output] == \
         [o.model_dump(include={"type", "content"}) for o in got.output]
+
+
+def test_thinking_on_the_ollama_route(engines, server):
+    """Ollama's `think`: the chat route's split, the block as message.thinking (streamed in the
+    lines before the answer's); /api/show lists the capability."""
+    ollama = require("ollama", "the ollama client is the /api routes' oracle")
+    oai = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    want = oai.chat.completions.create(model="open", messages=MSGS, max_tokens=MAX_TOKENS, temperature=0.0,
+                                       extra_body={"repeat_penalty": 1.1, "top_k": 40, "top_p": 0.9}
+                                       ).choices[0].message
+    assert want.reasoning_content
+    client = ollama.Client(host=server.url, timeout=60)
+    kw = dict(model="open", messages=MSGS, think=True, options={"temperature": 0.0, "num_predict": MAX_TOKENS})
+    got = client.chat(**kw).message
+    assert (got.thinking, got.content) == (want.reasoning_content, want.content or "")
+    lines = list(client.chat(**kw, stream=True))
+    assert ("".join(x.message.thinking or "" for x in lines), "".join(x.message.content for x in lines)) == \
+        (got.thinking, got.content)
+    assert "thinking" in client.show("open").capabilities
 
 
 def test_a_block_the_model_writes_is_split(engines):

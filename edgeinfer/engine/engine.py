@@ -71,6 +71,11 @@ class Engine:
         return self.runner.caps
 
     @property
+    def thinks(self) -> bool:
+        """Whether the chat template has a thinking block (its replies carry `reasoning`)."""
+        return reasoning_format(self.template.source) is not None
+
+    @property
     def n_slots(self) -> int:
         """Sequences that run at once (each has a slot of the KV ring)."""
         return self.scheduler.n_slots

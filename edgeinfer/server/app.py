@@ -27,12 +27,13 @@ from ..engine import (AdapterBusyError, AdapterError, UnknownAdapterError, Cache
                       check_logit_bias, grammar_spec)
 from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InvalidTokenError, SamplingParamsError,
                       TemplateError)
-from . import anthropic, openai_responses
+from . import anthropic, ollama, openai_responses
 from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
-from .protocol import (APIError, DetokenizeBody, EmbeddingsBody, GenRequest, LoraLoadBody, SlotBody, TokenizeBody, bad,
-                       parse, parse_chat, parse_completion)
+from .protocol import (APIError, DetokenizeBody, EmbeddingsBody, GenRequest, LoraLoadBody, OllamaEmbedBody,
+                       OllamaEmbeddingsBody, OllamaShowBody, SlotBody, TokenizeBody, bad, parse, parse_chat,
+                       parse_completion)
 from .registry import Registry, ServedModel
 
 log = logging.getLogger("edgeinfer.server")
@@ -186,12 +187,13 @@ def _json(data: Any, status: int = 200, headers: dict | None = None) -> web.Resp
 
 
 def error_response(e: APIError, path: str = "") -> web.Response:
-    body = anthropic.error_body(e) if path in ANTHROPIC_PATHS else e.body()
-    return _json(body, status=e.status, headers=e.headers)
+    shape = _ERROR_SHAPES.get(_DIALECTS.get(path, "openai"))
+    return _json(shape(e) if shape else e.body(), status=e.status, headers=e.headers)
 
 
 PUBLIC_PATHS = frozenset(op.path for op in OPERATIONS if op.public)   # answered without the API key
-ANTHROPIC_PATHS = frozenset(op.path for op in OPERATIONS if op.anthropic)   # errors in Anthropic's shape
+_DIALECTS = {op.path: op.dialect for op in OPERATIONS}                # whose shape a route's errors take
+_ERROR_SHAPES = {"anthropic": anthropic.error_body, "ollama": ollama.error_body}
 _HTTP_ERRORS = {404: ("not found", "not_found"), 405: ("method not allowed", "method_not_allowed"),
                 413: ("request body too large", "request_too_large")}
 
@@ -464,17 +466,31 @@ async def embeddings(request: web.Request) -> web.Response:
     state.check_draining()
     body = parse(EmbeddingsBody, await _read_json(request, state))
     served = state.lookup(body.model)
+    vectors, n_tokens = await _embed(state, served, body.items(), body.dimensions)
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+             if body.encoding_format == "base64" else v.tolist()} for i, v in enumerate(vectors)]
+    return _json({"object": "list", "data": data, "model": served.name,
+                  "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+
+async def _embed(state: "ServerState", served: ServedModel, items: list, dimensions: int | None,
+                 truncate: bool = False):
+    """Unit-length vectors of `items` (texts or token ids) on `served`, and their tokens in all;
+    `truncate`: an input longer than the context is cut to it (else a 400)."""
     eng = served.require()
     if not eng.caps.embeddings:
         raise APIError(501, f"the {eng.caps.device} backend gives no embeddings", type="not_supported_error",
                        code="not_supported")
     n_embd = eng.config.n_embd
-    if body.dimensions is not None and body.dimensions != n_embd:
-        raise bad(f"dimensions must be the model's width {n_embd} (no truncation), got {body.dimensions}",
+    if dimensions is not None and dimensions != n_embd:
+        raise bad(f"dimensions must be the model's width {n_embd} (no truncation), got {dimensions}",
                   "dimensions", "invalid_value")
     loop = asyncio.get_running_loop()
     seqs = await loop.run_in_executor(state.tok_pool, lambda: [eng.tokenize(x) if isinstance(x, str) else x
-                                                               for x in body.items()])
+                                                               for x in items])
+    if truncate:
+        seqs = [ids[:eng.n_ctx] for ids in seqs]
     state.in_flight += 1
     try:
         vectors = await loop.run_in_executor(None, eng.embed, seqs)
@@ -484,12 +500,67 @@ async def embeddings(request: web.Request) -> web.Response:
         raise bad(str(e), "input", "invalid_value") from None
     finally:
         state.in_flight -= 1
-    n_tokens = sum(map(len, seqs))
-    data = [{"object": "embedding", "index": i,
-             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-             if body.encoding_format == "base64" else v.tolist()} for i, v in enumerate(vectors)]
-    return _json({"object": "list", "data": data, "model": served.name,
-                  "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+    return vectors, sum(map(len, seqs))
+
+
+# --------------------------------------------------------------------------- Ollama's routes
+
+def _lookup_ollama(state: "ServerState", name: str | None) -> tuple[ServedModel, str | None]:
+    """The served model (or adapter) an Ollama request names: its clients add the default tag
+    `:latest` to a name that has none."""
+    try:
+        return state.lookup_with_adapter(name)
+    except APIError:
+        if name is None or not name.endswith(":latest"):
+            raise
+        return state.lookup_with_adapter(name.removesuffix(":latest"))
+
+
+async def ollama_chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "ollama_chat")
+
+
+async def ollama_generate(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "ollama_generate")
+
+
+async def ollama_embed(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    state.check_draining()
+    t0 = time.perf_counter()
+    body = parse(OllamaEmbedBody, await _read_json(request, state))
+    served, _ = _lookup_ollama(state, body.model)
+    items = [body.input] if isinstance(body.input, str) else body.input
+    vectors, n_tokens = await _embed(state, served, items, body.dimensions, truncate=body.truncate)
+    return _json(ollama.embed_reply(served.name, vectors, n_tokens, time.perf_counter() - t0))
+
+
+async def ollama_embeddings(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    state.check_draining()
+    body = parse(OllamaEmbeddingsBody, await _read_json(request, state))
+    served, _ = _lookup_ollama(state, body.model)
+    vectors, _ = await _embed(state, served, [body.prompt], None)
+    return _json({"embedding": vectors[0].tolist()})
+
+
+async def ollama_tags(request: web.Request) -> web.Response:
+    return _json(ollama.model_list(request.app[STATE_KEY].engines()))
+
+
+async def ollama_ps(request: web.Request) -> web.Response:
+    return _json(ollama.running(request.app[STATE_KEY].engines()))
+
+
+async def ollama_show(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    body = parse(OllamaShowBody, await _read_json(request, state))
+    served, _ = _lookup_ollama(state, body.model)
+    return _json(ollama.show(served.require(), body.verbose))
+
+
+async def ollama_version(request: web.Request) -> web.Response:
+    return _json(ollama.version_reply())
 
 
 def _piece(eng, token: int) -> str:
@@ -596,12 +667,17 @@ def _sibling_seeds(seed: int | None, n: int) -> list[int | None]:
                      for i in range(1, n)]
 
 
+_OLLAMA_KINDS = ("ollama_chat", "ollama_generate")
+
+
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     try:
         return await _generate_as(request, kind)
     except APIError as e:
         if kind == "responses":
             openai_responses.in_request_terms(e)
+        elif kind in _OLLAMA_KINDS:
+            ollama.in_request_terms(e)
         raise
 
 
@@ -611,10 +687,15 @@ async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
     state.check_draining()
     body = await _read_json(request, state)
     name = body.get("model") if isinstance(body, dict) else None
-    served, adapter = state.lookup_with_adapter(name if isinstance(name, str) else None)  # a non-string: 400 from parse
+    lookup = _lookup_ollama if kind in _OLLAMA_KINDS else ServerState.lookup_with_adapter
+    served, adapter = lookup(state, name if isinstance(name, str) else None)  # a non-string: 400 from parse
     eng = served.require()
     if kind == "messages":
         req = anthropic.parse_messages(body)
+    elif kind in _OLLAMA_KINDS:
+        req = ollama.parse_request(kind, body, eng.config.n_vocab)
+        if req is None:
+            return _json(ollama.loaded(served.name, kind))
     elif kind == "responses":
         req = openai_responses.parse_request(body, state.responses)
     else:
@@ -671,6 +752,10 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
             return await openai_responses.stream_reply(request, queue, ctx, _engine_error)
         if kind == "responses":
             return _json(await openai_responses.reply(queue, ctx, _engine_error))
+        if kind in _OLLAMA_KINDS and req.stream:
+            return await ollama.stream_reply(request, queue, ctx, _engine_error)
+        if kind in _OLLAMA_KINDS:
+            return _json(await ollama.reply(queue, ctx, _engine_error))
         if req.stream:
             return await _stream(request, queue, ctx)
         return await _collect(queue, ctx)

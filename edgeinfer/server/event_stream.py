@@ -1,6 +1,6 @@
 """The typed event streams of a chat reply (Anthropic's content blocks, the Responses API's
-output items): the reply cut into thinking text, answer text and tool calls, each given once it is
-final, and the server-sent-events reply that relays them."""
+output items, Ollama's lines): the reply cut into thinking text, answer text and tool calls,
+each given once it is final, and the streamed reply that relays them."""
 from __future__ import annotations
 
 import asyncio
@@ -57,10 +57,12 @@ class StreamParts:
 
 
 async def relay(request: web.Request, queue: asyncio.Queue, first: bytes,
-                on_event: Callable[[Any], tuple[list[bytes], bool]]) -> web.StreamResponse:
-    """A server-sent-events reply: `first`, then the events `on_event` makes of each engine event
-    of `queue`, written a batch at a time, until it says the reply is finished."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                on_event: Callable[[Any], tuple[list[bytes], bool]],
+                content_type: str = "text/event-stream") -> web.StreamResponse:
+    """A streamed reply (server-sent events, or Ollama's JSON lines): `first`, then the events
+    `on_event` makes of each engine event of `queue`, written a batch at a time, until it says
+    the reply is finished."""
+    resp = web.StreamResponse(headers={"Content-Type": f"{content_type}; charset=utf-8",
                                        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     await resp.prepare(request)
     try:

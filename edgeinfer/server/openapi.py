@@ -12,7 +12,8 @@ from pydantic.json_schema import models_json_schema
 
 from . import responses as R
 from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, LoraLoadBody,
-                       MessagesBody, ResponsesBody, SlotBody, TokenizeBody)
+                       MessagesBody, OllamaChatBody, OllamaEmbedBody, OllamaEmbeddingsBody, OllamaGenerateBody,
+                       OllamaShowBody, ResponsesBody, SlotBody, TokenizeBody)
 
 __all__ = ["Operation", "OPERATIONS", "document"]
 
@@ -23,7 +24,12 @@ GENERATION_ERRORS = {"400": "a bad field, named in `param`; a prompt that does n
                      "413": "the body exceeds the server's limit",
                      "429": "the model's queue is full (Retry-After)",
                      "503": "loading, failed or shutting down (Retry-After)"}
+OLLAMA_GENERATION_ERRORS = {"400": "a bad field, named in the message; a prompt that does not fit the context",
+                            "404": "`model` names no served model", "413": "the body exceeds the server's limit",
+                            "429": "the model's queue is full (Retry-After)",
+                            "503": "loading, failed or shutting down (Retry-After)"}
 STREAM = "text/event-stream"
+NDJSON = "application/x-ndjson"
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
@@ -40,13 +46,14 @@ class Operation:
     stream: type[BaseModel] | None = None       # the events of a 200 text/event-stream reply
     errors: dict[str, str] = field(default_factory=dict)
     public: bool = False                        # answered without the API key
-    anthropic: bool = False                     # Anthropic's error and stream shapes, not OpenAI's
+    dialect: str = "openai"                     # whose error and stream shapes: "anthropic", "ollama"
     named_events: bool = False                  # stream events name their type in `event`, no [DONE]
     params: tuple[dict, ...] = ()               # path and query parameters beyond {model_id}
 
     @property
     def error_model(self) -> type[BaseModel]:
-        return R.AnthropicErrorResponse if self.anthropic else R.ErrorResponse
+        return {"openai": R.ErrorResponse, "anthropic": R.AnthropicErrorResponse,
+                "ollama": R.OllamaErrorResponse}[self.dialect]
 
 
 OPERATIONS = (
@@ -85,10 +92,10 @@ OPERATIONS = (
     Operation("DELETE", "/v1/responses/{response_id}", "delete_response", "Forgets a kept Response",
               ok=R.ResponseDeleted, params=(_RESPONSE_ID,), errors={"404": "no kept response of that id"}),
     Operation("POST", "/v1/messages", "messages", "Anthropic Messages", body=MessagesBody,
-              ok=R.AnthropicMessageOut, stream=R.AnthropicStreamEvent, errors=GENERATION_ERRORS, anthropic=True,
+              ok=R.AnthropicMessageOut, stream=R.AnthropicStreamEvent, errors=GENERATION_ERRORS, dialect="anthropic",
               named_events=True),
     Operation("POST", "/v1/messages/count_tokens", "count_tokens", "Anthropic token count of a Messages request",
-              body=CountTokensBody, ok=R.InputTokens, anthropic=True,
+              body=CountTokensBody, ok=R.InputTokens, dialect="anthropic",
               errors={k: v for k, v in GENERATION_ERRORS.items() if k != "429"}),
     Operation("POST", "/slots/{id_slot}", "slot_action",
               "llama.cpp's slot save / restore (a file inside --prompt-cache DIR) / erase", body=SlotBody,
@@ -115,6 +122,30 @@ OPERATIONS = (
                       "503": "loading, failed or shutting down"}),
     Operation("GET", "/lora-adapters", "lora_llama", "llama.cpp's adapter list (id, path, scale)",
               ok=R.LlamaLoraAdapterList, errors={"503": "loading, failed or shutting down"}),
+    Operation("POST", "/api/chat", "ollama_chat", "Ollama chat (streamed unless `stream` is false)",
+              body=OllamaChatBody, ok=R.OllamaChatReply, stream=R.OllamaChatReply, errors=OLLAMA_GENERATION_ERRORS,
+              dialect="ollama"),
+    Operation("POST", "/api/generate", "ollama_generate", "Ollama generation (streamed unless `stream` is false)",
+              body=OllamaGenerateBody, ok=R.OllamaGenerateReply, stream=R.OllamaGenerateReply,
+              errors=OLLAMA_GENERATION_ERRORS, dialect="ollama"),
+    Operation("POST", "/api/embed", "ollama_embed", "Ollama embeddings (unit length), one per input",
+              body=OllamaEmbedBody, ok=R.OllamaEmbedReply, dialect="ollama",
+              errors={k: v for k, v in {**OLLAMA_GENERATION_ERRORS, "501": "a backend without embeddings"}.items()
+                      if k != "429"}),
+    Operation("POST", "/api/embeddings", "ollama_embeddings", "Ollama's older embedding route: one vector",
+              body=OllamaEmbeddingsBody, ok=R.OllamaEmbedding, dialect="ollama",
+              errors={k: v for k, v in {**OLLAMA_GENERATION_ERRORS, "501": "a backend without embeddings"}.items()
+                      if k != "429"}),
+    Operation("GET", "/api/tags", "ollama_tags", "Ollama's list of the served models", ok=R.OllamaModelList,
+              dialect="ollama"),
+    Operation("POST", "/api/show", "ollama_show", "Ollama's model details, metadata, template and capabilities",
+              body=OllamaShowBody, ok=R.OllamaShowReply, dialect="ollama",
+              errors={"400": "a bad field", "404": "`model` names no served model",
+                      "413": "the body exceeds the server's limit", "503": "loading, failed or shutting down"}),
+    Operation("GET", "/api/ps", "ollama_ps", "Ollama's list of the loaded models and their memory",
+              ok=R.OllamaRunningList, dialect="ollama"),
+    Operation("GET", "/api/version", "ollama_version", "The server's version (Ollama's route)", ok=R.OllamaVersion,
+              dialect="ollama"),
 )
 
 _REF = "#/components/schemas/{model}"
@@ -142,7 +173,9 @@ def _operation(op: Operation, auth: bool) -> dict:
         ok["application/json"] = {"schema": _ref(op.ok)}
     for media in op.ok_text:
         ok[media] = {"schema": {"type": "object"} if media == "application/json" else {"type": "string"}}
-    if op.stream is not None:
+    if op.stream is not None and op.dialect == "ollama":    # a JSON object a line
+        ok[NDJSON] = {"schema": {"anyOf": [_ref(op.stream), _ref(op.error_model)]}}
+    elif op.stream is not None:
         ok[STREAM] = {"schema": _event(op)}
     error = {"application/json": {"schema": _ref(op.error_model)}}
     errors = {**COMMON_ERRORS, **op.errors}
@@ -166,7 +199,7 @@ def _operation(op: Operation, auth: bool) -> dict:
 @cache
 def _schemas() -> dict:
     models = [op.body for op in OPERATIONS if op.body] + [m for op in OPERATIONS for m in (op.ok, op.stream) if m]
-    models += [R.ErrorResponse, R.AnthropicErrorResponse]
+    models += [R.ErrorResponse, R.AnthropicErrorResponse, R.OllamaErrorResponse]
     _, defs = models_json_schema([(m, "validation") for m in dict.fromkeys(models)], ref_template=_REF)
     return defs["$defs"]
 
@@ -178,7 +211,8 @@ def document(auth: bool = False) -> dict:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, auth)
     doc = {"openapi": "3.1.0",
            "info": {"title": "edgeinfer", "version": version("edgeinfer"),
-                    "description": "OpenAI-compatible (and Anthropic Messages) HTTP API of `edgeinfer serve`."},
+                    "description": "The HTTP API of `edgeinfer serve`: OpenAI's, Anthropic's Messages and "
+                                   "Ollama's."},
            "paths": paths, "components": {"schemas": _schemas()}}
     if auth:
         doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}

@@ -605,6 +605,101 @@ class ResponsesBody(_Body):
     lora: list[LoraRef] | None = None
 
 
+# --------------------------------------------------------------------------- Ollama
+
+class OllamaOptions(_Body):
+    """An Ollama request's sampling `options`; Ollama's defaults where absent (ollama.py). Its
+    load-time options (num_ctx, num_thread, num_gpu, use_mmap, ...) are the server's own
+    settings: accepted, not acted on."""
+    num_predict: int | None = Field(None, ge=-2)   # -1: no bound, -2: until the context is full
+    temperature: float | None = Field(None, ge=0.0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    repeat_last_n: int | None = Field(None, ge=-1)     # -1: the whole context
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    # samplers edgeinfer does not have: only their "off" values are taken
+    mirostat: int | None = None
+    typical_p: float | None = None
+    tfs_z: float | None = None
+
+
+class OllamaCalledFunction(_Body):
+    name: str
+    arguments: dict = Field(default_factory=dict)
+
+
+class OllamaToolCall(_Body):
+    function: OllamaCalledFunction
+
+
+class OllamaMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    thinking: str | None = None                  # an assistant's earlier thinking
+    images: list[str] | None = None              # refused: the model reads text
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None                 # a tool result: the function that made it
+
+
+class _OllamaGenBody(_Body):
+    model: str = Field(min_length=1)
+    options: OllamaOptions | None = None
+    format: Literal["", "json"] | dict | None = None   # JSON, or a JSON Schema the reply follows
+    stream: bool = True                          # Ollama's default: streamed, one JSON object a line
+    think: bool | Literal["low", "medium", "high"] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    keep_alive: float | str | None = None        # models stay loaded: accepted, not acted on
+
+
+class OllamaChatBody(_OllamaGenBody):
+    """POST /api/chat (Ollama's); no messages: Ollama's "load the model" request."""
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None        # edgeinfer's extension: OpenAI's tool_choice
+
+
+class OllamaGenerateBody(_OllamaGenBody):
+    """POST /api/generate (Ollama's); no prompt: Ollama's "load the model" request."""
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False                            # the prompt as is, no chat template
+    suffix: str | None = None                    # refused: no fill-in-the-middle
+    template: str | None = None                  # refused: Go templates are not rendered
+    context: list[int] | None = None             # refused: /api/chat carries a conversation
+    images: list[str] | None = None              # refused: the model reads text
+
+
+class OllamaEmbedBody(_Body):
+    """POST /api/embed (Ollama's): unit-length vectors, one per input."""
+    model: str = Field(min_length=1)
+    input: (Annotated[str, Field(min_length=1)]
+            | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=_MAX_EMBED_INPUTS)])
+    truncate: bool = True                        # an input longer than the context is cut to it
+    dimensions: int | None = Field(None, ge=1)
+    options: dict | None = None                  # load-time options: accepted, not acted on
+    keep_alive: float | str | None = None
+
+
+class OllamaEmbeddingsBody(_Body):
+    """POST /api/embeddings (Ollama's older route): one vector."""
+    model: str = Field(min_length=1)
+    prompt: Annotated[str, Field(min_length=1)]
+    options: dict | None = None
+    keep_alive: float | str | None = None
+
+
+class OllamaShowBody(_Body):
+    """POST /api/show (Ollama's)."""
+    model: str = Field(min_length=1, validation_alias=AliasChoices("model", "name"))
+    verbose: bool = False
+
+
 # the request models' class names (union members in an error's location)
 _BODY_NAMES = frozenset(name for name, v in list(globals().items())
                         if isinstance(v, type) and issubclass(v, BaseModel))

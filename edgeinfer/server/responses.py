@@ -562,3 +562,118 @@ class ResponseStreamEvent(RootModel):
     """One event of a streamed /v1/responses reply (its SSE `event:` field names the type)."""
     root: Union[ResponseLifecycleEvent, OutputItemEvent, ContentPartEvent, TextDeltaEvent, TextDoneEvent,
                 ArgumentsDeltaEvent, ArgumentsDoneEvent, ResponseErrorEvent]
+
+
+# --------------------------------------------------------------------------- Ollama
+
+class OllamaErrorResponse(_Out):
+    """Every error of the /api routes, and an error line in their streams: Ollama's shape."""
+    error: str
+
+
+class OllamaFunction(_Out):
+    index: int
+    name: str
+    arguments: dict
+
+
+class OllamaToolCallOut(_Out):
+    function: OllamaFunction
+
+
+class OllamaMessageOut(_Out):
+    role: Literal["assistant"]
+    content: str
+    thinking: str | None = None
+    tool_calls: list[OllamaToolCallOut] | None = None
+
+
+class OllamaLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class _OllamaReply(_Out):
+    """One object of a reply: a line of a stream (done false), or its last object (done true,
+    with the timings in nanoseconds), which is the whole reply when not streamed."""
+    model: str
+    created_at: str
+    done: bool
+    done_reason: Literal["stop", "length", "load"] | None = None
+    total_duration: int | None = None
+    load_duration: int | None = None
+    prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_count: int | None = None
+    eval_duration: int | None = None
+    logprobs: list[OllamaLogprob] | None = None
+
+
+class OllamaChatReply(_OllamaReply):
+    message: OllamaMessageOut
+
+
+class OllamaGenerateReply(_OllamaReply):
+    response: str
+    thinking: str | None = None
+
+
+class OllamaEmbedReply(_Out):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class OllamaEmbedding(_Out):
+    embedding: list[float]
+
+
+class OllamaDetails(_Out):
+    parent_model: str
+    format: Literal["gguf"]
+    family: str
+    families: list[str]
+    parameter_size: str
+    quantization_level: str
+
+
+class OllamaModel(_Out):
+    name: str
+    model: str
+    modified_at: str
+    size: int
+    digest: str
+    details: OllamaDetails
+
+
+class OllamaModelList(_Out):
+    models: list[OllamaModel]
+
+
+class OllamaRunningModel(OllamaModel):
+    expires_at: str
+    size_vram: int
+    context_length: int
+
+
+class OllamaRunningList(_Out):
+    models: list[OllamaRunningModel]
+
+
+class OllamaShowReply(_Out):
+    license: str
+    modelfile: str
+    parameters: str
+    template: str
+    details: OllamaDetails
+    model_info: dict
+    capabilities: list[Literal["completion", "tools", "thinking", "embedding"]]
+    modified_at: str
+
+
+class OllamaVersion(_Out):
+    version: str
