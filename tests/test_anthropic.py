@@ -166,6 +166,19 @@ def test_tool_use_round_trip(client, oai):
     assert blocks(answer) == openai_blocks(want.choices[0].message)    # (the model calls it again)
 
 
+def test_a_call_max_tokens_cuts_is_a_text_block(client, oai):
+    """A forced call cut by max_tokens has no input object: a text block of the arguments the
+    chat route gives, plain and streamed."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    (call,) = openai_reply(oai, ask, 20, tools=OPENAI_TOOLS, tool_choice="required").choices[0].message.tool_calls
+    kw = dict(model="smollm2", system=SYSTEM, messages=ask, max_tokens=20, tools=TOOLS, tool_choice={"type": "any"},
+              extra_body=GREEDY)
+    msg = client.messages.create(**kw)
+    assert (msg.stop_reason, blocks(msg)) == ("max_tokens", [("text", call.function.arguments)])
+    with client.messages.stream(**kw) as stream:
+        assert blocks(stream.get_final_message()) == blocks(msg)
+
+
 def test_count_tokens_equals_the_openai_routes_prompt_tokens(client, oai):
     for kw, okw in (({}, {}), ({"tools": TOOLS}, {"tools": OPENAI_TOOLS})):
         want = openai_reply(oai, TURNS, 1, **okw).usage.prompt_tokens

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from tests.support.strict import require
 
@@ -119,6 +120,8 @@ def test_options_reach_the_sampler(client, oai):
                       top_p=0.8, extra_body={"top_k": 20, "min_p": 0.05})
     assert client.chat(model="smollm2", messages=ask, options=opts).message.content == \
         want.choices[0].message.content
+    assert client.chat(model="smollm2", messages=ask, options={**opts, "seed": 7.0, "top_k": 20.0}).message.content \
+        == want.choices[0].message.content       # whole floats, as Go clients send ints
     plain = chat_reply(oai, ask, 24, extra_body={"repeat_penalty": 1.0}).choices[0].message.content
     assert plain != chat_reply(oai, ask, 24).choices[0].message.content     # the default penalty tells
     for off in ({"repeat_penalty": 1.0}, {"repeat_last_n": 0}):
@@ -159,6 +162,21 @@ def test_tool_calls_round_trip(client, oai, server):
     assert answer.prompt_eval_count == want.usage.prompt_tokens
 
 
+def test_a_call_num_predict_cuts_is_text(server, oai):
+    """A forced call cut by num_predict has no arguments object: the content is the arguments
+    the chat route gives, plain and streamed."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    (call,) = chat_reply(oai, ask, 20, tools=TOOLS, tool_choice="required").choices[0].message.tool_calls
+    body = {"model": "smollm2", "messages": ask, "tools": TOOLS, "tool_choice": "required",
+            "options": {**GREEDY, "num_predict": 20}}
+    st, _, got = request(server.url + "/api/chat", "POST", {**body, "stream": False})
+    assert st == 200 and got["done_reason"] == "length" and "tool_calls" not in got["message"], got
+    assert got["message"]["content"] == call.function.arguments
+    st, _, text = request(server.url + "/api/chat", "POST", body)
+    lines = [json.loads(x) for x in text.splitlines()]
+    assert "".join(x["message"]["content"] for x in lines) == got["message"]["content"] and lines[-1]["done"]
+
+
 def test_format_json_schema_is_followed(client, oai):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
@@ -197,6 +215,9 @@ def test_embeddings_are_the_embeddings_routes(client, oai, server):
     assert cut == oai.embeddings.create(model="smollm2", input=ids).data[0].embedding
     st, _, body = request(server.url + "/api/embed", "POST", {"model": "smollm2", "input": long, "truncate": False})
     assert st == 400 and set(body) == {"error"}
+    short = client.embed(model="smollm2", input=texts[0], dimensions=64).embeddings[0]
+    head = np.asarray(want[0][:64])
+    assert np.allclose(short, head / np.linalg.norm(head), atol=1e-6)
 
 
 def test_models_are_described_from_the_file(client, server, smollm2_path):
@@ -205,7 +226,7 @@ def test_models_are_described_from_the_file(client, server, smollm2_path):
     fields = {name: f.contents() for name, f in reader.fields.items()}
     n_params = sum(int(t.n_elements) for t in reader.tensors)
     (listed,) = client.list().models
-    assert (listed.model, listed.size) == ("smollm2", smollm2_path.stat().st_size)
+    assert (listed.model, listed.size) == ("smollm2:latest", smollm2_path.stat().st_size)   # Ollama's tag
     assert listed.details.family == fields["general.architecture"]
     assert listed.details.quantization_level == gguf.LlamaFileType(fields["general.file_type"]).name[len("MOSTLY_"):]
     assert listed.details.parameter_size == f"{n_params / 1e6:.0f}M"
@@ -214,17 +235,51 @@ def test_models_are_described_from_the_file(client, server, smollm2_path):
     shown = client.show("smollm2")
     assert shown.template == fields["tokenizer.chat_template"]
     assert {k: v for k, v in shown.modelinfo.items() if v is not None} == \
-        {**{k: v for k, v in fields.items() if not isinstance(v, list) and not k.startswith("GGUF.")},
+        {**{k: v for k, v in fields.items() if not (isinstance(v, list) and len(v) > 5) and not k.startswith("GGUF.")},
          "general.parameter_count": n_params}
-    assert "completion" in shown.capabilities and "thinking" not in shown.capabilities
-    assert client.show("smollm2").details == listed.details
-    assert request(server.url + "/api/version")[2] == {"version": edgeinfer.__version__}
+    verbose = request(server.url + "/api/show", "POST", {"model": "smollm2", "verbose": True})[2]["model_info"]
+    assert verbose["tokenizer.ggml.tokens"] == fields["tokenizer.ggml.tokens"]
+    assert shown.capabilities == ["completion", "tools"] and shown.details == listed.details
+    assert request(server.url + "/api/version")[2]["edgeinfer"] == edgeinfer.__version__
+    assert request(server.url + "/")[2] == "Ollama is running"
 
 
-def test_a_request_without_messages_or_prompt_loads_the_model(client):
+def test_a_request_without_messages_or_prompt_loads_the_model(client, server):
     got = client.chat(model="smollm2", messages=[])
     assert (got.done, got.done_reason, got.message.content) == (True, "load", "")
     assert client.generate(model="smollm2").done_reason == "load"
+    assert client.generate(model="smollm2", keep_alive=0).done_reason == "unload"
+    assert client.embed(model="smollm2", input=[]).embeddings == []
+    for path, body in (("/api/chat", {"messages": None, "stream": None}),
+                       ("/api/generate", {"prompt": None, "raw": None, "stream": None})):
+        st, _, got = request(server.url + path, "POST", {"model": "smollm2", **body})   # null: Ollama's default
+        assert st == 200 and got["done_reason"] == "load", got
+
+
+def test_num_predict_is_a_bound_and_the_oldest_turns_give_way(client, oai, server):
+    """Ollama's way with the context: num_predict past the room left ends at the context's end
+    (not a 400); a conversation longer than the context loses its oldest turns after the system
+    prompt (the chat route's prompt of the longest suffix that fits), unless truncate is false."""
+    prompt = "word " * 500
+    n = len(request(server.url + "/tokenize", "POST", {"content": prompt})[2]["tokens"])
+    got = client.generate(model="smollm2", prompt=prompt, raw=True, options={**GREEDY, "num_predict": 4000})
+    assert (got.prompt_eval_count, got.eval_count, got.done_reason) == (n, 512 - n, "length")
+
+    turns = [{"role": "system", "content": SYSTEM}] + [
+        {"role": r, "content": f"Message {i}: " + "the quick brown fox jumps over the lazy dog " * 3}
+        for i, r in zip(range(24), ["user", "assistant"] * 12)] + [TURNS[0]]
+    got = client.chat(model="smollm2", messages=turns, options={**GREEDY, "num_predict": 4})
+    for k in range(1, len(turns)):          # the chat route's longest suffix that fits
+        try:
+            want = chat_reply(oai, turns[:1] + turns[k:], 4)
+            break
+        except openai.BadRequestError:
+            continue
+    assert k > 1 and got.prompt_eval_count == want.usage.prompt_tokens
+    assert got.message.content == want.choices[0].message.content
+    st, _, body = request(server.url + "/api/chat", "POST", {"model": "smollm2", "messages": turns,
+                                                             "truncate": False, "stream": False})
+    assert st == 400 and set(body) == {"error"}
 
 
 @pytest.mark.parametrize("path, body, status", [
@@ -232,8 +287,9 @@ def test_a_request_without_messages_or_prompt_loads_the_model(client):
     ("/api/chat", {"messages": TURNS}, 400),
     ("/api/chat", {"model": "smollm2", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400),
     ("/api/chat", {"model": "smollm2", "messages": TURNS, "options": {"mirostat": 2}}, 400),
-    ("/api/chat", {"model": "smollm2", "messages": TURNS, "options": {"num_predict": 0}}, 400),
-    ("/api/chat", {"model": "smollm2", "messages": TURNS, "options": {"num_predict": 4000}}, 400),
+    ("/api/chat", {"model": "smollm2", "messages": TURNS, "options": {"seed": 1.5}}, 400),
+    ("/api/chat", {"model": "smollm2", "messages": TURNS, "think": True}, 400),     # no thinking block
+    ("/api/generate", {"model": "smollm2", "prompt": "x", "raw": True, "system": "y"}, 400),
     ("/api/chat", {"model": "smollm2", "messages": TURNS, "options": {"temperature": "hot"}}, 400),
     ("/api/chat", {"model": "smollm2", "messages": TURNS, "top_logprobs": 2}, 400),
     ("/api/chat", {"model": "smollm2", "messages": TURNS, "format": {"type": "bogus"}}, 400),
@@ -242,7 +298,8 @@ def test_a_request_without_messages_or_prompt_loads_the_model(client):
     ("/api/generate", {"model": "smollm2", "prompt": "x", "context": [1, 2]}, 400),
     ("/api/generate", {"model": "smollm2", "prompt": "word " * 600}, 400),
     ("/api/show", {"model": "no-such-model"}, 404),
-    ("/api/embed", {"model": "smollm2", "input": []}, 400),
+    ("/api/embed", {"model": "smollm2", "input": "x", "dimensions": 4096}, 400),
+    ("/api/pull", {"model": "smollm2"}, 404),     # model management is not served
 ])
 def test_bad_input_is_a_4xx_in_ollamas_error_shape(server, path, body, status):
     st, _, got = request(server.url + path, "POST", {"stream": False, **body})

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ..engine import DoneEvent, ErrorEvent, call_finish
-from .event_stream import StreamParts, collect, relay
+from .event_stream import StreamParts, call_arguments, collect, relay
 from .protocol import (AnthropicText, APIError, CountTokensBody, GenRequest, MessagesBody, bad, parse,
                        parse_chat)
 
@@ -128,9 +128,13 @@ def _stop(done: DoneEvent, calls: Any) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def _tool_blocks(calls: list[dict]) -> list[dict]:
-    return [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-             "input": json.loads(c["function"]["arguments"])} for c in calls]
+def _call_block(call: dict) -> dict:
+    """A call's tool_use block; a call max_tokens cut (its input not an object) is a text block
+    of the arguments the model wrote."""
+    args = call_arguments(call)
+    if args is None:
+        return {"type": "text", "text": call["function"]["arguments"]}
+    return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": args}
 
 
 def _message(ctx, content: list[dict], stop: tuple[str | None, str | None], output_tokens: int) -> dict:
@@ -146,12 +150,11 @@ async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError
     calls = [c for kind, c in parts if kind == "call"]
     content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
     for kind, part in parts:          # text and tool_use blocks in the order the model wrote them
-        if kind == "call":
-            content += _tool_blocks([part])
-        elif content and content[-1]["type"] == "text":
-            content[-1]["text"] += part
+        block = _call_block(part) if kind == "call" else {"type": "text", "text": part}
+        if block["type"] == "text" and content and content[-1]["type"] == "text":
+            content[-1]["text"] += block["text"]
         else:
-            content.append({"type": "text", "text": part})
+            content.append(block)
     if not content:
         content.append({"type": "text", "text": ""})
     return _message(ctx, content, _stop(done, calls), done.stats.completion_tokens)
@@ -198,7 +201,9 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
     parts = StreamParts(ctx.plan)
 
     def tool_use(call: dict) -> list[bytes]:
-        (block,) = _tool_blocks([call])
+        block = _call_block(call)
+        if block["type"] == "text":
+            return blocks.delta("text", block["text"])
         return blocks.start({**block, "input": {}}) + [_event(
             "content_block_delta", index=blocks.index,
             delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)})]

@@ -187,7 +187,7 @@ def _json(data: Any, status: int = 200, headers: dict | None = None) -> web.Resp
 
 
 def error_response(e: APIError, path: str = "") -> web.Response:
-    shape = _ERROR_SHAPES.get(_DIALECTS.get(path, "openai"))
+    shape = _ERROR_SHAPES.get(_DIALECTS.get(path, "ollama" if path.startswith("/api/") else "openai"))
     return _json(shape(e) if shape else e.body(), status=e.status, headers=e.headers)
 
 
@@ -530,9 +530,12 @@ async def ollama_embed(request: web.Request) -> web.Response:
     t0 = time.perf_counter()
     body = parse(OllamaEmbedBody, await _read_json(request, state))
     served, _ = _lookup_ollama(state, body.model)
-    items = [body.input] if isinstance(body.input, str) else body.input
-    vectors, n_tokens = await _embed(state, served, items, body.dimensions, truncate=body.truncate)
-    return _json(ollama.embed_reply(served.name, vectors, n_tokens, time.perf_counter() - t0))
+    items = [body.input] if isinstance(body.input, str) else body.input or []
+    if not any(items):             # Ollama's load request: no vectors
+        return _json(ollama.embed_reply(body.model, [], 0, time.perf_counter() - t0))
+    vectors, n_tokens = await _embed(state, served, items, None, truncate=body.truncate is not False)
+    return _json(ollama.embed_reply(body.model, ollama.shortened(vectors, body.dimensions), n_tokens,
+                                    time.perf_counter() - t0))
 
 
 async def ollama_embeddings(request: web.Request) -> web.Response:
@@ -540,6 +543,8 @@ async def ollama_embeddings(request: web.Request) -> web.Response:
     state.check_draining()
     body = parse(OllamaEmbeddingsBody, await _read_json(request, state))
     served, _ = _lookup_ollama(state, body.model)
+    if not body.prompt:            # Ollama's load request
+        return _json({"embedding": []})
     vectors, _ = await _embed(state, served, [body.prompt], None)
     return _json({"embedding": vectors[0].tolist()})
 
@@ -557,6 +562,10 @@ async def ollama_show(request: web.Request) -> web.Response:
     body = parse(OllamaShowBody, await _read_json(request, state))
     served, _ = _lookup_ollama(state, body.model)
     return _json(ollama.show(served.require(), body.verbose))
+
+
+async def ollama_root(request: web.Request) -> web.Response:
+    return web.Response(text="Ollama is running")     # the words Ollama's front ends probe for
 
 
 async def ollama_version(request: web.Request) -> web.Response:
@@ -625,14 +634,37 @@ def _prompt(eng, req: GenRequest):
     plan (None without tools); 400 naming the field when the template fails, the prompt is
     empty or does not fit the context."""
     param = "messages" if req.kind == "chat" else "prompt"
-    ids, plan = _prompt_ids(eng, req)
+    ids, plan = _fitted_ids(eng, req) if req.trim_turns else _prompt_ids(eng, req)
     try:
+        if req.bound_max_tokens:
+            room = eng.check_prompt(ids)
+            return ids, room if req.max_tokens is None else min(req.max_tokens, room), plan
         return ids, eng.check_prompt(ids, req.max_tokens), plan
     except ContextOverflowError as e:
         raise bad(str(e), param if req.max_tokens is None else "max_tokens",
                   "context_length_exceeded") from None
     except ValueError as e:
         raise bad(str(e), param, "empty_prompt") from None
+
+
+def _fitted_ids(eng, req: GenRequest):
+    """The prompt ids and tool plan of a chat whose oldest turns after the system messages give
+    way, one at a time, until the prompt fits the context (Ollama's truncation); the last turn
+    stays, so a prompt that still does not fit is check_prompt's 400."""
+    ids, plan = _prompt_ids(eng, req)
+    while len(req.messages) > 1:
+        try:
+            eng.check_prompt(ids)
+            break
+        except ContextOverflowError:
+            first = next((i for i, m in enumerate(req.messages[:-1]) if m["role"] != "system"), None)
+            if first is None:
+                break
+            req.messages = req.messages[:first] + req.messages[first + 1:]
+            ids, plan = _prompt_ids(eng, req)
+        except ValueError:             # empty: _prompt's 400
+            break
+    return ids, plan
 
 
 def _prompt_ids(eng, req: GenRequest):
@@ -693,9 +725,9 @@ async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
     if kind == "messages":
         req = anthropic.parse_messages(body)
     elif kind in _OLLAMA_KINDS:
-        req = ollama.parse_request(kind, body, eng.config.n_vocab)
-        if req is None:
-            return _json(ollama.loaded(served.name, kind))
+        req = ollama.parse_request(kind, body, eng)
+        if isinstance(req, dict):      # a load request: its reply
+            return _json(req)
     elif kind == "responses":
         req = openai_responses.parse_request(body, state.responses)
     else:

@@ -4,6 +4,7 @@ each given once it is final, and the streamed reply that relays them."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, Callable
 
@@ -11,11 +12,21 @@ from aiohttp import web
 
 from ..engine import DoneEvent, ErrorEvent, TokenEvent
 
-__all__ = ["StreamParts", "collect", "relay"]
+__all__ = ["StreamParts", "call_arguments", "collect", "relay"]
 
 log = logging.getLogger("edgeinfer.server")
 
 _CALL_START = "{<[`"      # a reply starting with one of these may be a bare JSON call: held until it ends
+
+
+def call_arguments(call: dict) -> dict | None:
+    """A call's arguments as an object, for the APIs that give them as one; None where they are
+    not one: max_tokens cut the call (OpenAI's routes give such arguments as the text they are)."""
+    try:
+        args = json.loads(call["function"]["arguments"])
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
 
 
 class StreamParts:
@@ -72,7 +83,11 @@ async def relay(request: web.Request, queue: asyncio.Queue, first: bytes,
             _, events = await queue.get()
             out: list[bytes] = []
             for ev in events:
-                sent, finished = on_event(ev)
+                try:
+                    sent, finished = on_event(ev)
+                except Exception as e:      # a bug: the stream ends with an error event, not a broken body
+                    log.exception("a stream's event failed")
+                    sent, finished = on_event(ErrorEvent(e))
                 out += sent
                 if finished:
                     break

@@ -18,17 +18,18 @@ from datetime import datetime, timezone
 from importlib.metadata import version
 from typing import Any, Callable
 
+import numpy as np
 from aiohttp import web
 from gguf import LlamaFileType
 
 from ..engine import DoneEvent, ErrorEvent, TokenEvent
-from .event_stream import StreamParts, collect, relay
+from .event_stream import StreamParts, call_arguments, collect, relay
 from .openapi import NDJSON
 from .protocol import (APIError, GenRequest, OllamaChatBody, OllamaGenerateBody, OllamaMessage, OllamaOptions, bad,
                        parse, parse_chat, parse_completion)
 
-__all__ = ["error_body", "in_request_terms", "parse_request", "loaded", "reply", "stream_reply",
-           "model_list", "show", "running", "embed_reply", "version_reply"]
+__all__ = ["error_body", "in_request_terms", "parse_request", "reply", "stream_reply",
+           "model_list", "show", "running", "shortened", "embed_reply", "version_reply"]
 
 # Ollama's sampling defaults (its server's, where a model file sets none)
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 1.1,
@@ -36,6 +37,7 @@ DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "repeat
 # options that turn on a sampler edgeinfer does not have, and their "off" values
 _OFF = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 _NS = 1e9
+OLLAMA_API = "0.12.11"        # the release that added logprobs, the newest of the fields served
 # the chat request's fields that errors name -> the Ollama body's
 _FIELDS = {"max_tokens": "options.num_predict", "response_format": "format"}
 _FIELD_WORDS = re.compile(r"\b(?:max_tokens|response_format)\b")
@@ -58,36 +60,47 @@ def _now() -> str:
 
 # --------------------------------------------------------------------------- requests
 
-def parse_request(kind: str, body: Any, n_vocab: int) -> GenRequest | None:
+def parse_request(kind: str, body: Any, eng) -> GenRequest | dict:
     """An /api/chat ("ollama_chat") or /api/generate ("ollama_generate") body as the chat or
-    completion request it asks for; None for Ollama's "load the model" request (no messages, no
-    prompt); 400 naming the first bad field."""
+    completion request it asks for on `eng`, or, for Ollama's load and unload requests (no
+    messages, no prompt), the reply itself; 400 naming the first bad field."""
     if kind == "ollama_chat":
         b = parse(OllamaChatBody, body)
         if not b.messages:
-            return None
+            return _loaded(b, kind)
         chat = {"messages": [_message(m, i) for i, m in enumerate(b.messages)]}
         chat.update({k: v for k, v in (("tools", b.tools), ("tool_choice", b.tool_choice)) if v is not None})
-        req = parse_chat(_with_output(chat, b))
+        req = parse_chat(_with_output(chat, b, eng))
+        req.trim_turns = b.truncate is not False
     else:
         b = parse(OllamaGenerateBody, body)
-        for field in ("suffix", "template", "context", "images"):
+        for field in ("suffix", "template", "context", "images") + (("system",) if b.raw else ()):
             if getattr(b, field):
-                raise bad(f"'{field}' is not supported" + (": send the conversation to /api/chat"
-                                                           if field == "context" else ""), field, "unsupported_parameter")
+                raise bad(f"'{field}' is not supported" + (" with raw" if field == "system" else
+                                                           ": send the conversation to /api/chat"
+                                                           if field == "context" else ""),
+                          field, "unsupported_parameter")
         if not b.prompt:
-            return None
+            return _loaded(b, kind)
         if b.raw:
-            req = parse_completion(_with_output({"prompt": b.prompt}, b), n_vocab)
+            req = parse_completion(_with_output({"prompt": b.prompt}, b, eng), eng.config.n_vocab)
         else:
             system = [{"role": "system", "content": b.system}] if b.system else []
-            req = parse_chat(_with_output({"messages": system + [{"role": "user", "content": b.prompt}]}, b))
-    req.model, req.stream = b.model, b.stream
+            req = parse_chat(_with_output({"messages": system + [{"role": "user", "content": b.prompt}]}, b, eng))
+    req.model, req.stream, req.bound_max_tokens = b.model, b.stream is not False, True
     req.sampling, req.max_tokens = _sampling(b.options or OllamaOptions())
     if b.top_logprobs and not b.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     req.n_logprobs = (b.top_logprobs or 0) if b.logprobs else None
     return req
+
+
+def _loaded(b, kind: str) -> dict:
+    """The reply to a request with nothing to generate: Ollama's "load the model" (it always is
+    loaded), or with keep_alive 0 its "unload" (it stays loaded: the server's models do)."""
+    out = {"model": b.model, "created_at": _now()}
+    out.update({"message": {"role": "assistant", "content": ""}} if kind == "ollama_chat" else {"response": ""})
+    return {**out, "done": True, "done_reason": "unload" if b.keep_alive in (0, "0") else "load"}
 
 
 def _message(m: OllamaMessage, i: int) -> dict:
@@ -98,15 +111,18 @@ def _message(m: OllamaMessage, i: int) -> dict:
         out["tool_calls"] = [{"id": f"call_{i}_{j}", "type": "function",
                               "function": {"name": c.function.name, "arguments": c.function.arguments}}
                              for j, c in enumerate(m.tool_calls)]
-    if m.thinking:
-        out["reasoning_content"] = m.thinking
-    if m.tool_name:
-        out["name"] = m.tool_name
+    for field, key in (("thinking", "reasoning_content"), ("tool_name", "name"), ("tool_call_id", "tool_call_id")):
+        if getattr(m, field):
+            out[key] = getattr(m, field)
     return out
 
 
-def _with_output(chat: dict, b) -> dict:
-    """The chat body's output fields of an Ollama body: `format` and `think`."""
+def _with_output(chat: dict, b, eng) -> dict:
+    """The chat body's output fields of an Ollama body: `format` and `think` (a 400 on a model
+    whose template has no thinking block, as Ollama answers)."""
+    if b.think and not eng.thinks:
+        raise bad("the model does not support thinking: its chat template has no thinking block", "think",
+                  "unsupported_value")
     if b.format == "json":
         chat["response_format"] = {"type": "json_object"}
     elif isinstance(b.format, dict):
@@ -131,20 +147,10 @@ def _sampling(o: OllamaOptions) -> tuple[dict, int | None]:
     sampling = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
     sampling.update(seed=None if o.seed is None or o.seed < 0 else o.seed & 0xFFFF_FFFF_FFFF_FFFF,
                     stop=[s for s in o.stop or [] if s], ignore_eos=False, logit_bias=None)
-    if o.num_predict == 0:
-        raise bad("'options.num_predict' must be positive, -1 (no bound) or -2 (until the context is full)",
-                  "options.num_predict", "invalid_value")
     return sampling, o.num_predict if o.num_predict is not None and o.num_predict > 0 else None
 
 
 # --------------------------------------------------------------------------- replies
-
-def loaded(name: str, kind: str) -> dict:
-    """The reply to a "load the model" request: the model is loaded (it always is)."""
-    out = {"model": name, "created_at": _now()}
-    out.update({"message": {"role": "assistant", "content": ""}} if kind == "ollama_chat" else {"response": ""})
-    return {**out, "done": True, "done_reason": "load"}
-
 
 def _final(ctx, done: DoneEvent) -> dict:
     s = done.stats
@@ -154,17 +160,27 @@ def _final(ctx, done: DoneEvent) -> dict:
             "eval_count": s.completion_tokens, "eval_duration": round(s.decode_s * _NS)}
 
 
-def _calls(calls: list[dict]) -> list[dict]:
-    return [{"function": {"index": i, "name": c["function"]["name"],
-                          "arguments": json.loads(c["function"]["arguments"])}} for i, c in enumerate(calls)]
+def _split(parts: list[tuple[str, Any]], first: int = 0) -> tuple[str, str, list[dict]]:
+    """The answer text, thinking text and tool calls of reply parts, each call as Ollama gives
+    it (its arguments an object); a call max_tokens cut goes with the text, its arguments as the
+    model wrote them. `first`: the index of the first call (the calls a stream has sent)."""
+    text, thinking, calls = [], [], []
+    for kind, part in parts:
+        args = call_arguments(part) if kind == "call" else None
+        if kind == "call" and args is not None:
+            calls.append({"function": {"index": first + len(calls), "name": part["function"]["name"], "arguments": args}})
+        else:
+            (thinking if kind == "thinking" else text).append(part["function"]["arguments"] if kind == "call"
+                                                              else part)
+    return "".join(text), "".join(thinking), calls
 
 
 def _chunk(ctx, text: str, thinking: str = "", calls: list[dict] | None = None) -> dict:
     """One object of a reply: the chat's message, or the generation's response, so far."""
-    out: dict = {"model": ctx.model, "created_at": _now()}
+    out: dict = {"model": ctx.req.model, "created_at": _now()}     # the name asked for, as Ollama echoes it
     if ctx.kind == "ollama_chat":
         out["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {}),
-                          **({"tool_calls": _calls(calls)} if calls else {})}
+                          **({"tool_calls": calls} if calls else {})}
     else:
         out.update({"response": text, **({"thinking": thinking} if thinking else {})})
     return out
@@ -179,9 +195,7 @@ async def reply(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], APIError
     """The whole reply of a request that is not streamed."""
     events: list = []
     answer, thought, done = await collect(queue, ctx, fail, seen=events.append)
-    parts = ctx.plan.parts(answer) if ctx.plan is not None else [("text", answer)]
-    text = "".join(p for kind, p in parts if kind == "text")
-    calls = [p for kind, p in parts if kind == "call"]
+    text, _, calls = _split(ctx.plan.parts(answer) if ctx.plan is not None else [("text", answer)])
     return {**_chunk(ctx, text, thought, calls), **_final(ctx, done), **_logprobs(ctx, events)}
 
 
@@ -198,10 +212,8 @@ async def stream_reply(request: web.Request, queue: asyncio.Queue, ctx,
     def on_event(ev) -> tuple[list[bytes], bool]:
         if isinstance(ev, ErrorEvent):
             return [_line(error_body(fail(ev)))], True
-        fed = parts.feed(ev)
-        text = "".join(p for kind, p in fed if kind == "text")
-        thinking = "".join(p for kind, p in fed if kind == "thinking")
-        calls = [p for kind, p in fed if kind == "call"]
+        sent = parts.n_calls
+        text, thinking, calls = _split(parts.feed(ev), sent)
         lps = _logprobs(ctx, [ev])
         out = [_line({**_chunk(ctx, text, thinking, calls), "done": False, **lps})] \
             if text or thinking or calls or lps.get("logprobs") else []
@@ -232,6 +244,7 @@ def _entry(name: str, eng) -> dict:
     file by path, size and time (not a hash of its bytes, which would read the whole file)."""
     info, stat = eng.info(), eng.path.stat()
     ident = f"{eng.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
+    name = name if ":" in name else name + ":latest"      # Ollama lists every name with its tag
     return {"name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z"),
             "size": stat.st_size, "digest": hashlib.sha256(ident).hexdigest(),
@@ -255,22 +268,32 @@ def running(engines: dict) -> dict:
     return {"models": out}
 
 
-def _listed(v) -> list:
-    return v.tolist() if hasattr(v, "tolist") else list(v)
-
-
 def show(eng, verbose: bool) -> dict:
-    """POST /api/show: the model's details, its file's metadata (lists, such as the vocabulary,
-    only when `verbose`), its chat template and what it can do."""
+    """POST /api/show: the model's details, its file's metadata (lists of more than 5 values, such
+    as the vocabulary, only when `verbose`), its chat template and what it can do."""
     entry = _entry("", eng)
-    meta = {k: v if isinstance(v, (str, int, float)) else _listed(v) if verbose else None
-            for k, v in eng.gguf.metadata.items()}
+    meta = {}
+    for k, v in eng.gguf.metadata.items():
+        long = not isinstance(v, (str, int, float)) and len(v) > 5
+        meta[k] = None if long and not verbose else v if isinstance(v, (str, int, float)) else \
+            (v.tolist() if hasattr(v, "tolist") else list(v))
     meta["general.parameter_count"] = eng.info()["n_params"]
-    caps = ["completion", "tools"] + (["thinking"] if eng.thinks else []) + (["embedding"] if eng.caps.embeddings
-                                                                              else [])
+    caps = ["completion", "tools"] + (["thinking"] if eng.thinks else [])
     return {"license": "", "modelfile": "", "parameters": "", "template": eng.template.source,
             "details": entry["details"], "model_info": meta, "capabilities": caps,
             "modified_at": entry["modified_at"]}
+
+
+def shortened(vectors, dimensions: int | None):
+    """Each vector's first `dimensions` values made unit length again (Ollama's `dimensions`,
+    for models trained to be cut so); 400 past the model's width."""
+    if dimensions is None:
+        return vectors
+    if dimensions > vectors.shape[1]:
+        raise bad(f"dimensions must be at most the model's width {vectors.shape[1]}, got {dimensions}",
+                  "dimensions", "invalid_value")
+    cut = vectors[:, :dimensions]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), np.finfo(np.float32).tiny)
 
 
 def embed_reply(name: str, vectors, n_tokens: int, seconds: float) -> dict:
@@ -279,4 +302,6 @@ def embed_reply(name: str, vectors, n_tokens: int, seconds: float) -> dict:
 
 
 def version_reply() -> dict:
-    return {"version": version("edgeinfer")}
+    """GET /api/version: the Ollama release whose API the routes follow (clients compare it to
+    enable features), and edgeinfer's own version."""
+    return {"version": OLLAMA_API, "edgeinfer": version("edgeinfer")}

@@ -144,6 +144,8 @@ OPERATIONS = (
                       "413": "the body exceeds the server's limit", "503": "loading, failed or shutting down"}),
     Operation("GET", "/api/ps", "ollama_ps", "Ollama's list of the loaded models and their memory",
               ok=R.OllamaRunningList, dialect="ollama"),
+    Operation("GET", "/", "ollama_root", "Says the server runs, in the words Ollama's front ends look for",
+              ok_text=("text/plain",), public=True, dialect="ollama"),
     Operation("GET", "/api/version", "ollama_version", "The server's version (Ollama's route)", ok=R.OllamaVersion,
               dialect="ollama"),
 )

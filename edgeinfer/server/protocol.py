@@ -298,6 +298,10 @@ class GenRequest:
     lora: list[dict] = field(default_factory=list)   # LoRA adapters: {"id" or "name", "scale"}
     adapter: str | None = None              # `model` named this LoRA adapter: the reply's model
     responses: Any = None                   # /v1/responses: its ResponsesCall (what it repeats and keeps)
+    # Ollama's way with the context: max_tokens is a bound, cut to the room the prompt leaves,
+    # and (trim_turns) a chat's oldest turns after the system messages give way until it fits
+    bound_max_tokens: bool = False
+    trim_turns: bool = False
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -607,23 +611,32 @@ class ResponsesBody(_Body):
 
 # --------------------------------------------------------------------------- Ollama
 
+def _integral(v: Any) -> Any:
+    """A whole float as an int: Ollama takes `"seed": 42.0` (Go reads JSON numbers as floats)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+_Int = Annotated[int, BeforeValidator(_integral, json_schema_input_type=int | float)]
+_Stops_ = Annotated[list[str] | None, BeforeValidator(_stop_list, json_schema_input_type=str | list[str] | None)]
+
+
 class OllamaOptions(_Body):
     """An Ollama request's sampling `options`; Ollama's defaults where absent (ollama.py). Its
     load-time options (num_ctx, num_thread, num_gpu, use_mmap, ...) are the server's own
     settings: accepted, not acted on."""
-    num_predict: int | None = Field(None, ge=-2)   # -1: no bound, -2: until the context is full
+    num_predict: _Int | None = Field(None, ge=-2)    # a bound; -1, -2 and 0: none (until the context is full)
     temperature: float | None = Field(None, ge=0.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: _Int | None = Field(None, ge=0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(None, gt=0.0)
-    repeat_last_n: int | None = Field(None, ge=-1)     # -1: the whole context
+    repeat_last_n: _Int | None = Field(None, ge=-1)     # 0: off, -1: the whole context
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    seed: int | None = None
-    stop: list[str] | None = None
+    seed: _Int | None = None                             # negative: none
+    stop: _Stops_ = None
     # samplers edgeinfer does not have: only their "off" values are taken
-    mirostat: int | None = None
+    mirostat: _Int | None = None
     typical_p: float | None = None
     tfs_z: float | None = None
 
@@ -638,37 +651,40 @@ class OllamaToolCall(_Body):
 
 
 class OllamaMessage(_Body):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     thinking: str | None = None                  # an assistant's earlier thinking
     images: list[str] | None = None              # refused: the model reads text
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None                 # a tool result: the function that made it
+    tool_call_id: str | None = None
 
 
 class _OllamaGenBody(_Body):
+    # null is the default wherever Ollama takes it (Go's zero values and nil pointers)
     model: str = Field(min_length=1)
     options: OllamaOptions | None = None
     format: Literal["", "json"] | dict | None = None   # JSON, or a JSON Schema the reply follows
-    stream: bool = True                          # Ollama's default: streamed, one JSON object a line
+    stream: bool | None = None                   # Ollama's default: streamed, one JSON object a line
     think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    keep_alive: float | str | None = None        # models stay loaded: accepted, not acted on
+    keep_alive: float | str | None = None        # models stay loaded: accepted; 0 with no input "unloads"
 
 
 class OllamaChatBody(_OllamaGenBody):
     """POST /api/chat (Ollama's); no messages: Ollama's "load the model" request."""
-    messages: list[OllamaMessage] = Field(default_factory=list)
+    messages: list[OllamaMessage] | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None        # edgeinfer's extension: OpenAI's tool_choice
+    truncate: bool | None = None                 # false: a conversation longer than the context is a 400
 
 
 class OllamaGenerateBody(_OllamaGenBody):
     """POST /api/generate (Ollama's); no prompt: Ollama's "load the model" request."""
-    prompt: str = ""
+    prompt: str | None = None
     system: str | None = None
-    raw: bool = False                            # the prompt as is, no chat template
+    raw: bool | None = None                      # the prompt as is, no chat template
     suffix: str | None = None                    # refused: no fill-in-the-middle
     template: str | None = None                  # refused: Go templates are not rendered
     context: list[int] | None = None             # refused: /api/chat carries a conversation
@@ -676,20 +692,19 @@ class OllamaGenerateBody(_OllamaGenBody):
 
 
 class OllamaEmbedBody(_Body):
-    """POST /api/embed (Ollama's): unit-length vectors, one per input."""
+    """POST /api/embed (Ollama's): unit-length vectors, one per input; no input: a load request."""
     model: str = Field(min_length=1)
-    input: (Annotated[str, Field(min_length=1)]
-            | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=_MAX_EMBED_INPUTS)])
-    truncate: bool = True                        # an input longer than the context is cut to it
-    dimensions: int | None = Field(None, ge=1)
+    input: str | Annotated[list[str], Field(max_length=_MAX_EMBED_INPUTS)] | None = None
+    truncate: bool | None = None                 # false: an input longer than the context is a 400
+    dimensions: int | None = Field(None, ge=1)   # the first ones, made unit length again
     options: dict | None = None                  # load-time options: accepted, not acted on
     keep_alive: float | str | None = None
 
 
 class OllamaEmbeddingsBody(_Body):
-    """POST /api/embeddings (Ollama's older route): one vector."""
+    """POST /api/embeddings (Ollama's older route): one vector; no prompt: a load request."""
     model: str = Field(min_length=1)
-    prompt: Annotated[str, Field(min_length=1)]
+    prompt: str | None = None
     options: dict | None = None
     keep_alive: float | str | None = None
 
@@ -697,7 +712,7 @@ class OllamaEmbeddingsBody(_Body):
 class OllamaShowBody(_Body):
     """POST /api/show (Ollama's)."""
     model: str = Field(min_length=1, validation_alias=AliasChoices("model", "name"))
-    verbose: bool = False
+    verbose: bool | None = None
 
 
 # the request models' class names (union members in an error's location)

@@ -601,7 +601,7 @@ class _OllamaReply(_Out):
     model: str
     created_at: str
     done: bool
-    done_reason: Literal["stop", "length", "load"] | None = None
+    done_reason: Literal["stop", "length", "load", "unload"] | None = None
     total_duration: int | None = None
     load_duration: int | None = None
     prompt_eval_count: int | None = None
@@ -629,7 +629,7 @@ class OllamaEmbedReply(_Out):
 
 
 class OllamaEmbedding(_Out):
-    embedding: list[float]
+    embedding: list[float]          # empty for a load request (no prompt)
 
 
 class OllamaDetails(_Out):
@@ -671,9 +671,10 @@ class OllamaShowReply(_Out):
     template: str
     details: OllamaDetails
     model_info: dict
-    capabilities: list[Literal["completion", "tools", "thinking", "embedding"]]
+    capabilities: list[Literal["completion", "tools", "thinking"]]
     modified_at: str
 
 
 class OllamaVersion(_Out):
-    version: str
+    version: str        # the Ollama release whose API the routes follow
+    edgeinfer: str
