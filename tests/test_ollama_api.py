@@ -13,7 +13,7 @@ import pytest
 from tests.support.strict import require
 
 import edgeinfer
-from edgeinfer.server import ServerThread
+from tests.support.serving import smollm2_server
 from tests.test_server import request
 
 ollama = require("ollama", "the ollama client is the /api routes' oracle")
@@ -34,11 +34,8 @@ OLLAMA_DEFAULTS = {"repeat_penalty": 1.1, "top_k": 40, "top_p": 0.9}   # what th
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    eng = edgeinfer.load(smollm2_path, n_ctx=512, n_threads=2, n_slots=2)
-    srv = ServerThread(eng, model_name="smollm2").start()
-    yield srv
-    srv.stop(timeout_s=10)
-    eng.close()
+    with smollm2_server(smollm2_path) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

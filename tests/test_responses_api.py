@@ -10,8 +10,7 @@ import json
 import pytest
 from tests.support.strict import require
 
-import edgeinfer
-from edgeinfer.server import ServerThread
+from tests.support.serving import smollm2_server
 from tests.test_server import request
 
 openai = require("openai", "the openai client is the /v1/responses oracle")
@@ -29,11 +28,8 @@ CHAT_TOOLS = [{"type": "function", "function": {k: t[k] for k in ("name", "descr
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    eng = edgeinfer.load(smollm2_path, n_ctx=512, n_threads=2, n_slots=2)
-    srv = ServerThread(eng, model_name="smollm2").start()
-    yield srv
-    srv.stop(timeout_s=10)
-    eng.close()
+    with smollm2_server(smollm2_path) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

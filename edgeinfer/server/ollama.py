@@ -1,12 +1,14 @@
 """Ollama's API (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show,
-/api/ps, /api/version) over the chat and completion machinery, so that Ollama's clients and the
-apps built on them talk to an edgeinfer server unchanged.
+/api/ps, /api/version, /) over the chat and completion machinery, so that Ollama's clients and
+the apps built on them talk to an edgeinfer server unchanged.
 
 A /api/chat body becomes the chat request an OpenAI body would (`parse_chat`: the same template,
 tools, structured output and thinking), /api/generate a chat of one user turn (with `raw`, a
 completion of the prompt as is); Ollama's sampling options and defaults stand in for OpenAI's.
 A reply is one JSON object or, by default, a stream of them, one a line (application/x-ndjson),
-the last with `done` and the timings in nanoseconds. Errors are Ollama's `{"error": message}`.
+the last with `done` and the timings in nanoseconds. As in Ollama, num_predict is a bound (cut
+to the room the prompt leaves) and a conversation's oldest turns give way to fit the context.
+Errors are Ollama's `{"error": message}`.
 """
 from __future__ import annotations
 
@@ -54,8 +56,12 @@ def in_request_terms(e: APIError) -> None:
     e.param = _FIELDS.get(e.param, e.param)
 
 
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return _iso(datetime.now(timezone.utc))
 
 
 # --------------------------------------------------------------------------- requests
@@ -166,12 +172,15 @@ def _split(parts: list[tuple[str, Any]], first: int = 0) -> tuple[str, str, list
     model wrote them. `first`: the index of the first call (the calls a stream has sent)."""
     text, thinking, calls = [], [], []
     for kind, part in parts:
-        args = call_arguments(part) if kind == "call" else None
-        if kind == "call" and args is not None:
-            calls.append({"function": {"index": first + len(calls), "name": part["function"]["name"], "arguments": args}})
+        if kind == "thinking":
+            thinking.append(part)
+        elif kind == "text":
+            text.append(part)
+        elif (args := call_arguments(part)) is not None:
+            calls.append({"function": {"index": first + len(calls), "name": part["function"]["name"],
+                                       "arguments": args}})
         else:
-            (thinking if kind == "thinking" else text).append(part["function"]["arguments"] if kind == "call"
-                                                              else part)
+            text.append(part["function"]["arguments"])
     return "".join(text), "".join(thinking), calls
 
 
@@ -246,7 +255,7 @@ def _entry(name: str, eng) -> dict:
     ident = f"{eng.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
     name = name if ":" in name else name + ":latest"      # Ollama lists every name with its tag
     return {"name": name, "model": name,
-            "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z"),
+            "modified_at": _iso(datetime.fromtimestamp(stat.st_mtime, timezone.utc)),
             "size": stat.st_size, "digest": hashlib.sha256(ident).hexdigest(),
             "details": _details(info, eng.gguf.metadata)}
 

@@ -169,6 +169,9 @@ def _event(op: Operation) -> dict:
             "properties": {"data": {"type": "string", "anyOf": [{"const": "[DONE]"}, json_data]}}}
 
 
+_STREAMED = (" (streamed when `stream` is true)", " (streamed unless `stream` is false)")
+
+
 def _operation(op: Operation, auth: bool) -> dict:
     ok: dict = {}
     if op.ok is not None:
@@ -184,8 +187,8 @@ def _operation(op: Operation, auth: bool) -> dict:
     if auth and not op.public:
         errors["401"] = "a missing or wrong API key"
     out: dict = {"operationId": op.handler, "summary": op.summary,
-                 "responses": {"200": {"description": "OK" + (" (streamed when `stream` is true)"
-                                                              if op.stream else ""), "content": ok},
+                 "responses": {"200": {"description": "OK" + (_STREAMED[op.dialect == "ollama"] if op.stream else ""),
+                                       "content": ok},
                                **{code: {"description": why, "content": error} for code, why in sorted(errors.items())}}}
     if op.body is not None:
         out["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(op.body)}}}
