@@ -3,7 +3,8 @@
 OpenAI chat route's greedy text under Ollama's sampling defaults (plain and streamed, each line
 as the document gives it), a raw generation the completions route's text, tool calls,
 structured output, logprobs, the embeddings route's vectors, the file's own details and
-metadata (read by the `gguf` package), and bad input answered 4xx in Ollama's error shape."""
+metadata (read by the `gguf` package), LiteLLM's Ollama providers as an app's client, and bad
+input answered 4xx in Ollama's error shape."""
 from __future__ import annotations
 
 import json
@@ -302,6 +303,21 @@ def test_bad_input_is_a_4xx_in_ollamas_error_shape(server, path, body, status):
     st, _, got = request(server.url + path, "POST", {"stream": False, **body})
     assert st == status and set(got) == {"error"} and isinstance(got["error"], str), got
     assert "max_tokens" not in got["error"] and "response_format" not in got["error"]     # Ollama's names
+
+
+def test_litellms_ollama_providers_work_unchanged(server, oai):
+    """An app's view: LiteLLM's `ollama_chat` provider (its own Ollama client) gets the chat
+    route's greedy text, plain and streamed, and its `ollama` embeddings the embeddings route's."""
+    litellm = require("litellm", "LiteLLM's Ollama providers are an app's client")
+    want = chat_reply(oai, TURNS, 12)
+    kw = dict(model="ollama_chat/smollm2", api_base=server.url, messages=TURNS, temperature=0, max_tokens=12)
+    got = litellm.completion(**kw)
+    assert (got.choices[0].message.content, got.usage.prompt_tokens, got.usage.completion_tokens) == \
+        (want.choices[0].message.content, want.usage.prompt_tokens, want.usage.completion_tokens)
+    assert "".join(c.choices[0].delta.content or "" for c in litellm.completion(**kw, stream=True)) == \
+        want.choices[0].message.content
+    vector = litellm.embedding(model="ollama/smollm2", api_base=server.url, input=["Hello world"]).data[0]["embedding"]
+    assert vector == oai.embeddings.create(model="smollm2", input="Hello world").data[0].embedding
 
 
 def test_the_client_raises_its_error_with_the_reason(client):
