@@ -349,6 +349,29 @@ def test_api_key(engine):
         assert c.completions.create(model=c.models.list().data[0].id, prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens >= 1
 
 
+def test_cors_lets_the_named_origins_call(engine):
+    """--cors-origin: a page of a named origin gets the CORS headers, on plain and streamed
+    replies, and its preflight a 204 without the API key; another origin gets neither."""
+    page, other = {"Origin": "http://app.example"}, {"Origin": "http://evil.example"}
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
+    with ServerThread(engine, api_key="s3cret", cors_origins=["http://app.example"]) as srv:
+        st, hdrs, _ = request(srv.url + "/v1/chat/completions", "OPTIONS", headers={**page, **preflight})
+        assert st == 204 and hdrs["Access-Control-Allow-Origin"] == "http://app.example"
+        assert "POST" in hdrs["Access-Control-Allow-Methods"]
+        assert hdrs["Access-Control-Allow-Headers"] == "authorization, content-type"
+        assert request(srv.url + "/v1/chat/completions", "OPTIONS", headers={**other, **preflight})[0] == 403
+        auth = {"Authorization": "Bearer s3cret"}
+        for h, allowed in ((page, True), (other, False)):
+            st, hdrs, _ = request(srv.url + "/v1/models", headers={**h, **auth})
+            assert st == 200 and ("Access-Control-Allow-Origin" in hdrs) == allowed
+        st, hdrs, _ = request(srv.url + "/v1/chat/completions", "POST", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True}, headers={**page, **auth})
+        assert st == 200 and hdrs["Access-Control-Allow-Origin"] == "http://app.example"
+        assert request(srv.url + "/v1/models", headers=page)[1]["Access-Control-Allow-Origin"]   # a 401 too
+    with ServerThread(engine) as srv:          # by default no origin may call
+        assert "Access-Control-Allow-Origin" not in request(srv.url + "/v1/models", headers=page)[1]
+
+
 # --------------------------------------------------------------------------- the bounded queue
 
 def test_queue_overflow_gives_429_while_health_stays_200(smollm2_path):

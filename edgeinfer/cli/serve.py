@@ -96,6 +96,9 @@ def serve_cmd(
         "outside it).")] = None,
     lora_budget: Annotated[str, typer.Option("--lora-budget", help="Most memory the adapters may take, "
                                              "e.g. 512MB.")] = "1GiB",
+    cors_origin: Annotated[Optional[list[str]], typer.Option(
+        "--cors-origin", help="A web origin whose pages may call the server from a browser (CORS), e.g. "
+        "http://localhost:3000; repeat for several; '*' for any. Default: none.")] = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     serve = import_extra("edgeinfer.server", "server").serve
@@ -160,7 +163,7 @@ def serve_cmd(
               max_queue=max_queue, max_body=max_body, drain_timeout_s=drain_timeout, overflow=overflow,
               max_batch=max(max_batch, slots), kv_type=kv, wait_for_model=wait_for_model,
               speculative=speculative, draft=draft, prompt_cache=prompt_cache, loras=loras, lora_dir=lora_dir,
-              lora_bytes=lora_bytes)
+              lora_bytes=lora_bytes, cors_origins=cors_origin)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(1) from None

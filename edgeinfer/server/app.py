@@ -46,12 +46,14 @@ class ServerState:
     loading), status, metrics, options. `engine` and `model_name` are the default model's."""
 
     def __init__(self, engine=None, model_name: str | None = None, api_key: str | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, registry: Registry | None = None, lora_dir: str | None = None):
+                 max_body: int = DEFAULT_MAX_BODY, registry: Registry | None = None, lora_dir: str | None = None,
+                 cors_origins: list[str] | None = None):
         if registry is None:
             name = model_name or (engine.path.stem if engine is not None else "edgeinfer")
             registry = Registry([ServedModel(name, engine, Registry.aliases_of(name))])
         self.registry = registry
         self.api_key = api_key
+        self.cors_origins = frozenset(cors_origins or ())   # the web origins whose pages may call ("*": any)
         self.lora_dir = lora_dir        # where POST /v1/lora-adapters may load adapters from (None: nowhere)
         self.max_body = max_body
         self._changed = threading.Condition()
@@ -198,6 +200,32 @@ _HTTP_ERRORS = {404: ("not found", "not_found"), 405: ("method not allowed", "me
                 413: ("request body too large", "request_too_large")}
 
 
+def _cors_headers(state: "ServerState", request: web.Request) -> dict[str, str]:
+    """The CORS headers of a reply to a page of the request's origin: none unless --cors-origin
+    lets that origin call (a browser then keeps the reply from the page)."""
+    origin = request.headers.get("Origin")
+    if origin is None or not ({"*", origin} & state.cors_origins):
+        return {}
+    return {"Access-Control-Allow-Origin": "*" if "*" in state.cors_origins else origin, "Vary": "Origin",
+            "Access-Control-Expose-Headers": "Retry-After, WWW-Authenticate"}
+
+
+async def _add_cors(request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply, a stream's too, before its headers go out (aiohttp's on_response_prepare)."""
+    response.headers.update(_cors_headers(request.app[STATE_KEY], request))
+
+
+def _preflight(state: "ServerState", request: web.Request) -> web.Response:
+    """A browser's preflight (OPTIONS with Access-Control-Request-Method): 204 when the origin
+    may call, with the methods and the headers it asked for; 403 otherwise."""
+    if not _cors_headers(state, request):
+        raise APIError(403, f"the origin {request.headers.get('Origin')!r} may not call this server (--cors-origin)",
+                       type="permission_error", code="origin_not_allowed")
+    return web.Response(status=204, headers={
+        "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS", "Access-Control-Max-Age": "600",
+        "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", "")})
+
+
 @web.middleware
 async def _middleware(request: web.Request, handler):
     state: ServerState = request.app[STATE_KEY]
@@ -205,6 +233,10 @@ async def _middleware(request: web.Request, handler):
     route = info.canonical if info is not None else "other"
     status = 500
     try:
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            resp = _preflight(state, request)        # no API key: a browser sends none with it
+            status = resp.status
+            return resp
         if state.api_key is not None and request.path not in PUBLIC_PATHS:
             auth = request.headers.get("Authorization", "")
             key = request.headers.get("x-api-key", "")      # the Anthropic client's header
@@ -1101,6 +1133,7 @@ async def openapi(request: web.Request) -> web.Response:
 def create_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[_middleware], client_max_size=state.max_body)
     app[STATE_KEY] = state
+    app.on_response_prepare.append(_add_cors)
     for op in OPERATIONS:          # the routes the document lists, and only those
         handler = globals()[op.handler]
         if op.method == "GET":

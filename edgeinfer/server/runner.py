@@ -46,7 +46,8 @@ class ServerThread:
     def __init__(self, engine=None, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  max_body: int = DEFAULT_MAX_BODY, model_name: str | None = None,
                  drain_timeout_s: float = 10.0, models: dict | None = None, fallback: str | None = None,
-                 fallback_ttft_s: float | None = None, lora_dir: str | None = None):
+                 fallback_ttft_s: float | None = None, lora_dir: str | None = None,
+                 cors_origins: list[str] | None = None):
         registry = None
         if models is not None:
             if engine is not None:
@@ -56,7 +57,7 @@ class ServerThread:
         elif fallback is not None:
             raise ValueError("a fallback needs several models (models={...})")
         self.state = ServerState(engine, model_name=model_name, api_key=api_key, max_body=max_body,
-                                 registry=registry, lora_dir=lora_dir)
+                                 registry=registry, lora_dir=lora_dir, cors_origins=cors_origins)
         self._sock = _bind(host, port)
         self.host, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{host}:{self.port}"
@@ -120,7 +121,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
           on_ready: Callable[[str], None] | None = None, models: list[tuple[str, str]] | None = None,
           fallback: str | None = None, fallback_ttft_s: float | None = None, speculative: str | None = None,
           draft: str | None = None, prompt_cache: str | None = None, loras: list[tuple[str, str]] | None = None,
-          lora_dir: str | None = None, lora_bytes: int = 1 << 30) -> None:
+          lora_dir: str | None = None, lora_bytes: int = 1 << 30, cors_origins: list[str] | None = None) -> None:
     """Blocks serving until SIGTERM / SIGINT. Listens at once; the models load in the
     background, one after the other (/ready answers 503 until all are ready). A model that
     fails to load stops the server with an EdgeInferError saying why, so a supervisor sees a
@@ -130,7 +131,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
     and `draft` (docs/speculative.md) apply to the default model, and so does `prompt_cache` (a
     directory where prompt prefixes outlive the process; the slot routes' files), and so do the LoRA
     adapters `loras` ((name, path) pairs, at most `lora_bytes`) and `lora_dir` (where POST
-    /v1/lora-adapters may load more from)."""
+    /v1/lora-adapters may load more from). `cors_origins`: the web origins whose pages may call
+    the server ("*": any)."""
     from ..engine import Engine
     from ..hub import DEFAULT_MODEL
 
@@ -142,7 +144,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8080, n
         aliases = {}
     registry = Registry([ServedModel(name, aliases=aliases.get(name)) for name, _ in models], fallback=fallback,
                         fallback_ttft_s=fallback_ttft_s)
-    state = ServerState(api_key=api_key, max_body=max_body, registry=registry, lora_dir=lora_dir)
+    state = ServerState(api_key=api_key, max_body=max_body, registry=registry, lora_dir=lora_dir,
+                        cors_origins=cors_origins)
     sock = _bind(host, port)
     listing = ", ".join(name if name == src else f"{name}={src}" for name, src in models)
 
