@@ -238,6 +238,15 @@ def test_server_routes_adapters(files, tmp_path):
             return r.choices[0].text
 
         with_a = complete(model="a")
+        # Ollama's routes list the adapter as a model of its own, and run it by that name
+        status, tags = _post(srv.url + "/api/tags", None, key, method="GET")
+        assert [(m["name"], m["details"]["parent_model"]) for m in tags["models"]] == \
+            [("base:latest", ""), ("a:latest", "base:latest")]
+        status, got = _post(srv.url + "/api/generate", {"model": "a:latest", "prompt": TEXT, "raw": True,
+                                                        "stream": False, "options": {
+                                                            "temperature": 0, "num_predict": 8, "repeat_penalty": 1,
+                                                            "top_k": 0, "top_p": 1}}, key)
+        assert status == 200 and got["response"] == with_a
         assert with_a == complete(model="base", extra_body={"lora": [{"id": 0, "scale": 1.0}]})
         assert with_a == complete(model="base", extra_body={"lora": [{"name": "a"}]})
         assert with_a != complete(model="base")

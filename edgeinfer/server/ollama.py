@@ -248,12 +248,16 @@ def _details(info: dict, metadata: dict) -> dict:
             "parameter_size": _parameter_size(info["n_params"]), "quantization_level": quant}
 
 
+def _tagged(name: str) -> str:
+    return name if ":" in name else name + ":latest"      # Ollama lists every name with its tag
+
+
 def _entry(name: str, eng) -> dict:
     """A model as /api/tags lists it: its file's size and time, and a digest that identifies the
     file by path, size and time (not a hash of its bytes, which would read the whole file)."""
     info, stat = eng.info(), eng.path.stat()
     ident = f"{eng.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
-    name = name if ":" in name else name + ":latest"      # Ollama lists every name with its tag
+    name = _tagged(name)
     return {"name": name, "model": name,
             "modified_at": _iso(datetime.fromtimestamp(stat.st_mtime, timezone.utc)),
             "size": stat.st_size, "digest": hashlib.sha256(ident).hexdigest(),
@@ -261,8 +265,19 @@ def _entry(name: str, eng) -> dict:
 
 
 def model_list(engines: dict) -> dict:
-    """GET /api/tags: the served models (loaded ones; a model still loading is left out)."""
-    return {"models": [_entry(name, eng) for name, eng in engines.items()]}
+    """GET /api/tags: the served models (loaded ones; a model still loading is left out), each
+    followed by its LoRA adapters, which Ollama lists as models of their own: `parent_model`
+    names the base, `size` is the adapter's."""
+    out = []
+    for name, eng in engines.items():
+        base = _entry(name, eng)
+        out.append(base)
+        for a in eng.lora_adapters():
+            tagged = _tagged(a["name"])
+            digest = hashlib.sha256(f"{base['digest']}\0{a['path']}".encode()).hexdigest()
+            out.append({**base, "name": tagged, "model": tagged, "size": a["bytes"], "digest": digest,
+                        "details": {**base["details"], "parent_model": base["name"]}})
+    return {"models": out}
 
 
 def running(engines: dict) -> dict:
