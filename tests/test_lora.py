@@ -247,6 +247,7 @@ def test_server_routes_adapters(files, tmp_path):
                                                             "temperature": 0, "num_predict": 8, "repeat_penalty": 1,
                                                             "top_k": 0, "top_p": 1}}, key)
         assert status == 200 and got["response"] == with_a
+        assert _post(srv.url + "/api/embed", {"model": "a:latest", "input": TEXT}, key)[0] == 400   # base weights only
         assert with_a == complete(model="base", extra_body={"lora": [{"id": 0, "scale": 1.0}]})
         assert with_a == complete(model="base", extra_body={"lora": [{"name": "a"}]})
         assert with_a != complete(model="base")

@@ -211,6 +211,7 @@ def test_embeddings_are_the_embeddings_routes(client, oai, server):
     cut = client.embed(model="smollm2", input=long).embeddings[0]
     ids = request(server.url + "/tokenize", "POST", {"content": long})[2]["tokens"][:512]
     assert cut == oai.embeddings.create(model="smollm2", input=ids).data[0].embedding
+    assert list(client.embeddings(model="smollm2", prompt=long).embedding) == cut   # the older route cuts too
     st, _, body = request(server.url + "/api/embed", "POST", {"model": "smollm2", "input": long, "truncate": False})
     assert st == 400 and set(body) == {"error"}
     short = client.embed(model="smollm2", input=texts[0], dimensions=64).embeddings[0]
@@ -247,6 +248,7 @@ def test_a_request_without_messages_or_prompt_loads_the_model(client, server):
     assert (got.done, got.done_reason, got.message.content) == (True, "load", "")
     assert client.generate(model="smollm2").done_reason == "load"
     assert client.generate(model="smollm2", keep_alive=0).done_reason == "unload"
+    assert client.generate(model="smollm2", keep_alive="0s").done_reason == "unload"
     assert client.embed(model="smollm2", input=[]).embeddings == []
     for path, body in (("/api/chat", {"messages": None, "stream": None}),
                        ("/api/generate", {"prompt": None, "raw": None, "stream": None})):
@@ -256,8 +258,9 @@ def test_a_request_without_messages_or_prompt_loads_the_model(client, server):
 
 def test_num_predict_is_a_bound_and_the_oldest_turns_give_way(client, oai, server):
     """Ollama's way with the context: num_predict past the room left ends at the context's end
-    (not a 400); a conversation longer than the context loses its oldest turns after the system
-    prompt (the chat route's prompt of the longest suffix that fits), unless truncate is false."""
+    (not a 400); a conversation longer than the context loses its oldest exchanges after the
+    system prompt (the chat route's prompt of the longest suffix from a user turn that fits),
+    unless truncate is false."""
     prompt = "word " * 500
     n = len(request(server.url + "/tokenize", "POST", {"content": prompt})[2]["tokens"])
     got = client.generate(model="smollm2", prompt=prompt, raw=True, options={**GREEDY, "num_predict": 4000})
@@ -267,8 +270,8 @@ def test_num_predict_is_a_bound_and_the_oldest_turns_give_way(client, oai, serve
         {"role": r, "content": f"Message {i}: " + "the quick brown fox jumps over the lazy dog " * 3}
         for i, r in zip(range(24), ["user", "assistant"] * 12)] + [TURNS[0]]
     got = client.chat(model="smollm2", messages=turns, options={**GREEDY, "num_predict": 4})
-    for k in range(1, len(turns)):          # the chat route's longest suffix that fits
-        try:
+    for k in [i for i in range(1, len(turns)) if turns[i]["role"] == "user"]:   # whole exchanges give way:
+        try:                                # the chat route's longest suffix from a user turn that fits
             want = chat_reply(oai, turns[:1] + turns[k:], 4)
             break
         except openai.BadRequestError:
@@ -318,6 +321,19 @@ def test_litellms_ollama_providers_work_unchanged(server, oai):
         want.choices[0].message.content
     vector = litellm.embedding(model="ollama/smollm2", api_base=server.url, input=["Hello world"]).data[0]["embedding"]
     assert vector == oai.embeddings.create(model="smollm2", input="Hello world").data[0].embedding
+
+
+def test_a_failing_stream_event_ends_the_stream_with_an_error_line(server, monkeypatch):
+    """A bug while a reply streams (here: cutting the reply into parts fails) ends the stream with
+    Ollama's error line, not a second HTTP reply written into the body."""
+    from edgeinfer.server import ollama as route
+
+    def broken(*a, **kw):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(route, "_split", broken)
+    st, hdrs, body = request(server.url + "/api/generate", "POST", {"model": "smollm2", "prompt": "Hi"})
+    assert st == 200 and hdrs["Content-Type"].startswith("application/x-ndjson")
+    assert body == {"error": "generation failed: RuntimeError: injected"}     # the one line: the first event failed
 
 
 def test_the_client_raises_its_error_with_the_reason(client):

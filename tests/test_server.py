@@ -351,25 +351,31 @@ def test_api_key(engine):
 
 def test_cors_lets_the_named_origins_call(engine):
     """--cors-origin: a page of a named origin gets the CORS headers, on plain and streamed
-    replies, and its preflight a 204 without the API key; another origin gets neither."""
+    replies, and its preflight a 204 without the API key; another origin's requests are refused
+    with a 403 before anything runs (a browser sends a simple POST without a preflight)."""
     page, other = {"Origin": "http://app.example"}, {"Origin": "http://evil.example"}
     preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     with ServerThread(engine, api_key="s3cret", cors_origins=["http://app.example"]) as srv:
         st, hdrs, _ = request(srv.url + "/v1/chat/completions", "OPTIONS", headers={**page, **preflight})
         assert st == 204 and hdrs["Access-Control-Allow-Origin"] == "http://app.example"
         assert "POST" in hdrs["Access-Control-Allow-Methods"]
         assert hdrs["Access-Control-Allow-Headers"] == "authorization, content-type"
-        assert request(srv.url + "/v1/chat/completions", "OPTIONS", headers={**other, **preflight})[0] == 403
         auth = {"Authorization": "Bearer s3cret"}
-        for h, allowed in ((page, True), (other, False)):
-            st, hdrs, _ = request(srv.url + "/v1/models", headers={**h, **auth})
-            assert st == 200 and ("Access-Control-Allow-Origin" in hdrs) == allowed
-        st, hdrs, _ = request(srv.url + "/v1/chat/completions", "POST", {
-            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True}, headers={**page, **auth})
+        st, hdrs, _ = request(srv.url + "/v1/models", headers={**page, **auth})
+        assert st == 200 and hdrs["Access-Control-Allow-Origin"] == "http://app.example" and hdrs["Vary"] == "Origin"
+        st, hdrs, _ = request(srv.url + "/v1/chat/completions", "POST", {**chat, "stream": True}, headers={**page, **auth})
         assert st == 200 and hdrs["Access-Control-Allow-Origin"] == "http://app.example"
         assert request(srv.url + "/v1/models", headers=page)[1]["Access-Control-Allow-Origin"]   # a 401 too
-    with ServerThread(engine) as srv:          # by default no origin may call
-        assert "Access-Control-Allow-Origin" not in request(srv.url + "/v1/models", headers=page)[1]
+        for method, body, h in (("OPTIONS", None, preflight), ("POST", chat, auth), ("GET", None, auth)):
+            st, hdrs, got = request(srv.url + "/v1/chat/completions" if body or method == "OPTIONS"
+                                    else srv.url + "/v1/models", method, body, headers={**other, **h})
+            assert st == 403 and got["error"]["code"] == "origin_not_allowed"
+            assert "Access-Control-Allow-Origin" not in hdrs
+        assert request(srv.url + "/v1/models", headers=auth)[0] == 200        # no Origin: not a browser's page
+    with ServerThread(engine) as srv:          # by default no other origin may call; the server's own may
+        assert request(srv.url + "/v1/models", headers=page)[0] == 403
+        assert request(srv.url + "/v1/models", headers={"Origin": srv.url})[0] == 200
 
 
 # --------------------------------------------------------------------------- the bounded queue

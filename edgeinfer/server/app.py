@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -200,27 +201,30 @@ _HTTP_ERRORS = {404: ("not found", "not_found"), 405: ("method not allowed", "me
                 413: ("request body too large", "request_too_large")}
 
 
-def _cors_headers(state: "ServerState", request: web.Request) -> dict[str, str]:
-    """The CORS headers of a reply to a page of the request's origin: none unless --cors-origin
-    lets that origin call (a browser then keeps the reply from the page)."""
+def _origin_allowed(state: "ServerState", request: web.Request) -> bool:
+    """Whether a browser page may call: a request without an Origin (no browser's, or a
+    same-origin GET), one from the server's own origin, or one --cors-origin names."""
     origin = request.headers.get("Origin")
-    if origin is None or not ({"*", origin} & state.cors_origins):
-        return {}
-    return {"Access-Control-Allow-Origin": "*" if "*" in state.cors_origins else origin, "Vary": "Origin",
-            "Access-Control-Expose-Headers": "Retry-After, WWW-Authenticate"}
+    return (origin is None or bool({"*", origin} & state.cors_origins)
+            or origin.split("://", 1)[-1] == request.host)
 
 
 async def _add_cors(request: web.Request, response: web.StreamResponse) -> None:
-    """Every reply, a stream's too, before its headers go out (aiohttp's on_response_prepare)."""
-    response.headers.update(_cors_headers(request.app[STATE_KEY], request))
+    """The CORS headers of every reply, a stream's too, before they go out (aiohttp's
+    on_response_prepare): for a page of an origin --cors-origin names."""
+    state: ServerState = request.app[STATE_KEY]
+    origin = request.headers.get("Origin")
+    if origin is None or not state.cors_origins:
+        return
+    response.headers["Vary"] = "Origin"            # the reply differs by origin: caches keep them apart
+    if {"*", origin} & state.cors_origins:
+        response.headers.update({"Access-Control-Allow-Origin": "*" if "*" in state.cors_origins else origin,
+                                 "Access-Control-Expose-Headers": "Retry-After, WWW-Authenticate"})
 
 
-def _preflight(state: "ServerState", request: web.Request) -> web.Response:
-    """A browser's preflight (OPTIONS with Access-Control-Request-Method): 204 when the origin
-    may call, with the methods and the headers it asked for; 403 otherwise."""
-    if not _cors_headers(state, request):
-        raise APIError(403, f"the origin {request.headers.get('Origin')!r} may not call this server (--cors-origin)",
-                       type="permission_error", code="origin_not_allowed")
+def _preflight(request: web.Request) -> web.Response:
+    """A browser's preflight (OPTIONS with Access-Control-Request-Method) from an allowed origin:
+    204 with the methods and the headers it asked for."""
     return web.Response(status=204, headers={
         "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS", "Access-Control-Max-Age": "600",
         "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", "")})
@@ -233,8 +237,12 @@ async def _middleware(request: web.Request, handler):
     route = info.canonical if info is not None else "other"
     status = 500
     try:
+        if not _origin_allowed(state, request):    # a page elsewhere: refused before anything runs
+            raise APIError(403, f"the origin {request.headers['Origin']!r} may not call this server "
+                                "(--cors-origin names those that may)", type="permission_error",
+                           code="origin_not_allowed")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-            resp = _preflight(state, request)        # no API key: a browser sends none with it
+            resp = _preflight(request)             # no API key: a browser sends none with it
             status = resp.status
             return resp
         if state.api_key is not None and request.path not in PUBLIC_PATHS:
@@ -548,6 +556,16 @@ def _lookup_ollama(state: "ServerState", name: str | None) -> tuple[ServedModel,
         return state.lookup_with_adapter(name.removesuffix(":latest"))
 
 
+def _embedding_model(state: "ServerState", name: str) -> ServedModel:
+    """The served model an Ollama embedding request names; a LoRA adapter's name is a 400, the
+    vectors coming from the base weights."""
+    served, adapter = _lookup_ollama(state, name)
+    if adapter is not None:
+        raise bad(f"'{name}' is a LoRA adapter: embeddings come from the base model '{served.name}'", "model",
+                  "unsupported_value")
+    return served
+
+
 async def ollama_chat(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "ollama_chat")
 
@@ -561,7 +579,7 @@ async def ollama_embed(request: web.Request) -> web.Response:
     state.check_draining()
     t0 = time.perf_counter()
     body = parse(OllamaEmbedBody, await _read_json(request, state))
-    served, _ = _lookup_ollama(state, body.model)
+    served = _embedding_model(state, body.model)
     items = [body.input] if isinstance(body.input, str) else body.input or []
     if not any(items):             # Ollama's load request: no vectors
         return _json(ollama.embed_reply(body.model, [], 0, time.perf_counter() - t0))
@@ -574,10 +592,10 @@ async def ollama_embeddings(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
     state.check_draining()
     body = parse(OllamaEmbeddingsBody, await _read_json(request, state))
-    served, _ = _lookup_ollama(state, body.model)
+    served = _embedding_model(state, body.model)
     if not body.prompt:            # Ollama's load request
         return _json({"embedding": []})
-    vectors, _ = await _embed(state, served, [body.prompt], None)
+    vectors, _ = await _embed(state, served, [body.prompt], None, truncate=True)
     return _json({"embedding": vectors[0].tolist()})
 
 
@@ -679,24 +697,49 @@ def _prompt(eng, req: GenRequest):
         raise bad(str(e), param, "empty_prompt") from None
 
 
+def _fits(eng, ids: list[int]) -> bool:
+    try:
+        eng.check_prompt(ids)
+    except ContextOverflowError:
+        return False
+    except ValueError:                 # empty: _prompt's 400
+        pass
+    return True
+
+
 def _fitted_ids(eng, req: GenRequest):
-    """The prompt ids and tool plan of a chat whose oldest turns after the system messages give
-    way, one at a time, until the prompt fits the context (Ollama's truncation); the last turn
-    stays, so a prompt that still does not fit is check_prompt's 400."""
-    ids, plan = _prompt_ids(eng, req)
-    while len(req.messages) > 1:
-        try:
-            eng.check_prompt(ids)
+    """The prompt ids and tool plan of a chat whose oldest exchanges after the leading system
+    messages give way, whole (a user turn up to the next one, with its calls and their results),
+    until the prompt fits the context (Ollama's truncation); the newest exchange stays, so a
+    prompt that still does not fit is check_prompt's 400. The kept suffix is searched from the
+    newest end (doubling, then halving), so the renders are of suffixes about the context's size
+    and a long chat costs one whole render; `req` is left as it came (a fallback model trims
+    for its own context)."""
+    whole = _prompt_ids(eng, req)
+    msgs = req.messages
+    n_sys = next((i for i, m in enumerate(msgs) if m["role"] != "system"), len(msgs))
+    starts = [i for i in range(n_sys + 1, len(msgs)) if msgs[i]["role"] == "user"]
+    if _fits(eng, whole[0]) or not starts:
+        return whole
+    renders: dict[int, tuple] = {}
+
+    def kept(k: int) -> tuple:         # the chat from the k-th exchange start on
+        if k not in renders:
+            renders[k] = _prompt_ids(eng, dataclasses.replace(req, messages=msgs[:n_sys] + msgs[starts[k]:]))
+        return renders[k]
+
+    fit, fail, step = len(starts) - 1, -1, 1     # fail: the whole chat (-1) does not fit
+    if not _fits(eng, kept(fit)[0]):
+        return kept(fit)
+    while fit - step > fail:
+        if not _fits(eng, kept(fit - step)[0]):
+            fail = fit - step
             break
-        except ContextOverflowError:
-            first = next((i for i, m in enumerate(req.messages[:-1]) if m["role"] != "system"), None)
-            if first is None:
-                break
-            req.messages = req.messages[:first] + req.messages[first + 1:]
-            ids, plan = _prompt_ids(eng, req)
-        except ValueError:             # empty: _prompt's 400
-            break
-    return ids, plan
+        fit, step = fit - step, step * 2
+    while fit - fail > 1:
+        mid = (fit + fail) // 2
+        fit, fail = (mid, fail) if _fits(eng, kept(mid)[0]) else (fit, mid)
+    return kept(fit)
 
 
 def _prompt_ids(eng, req: GenRequest):

@@ -87,7 +87,11 @@ async def relay(request: web.Request, queue: asyncio.Queue, first: bytes,
                     sent, finished = on_event(ev)
                 except Exception as e:      # a bug: the stream ends with an error event, not a broken body
                     log.exception("a stream's event failed")
-                    sent, finished = on_event(ErrorEvent(e))
+                    try:
+                        sent, finished = on_event(ErrorEvent(e))
+                    except Exception:       # nor a second reply written into this one's body
+                        log.exception("a stream's error event failed")
+                        sent, finished = [], True
                 out += sent
                 if finished:
                     break

@@ -44,6 +44,7 @@ OLLAMA_API = "0.12.11"        # the release that added logprobs, the newest of t
 _FIELDS = {"max_tokens": "options.num_predict", "response_format": "format"}
 _FIELD_WORDS = re.compile(r"\b(?:max_tokens|response_format)\b")
 _FAR_FUTURE = "2318-01-01T00:00:00Z"      # /api/ps: models stay loaded while the server runs
+_ZERO = re.compile(r"0+(\.0*)?(ns|us|ms|s|m|h)?")   # a keep_alive of no time: 0, "0", "0s", "0m"
 
 
 def error_body(e: APIError) -> dict:
@@ -106,7 +107,7 @@ def _loaded(b, kind: str) -> dict:
     loaded), or with keep_alive 0 its "unload" (it stays loaded: the server's models do)."""
     out = {"model": b.model, "created_at": _now()}
     out.update({"message": {"role": "assistant", "content": ""}} if kind == "ollama_chat" else {"response": ""})
-    return {**out, "done": True, "done_reason": "unload" if b.keep_alive in (0, "0") else "load"}
+    return {**out, "done": True, "done_reason": "unload" if _ZERO.fullmatch(str(b.keep_alive)) else "load"}
 
 
 def _message(m: OllamaMessage, i: int) -> dict:
