@@ -83,15 +83,7 @@ async def relay(request: web.Request, queue: asyncio.Queue, first: bytes,
             _, events = await queue.get()
             out: list[bytes] = []
             for ev in events:
-                try:
-                    sent, finished = on_event(ev)
-                except Exception as e:      # a bug: the stream ends with an error event, not a broken body
-                    log.exception("a stream's event failed")
-                    try:
-                        sent, finished = on_event(ErrorEvent(e))
-                    except Exception:       # nor a second reply written into this one's body
-                        log.exception("a stream's error event failed")
-                        sent, finished = [], True
+                sent, finished = _guarded(on_event, ev)
                 out += sent
                 if finished:
                     break
@@ -101,6 +93,16 @@ async def relay(request: web.Request, queue: asyncio.Queue, first: bytes,
     except (ConnectionResetError, ConnectionError):
         log.debug("client went away during a stream")   # the caller cancels the request
     return resp
+
+
+def _guarded(on_event: Callable[[Any], tuple[list[bytes], bool]], ev) -> tuple[list[bytes], bool]:
+    """on_event(ev); a bug there ends the stream with the route's error event (and a bug in that,
+    with none), never with a second reply written into this one's body."""
+    try:
+        return on_event(ev)
+    except Exception as e:
+        log.exception("a stream's event failed")
+        return ([], True) if isinstance(ev, ErrorEvent) else _guarded(on_event, ErrorEvent(e))
 
 
 async def collect(queue: asyncio.Queue, ctx, fail: Callable[[ErrorEvent], Exception],

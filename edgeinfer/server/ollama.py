@@ -44,6 +44,9 @@ OLLAMA_API = "0.12.11"        # the release that added logprobs, the newest of t
 _FIELDS = {"max_tokens": "options.num_predict", "response_format": "format"}
 _FIELD_WORDS = re.compile(r"\b(?:max_tokens|response_format)\b")
 _FAR_FUTURE = "2318-01-01T00:00:00Z"      # /api/ps: models stay loaded while the server runs
+# /api/generate's fields edgeinfer does not take, and why
+_REFUSED = {"suffix": "no fill-in-the-middle", "template": "the GGUF's chat template is the one that renders",
+            "context": "send the conversation to /api/chat", "images": "the model reads text"}
 _ZERO = re.compile(r"0+(\.0*)?(ns|us|ms|s|m|h)?")   # a keep_alive of no time: 0, "0", "0s", "0m"
 
 
@@ -81,12 +84,10 @@ def parse_request(kind: str, body: Any, eng) -> GenRequest | dict:
         req.trim_turns = b.truncate is not False
     else:
         b = parse(OllamaGenerateBody, body)
-        for field in ("suffix", "template", "context", "images") + (("system",) if b.raw else ()):
+        refused = {**_REFUSED, **({"system": "with raw, no template renders it"} if b.raw else {})}
+        for field, why in refused.items():
             if getattr(b, field):
-                raise bad(f"'{field}' is not supported" + (" with raw" if field == "system" else
-                                                           ": send the conversation to /api/chat"
-                                                           if field == "context" else ""),
-                          field, "unsupported_parameter")
+                raise bad(f"'{field}' is not supported: {why}", field, "unsupported_parameter")
         if not b.prompt:
             return _loaded(b, kind)
         if b.raw:

@@ -28,6 +28,8 @@ OLLAMA_GENERATION_ERRORS = {"400": "a bad field, named in the message; a prompt 
                             "404": "`model` names no served model", "413": "the body exceeds the server's limit",
                             "429": "the model's queue is full (Retry-After)",
                             "503": "loading, failed or shutting down (Retry-After)"}
+OLLAMA_EMBED_ERRORS = {k: v for k, v in {**OLLAMA_GENERATION_ERRORS, "501": "a backend without embeddings"}.items()
+                       if k != "429"}
 STREAM = "text/event-stream"
 NDJSON = "application/x-ndjson"
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -129,13 +131,9 @@ OPERATIONS = (
               body=OllamaGenerateBody, ok=R.OllamaGenerateReply, stream=R.OllamaGenerateReply,
               errors=OLLAMA_GENERATION_ERRORS, dialect="ollama"),
     Operation("POST", "/api/embed", "ollama_embed", "Ollama embeddings (unit length), one per input",
-              body=OllamaEmbedBody, ok=R.OllamaEmbedReply, dialect="ollama",
-              errors={k: v for k, v in {**OLLAMA_GENERATION_ERRORS, "501": "a backend without embeddings"}.items()
-                      if k != "429"}),
+              body=OllamaEmbedBody, ok=R.OllamaEmbedReply, dialect="ollama", errors=OLLAMA_EMBED_ERRORS),
     Operation("POST", "/api/embeddings", "ollama_embeddings", "Ollama's older embedding route: one vector",
-              body=OllamaEmbeddingsBody, ok=R.OllamaEmbedding, dialect="ollama",
-              errors={k: v for k, v in {**OLLAMA_GENERATION_ERRORS, "501": "a backend without embeddings"}.items()
-                      if k != "429"}),
+              body=OllamaEmbeddingsBody, ok=R.OllamaEmbedding, dialect="ollama", errors=OLLAMA_EMBED_ERRORS),
     Operation("GET", "/api/tags", "ollama_tags", "Ollama's list of the served models", ok=R.OllamaModelList,
               dialect="ollama"),
     Operation("POST", "/api/show", "ollama_show", "Ollama's model details, metadata, template and capabilities",

@@ -299,7 +299,7 @@ class GenRequest:
     adapter: str | None = None              # `model` named this LoRA adapter: the reply's model
     responses: Any = None                   # /v1/responses: its ResponsesCall (what it repeats and keeps)
     # Ollama's way with the context: max_tokens is a bound, cut to the room the prompt leaves,
-    # and (trim_turns) a chat's oldest turns after the system messages give way until it fits
+    # and (trim_turns) a chat's oldest exchanges after the system messages give way until it fits
     bound_max_tokens: bool = False
     trim_turns: bool = False
 
@@ -617,7 +617,7 @@ def _integral(v: Any) -> Any:
 
 
 _Int = Annotated[int, BeforeValidator(_integral, json_schema_input_type=int | float)]
-_Stops_ = Annotated[list[str] | None, BeforeValidator(_stop_list, json_schema_input_type=str | list[str] | None)]
+_OllamaStops = Annotated[list[str] | None, BeforeValidator(_stop_list, json_schema_input_type=str | list[str] | None)]
 
 
 class OllamaOptions(_Body):
@@ -634,7 +634,7 @@ class OllamaOptions(_Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: _Int | None = None                             # negative: none
-    stop: _Stops_ = None
+    stop: _OllamaStops = None
     # samplers edgeinfer does not have: only their "off" values are taken
     mirostat: _Int | None = None
     typical_p: float | None = None
