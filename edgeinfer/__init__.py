@@ -3,6 +3,7 @@ from .errors import (
     ContextOverflowError,
     EdgeInferError,
     GGUFError,
+    InfillError,
     InvalidArgumentError,
     InvalidTokenError,
     ModelNotFoundError,
@@ -24,7 +25,7 @@ __all__ = [
     "EdgeInferError", "GGUFError", "UnsupportedArchitectureError", "UnsupportedTypeError",
     "TokenizerError", "InvalidTokenError", "ContextOverflowError", "TemplateError",
     "NativeError", "InvalidArgumentError", "NativeOutOfMemoryError", "NativeUnsupportedError", "RangeError",
-    "StateError", "ModelNotFoundError",
+    "StateError", "ModelNotFoundError", "InfillError",
 ]
 
 

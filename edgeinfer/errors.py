@@ -71,3 +71,7 @@ class ConversionError(EdgeInferError, ValueError):
 
 class EmbeddingError(EdgeInferError, ValueError):
     """An embedding request the engine cannot serve: no input, an empty one, or an unknown pooling."""
+
+
+class InfillError(EdgeInferError, ValueError):
+    """A fill-in-the-middle request on a model whose vocabulary has no prefix / suffix / middle tokens."""

@@ -459,6 +459,21 @@ def test_vocab_files_match_llama_cpp(name):
 
 
 @pytest.mark.oracle
+@pytest.mark.parametrize("name", ["deepseek-coder", "refact", "starcoder", "command-r", "qwen2"])
+def test_fim_tokens_and_eog_match_llama_cpp(name):
+    """The fill-in-the-middle tokens llama.cpp finds (DeepSeek's <｜fim▁begin｜>, StarCoder's
+    <fim_prefix>, ...), and the end-of-generation set they join, on its vocabulary files."""
+    llama_cpp = _oracle_module()
+    tok = Tokenizer.from_gguf(vocab_path(name))
+    llm = oracle_vocab(vocab_path(name))        # held: the vocabulary lives as long as it
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    ours = [tok.fim_pre_id, tok.fim_suf_id, tok.fim_mid_id, tok.fim_rep_id, tok.fim_sep_id]
+    theirs = [getattr(llama_cpp, f"llama_vocab_fim_{k}")(vocab) for k in ("pre", "suf", "mid", "rep", "sep")]
+    assert [-1 if i is None else i for i in ours] == theirs
+    assert set(tok.eog_ids) == {i for i in range(tok.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)}
+
+
+@pytest.mark.oracle
 def test_gemma4_pieces_and_bos_match_llama_cpp(tmp_path):
     """Gemma 4's pieces (spaces written as U+2581, <0xXX> byte tokens) are llama.cpp's, and BOS
     is added even where the metadata says not to, as llama.cpp does for Gemma 4."""

@@ -12,6 +12,7 @@ from ..errors import ContextOverflowError, EmbeddingError, InvalidTokenError, Sa
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, layer_state_floats, local_ring_cells
 from ..text.chat_template import ChatTemplate, is_prefill
+from ..text.fim import fim_ids, supports_fim
 from ..text.tokenizer import Tokenizer
 from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
@@ -74,6 +75,11 @@ class Engine:
     def thinks(self) -> bool:
         """Whether the chat template has a thinking block (its replies carry `reasoning`)."""
         return reasoning_format(self.template.source) is not None
+
+    @property
+    def infills(self) -> bool:
+        """Whether the vocabulary has fill-in-the-middle tokens (`generate(..., suffix=...)`)."""
+        return supports_fim(self.tokenizer)
 
     @property
     def n_slots(self) -> int:
@@ -234,10 +240,25 @@ class Engine:
             out.append(int(i))
         return out
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
+    def _prompt_ids(self, prompt: str | Sequence[int], suffix: str | None = None) -> list[int]:
+        if suffix:
+            if not isinstance(prompt, str):
+                raise TypeError("a prompt with a suffix must be text (the prefix), not token ids")
+            ids = self.infill_ids(prompt, suffix)
+        else:
+            ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_ids(prompt)
         self.check_prompt(ids)
         return ids
+
+    def infill_ids(self, prefix: str, suffix: str, *, prompt: str = "",
+                   files: Sequence[tuple[str, str]] | None = None, max_tokens: int | None = None) -> list[int]:
+        """The prompt ids asking for the text between `prefix` and `suffix` (fill in the middle),
+        from the vocabulary's FIM tokens; InfillError when the model has none. With `files`
+        ((name, text) pairs, even none), llama.cpp's /infill form: the project's files first,
+        `prompt` after the prefix, everything cut to fit the context less 2 * `max_tokens`
+        (`edgeinfer.text.fim`)."""
+        return fim_ids(self.tokenizer, prefix, suffix, prompt=prompt, files=files, n_ctx=self.n_ctx,
+                       n_predict=max_tokens or 0)
 
     def check_prompt(self, ids: Sequence[int], max_tokens: int | None = None) -> int:
         """Checks that a prompt of `ids` fits with room to generate, and returns the max_tokens
@@ -308,18 +329,19 @@ class Engine:
                 out[i] = pooler.result(normalize)
         return out
 
-    def generate(self, prompt: str | Sequence[int], **params: Any) -> Completion:
+    def generate(self, prompt: str | Sequence[int], *, suffix: str | None = None, **params: Any) -> Completion:
         """Runs to the end. `logprobs=N` (extension) also returns, per token, its log-probability
         and the N most likely alternatives in `Completion.logprobs`. Structured output (at most
         one): `response_format={"type": "json_object"}` or `{"type": "json_schema", "json_schema":
         {"schema": {...}}}`, `json_schema={...}`, `regex="..."`, `grammar="<Lark or GBNF>"`;
         the output follows it and ends (finish_reason "stop") where it is complete.
-        `logit_bias={token_id: bias in [-100, 100]}` as OpenAI's."""
-        return self._generation(self._prompt_ids(prompt), params).result()
+        `logit_bias={token_id: bias in [-100, 100]}` as OpenAI's. With `suffix`, a code model
+        fills in the text between the prompt and the suffix (`infill_ids`)."""
+        return self._generation(self._prompt_ids(prompt, suffix), params).result()
 
-    def stream(self, prompt: str | Sequence[int], **params: Any) -> Generation:
+    def stream(self, prompt: str | Sequence[int], *, suffix: str | None = None, **params: Any) -> Generation:
         """Iterates over text pieces as they are generated (never half a UTF-8 character)."""
-        return self._generation(self._prompt_ids(prompt), params)
+        return self._generation(self._prompt_ids(prompt, suffix), params)
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None, *,
              chat_template_kwargs: dict | None = None, enable_thinking: bool | None = None,
@@ -432,6 +454,7 @@ class Engine:
             "packed_weight_bytes": caps.packed_bytes, "device_weight_bytes": caps.device_bytes,
             "n_threads": caps.n_threads, "isa": caps.isa, "device": caps.device,
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
+            "fill_in_middle": self.infills,
             # sliding-window layers: the window, and the cells per slot of their own KV ring (0: full ring)
             **({"sliding_window": cfg.swa_window, "local_layers": sum(map(cfg.is_local_layer, range(cfg.n_layer))),
                 "local_kv_cells": self.ring.local_cells}

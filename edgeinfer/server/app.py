@@ -26,9 +26,9 @@ from aiohttp import web
 from ..engine import (AdapterBusyError, AdapterError, UnknownAdapterError, CacheFileError, ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
                       SlotBusyError, SlotFilesUnsupportedError, TokenEvent, TokenLogprob, ToolError, call_finish,
                       check_logit_bias, grammar_spec)
-from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InvalidTokenError, SamplingParamsError,
-                      TemplateError)
-from . import anthropic, ollama, openai_responses
+from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InfillError, InvalidTokenError,
+                      SamplingParamsError, TemplateError)
+from . import anthropic, llamacpp, ollama, openai_responses
 from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
@@ -566,6 +566,14 @@ def _embedding_model(state: "ServerState", name: str) -> ServedModel:
     return served
 
 
+async def llama_completion(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "llama_completion")
+
+
+async def llama_infill(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "llama_infill")
+
+
 async def ollama_chat(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "ollama_chat")
 
@@ -755,8 +763,12 @@ def _prompt_ids(eng, req: GenRequest):
             ids = eng.chat_ids(plan.messages, **{**req.template_kwargs, **plan.render_extra})
         elif req.kind == "chat":
             ids = eng.chat_ids(req.messages, **req.template_kwargs)
+        elif req.fim is not None:
+            ids = eng.infill_ids(**req.fim, max_tokens=req.max_tokens)
         else:
             ids = req.prompt_ids if req.prompt_ids is not None else eng.tokenize(req.prompt_text)
+    except InfillError as e:
+        raise bad(str(e), "suffix", "unsupported_value") from None
     except TemplateError as e:
         raise bad(f"the chat template failed: {e}", "messages", "template_error") from None
     except ContextOverflowError as e:   # messages too large for any rendered prompt
@@ -775,6 +787,7 @@ def _sibling_seeds(seed: int | None, n: int) -> list[int | None]:
 
 
 _OLLAMA_KINDS = ("ollama_chat", "ollama_generate")
+_LLAMA_KINDS = ("llama_completion", "llama_infill")
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
@@ -785,6 +798,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             openai_responses.in_request_terms(e)
         elif kind in _OLLAMA_KINDS:
             ollama.in_request_terms(e)
+        elif kind in _LLAMA_KINDS:
+            llamacpp.in_request_terms(e, kind)
         raise
 
 
@@ -803,6 +818,8 @@ async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
         req = ollama.parse_request(kind, body, eng)
         if isinstance(req, dict):      # a load request: its reply
             return _json(req)
+    elif kind in _LLAMA_KINDS:
+        req = llamacpp.parse_request(kind, body, eng)
     elif kind == "responses":
         req = openai_responses.parse_request(body, state.responses)
     else:
@@ -850,7 +867,7 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
         break
     state.in_flight += 1
     try:
-        ctx = _Ctx(state, target, req, len(ids), kind, plan, reasoning=params[0].reasoning is not None)
+        ctx = _Ctx(state, target, req, ids, kind, plan, reasoning=params[0].reasoning is not None)
         if kind == "messages" and req.stream:
             return await anthropic.stream_reply(request, queue, ctx, _engine_error)
         if kind == "messages":
@@ -863,6 +880,10 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
             return await ollama.stream_reply(request, queue, ctx, _engine_error)
         if kind in _OLLAMA_KINDS:
             return _json(await ollama.reply(queue, ctx, _engine_error))
+        if kind in _LLAMA_KINDS and req.stream:
+            return await llamacpp.stream_reply(request, queue, ctx, _engine_error)
+        if kind in _LLAMA_KINDS:
+            return _json(await llamacpp.reply(queue, ctx, _engine_error))
         if req.stream:
             return await _stream(request, queue, ctx)
         return await _collect(queue, ctx)
@@ -923,9 +944,10 @@ async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenReq
 
 
 class _Ctx:
-    def __init__(self, state: ServerState, served: ServedModel, req: GenRequest, n_prompt: int, kind: str,
+    def __init__(self, state: ServerState, served: ServedModel, req: GenRequest, prompt_ids: list[int], kind: str,
                  plan=None, reasoning: bool = False):
-        self.state, self.served, self.req, self.n_prompt, self.kind = state, served, req, n_prompt, kind
+        self.state, self.served, self.req, self.kind = state, served, req, kind
+        self.prompt_ids, self.n_prompt = prompt_ids, len(prompt_ids)
         self.reasoning = reasoning          # a thinking block is split from the answer
         self.plan = plan if plan is not None and plan.active else None   # tool calls to read back
         self.eng = served.engine

@@ -45,7 +45,7 @@ _FIELDS = {"max_tokens": "options.num_predict", "response_format": "format"}
 _FIELD_WORDS = re.compile(r"\b(?:max_tokens|response_format)\b")
 _FAR_FUTURE = "2318-01-01T00:00:00Z"      # /api/ps: models stay loaded while the server runs
 # /api/generate's fields edgeinfer does not take, and why
-_REFUSED = {"suffix": "no fill-in-the-middle", "template": "the GGUF's chat template is the one that renders",
+_REFUSED = {"template": "the GGUF's chat template is the one that renders",
             "context": "send the conversation to /api/chat", "images": "the model reads text"}
 _ZERO = re.compile(r"0+(\.0*)?(ns|us|ms|s|m|h)?")   # a keep_alive of no time: 0, "0", "0s", "0m"
 
@@ -84,14 +84,17 @@ def parse_request(kind: str, body: Any, eng) -> GenRequest | dict:
         req.trim_turns = b.truncate is not False
     else:
         b = parse(OllamaGenerateBody, body)
-        refused = {**_REFUSED, **({"system": "with raw, no template renders it"} if b.raw else {})}
+        refused = {**_REFUSED, **({"system": "with raw, no template renders it"} if b.raw else {}),
+                   **({"system": "a fill-in-the-middle prompt has no system part"} if b.suffix else {}),
+                   **({"suffix": "with raw the prompt goes to the model as it is"} if b.raw else {})}
         for field, why in refused.items():
             if getattr(b, field):
                 raise bad(f"'{field}' is not supported: {why}", field, "unsupported_parameter")
         if not b.prompt:
             return _loaded(b, kind)
-        if b.raw:
-            req = parse_completion(_with_output({"prompt": b.prompt}, b, eng), eng.config.n_vocab)
+        if b.raw or b.suffix:      # the prompt as it is, or the gap between it and the suffix
+            body = {"prompt": b.prompt, **({"suffix": b.suffix} if b.suffix else {})}
+            req = parse_completion(_with_output(body, b, eng), eng.config.n_vocab)
         else:
             system = [{"role": "system", "content": b.system}] if b.system else []
             req = parse_chat(_with_output({"messages": system + [{"role": "user", "content": b.prompt}]}, b, eng))
@@ -304,7 +307,7 @@ def show(eng, verbose: bool) -> dict:
         meta[k] = None if long and not verbose else v if isinstance(v, (str, int, float)) else \
             (v.tolist() if hasattr(v, "tolist") else list(v))
     meta["general.parameter_count"] = eng.info()["n_params"]
-    caps = ["completion", "tools"] + (["thinking"] if eng.thinks else [])
+    caps = ["completion", "tools"] + (["thinking"] if eng.thinks else []) + (["insert"] if eng.infills else [])
     return {"license": "", "modelfile": "", "parameters": "", "template": eng.template.source,
             "details": entry["details"], "model_info": meta, "capabilities": caps,
             "modified_at": entry["modified_at"]}

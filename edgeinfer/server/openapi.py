@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from . import responses as R
-from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, LoraLoadBody,
-                       MessagesBody, OllamaChatBody, OllamaEmbedBody, OllamaEmbeddingsBody, OllamaGenerateBody,
+from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, LlamaCppBody,
+                       LoraLoadBody, MessagesBody, OllamaChatBody, OllamaEmbedBody, OllamaEmbeddingsBody, OllamaGenerateBody,
                        OllamaShowBody, ResponsesBody, SlotBody, TokenizeBody)
 
 __all__ = ["Operation", "OPERATIONS", "document"]
@@ -124,6 +124,11 @@ OPERATIONS = (
                       "503": "loading, failed or shutting down"}),
     Operation("GET", "/lora-adapters", "lora_llama", "llama.cpp's adapter list (id, path, scale)",
               ok=R.LlamaLoraAdapterList, errors={"503": "loading, failed or shutting down"}),
+    Operation("POST", "/completion", "llama_completion", "llama-server's completion (its fields, defaults and reply)",
+              body=LlamaCppBody, ok=R.LlamaCompletion, stream=R.LlamaCompletion, errors=GENERATION_ERRORS),
+    Operation("POST", "/infill", "llama_infill", "llama-server's fill in the middle: code between a prefix and a "
+              "suffix, with the project's files as context", body=LlamaCppBody, ok=R.LlamaCompletion,
+              stream=R.LlamaCompletion, errors=GENERATION_ERRORS),
     Operation("POST", "/api/chat", "ollama_chat", "Ollama chat (streamed unless `stream` is false)",
               body=OllamaChatBody, ok=R.OllamaChatReply, stream=R.OllamaChatReply, errors=OLLAMA_GENERATION_ERRORS,
               dialect="ollama"),

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 from ..engine import EFFORT_BUDGETS
 
 __all__ = ["APIError", "bad", "GenRequest", "parse_chat", "parse_completion", "parse",
-           "TokenizeBody", "DetokenizeBody", "MessagesBody", "CountTokensBody", "EmbeddingsBody"]
+           "TokenizeBody", "DetokenizeBody", "MessagesBody", "CountTokensBody", "EmbeddingsBody", "LlamaCppBody"]
 
 
 class APIError(Exception):
@@ -172,7 +172,7 @@ class CompletionBody(_GenBody):
     max_tokens: int | None = Field(None, ge=1)  # omitted or null: until EOS or a full context
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
-    suffix: str | None = None
+    suffix: str | None = None                    # fill in the middle: the text after the gap
     best_of: int | None = Field(None, ge=1)
 
 
@@ -302,6 +302,10 @@ class GenRequest:
     # and (trim_turns) a chat's oldest exchanges after the system messages give way until it fits
     bound_max_tokens: bool = False
     trim_turns: bool = False
+    # fill in the middle: Engine.infill_ids's arguments (prefix, suffix, and for llama.cpp's
+    # /infill prompt and files); the prompt is then built from them, not from prompt_text
+    fim: dict | None = None
+    llama: dict = field(default_factory=dict)   # llama-server's routes: return_tokens, response_fields, ...
 
 
 def _request(kind: str, b: _GenBody) -> GenRequest:
@@ -393,7 +397,9 @@ def parse_completion(body: Any, n_vocab: int) -> GenRequest:
     if b.echo:
         raise bad("'echo' is not supported", "echo", "unsupported_parameter")
     if b.suffix:
-        raise bad("'suffix' is not supported", "suffix", "unsupported_parameter")
+        if req.prompt_text is None:
+            raise bad("with a 'suffix', 'prompt' must be text (the code before the gap)", "prompt", "invalid_type")
+        req.fim = {"prefix": req.prompt_text, "suffix": b.suffix}
     if b.best_of not in (None, 1):
         raise bad("'best_of' must be 1", "best_of", "unsupported_value")
     return req
@@ -685,7 +691,7 @@ class OllamaGenerateBody(_OllamaGenBody):
     prompt: str | None = None
     system: str | None = None
     raw: bool | None = None                      # the prompt as is, no chat template
-    suffix: str | None = None                    # refused: no fill-in-the-middle
+    suffix: str | None = None                    # fill in the middle: the text after the gap
     template: str | None = None                  # refused: Go templates are not rendered
     context: list[int] | None = None             # refused: /api/chat carries a conversation
     images: list[str] | None = None              # refused: the model reads text
@@ -713,6 +719,57 @@ class OllamaShowBody(_Body):
     """POST /api/show (Ollama's)."""
     model: str = Field(min_length=1, validation_alias=AliasChoices("model", "name"))
     verbose: bool | None = None
+
+
+# --------------------------------------------------------------------------- llama.cpp's own API
+
+class InfillFile(_Body):
+    """One file of /infill's `input_extra`: the project's context for the completion."""
+    text: str
+    filename: str = "tmp"
+
+
+class LlamaCppBody(_Body):
+    """POST /completion and /infill (llama-server's own API; its sampling defaults). Fields
+    its clients send that change nothing here are accepted and type-checked: `cache_prompt`
+    (prefixes are always reused), `id_slot`, `samplers`, `n_indent`, `t_max_prompt_ms`,
+    `t_max_predict_ms`, `timings_per_token`, `post_sampling_probs`, `n_keep`."""
+    model_config = ConfigDict(json_schema_extra=lambda schema: schema["properties"]["prompt"].pop("default"))
+    model: str | None = None
+    prompt: Annotated[Any, WithJsonSchema(_PROMPT_SCHEMA)] = None   # /completion: required
+    input_prefix: str | None = None                                 # /infill: required
+    input_suffix: str | None = None                                 # /infill: required
+    input_extra: list[InfillFile] | None = None
+    n_predict: int | None = Field(None, ge=-1)
+    max_tokens: int | None = Field(None, ge=-1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool | None = None
+    stream: bool | None = None
+    n_probs: int | None = Field(None, ge=0, le=20)
+    logit_bias: dict | list | None = None
+    grammar: str | None = None
+    json_schema: dict | None = None
+    lora: list[LoraRef] | None = None
+    return_tokens: bool | None = None
+    response_fields: list[str] | None = None
+    cache_prompt: bool | None = None
+    id_slot: int | None = None
+    samplers: list[str] | str | None = None
+    n_indent: int | None = Field(None, ge=0)
+    t_max_prompt_ms: int | None = None
+    t_max_predict_ms: int | None = None
+    timings_per_token: bool | None = None
+    post_sampling_probs: bool | None = None
+    n_keep: int | None = None
 
 
 # the request models' class names (union members in an error's location)

@@ -678,3 +678,51 @@ class OllamaShowReply(_Out):
 class OllamaVersion(_Out):
     version: str        # the Ollama release whose API the routes follow
     edgeinfer: str
+
+
+# --------------------------------------------------------------------------- llama-server's own API
+
+class LlamaTimings(_Out):
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
+class LlamaTokenProb(_Out):
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class LlamaCompletionProb(LlamaTokenProb):
+    top_logprobs: list[LlamaTokenProb]
+
+
+class LlamaCompletion(_Out):
+    """POST /completion and /infill: the reply, and each event of its stream (`stop` false with
+    a piece of `content`; the last `stop` true with empty content and the rest). Every field is
+    there unless the request's `response_fields` picked some (then under their paths)."""
+    index: int | None = None
+    content: str | None = None
+    tokens: list[int] | None = None
+    id_slot: int | None = None
+    stop: bool | None = None
+    model: str | None = None
+    tokens_predicted: int | None = None
+    tokens_evaluated: int | None = None
+    generation_settings: dict | None = None
+    prompt: str | None = None
+    has_new_line: bool | None = None
+    truncated: bool | None = None
+    stop_type: Literal["none", "eos", "limit", "word"] | None = None
+    stopping_word: str | None = None
+    tokens_cached: int | None = None
+    timings: LlamaTimings | None = None
+    completion_probabilities: list[LlamaCompletionProb] | None = None

@@ -126,6 +126,9 @@ class Tokenizer:
         self.eot_id = special.eot
         self.eom_id = special.eom
         self.eog_ids: frozenset[int] = special.eog
+        # fill-in-the-middle markers (None where the vocabulary has none)
+        self.fim_pre_id, self.fim_suf_id, self.fim_mid_id = special.fim_pre, special.fim_suf, special.fim_mid
+        self.fim_rep_id, self.fim_sep_id = special.fim_rep, special.fim_sep
         self._attrs = vocab.attrs     # llama.cpp's attribute flags (the constraint reads them)
         self._pieces: list[bytes | None] = [None] * vocab.n
 

@@ -60,6 +60,12 @@ _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endofte
               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
               "<end_of_utterance>")
 _EOM_TEXTS = ("<|eom_id|>",)
+_FIM_PRE_TEXTS = ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                  "<|code_prefix|>", "<|prefix|>")
+_FIM_SUF_TEXTS = ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                  "<|code_suffix|>", "<|suffix|>")
+_FIM_MID_TEXTS = ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                  "<|code_middle|>", "<|middle|>")
 _FIM_PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
 _FIM_REP_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
 _FIM_SEP_TEXTS = ("<|file_sep|>",)
@@ -208,6 +214,10 @@ class SpecialTokens:
         self.pad = special("tokenizer.ggml.padding_token_id", None)
         eot = special("tokenizer.ggml.eot_token_id", None)
         eom = special("tokenizer.ggml.eom_token_id", None)
+        # the older prefix / suffix / middle keys win where both are present, as in llama.cpp
+        fim_pre = special("tokenizer.ggml.prefix_token_id", special("tokenizer.ggml.fim_pre_token_id", None))
+        fim_suf = special("tokenizer.ggml.suffix_token_id", special("tokenizer.ggml.fim_suf_token_id", None))
+        fim_mid = special("tokenizer.ggml.middle_token_id", special("tokenizer.ggml.fim_mid_token_id", None))
         fim_pad = special("tokenizer.ggml.fim_pad_token_id", None)
         fim_rep = special("tokenizer.ggml.fim_rep_token_id", None)
         fim_sep = special("tokenizer.ggml.fim_sep_token_id", None)
@@ -226,10 +236,15 @@ class SpecialTokens:
 
         self.eot = by_text(eot, _EOT_TEXTS)
         self.eom = by_text(eom, _EOM_TEXTS)
-        fims = [by_text(fim_pad, _FIM_PAD_TEXTS), by_text(fim_rep, _FIM_REP_TEXTS),
-                by_text(fim_sep, _FIM_SEP_TEXTS)]
+        # fill-in-the-middle: prefix, suffix and middle markers, and the repo-level ones
+        self.fim_pre = by_text(fim_pre, _FIM_PRE_TEXTS)
+        self.fim_suf = by_text(fim_suf, _FIM_SUF_TEXTS)
+        self.fim_mid = by_text(fim_mid, _FIM_MID_TEXTS)
+        self.fim_pad = by_text(fim_pad, _FIM_PAD_TEXTS)
+        self.fim_rep = by_text(fim_rep, _FIM_REP_TEXTS)
+        self.fim_sep = by_text(fim_sep, _FIM_SEP_TEXTS)
 
-        eog: set[int] = {i for i in fims if i is not None}
+        eog: set[int] = {i for i in (self.fim_pad, self.fim_rep, self.fim_sep) if i is not None}
         for t in _EOG_TEXTS:
             i = ids.get(t)
             if i is not None:

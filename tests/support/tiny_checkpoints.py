@@ -6,6 +6,7 @@ checkpoint carries a real tokenizer of a few hundred tokens:
   llama_tied: byte-level BPE, smollm style (Digits + ByteLevel), tied embeddings, chat template
   mistral : SentencePiece BPE tokenizer.model (byte fallback)
   qwen2   : byte-level BPE, Qwen2 Split regex, q/k/v biases
+  qwen2_fim: qwen2 with Qwen2.5-Coder's fill-in-the-middle and repo-level special tokens
   qwen3   : byte-level BPE, Qwen2 Split regex, per-head Q/K norms, head_dim 32 with width 64 /
             4 heads, the Qwen3 chat template with its thinking switch
   gemma3  : SentencePiece (no dummy prefix, byte fallback), 7 layers (local and global),
@@ -213,6 +214,16 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         model = tf.Qwen2ForCausalLM(cfg)
         tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                 "chat_template": CHATML, "add_bos_token": False}
+    elif kind == "qwen2_fim":       # Qwen2.5-Coder's fill-in-the-middle and repo-level tokens
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
+                    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
+        tok = _bpe_tokenizer("qwen2", 380, specials)
+        n_vocab = tok.get_vocab_size()
+        cfg = tf.Qwen2Config(vocab_size=n_vocab, bos_token_id=None, eos_token_id=0,
+                             tie_word_embeddings=False, use_sliding_window=False,
+                             rope_theta=1000000.0, **common)
+        model = tf.Qwen2ForCausalLM(cfg)
+        tcfg = {"eos_token": "<|endoftext|>", "pad_token": "<|fim_pad|>", "add_bos_token": False}
     elif kind == "qwen3":
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
         tok = _bpe_tokenizer("qwen2", 380, specials)
@@ -526,6 +537,29 @@ def memorize(model_dir: str | os.PathLike, n_tokens: int = 256, steps: int = 300
     model.eval()
     model.save_pretrained(model_dir, safe_serialization=True)
     return [int(i) for i in seq]
+
+
+def teach(model_dir: str | os.PathLike, sequences: list[list[int]], steps: int = 200, seed: int = 0) -> None:
+    """Trains the checkpoint in `model_dir` (in place) on whole `sequences` until greedy
+    decoding from any of their prefixes continues them: each step a batch of all of them,
+    padded at the end and masked out of the loss."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])
+    labels = torch.tensor([s + [-100] * (width - len(s)) for s in sequences])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        loss = model(ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    model.save_pretrained(model_dir, safe_serialization=True)
 
 
 #: Qwen3.5 checkpoints: (layer_types, tied head, linear key heads, linear value heads, key dim,
