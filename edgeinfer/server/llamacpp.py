@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ..engine import DoneEvent, ErrorEvent, TokenEvent
 from .event_stream import collect, relay
-from .protocol import APIError, GenRequest, LlamaCppBody, bad, parse, parse_completion
+from .protocol import APIError, GenRequest, LlamaCppBody, bad, lora_refs, parse, parse_completion
 
 __all__ = ["DEFAULTS", "parse_request", "reply", "stream_reply", "in_request_terms"]
 
@@ -64,9 +64,7 @@ def parse_request(kind: str, body: Any, eng) -> GenRequest:
                         logit_bias=_logit_bias(b.logit_bias, eng))
     req.constraint = {k: v for k, v in (("json_schema", b.json_schema), ("grammar", b.grammar)) if v is not None}
     req.n_logprobs = b.n_probs or None
-    if b.lora:
-        req.lora = parse_completion({"prompt": "", "lora": [r.model_dump(exclude_none=True) for r in b.lora]},
-                                    eng.config.n_vocab).lora
+    req.lora = lora_refs(b.lora)
     req.llama = {"return_tokens": bool(b.return_tokens), "response_fields": b.response_fields or [],
                  "n_predict": -1 if req.max_tokens is None else req.max_tokens, "n_probs": b.n_probs or 0}
     return req

@@ -329,10 +329,10 @@ def _request(kind: str, b: _GenBody) -> GenRequest:
         constraint["response_format"] = b.response_format.model_dump(exclude_none=True)
     return GenRequest(kind=kind, model=b.model, sampling=sampling, stream=bool(b.stream), n=b.n or 1,
                       include_usage=bool(b.stream_options and b.stream_options.include_usage),
-                      constraint=constraint, lora=_lora_refs(b.lora))
+                      constraint=constraint, lora=lora_refs(b.lora))
 
 
-def _lora_refs(refs: list[LoraRef] | None) -> list[dict]:
+def lora_refs(refs: list[LoraRef] | None) -> list[dict]:
     out = []
     for r in refs or []:
         if (r.id is None) == (r.name is None):
