@@ -336,12 +336,13 @@ class Engine:
         {"schema": {...}}}`, `json_schema={...}`, `regex="..."`, `grammar="<Lark or GBNF>"`;
         the output follows it and ends (finish_reason "stop") where it is complete.
         `logit_bias={token_id: bias in [-100, 100]}` as OpenAI's. With `suffix`, a code model
-        fills in the text between the prompt and the suffix (`infill_ids`)."""
-        return self._generation(self._prompt_ids(prompt, suffix), params).result()
+        fills in the text between the prompt and the suffix (`infill_ids`), control tokens giving
+        no text."""
+        return self._generation(self._prompt_ids(prompt, suffix), _infill_params(suffix, params)).result()
 
     def stream(self, prompt: str | Sequence[int], *, suffix: str | None = None, **params: Any) -> Generation:
         """Iterates over text pieces as they are generated (never half a UTF-8 character)."""
-        return self._generation(self._prompt_ids(prompt, suffix), params)
+        return self._generation(self._prompt_ids(prompt, suffix), _infill_params(suffix, params))
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, tool_choice: Any = None, *,
              chat_template_kwargs: dict | None = None, enable_thinking: bool | None = None,
@@ -477,6 +478,11 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _infill_params(suffix: str | None, params: dict) -> dict:
+    """A fill in the middle's parameters: the code comes without control tokens' text."""
+    return {"skip_special": True, **params} if suffix else params
 
 
 def _content_chars(messages: Any) -> int:

@@ -246,7 +246,7 @@ class TextStream:
 
     def __init__(self, tokenizer: Tokenizer, seq: SequenceState, on_stop: Callable[[], None]):
         self.seq = seq
-        self.decoder = StreamDecoder(tokenizer)
+        self.decoder = StreamDecoder(tokenizer, skip_special=seq.params.skip_special)
         self.stops = seq.params.stop_matcher()
         reasoning = seq.params.reasoning
         self.splitter = ReasoningSplitter(reasoning) if reasoning is not None else None

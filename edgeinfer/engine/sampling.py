@@ -348,6 +348,8 @@ class SamplingParams:
     grammar: Any = None
     # a reasoning.ReasoningSpec: the thinking block to split from the answer, and its budget
     reasoning: Any = None
+    # control tokens give no text (llama-server's rendering; a FIM model's stray markers in code)
+    skip_special: bool = False
 
     def __post_init__(self) -> None:
         p = _check_chain(self.temperature, self.top_k, self.top_p, self.min_p,

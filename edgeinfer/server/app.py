@@ -698,8 +698,8 @@ def _prompt(eng, req: GenRequest):
             room = eng.check_prompt(ids)
             return ids, room if req.max_tokens is None else min(req.max_tokens, room), plan
         return ids, eng.check_prompt(ids, req.max_tokens), plan
-    except ContextOverflowError as e:
-        raise bad(str(e), param if req.max_tokens is None else "max_tokens",
+    except ContextOverflowError as e:      # with a bound max_tokens, only the prompt can overflow
+        raise bad(str(e), param if req.max_tokens is None or req.bound_max_tokens else "max_tokens",
                   "context_length_exceeded") from None
     except ValueError as e:
         raise bad(str(e), param, "empty_prompt") from None
@@ -866,6 +866,10 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
             state.metrics.count_fallback(served.name, target.name, reason)
         break
     state.in_flight += 1
+
+    def cancel() -> None:
+        for h in handles:
+            h.cancel()
     try:
         ctx = _Ctx(state, target, req, ids, kind, plan, reasoning=params[0].reasoning is not None)
         if kind == "messages" and req.stream:
@@ -880,10 +884,10 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
             return await ollama.stream_reply(request, queue, ctx, _engine_error)
         if kind in _OLLAMA_KINDS:
             return _json(await ollama.reply(queue, ctx, _engine_error))
-        if kind in _LLAMA_KINDS and req.stream:
-            return await llamacpp.stream_reply(request, queue, ctx, _engine_error)
-        if kind in _LLAMA_KINDS:
-            return _json(await llamacpp.reply(queue, ctx, _engine_error))
+        if kind in _LLAMA_KINDS:           # its stops end a reply early: they cancel the sequence
+            reply = llamacpp.stream_reply(request, queue, ctx, _engine_error, cancel) if req.stream else \
+                llamacpp.reply(queue, ctx, _engine_error, cancel)
+            return await reply
         if req.stream:
             return await _stream(request, queue, ctx)
         return await _collect(queue, ctx)

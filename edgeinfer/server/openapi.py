@@ -128,7 +128,8 @@ OPERATIONS = (
               body=LlamaCppBody, ok=R.LlamaCompletion, stream=R.LlamaCompletion, errors=GENERATION_ERRORS),
     Operation("POST", "/infill", "llama_infill", "llama-server's fill in the middle: code between a prefix and a "
               "suffix, with the project's files as context", body=LlamaCppBody, ok=R.LlamaCompletion,
-              stream=R.LlamaCompletion, errors=GENERATION_ERRORS),
+              stream=R.LlamaCompletion, errors={**GENERATION_ERRORS, "501": "the model has no fill-in-the-middle "
+                                                "tokens (llama-server's not_supported_error)"}),
     Operation("POST", "/api/chat", "ollama_chat", "Ollama chat (streamed unless `stream` is false)",
               body=OllamaChatBody, ok=R.OllamaChatReply, stream=R.OllamaChatReply, errors=OLLAMA_GENERATION_ERRORS,
               dialect="ollama"),

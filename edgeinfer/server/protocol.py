@@ -400,6 +400,7 @@ def parse_completion(body: Any, n_vocab: int) -> GenRequest:
         if req.prompt_text is None:
             raise bad("with a 'suffix', 'prompt' must be text (the code before the gap)", "prompt", "invalid_type")
         req.fim = {"prefix": req.prompt_text, "suffix": b.suffix}
+        req.sampling["skip_special"] = True        # a stray marker is not code
     if b.best_of not in (None, 1):
         raise bad("'best_of' must be 1", "best_of", "unsupported_value")
     return req
@@ -740,9 +741,9 @@ class LlamaCppBody(_Body):
     input_prefix: str | None = None                                 # /infill: required
     input_suffix: str | None = None                                 # /infill: required
     input_extra: list[InfillFile] | None = None
-    n_predict: int | None = Field(None, ge=-1)
-    max_tokens: int | None = Field(None, ge=-1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    n_predict: int | None = None          # negative: no bound; 0: the prompt only, into the cache
+    max_tokens: int | None = None
+    temperature: float | None = None      # <= 0: greedy
     top_k: int | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
@@ -751,7 +752,7 @@ class LlamaCppBody(_Body):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
-    stop: list[str] | None = None
+    stop: str | list[str] | None = None
     ignore_eos: bool | None = None
     stream: bool | None = None
     n_probs: int | None = Field(None, ge=0, le=20)

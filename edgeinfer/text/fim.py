@@ -8,7 +8,10 @@ Two forms:
   <SEP> file name and text per file, where the vocabulary has those tokens; a "--- snippet ---"
   line between texts where it has not), then <PRE> prefix + prompt <SUF> suffix <MID>, the
   prefix kept to its last 3/4 of a batch, the suffix to its first 1/4 and the files to what the
-  context leaves, newest last.
+  context leaves past the batch and twice n_predict, newest last. llama.cpp's batch is 2,048
+  tokens; here it is that or half the context, whichever is smaller (llama.cpp's own budget
+  would leave no room for files in a context of 2,048 or less), and the files also leave
+  n_predict tokens (at least one) free, where llama.cpp's can overflow the context.
 
 Prefix, suffix and file texts are code, not markup: special-token texts in them stay text.
 """
@@ -34,9 +37,8 @@ def fim_ids(tok, prefix: str, suffix: str, *, prompt: str = "", files: Sequence[
     """The prompt ids that ask `tok`'s model for the text between `prefix` and `suffix`.
 
     `files` None: the plain form. A list of (file name, text), even empty: the repo-level form
-    of llama.cpp's /infill, budgeted against `n_ctx` (a batch of 2,048 tokens or half the
-    context, whichever is smaller, less 2 * `n_predict` for the files), `prompt` (the start of
-    the line being completed) after the prefix. InfillError when the vocabulary has no FIM
+    of llama.cpp's /infill, budgeted against `n_ctx` and `n_predict` as the module says,
+    `prompt` (the start of the line being completed) after the prefix. InfillError when the vocabulary has no FIM
     tokens."""
     if not supports_fim(tok):
         raise InfillError("this model has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
@@ -53,7 +55,9 @@ def fim_ids(tok, prefix: str, suffix: str, *, prompt: str = "", files: Sequence[
         pre = pre[len(pre) - min(len(pre), 3 * (batch // 4)):] + mid
         suf = suf[:max(0, batch // 4 - (2 + len(mid)))]
         head = _repo_files(tok, files, text)
-        room = max(0, (n_ctx or 0) - batch - 2 * n_predict)
+        rest = len(bos) + len(pre) + len(suf) + 3
+        # llama.cpp's room for the files, and never more than leaves n_predict (at least one) free
+        room = max(0, min((n_ctx or 0) - batch - 2 * n_predict, (n_ctx or 0) - rest - max(n_predict, 1)))
         head = head[len(head) - min(room, len(head)):]
     return head + bos + [tok.fim_pre_id] + pre + [tok.fim_suf_id] + suf + [tok.fim_mid_id]
 
