@@ -17,7 +17,7 @@ from ..text.tokenizer import Tokenizer
 from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
 from .embedding import Pooler, check_pooling, file_pooling
-from .generation import Completion, Generation
+from .generation import Completion, Generation, TokenLogprob, token_logprob
 from .kv import KVRing, slack_cells
 from .reasoning import ReasoningSpec, reasoning_format
 from .prompt_cache import PromptCache, model_identity
@@ -296,6 +296,25 @@ class Engine:
             for start in range(0, len(ids), step):
                 chunk = ids[start:start + step]
                 lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), out[start:start + len(chunk)])
+        return out
+
+    def prompt_logprobs(self, ids: Sequence[int], n_top: int = 0, lora: Any = None) -> list[TokenLogprob]:
+        """Each token of `ids` after the first under the model's distribution given the tokens
+        before it (teacher-forced, raw logits at T = 1, as a generation's `logprobs`), with its
+        `n_top` most likely alternatives: what an echoed prompt's logprobs report (scoring a text,
+        as lm-evaluation-harness does). The logits are kept a chunk at a time, not whole."""
+        ids = self._check_ids(ids)
+        if len(ids) > self.n_ctx:
+            raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
+        step = self.runner.caps.max_batch
+        rows = np.empty((step, self.config.n_vocab), dtype=np.float32)
+        out: list[TokenLogprob] = []
+        with self.scheduler.lease_slot(self.adapters.resolve(lora)) as lease:
+            for start in range(0, len(ids) - 1, step):
+                chunk = ids[start:start + step]
+                lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), rows[:len(chunk)])
+                out += [token_logprob(rows[i], ids[start + i + 1], n_top)
+                        for i in range(min(len(chunk), len(ids) - 1 - start))]
         return out
 
     def embed(self, texts: str | Sequence[str | Sequence[int]], pooling: str | None = None,

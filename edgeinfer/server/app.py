@@ -448,11 +448,10 @@ async def tokenize(request: web.Request) -> web.Response:
     eng = state.require_engine()
     body = parse(TokenizeBody, await _read_json(request, state))
     loop = asyncio.get_running_loop()
-    ids = await loop.run_in_executor(state.tok_pool,
-                                     lambda: eng.tokenize(body.content, add_special=body.add_special))
-    if body.with_pieces:
-        return _json({"tokens": [{"id": i, "piece": _piece(eng, i)} for i in ids]})
-    return _json({"tokens": ids})
+    ids = await loop.run_in_executor(state.tok_pool, lambda: eng.tokenize(
+        body.content, add_special=body.add_special, parse_special=body.parse_special))
+    tokens = [{"id": i, "piece": _piece(eng, i)} for i in ids] if body.with_pieces else ids
+    return _json({"tokens": tokens, "count": len(ids), "max_model_len": eng.n_ctx})
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -463,7 +462,21 @@ async def detokenize(request: web.Request) -> web.Response:
         text = eng.detokenize(body.tokens)
     except InvalidTokenError as e:
         raise bad(str(e), "tokens", "invalid_token") from None
-    return _json({"content": text})
+    return _json({"content": text, "prompt": text})      # llama-server's key and vLLM's
+
+
+async def tokenizer_info(request: web.Request) -> web.Response:
+    """GET /tokenizer_info (vLLM's): the default model's special tokens and chat template, which
+    lm-evaluation-harness's remote tokenizer reads beside /tokenize and /detokenize."""
+    eng = request.app[STATE_KEY].require_engine()
+    tok = eng.tokenizer
+
+    def text(i: int | None) -> str | None:
+        return None if i is None else _piece(eng, i)
+    return _json({"tokenizer_class": f"edgeinfer {tok.model}", "bos_token": text(tok.bos_id),
+                  "eos_token": text(tok.eos_id), "pad_token": text(tok.pad_id), "unk_token": text(tok.unk_id),
+                  "add_bos_token": tok.add_bos, "add_eos_token": tok.add_eos, "model_max_length": eng.n_ctx,
+                  "chat_template": eng.template.source})
 
 
 async def slot_action(request: web.Request) -> web.Response:
@@ -776,6 +789,19 @@ def _prompt_ids(eng, req: GenRequest):
     return ids, plan
 
 
+async def _echo(eng, req: GenRequest, ids: list[int], loop) -> tuple[str, list[TokenLogprob] | None]:
+    """An echoed prompt: its text (as given, or the ids' text) and, when the request asks for
+    logprobs, each of its tokens' after the first (Engine.prompt_logprobs)."""
+    text = req.prompt_text if req.prompt_text is not None else eng.detokenize(ids)
+    if req.n_logprobs is None:
+        return text, None
+    try:
+        lps = await loop.run_in_executor(None, eng.prompt_logprobs, ids, req.n_logprobs, req.lora or None)
+    except AdapterError as e:
+        raise bad(str(e), "lora", "invalid_value") from None
+    return text, lps
+
+
 def _sibling_seeds(seed: int | None, n: int) -> list[int | None]:
     """The seeds of n sibling choices: the request's seed for the first (so n=1 and choice 0
     of n>1 agree) and distinct seeds derived from it for the others; None stays None (each
@@ -847,6 +873,7 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
         eng = target.require()
         ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
         params = _params(eng, req, plan, max_tokens, ids)
+        echo = await _echo(eng, req, ids, loop) if req.echo else None
         state.check_draining()             # draining may have started while tokenizing
         queue: asyncio.Queue = asyncio.Queue()
         try:
@@ -871,7 +898,7 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
         for h in handles:
             h.cancel()
     try:
-        ctx = _Ctx(state, target, req, ids, kind, plan, reasoning=params[0].reasoning is not None)
+        ctx = _Ctx(state, target, req, ids, kind, plan, reasoning=params[0].reasoning is not None, echo=echo)
         if kind == "messages" and req.stream:
             return await anthropic.stream_reply(request, queue, ctx, _engine_error)
         if kind == "messages":
@@ -949,7 +976,7 @@ async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenReq
 
 class _Ctx:
     def __init__(self, state: ServerState, served: ServedModel, req: GenRequest, prompt_ids: list[int], kind: str,
-                 plan=None, reasoning: bool = False):
+                 plan=None, reasoning: bool = False, echo: tuple[str, list[TokenLogprob] | None] | None = None):
         self.state, self.served, self.req, self.kind = state, served, req, kind
         self.prompt_ids, self.n_prompt = prompt_ids, len(prompt_ids)
         self.reasoning = reasoning          # a thinking block is split from the answer
@@ -959,6 +986,7 @@ class _Ctx:
         self.created = int(time.time())
         self.model = req.adapter or served.name   # the model that serves it (the fallback's, when it fell back)
         self.text_offset = [0] * req.n
+        self.echo = echo                    # an echoed prompt: its text and its tokens' logprobs
 
     def usage(self, stats: list) -> dict:
         """Usage of all choices: the prompt once, the completions summed (as OpenAI counts n)."""
@@ -984,6 +1012,20 @@ class _Ctx:
         return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps],
                 "top_logprobs": [{_piece(self.eng, t): l for t, l in x.top} for x in lps],
                 "text_offset": offsets}
+
+    def echo_part(self, index: int) -> tuple[str, dict | None]:
+        """The echoed prompt of a choice: its text and, with logprobs, its tokens' (the first
+        without one, as OpenAI gives it), offsets counted from the prompt's start."""
+        text, lps = self.echo
+        if lps is None:
+            self.text_offset[index] = len(text)
+            return text, None
+        tokens = [_piece(self.eng, t) for t in self.prompt_ids]
+        offsets = [sum(map(len, tokens[:k])) for k in range(len(tokens))]
+        self.text_offset[index] = sum(map(len, tokens))
+        return text, {"tokens": tokens, "token_logprobs": [None] + [x.logprob for x in lps],
+                      "top_logprobs": [None] + [{_piece(self.eng, t): l for t, l in x.top} for x in lps],
+                      "text_offset": offsets}
 
     def logprobs(self, lps: list[TokenLogprob], index: int = 0) -> dict | None:
         if self.req.n_logprobs is None:
@@ -1038,11 +1080,19 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
             choices.append({"index": i, "message": msg, "logprobs": ctx.logprobs(lps[i], i),
                             "finish_reason": call_finish(done[i].finish_reason, calls)})
         else:
-            choices.append({"index": i, "text": text, "logprobs": ctx.logprobs(lps[i], i),
+            echoed, echo_lps = ctx.echo_part(i) if ctx.echo is not None else ("", None)
+            choices.append({"index": i, "text": echoed + text, "logprobs": _joined(echo_lps, ctx.logprobs(lps[i], i)),
                             "finish_reason": done[i].finish_reason})
     return _json({"id": ctx.id, "object": "chat.completion" if ctx.kind == "chat" else "text_completion",
                   "created": ctx.created, "model": ctx.model, "choices": choices,
                   "usage": ctx.usage([done[i].stats for i in range(n)]), "system_fingerprint": "edgeinfer"})
+
+
+def _joined(first: dict | None, then: dict | None) -> dict | None:
+    """Two runs of completion logprobs as one (an echoed prompt's, then the reply's)."""
+    if first is None or then is None:
+        return first or then
+    return {k: first[k] + then[k] for k in first}
 
 
 def _sse(obj: Any) -> bytes:
@@ -1124,6 +1174,12 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
 
     done: dict[int, DoneEvent] = {}
     try:
+        if ctx.echo is not None:           # the prompt first, in a chunk of its own per choice
+            echoed = [ctx.echo_part(i) for i in range(n)]
+            await resp.write(b"".join(_sse({**base, "choices": [{"index": i, "text": t, "logprobs": lp,
+                                                                 "finish_reason": None}],
+                                            **({"usage": None} if inc else {})})
+                                      for i, (t, lp) in enumerate(echoed)))
         if chat:
             # a reply with tools has no content until text comes (null in the accumulated
             # message when it only calls, as the whole reply's)

@@ -86,6 +86,9 @@ OPERATIONS = (
               ok=R.Detokenized, errors={"400": "a bad field or a token id outside the vocabulary",
                                         "413": "the body exceeds the server's limit",
                                         "503": "loading, failed or shutting down"}),
+    Operation("GET", "/tokenizer_info", "tokenizer_info", "The default model's special tokens and chat template "
+              "(vLLM's route, for lm-evaluation-harness's remote tokenizer)", ok=R.TokenizerInfo,
+              errors={"503": "loading, failed or shutting down"}),
     Operation("POST", "/v1/responses", "create_response", "OpenAI Responses (kept in memory for "
               "previous_response_id unless store is false)", body=ResponsesBody, ok=R.ResponseObject,
               stream=R.ResponseStreamEvent, errors=GENERATION_ERRORS, named_events=True),

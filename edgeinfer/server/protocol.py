@@ -169,16 +169,19 @@ class CompletionBody(_GenBody):
     model_config = ConfigDict(json_schema_extra=lambda schema: (schema.setdefault("required", []).append("prompt"),
                                                                 schema["properties"]["prompt"].pop("default")))
     prompt: Annotated[Any, WithJsonSchema(_PROMPT_SCHEMA)] = None
-    max_tokens: int | None = Field(None, ge=1)  # omitted or null: until EOS or a full context
+    max_tokens: int | None = Field(None, ge=0)  # omitted or null: until EOS or a full context
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool | None = None
+    echo: bool | None = None                     # the prompt comes back before the completion
     suffix: str | None = None                    # fill in the middle: the text after the gap
     best_of: int | None = Field(None, ge=1)
 
 
 class TokenizeBody(_Body):
+    """POST /tokenize: llama-server's fields, and vLLM's names for them (`prompt`,
+    `add_special_tokens`)."""
     content: str = Field(validation_alias=AliasChoices("content", "prompt"))
-    add_special: bool = True
+    add_special: bool = Field(True, validation_alias=AliasChoices("add_special", "add_special_tokens"))
+    parse_special: bool = True
     with_pieces: bool = False
 
 
@@ -305,6 +308,7 @@ class GenRequest:
     # fill in the middle: Engine.infill_ids's arguments (prefix, suffix, and for llama.cpp's
     # /infill prompt and files); the prompt is then built from them, not from prompt_text
     fim: dict | None = None
+    echo: bool = False                      # completion: the prompt (and its logprobs) before the reply
     llama: dict = field(default_factory=dict)   # llama-server's routes: return_tokens, response_fields, ...
 
 
@@ -394,8 +398,9 @@ def parse_completion(body: Any, n_vocab: int) -> GenRequest:
         raise bad("'prompt' must be a string or a non-empty list of token ids", "prompt", "invalid_type")
     req.max_tokens = b.max_tokens
     req.n_logprobs = b.logprobs
-    if b.echo:
-        raise bad("'echo' is not supported", "echo", "unsupported_parameter")
+    req.echo = bool(b.echo)
+    if b.echo and b.suffix:
+        raise bad("'echo' and 'suffix' cannot be used together", "echo", "invalid_value")
     if b.suffix:
         if req.prompt_text is None:
             raise bad("with a 'suffix', 'prompt' must be text (the code before the gap)", "prompt", "invalid_type")

@@ -110,12 +110,29 @@ class TokenPiece(_Out):
 
 
 class Tokens(_Out):
-    """/tokenize: the ids, or with `with_pieces` each id with its text."""
+    """/tokenize: the ids, or with `with_pieces` each id with its text; their count and the
+    context (vLLM's fields)."""
     tokens: list[int] | list[TokenPiece]
+    count: int
+    max_model_len: int
 
 
 class Detokenized(_Out):
     content: str
+    prompt: str                     # the same text under vLLM's key
+
+
+class TokenizerInfo(_Out):
+    """GET /tokenizer_info (vLLM's route)."""
+    tokenizer_class: str
+    bos_token: str | None
+    eos_token: str | None
+    pad_token: str | None
+    unk_token: str | None
+    add_bos_token: bool
+    add_eos_token: bool
+    model_max_length: int
+    chat_template: str | None
 
 
 class SlotAction(_Out):
@@ -215,9 +232,10 @@ class ChatCompletion(_Reply):
 
 
 class CompletionLogprobs(_Out):
+    """An echoed prompt's first token has null for its logprob and alternatives (OpenAI's)."""
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
