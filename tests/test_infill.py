@@ -353,3 +353,7 @@ def test_llama_servers_logit_bias_forms(server):
     st, _, got = request(server.url + "/completion", "POST",
                          {**body, "logit_bias": [[1], [first, True], [10 ** 9, -5], "x"], "stop": "\n"})
     assert st == 200 and got["tokens"] == [first]
+    st, _, got = request(server.url + "/completion", "POST", {**body, "logit_bias": {"²": 0, "--5": 0, "+x": 0}})
+    assert st == 200 and got["tokens"] == [first]
+    st, _, got = request(server.url + "/completion", "POST", {**body, "top_k": 40, "temperature": -1})
+    assert st == 200 and got["tokens"] == [first]              # a temperature <= 0 is greedy

@@ -101,6 +101,37 @@ def test_lm_evaluation_harness_scores_as_llama_cpp_does(smollm2_path, server):
     assert [g for _, g in got] != [got[0][1]] * len(got)     # the pairs hold greedy and non-greedy ones
 
 
+def test_an_end_of_text_completion_is_listed_last(smollm2_path, server, client):
+    """A completion ended by the end-of-text token (forced here) still lists that token last,
+    with its logprob, so lm-evaluation-harness's `[ctxlen:-1]` keeps every continuation token."""
+    from tests.support.llama_oracle import get_llama
+    eos = get_llama(smollm2_path).token_eos()
+    r = client.completions.create(model="smollm2", prompt="The capital of France is", echo=True, max_tokens=1,
+                                  logprobs=1, temperature=0, logit_bias={str(eos): 100})
+    ch, n = r.choices[0], len(llama_tokenize(smollm2_path, "The capital of France is"))
+    assert (ch.text, ch.finish_reason) == ("The capital of France is", "stop")
+    assert len(ch.logprobs.tokens) == n + 1 and ch.logprobs.token_logprobs[-1] is not None
+    eng = server.state.require_engine()
+    assert ch.logprobs.tokens[-1] == eng.tokenizer.token_to_bytes(eos).decode()
+    plain = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=1, logprobs=1,
+                                      temperature=0, logit_bias={str(eos): 100}).choices[0]
+    assert plain.logprobs is None or plain.logprobs.tokens == []        # without echo, as before
+
+
+def test_alternatives_of_the_same_text_keep_the_likeliest(server, client):
+    """Byte tokens of a character split across tokens render alike: the alternatives keyed by
+    text keep the likeliest one's value, so the first key's value is the row's maximum."""
+    text = "Emoji 🤖 and 中文字 ok"
+    r = client.completions.create(model="smollm2", prompt=text, echo=True, max_tokens=0, logprobs=5)
+    eng = server.state.require_engine()
+    ids = eng.tokenize(text)
+    ref = log_softmax(eng.logits(ids))
+    tops = r.choices[0].logprobs.top_logprobs
+    assert any(len(t) < 5 for t in tops[1:])                     # some alternatives share a text
+    for k in range(1, len(ids)):
+        assert abs(max(tops[k].values()) - ref[k - 1].max()) < 1e-4, k
+
+
 def test_vllm_tokenizer_routes(smollm2_path, server):
     """/tokenizer_info names llama.cpp's special tokens; /tokenize takes vLLM's fields and gives
     its count; /detokenize gives the text under vLLM's key too."""

@@ -306,7 +306,8 @@ class Engine:
         ids = self._check_ids(ids)
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
-        step = self.runner.caps.max_batch
+        # rows of logits a chunk: a batch, or fewer where the vocabulary is large (64 MiB at most)
+        step = max(1, min(self.runner.caps.max_batch, (64 << 20) // (4 * self.config.n_vocab)))
         rows = np.empty((step, self.config.n_vocab), dtype=np.float32)
         out: list[TokenLogprob] = []
         with self.scheduler.lease_slot(self.adapters.resolve(lora)) as lease:

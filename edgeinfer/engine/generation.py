@@ -95,6 +95,8 @@ class DoneEvent:
     stats: GenerationStats
     reasoning: str = ""             # thinking-block part of the tail
     stop_sequence: str | None = None   # the stop string that ended it, if one did
+    # the end-of-generation token that ended it, with its logprob (when logprobs were asked)
+    end_token: "TokenLogprob | None" = None
 
 
 @dataclass
@@ -197,7 +199,9 @@ class SequenceState:
         if self.t_first is None and self.t_admit is not None:
             self.stats.prefill_s = t_logits - self.t_admit
         if tok in self.eog:
-            events.append(self.finish("stop"))
+            end = token_logprob(logits, tok, self.n_logprobs) \
+                if self.n_logprobs is not None and logits is not None else None
+            events.append(self.finish("stop", end))
             return events, None
         lp = token_logprob(logits, tok, self.n_logprobs) if self.n_logprobs is not None else None
         self.tokens.append(tok)
@@ -218,9 +222,9 @@ class SequenceState:
             events.append(self.finish("length"))
         return events, (None if self.finish_reason else tok)
 
-    def finish(self, reason: str) -> DoneEvent:
+    def finish(self, reason: str, end_token: TokenLogprob | None = None) -> DoneEvent:
         self.finish_reason = reason
-        return DoneEvent(reason, "", self.final_stats(len(self.tokens)))
+        return DoneEvent(reason, "", self.final_stats(len(self.tokens)), end_token=end_token)
 
     def final_stats(self, n_tokens: int) -> GenerationStats:
         """The stats of the sequence ended now after n_tokens. Reads only what is fixed once the

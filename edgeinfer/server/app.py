@@ -647,6 +647,15 @@ def _piece(eng, token: int) -> str:
     return eng.tokenizer.token_to_bytes(token).decode("utf-8", errors="replace")
 
 
+def _by_text(eng, top: list[tuple[int, float]]) -> dict[str, float]:
+    """Alternatives keyed by their text, as the completions API gives them; tokens of the same
+    text (byte pieces that render alike) keep the likelier one's value."""
+    out: dict[str, float] = {}
+    for t, lp in top:                  # most likely first
+        out.setdefault(_piece(eng, t), lp)
+    return out
+
+
 # --------------------------------------------------------------------------- generation
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -799,6 +808,8 @@ async def _echo(eng, req: GenRequest, ids: list[int], loop) -> tuple[str, list[T
         lps = await loop.run_in_executor(None, eng.prompt_logprobs, ids, req.n_logprobs, req.lora or None)
     except AdapterError as e:
         raise bad(str(e), "lora", "invalid_value") from None
+    except ContextOverflowError as e:      # a sliding ring takes longer prompts; scoring does not
+        raise bad(str(e), "prompt", "context_length_exceeded") from None
     return text, lps
 
 
@@ -873,7 +884,6 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
         eng = target.require()
         ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
         params = _params(eng, req, plan, max_tokens, ids)
-        echo = await _echo(eng, req, ids, loop) if req.echo else None
         state.check_draining()             # draining may have started while tokenizing
         queue: asyncio.Queue = asyncio.Queue()
         try:
@@ -898,6 +908,8 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
         for h in handles:
             h.cancel()
     try:
+        # an echoed prompt is scored once the request is admitted (and counted in flight)
+        echo = await _echo(eng, req, ids, loop) if req.echo else None
         ctx = _Ctx(state, target, req, ids, kind, plan, reasoning=params[0].reasoning is not None, echo=echo)
         if kind == "messages" and req.stream:
             return await anthropic.stream_reply(request, queue, ctx, _engine_error)
@@ -1010,7 +1022,7 @@ class _Ctx:
             offsets.append(self.text_offset[index])
             self.text_offset[index] += len(t)
         return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps],
-                "top_logprobs": [{_piece(self.eng, t): l for t, l in x.top} for x in lps],
+                "top_logprobs": [_by_text(self.eng, x.top) for x in lps],
                 "text_offset": offsets}
 
     def echo_part(self, index: int) -> tuple[str, dict | None]:
@@ -1024,7 +1036,7 @@ class _Ctx:
         offsets = [sum(map(len, tokens[:k])) for k in range(len(tokens))]
         self.text_offset[index] = sum(map(len, tokens))
         return text, {"tokens": tokens, "token_logprobs": [None] + [x.logprob for x in lps],
-                      "top_logprobs": [None] + [{_piece(self.eng, t): l for t, l in x.top} for x in lps],
+                      "top_logprobs": [None] + [_by_text(self.eng, x.top) for x in lps],
                       "text_offset": offsets}
 
     def logprobs(self, lps: list[TokenLogprob], index: int = 0) -> dict | None:
@@ -1061,6 +1073,7 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
                     lps[index].append(ev.logprob)
             elif isinstance(ev, DoneEvent):
                 parts[index].append(ev.text)
+                lps[index] += _end_token(ctx, ev)
                 ctx.done(ev)
                 done[index] = ev
             elif isinstance(ev, ErrorEvent):
@@ -1086,6 +1099,12 @@ async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
     return _json({"id": ctx.id, "object": "chat.completion" if ctx.kind == "chat" else "text_completion",
                   "created": ctx.created, "model": ctx.model, "choices": choices,
                   "usage": ctx.usage([done[i].stats for i in range(n)]), "system_fingerprint": "edgeinfer"})
+
+
+def _end_token(ctx: _Ctx, done: DoneEvent) -> list[TokenLogprob]:
+    """An echoed completion's end-of-text token, which its logprobs list (as vLLM's and OpenAI's
+    legacy completions do), so that a scoring client's last entry is always the generated token."""
+    return [done.end_token] if ctx.echo is not None and done.end_token is not None else []
 
 
 def _joined(first: dict | None, then: dict | None) -> dict | None:
@@ -1228,7 +1247,7 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
                             out.append(chunk(index, text, None, None))
                     elif ev.text:
                         out.append(chunk(index, ev.text, None, None))
-                    out.append(chunk(index, None if chat else "", finish, pending[index]))
+                    out.append(chunk(index, None if chat else "", finish, pending[index] + _end_token(ctx, ev)))
                     pending[index] = []
                 elif isinstance(ev, ErrorEvent):
                     out.append(_sse(_engine_error(ev).body()))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any, Callable
 
@@ -70,6 +71,7 @@ def parse_request(kind: str, body: Any, eng) -> GenRequest:
              "repeat_penalty": b.repeat_penalty, "penalty_last_n": b.repeat_last_n,
              "presence_penalty": b.presence_penalty, "frequency_penalty": b.frequency_penalty}
     req.sampling = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
+    req.sampling["temperature"] = max(0.0, req.sampling["temperature"])     # <= 0: greedy
     req.sampling.update(seed=None if b.seed is None or b.seed < 0 else b.seed & 0xFFFF_FFFF_FFFF_FFFF,
                         stop=[s for s in ([b.stop] if isinstance(b.stop, str) else b.stop or []) if s],
                         ignore_eos=bool(b.ignore_eos), logit_bias=_logit_bias(b.logit_bias, eng),
@@ -91,17 +93,19 @@ def _logit_bias(given: dict | list | None, eng) -> dict | None:
         return None
     n_vocab = eng.config.n_vocab
 
-    def ids(key) -> list[int]:
+    def ids(key, numeric_text: bool) -> list[int]:
+        """A pair's token ids: an id; a text's tokens; an object's key read as an id when it is
+        one (llama.cpp's strtol), else as a text."""
         if isinstance(key, int) and not isinstance(key, bool):
             return [key] if 0 <= key < n_vocab else []
         if isinstance(key, str):
-            if key.lstrip("-").isdigit():
+            if numeric_text and _INT.fullmatch(key):
                 return [int(key)] if 0 <= int(key) < n_vocab else []
             return eng.tokenize(key, add_special=False, parse_special=False)
         return []
 
-    pairs = given.items() if isinstance(given, dict) else \
-        [tuple(e) for e in given if isinstance(e, list) and len(e) == 2]
+    keyed = isinstance(given, dict)
+    pairs = given.items() if keyed else [tuple(e) for e in given if isinstance(e, list) and len(e) == 2]
     out: dict = {}
     for key, value in pairs:
         if value is False:
@@ -110,8 +114,11 @@ def _logit_bias(given: dict | list | None, eng) -> dict | None:
             bias = min(max(float(value), -_BIAS), _BIAS)
         else:
             continue
-        out.update({str(i): bias for i in ids(key)})
+        out.update({str(i): bias for i in ids(key, keyed)})
     return out
+
+
+_INT = re.compile(r"[+-]?[0-9]+")
 
 
 class Stops:
