@@ -14,6 +14,7 @@ the prompt into the cache and generates nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -182,7 +183,8 @@ class _Run:
         """The stream events `ev` gives (a partial one per token; the tail of the end)."""
         if isinstance(ev, DoneEvent):
             self.done = ev
-            self.ctx.done(ev)
+            # a stop of ours cancelled the sequence: counted as the limit it is, not as a cancel
+            self.ctx.done(dataclasses.replace(ev, finish_reason="length") if self.cut else ev)
             return [] if self.cut or self.prompt_only or not ev.text else [self._partial(self._keep(ev.text), [])]
         if self.cut or self.prompt_only:
             return []
