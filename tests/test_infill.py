@@ -36,7 +36,7 @@ from edgeinfer.server import ServerThread
 from edgeinfer.server.llamacpp import Stops
 from tests.support import tiny_checkpoints
 from tests.support.llama_oracle import get_llama, llama_greedy
-from tests.support.serving import smollm2_server
+from tests.support.serving import openai_client, smollm2_server
 from tests.test_server import request
 
 pytestmark = [pytest.mark.oracle]
@@ -180,7 +180,7 @@ def test_control_tokens_give_no_text(coder, engine, server):
 
 
 def test_openai_suffix_fills_the_middle(server):
-    oai = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    oai = openai_client(server)
     r = oai.completions.create(model="coder", prompt=PREFIX, suffix=SUFFIX, max_tokens=24, temperature=0)
     assert (r.choices[0].text, r.choices[0].finish_reason) == (MIDDLE, "stop")
     streamed = oai.completions.create(model="coder", prompt=PREFIX, suffix=SUFFIX, max_tokens=24, temperature=0,

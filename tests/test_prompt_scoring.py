@@ -21,7 +21,7 @@ from lm_eval.models.openai_completions import LocalCompletionsAPI
 
 from tests.support.llama_oracle import llama_logits, llama_tokenize, log_softmax
 from tests.support.logprob_oracle import logprob_errors
-from tests.support.serving import smollm2_server
+from tests.support.serving import openai_client, smollm2_server
 from tests.test_server import request
 
 pytestmark = [pytest.mark.oracle]
@@ -43,7 +43,7 @@ def server(smollm2_path):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def test_echoed_prompt_logprobs_are_log_softmax_of_the_logits(smollm2_path, server, client):

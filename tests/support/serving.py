@@ -17,3 +17,9 @@ def smollm2_server(path):
     finally:
         srv.stop(timeout_s=10)
         eng.close()
+
+
+def openai_client(srv):
+    """The official openai client on the server's /v1 routes."""
+    import openai
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -204,26 +204,19 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         model = tf.MistralForCausalLM(cfg)
         tcfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
                 "add_bos_token": True, "add_eos_token": False}
-    elif kind == "qwen2":
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    elif kind in ("qwen2", "qwen2_fim"):     # qwen2_fim: Qwen2.5-Coder's FIM and repo-level tokens
+        fim = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+               "<|file_sep|>"] if kind == "qwen2_fim" else []
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + fim
         tok = _bpe_tokenizer("qwen2", 380, specials)
         n_vocab = tok.get_vocab_size()
-        cfg = tf.Qwen2Config(vocab_size=n_vocab, bos_token_id=None, eos_token_id=2,
+        eos = 0 if fim else 2          # a code model ends its middle with <|endoftext|>
+        cfg = tf.Qwen2Config(vocab_size=n_vocab, bos_token_id=None, eos_token_id=eos,
                              tie_word_embeddings=False, use_sliding_window=False,
                              rope_theta=1000000.0, **common)
         model = tf.Qwen2ForCausalLM(cfg)
-        tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                "chat_template": CHATML, "add_bos_token": False}
-    elif kind == "qwen2_fim":       # Qwen2.5-Coder's fill-in-the-middle and repo-level tokens
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
-                    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
-        tok = _bpe_tokenizer("qwen2", 380, specials)
-        n_vocab = tok.get_vocab_size()
-        cfg = tf.Qwen2Config(vocab_size=n_vocab, bos_token_id=None, eos_token_id=0,
-                             tie_word_embeddings=False, use_sliding_window=False,
-                             rope_theta=1000000.0, **common)
-        model = tf.Qwen2ForCausalLM(cfg)
-        tcfg = {"eos_token": "<|endoftext|>", "pad_token": "<|fim_pad|>", "add_bos_token": False}
+        tcfg = {"eos_token": specials[eos], "add_bos_token": False,
+                **({"pad_token": "<|fim_pad|>"} if fim else {"pad_token": "<|endoftext|>", "chat_template": CHATML})}
     elif kind == "qwen3":
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
         tok = _bpe_tokenizer("qwen2", 380, specials)
@@ -505,6 +498,26 @@ def build_from_gguf(gguf_path: str | os.PathLike, out: str | os.PathLike) -> Pat
     return out
 
 
+def _train(model_dir: Path, seed: int, steps: int, batch) -> None:
+    """Trains the checkpoint in `model_dir` in place: `steps` AdamW steps (lr 3e-3) on the
+    (ids, labels) that `batch()` gives each step."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        ids, labels = batch()
+        loss = model(ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    model.save_pretrained(model_dir, safe_serialization=True)
+
+
 def memorize(model_dir: str | os.PathLike, n_tokens: int = 256, steps: int = 300, seed: int = 0) -> list[int]:
     """Trains the checkpoint in `model_dir` (in place) to continue a fixed pseudo-random
     sequence of `n_tokens` ids, and returns the sequence. Random weights give near-flat
@@ -513,29 +526,21 @@ def memorize(model_dir: str | os.PathLike, n_tokens: int = 256, steps: int = 300
     real models' are, so greedy decoding from a piece of the sequence is decided by the
     model, not by the rounding."""
     import torch
-    import transformers as tf
 
     model_dir = Path(model_dir)
-    torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    n_vocab = model.config.vocab_size
+    n_vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     g = torch.Generator().manual_seed(seed + 11)
     # distinct ids: each token is followed by one token only, so every piece of the sequence
     # has one continuation and none is left half learned between two
     seq = torch.randperm(min(n_vocab, 300) - 3, generator=g)[:n_tokens] + 3
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    model.train()
-    for _ in range(steps):   # crops, so that any piece of the sequence is continued
+
+    def crops():   # crops, so that any piece of the sequence is continued
         # starts drawn 47 below 0 and clamped, so the first tokens are in as many crops as the
         # rest (uniform starts leave seq[:47] rarely seen and its pieces half learned)
         starts = torch.randint(-47, n_tokens - 47, (8,), generator=g).clamp(0, n_tokens - 48)
         batch = torch.stack([seq[s:s + 48] for s in starts.tolist()])
-        loss = model(batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    model.save_pretrained(model_dir, safe_serialization=True)
+        return batch, batch
+    _train(model_dir, seed, steps, crops)
     return [int(i) for i in seq]
 
 
@@ -544,22 +549,11 @@ def teach(model_dir: str | os.PathLike, sequences: list[list[int]], steps: int =
     decoding from any of their prefixes continues them: each step a batch of all of them,
     padded at the end and masked out of the loss."""
     import torch
-    import transformers as tf
 
-    torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     width = max(len(s) for s in sequences)
     ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences])
     labels = torch.tensor([s + [-100] * (width - len(s)) for s in sequences])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    model.train()
-    for _ in range(steps):
-        loss = model(ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    model.save_pretrained(model_dir, safe_serialization=True)
+    _train(Path(model_dir), seed, steps, lambda: (ids, labels))
 
 
 #: Qwen3.5 checkpoints: (layer_types, tied head, linear key heads, linear value heads, key dim,
