@@ -84,12 +84,14 @@ def test_echo_puts_the_prompt_before_the_reply(client):
     assert chunks[0] == "Water boils at" and "".join(chunks) == echoed.text
 
 
-def test_lm_evaluation_harness_scores_as_llama_cpp_does(smollm2_path, server):
-    """lm-evaluation-harness's local-completions model, its tokenizer the server's (remote):
-    each loglikelihood is the sum of llama.cpp's log-softmax over the continuation's tokens
-    (within TOL_MAX a token), and "is greedy" is whether llama.cpp's argmax is each of them."""
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_lm_evaluation_harness_scores_as_llama_cpp_does(smollm2_path, server, batch_size):
+    """lm-evaluation-harness's local-completions model, its tokenizer the server's (remote), a
+    request a pair or four pairs in one (a list of prompts): each loglikelihood is the sum of
+    llama.cpp's log-softmax over the continuation's tokens (within TOL_MAX a token), and "is
+    greedy" is whether llama.cpp's argmax is each of them."""
     lm = LocalCompletionsAPI(base_url=server.url + "/v1/completions", model="smollm2", tokenizer_backend="remote",
-                             max_length=512)
+                             max_length=512, batch_size=batch_size)
     got = lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=p, idx=i)
                             for i, p in enumerate(PAIRS)])
     for (ctx, cont), (score, greedy) in zip(PAIRS, got):

@@ -153,6 +153,28 @@ def test_completion_with_openai_client(client, engine):
     assert s.choices[0].finish_reason == "stop" and s.choices[0].text == text[:text.index(stop)]
 
 
+def test_completion_of_several_prompts(client, engine):
+    """A list of prompts (texts or token ids) with n choices each: choice i of prompt k at index
+    k * n + i, each the text that prompt alone gives, usage over all of them; streamed, each
+    chunk names its choice; a bad prompt's 400 names its index."""
+    ids = engine.tokenize(PROMPTS[1])
+    kw = dict(model="smollm2", max_tokens=6, temperature=0.0, n=2)
+    alone = [client.completions.create(**{**kw, "n": 1}, prompt=p) for p in (PROMPTS[0], ids)]
+    r = client.completions.create(**kw, prompt=[PROMPTS[0], ids])
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    texts = ["", "", "", ""]
+    for c in client.completions.create(**kw, prompt=[PROMPTS[0], ids], stream=True):
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+    assert texts == [c.text for c in r.choices]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(**kw, prompt=[PROMPTS[0], [10 ** 9]])
+    assert e.value.body["param"] == "prompt[1]"
+
+
 def test_logprobs_and_extensions(client):
     r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
                                        max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
@@ -283,7 +305,8 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "seed": 1.5}, 400),
     ("/v1/completions", {"prompt": "x", "top_k": -1}, 400),
     ("/v1/completions", {"prompt": "x", "max_tokens": N_CTX}, 400),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400),
+    ("/v1/completions", {"prompt": ["a", [10 ** 9]]}, 400),
+    ("/v1/completions", {"prompt": ["a"] * 65, "n": 2}, 400),
     ("/detokenize", {"tokens": [10 ** 9]}, 400),
     ("/tokenize", {"content": 3}, 400),
     ("/v1/completions", b"x" * (65 * 1024), 413),

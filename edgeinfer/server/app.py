@@ -866,7 +866,7 @@ async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
         req.adapter = adapter
     loop = asyncio.get_running_loop()
     route = state.registry.route(served) if not req.lora else [(served, None)]   # adapters are the model's own
-    if req.prompt_ids is not None:   # token ids belong to one vocabulary: no fallback across vocabularies
+    if any(r.prompt_ids is not None for r in req.batch or [req]):   # ids belong to one vocabulary: no fallback
         route = [(m, r) for m, r in route if m.engine.config.n_vocab == eng.config.n_vocab]
     handles: list = []
     try:
@@ -882,12 +882,15 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
     relays their events."""
     for i, (target, reason) in enumerate(route):
         eng = target.require()
-        ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, req)
-        params = _params(eng, req, plan, max_tokens, ids)
+        prompts = []                       # each prompt's request, ids and choices' parameters
+        for sub in req.batch or [req]:
+            ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, sub)
+            prompts.append((sub, ids, _params(eng, sub, plan, max_tokens, ids)))
         state.check_draining()             # draining may have started while tokenizing
         queue: asyncio.Queue = asyncio.Queue()
         try:
-            await _submit(eng, ids, params, req, loop, queue, t_arrival, handles)
+            for k, (sub, ids, params) in enumerate(prompts):
+                await _submit(eng, ids, params, sub, loop, queue, t_arrival, handles, first_index=k * req.n)
         except QueueFullError as e:
             for h in handles:              # siblings that had started (their events go to this queue)
                 h.cancel()
@@ -909,8 +912,9 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
             h.cancel()
     try:
         # an echoed prompt is scored once the request is admitted (and counted in flight)
-        echo = await _echo(eng, req, ids, loop) if req.echo else None
-        ctx = _Ctx(state, target, req, ids, kind, plan, reasoning=params[0].reasoning is not None, echo=echo)
+        echo = [await _echo(eng, sub, ids, loop) for sub, ids, _ in prompts] if req.echo else None
+        ctx = _Ctx(state, target, req, [ids for _, ids, _ in prompts], kind, plan,
+                   reasoning=params[0].reasoning is not None, echo=echo)
         if kind == "messages" and req.stream:
             return await anthropic.stream_reply(request, queue, ctx, _engine_error)
         if kind == "messages":
@@ -965,15 +969,16 @@ def _params(eng, req: GenRequest, plan, max_tokens: int | None, ids: list[int]) 
 
 
 async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenRequest, loop,
-                  queue: asyncio.Queue, t_arrival: float, handles: list) -> None:
+                  queue: asyncio.Queue, t_arrival: float, handles: list, first_index: int = 0) -> None:
     """Submits one sequence per choice, appending each to `handles` (the caller cancels them);
-    their events reach `queue` as (choice index, events). With n > 1 the first goes alone and
-    the others once its prompt is in the KV cache, so the scheduler copies the prompt's cells
-    into their slots instead of computing them again (Scheduler._running_prefix)."""
+    their events reach `queue` as (choice index, events), the indexes from `first_index` (a
+    batch's later prompts). With n > 1 the first goes alone and the others once its prompt is
+    in the KV cache, so the scheduler copies the prompt's cells into their slots instead of
+    computing them again (Scheduler._running_prefix)."""
     first = asyncio.Event()
     for index, p in enumerate(params):
         def sink(events: list, index: int = index) -> None:   # called on the engine's delivery thread
-            loop.call_soon_threadsafe(queue.put_nowait, (index, events))
+            loop.call_soon_threadsafe(queue.put_nowait, (first_index + index, events))
             if index == 0:
                 loop.call_soon_threadsafe(first.set)
 
@@ -987,18 +992,23 @@ async def _submit(eng, ids: list[int], params: list[SamplingParams], req: GenReq
 
 
 class _Ctx:
-    def __init__(self, state: ServerState, served: ServedModel, req: GenRequest, prompt_ids: list[int], kind: str,
-                 plan=None, reasoning: bool = False, echo: tuple[str, list[TokenLogprob] | None] | None = None):
+    def __init__(self, state: ServerState, served: ServedModel, req: GenRequest, prompts: list[list[int]], kind: str,
+                 plan=None, reasoning: bool = False, echo: list[tuple[str, list[TokenLogprob] | None]] | None = None):
+        """`prompts`: the ids of each prompt (a completions batch has several, each with its n
+        choices, choice i of prompt k at index k * n + i); `echo`: each one's echoed text and
+        logprobs."""
         self.state, self.served, self.req, self.kind = state, served, req, kind
-        self.prompt_ids, self.n_prompt = prompt_ids, len(prompt_ids)
+        self.prompts, self.prompt_ids = prompts, prompts[0]
+        self.n_prompt = sum(map(len, prompts))      # usage counts each prompt once
+        self.n_choices = len(prompts) * req.n
         self.reasoning = reasoning          # a thinking block is split from the answer
         self.plan = plan if plan is not None and plan.active else None   # tool calls to read back
         self.eng = served.engine
         self.id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = req.adapter or served.name   # the model that serves it (the fallback's, when it fell back)
-        self.text_offset = [0] * req.n
-        self.echo = echo                    # an echoed prompt: its text and its tokens' logprobs
+        self.text_offset = [0] * self.n_choices
+        self.echo = echo                    # echoed prompts: their text and their tokens' logprobs
 
     def usage(self, stats: list) -> dict:
         """Usage of all choices: the prompt once, the completions summed (as OpenAI counts n)."""
@@ -1028,11 +1038,11 @@ class _Ctx:
     def echo_part(self, index: int) -> tuple[str, dict | None]:
         """The echoed prompt of a choice: its text and, with logprobs, its tokens' (the first
         without one, as OpenAI gives it), offsets counted from the prompt's start."""
-        text, lps = self.echo
+        text, lps = self.echo[index // self.req.n]
         if lps is None:
             self.text_offset[index] = len(text)
             return text, None
-        tokens = [_piece(self.eng, t) for t in self.prompt_ids]
+        tokens = [_piece(self.eng, t) for t in self.prompts[index // self.req.n]]
         offsets = [sum(map(len, tokens[:k])) for k in range(len(tokens))]
         self.text_offset[index] = sum(map(len, tokens))
         return text, {"tokens": tokens, "token_logprobs": [None] + [x.logprob for x in lps],
@@ -1057,7 +1067,7 @@ def _engine_error(ev: ErrorEvent) -> APIError:
 
 
 async def _collect(queue: asyncio.Queue, ctx: _Ctx) -> web.Response:
-    n = ctx.req.n
+    n = ctx.n_choices
     parts: list[list[str]] = [[] for _ in range(n)]
     thoughts: list[list[str]] = [[] for _ in range(n)]
     lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
@@ -1124,7 +1134,7 @@ async def _stream(request: web.Request, queue: asyncio.Queue, ctx: _Ctx) -> web.
     await resp.prepare(request)
     chat = ctx.kind == "chat"
     inc = ctx.req.include_usage
-    n = ctx.req.n
+    n = ctx.n_choices
     base = {"id": ctx.id, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": ctx.created, "model": ctx.model, "system_fingerprint": "edgeinfer"}
 

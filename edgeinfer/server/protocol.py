@@ -7,6 +7,7 @@ extensions `top_k`, `min_p`, `repeat_penalty` and `ignore_eos` are accepted as w
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar, Union
@@ -78,8 +79,10 @@ _Content = Annotated[str, BeforeValidator(_text_parts, json_schema_input_type=st
 _Stops = Annotated[list[str], Field(max_length=4)]   # OpenAI's limit
 _Stop = Annotated[_Stops | None, BeforeValidator(_stop_list, json_schema_input_type=str | _Stops | None)]
 _TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-# A string, token ids, or a batch of one of those (parse_completion reads it)
-_PROMPT_SCHEMA = TypeAdapter(str | _TokenIds | Annotated[list[str | _TokenIds], Field(min_length=1, max_length=1)]
+# A string, token ids, or a batch of those (parse_completion reads it)
+MAX_CHOICES = 128    # a completions request's prompts times their n choices
+_PROMPT_SCHEMA = TypeAdapter(str | _TokenIds | Annotated[list[str | _TokenIds], Field(min_length=1,
+                                                                                       max_length=MAX_CHOICES)]
                              ).json_schema()
 
 
@@ -309,6 +312,7 @@ class GenRequest:
     # /infill prompt and files); the prompt is then built from them, not from prompt_text
     fim: dict | None = None
     echo: bool = False                      # completion: the prompt (and its logprobs) before the reply
+    batch: list["GenRequest"] | None = None  # completion of several prompts: each one's request
     llama: dict = field(default_factory=dict)   # llama-server's routes: return_tokens, response_fields, ...
 
 
@@ -379,8 +383,10 @@ def _is_ids(v: Any) -> bool:
 
 def parse_completion(body: Any, n_vocab: int) -> GenRequest:
     b = parse(CompletionBody, body)
-    req = _request("completion", b)
     prompt = b.prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        return _batch(body, prompt, b.n or 1, n_vocab)
+    req = _request("completion", b)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]          # a batch of one prompt
     if isinstance(prompt, str):
@@ -391,9 +397,6 @@ def parse_completion(body: Any, n_vocab: int) -> GenRequest:
             raise bad(f"token id {bad_ids[0]} in 'prompt' is outside the vocabulary [0, {n_vocab})",
                       "prompt", "invalid_token")
         req.prompt_ids = list(prompt)
-    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise bad("one prompt per request: 'prompt' must be a string or a list of token ids",
-                  "prompt", "unsupported_value")
     else:
         raise bad("'prompt' must be a string or a non-empty list of token ids", "prompt", "invalid_type")
     req.max_tokens = b.max_tokens
@@ -409,6 +412,22 @@ def parse_completion(body: Any, n_vocab: int) -> GenRequest:
     if b.best_of not in (None, 1):
         raise bad("'best_of' must be 1", "best_of", "unsupported_value")
     return req
+
+
+def _batch(body: dict, prompts: list, n: int, n_vocab: int) -> GenRequest:
+    """A completions request of several prompts: the first one's request, its `batch` each
+    prompt's (choice i of prompt k at index k * n + i); a bad prompt's 400 names its index."""
+    if len(prompts) * n > MAX_CHOICES:
+        raise bad(f"{len(prompts)} prompts of {n} choices each are more than {MAX_CHOICES} choices", "prompt",
+                  "unsupported_value")
+    subs = []
+    for k, p in enumerate(prompts):
+        try:
+            subs.append(parse_completion({**body, "prompt": p}, n_vocab))
+        except APIError as e:
+            e.param = f"prompt[{k}]" if e.param == "prompt" else e.param
+            raise
+    return dataclasses.replace(subs[0], batch=subs)
 
 
 # --------------------------------------------------------------------------- Anthropic Messages
