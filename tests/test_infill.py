@@ -293,6 +293,8 @@ def test_bad_infill_bodies_are_400s(server):
         assert st == 400 and got["error"]["param"] == param, (body, got)
     st, _, got = request(server.url + "/v1/completions", "POST", {"prompt": [1, 2], "suffix": "b"})
     assert st == 400 and got["error"]["param"] == "prompt"
+    st, _, got = request(server.url + "/completion", "POST", {"prompt": ["a", "b"]})
+    assert st == 400 and got["error"]["param"] == "prompt"
 
 
 def test_n_predict_0_computes_the_prompt_into_the_cache(server):
