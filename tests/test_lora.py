@@ -252,6 +252,8 @@ def test_server_routes_adapters(files, tmp_path):
         assert with_a == complete(model="base", extra_body={"lora": [{"name": "a"}]})
         assert with_a != complete(model="base")
         assert with_a == e.generate(TEXT, max_tokens=8, temperature=0, lora="a").text
+        batch = client.completions.create(model="a", prompt=[TEXT, TEXT], max_tokens=8, temperature=0)
+        assert [c.text for c in batch.choices] == [with_a, with_a]     # every prompt of a list on the adapter
         with pytest.raises(openai.BadRequestError, match="no adapter"):
             complete(model="base", extra_body={"lora": [{"id": 7}]})
         with pytest.raises(openai.NotFoundError):

@@ -170,9 +170,22 @@ def test_completion_of_several_prompts(client, engine):
         for ch in c.choices:
             texts[ch.index] += ch.text
     assert texts == [c.text for c in r.choices]
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(**kw, prompt=[PROMPTS[0], [10 ** 9]])
-    assert e.value.body["param"] == "prompt[1]"
+    for bad_prompt in ([10 ** 9], ""):          # refused as the request is read, and as it is tokenized
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(**kw, prompt=[PROMPTS[0], bad_prompt])
+        assert e.value.body["param"] == "prompt[1]", e.value.body
+
+
+def test_a_batch_past_the_queue_is_a_400_not_a_retry(smollm2_path):
+    """More choices than the model's slots and queue hold at once could never be admitted: a
+    400 that says so, where a 429 would have the client retry forever."""
+    with edgeinfer.load(smollm2_path, n_ctx=128, n_threads=1, n_slots=2, max_queue=4) as eng, \
+            ServerThread(eng, model_name="smollm2") as srv:
+        st, _, got = request(srv.url + "/v1/completions", "POST", {"prompt": ["a", "b", "c", "d"], "n": 2,
+                                                                   "max_tokens": 2})
+        assert st == 400 and "holds at once" in got["error"]["message"], got
+        st, _, got = request(srv.url + "/v1/completions", "POST", {"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 2})
+        assert st == 200 and len(got["choices"]) == 6
 
 
 def test_logprobs_and_extensions(client):
@@ -307,6 +320,7 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "max_tokens": N_CTX}, 400),
     ("/v1/completions", {"prompt": ["a", [10 ** 9]]}, 400),
     ("/v1/completions", {"prompt": ["a"] * 65, "n": 2}, 400),
+    ("/v1/completions", {"prompt": [["a", "b"], "c"]}, 400),
     ("/detokenize", {"tokens": [10 ** 9]}, 400),
     ("/tokenize", {"content": 3}, 400),
     ("/v1/completions", b"x" * (65 * 1024), 413),

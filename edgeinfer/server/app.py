@@ -862,7 +862,9 @@ async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
     else:
         req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     if adapter is not None:
-        req.lora.insert(0, {"name": adapter, "scale": 1.0})
+        for r in req.batch or [req]:       # (a batch's first request shares its list with the batch's)
+            if not r.lora or r.lora[0] != {"name": adapter, "scale": 1.0}:
+                r.lora.insert(0, {"name": adapter, "scale": 1.0})
         req.adapter = adapter
     loop = asyncio.get_running_loop()
     route = state.registry.route(served) if not req.lora else [(served, None)]   # adapters are the model's own
@@ -880,62 +882,87 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
                loop, t_arrival: float, handles: list) -> web.StreamResponse:
     """Submits the request's sequences to the first model of `route` that takes them, then
     relays their events."""
-    for i, (target, reason) in enumerate(route):
-        eng = target.require()
-        prompts = []                       # each prompt's request, ids and choices' parameters
-        for sub in req.batch or [req]:
-            ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, sub)
-            prompts.append((sub, ids, _params(eng, sub, plan, max_tokens, ids)))
-        state.check_draining()             # draining may have started while tokenizing
-        queue: asyncio.Queue = asyncio.Queue()
-        try:
-            for k, (sub, ids, params) in enumerate(prompts):
-                await _submit(eng, ids, params, sub, loop, queue, t_arrival, handles, first_index=k * req.n)
-        except QueueFullError as e:
-            for h in handles:              # siblings that had started (their events go to this queue)
-                h.cancel()
-            handles.clear()
-            if i + 1 < len(route):
-                continue                   # the next route: the fallback model
-            raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(max(1, round(e.retry_after_s)))}) from None
-        except SchedulerClosedError as e:
-            raise APIError(503, str(e), type="server_error", code="shutting_down",
-                           headers={"Retry-After": "5"}) from None
-        if reason is not None:
-            state.metrics.count_fallback(served.name, target.name, reason)
-        break
-    state.in_flight += 1
+    state.in_flight += 1                   # from admission on: a drain waits for it
+    try:
+        for i, (target, reason) in enumerate(route):
+            eng = target.require()
+            prompts = await _prepared(state, eng, req, loop)
+            state.check_draining()         # draining may have started while tokenizing
+            queue: asyncio.Queue = asyncio.Queue()
+            try:
+                for k, (sub, ids, params, _) in enumerate(prompts):
+                    await _submit(eng, ids, params, sub, loop, queue, t_arrival, handles, first_index=k * req.n)
+            except QueueFullError as e:
+                for h in handles:          # siblings that had started (their events go to this queue)
+                    h.cancel()
+                handles.clear()
+                if i + 1 < len(route):
+                    continue               # the next route: the fallback model
+                raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
+                               headers={"Retry-After": str(max(1, round(e.retry_after_s)))}) from None
+            except SchedulerClosedError as e:
+                raise APIError(503, str(e), type="server_error", code="shutting_down",
+                               headers={"Retry-After": "5"}) from None
+            if reason is not None:
+                state.metrics.count_fallback(served.name, target.name, reason)
+            break
+        return await _reply(request, state, kind, req, target, eng, prompts, queue, loop, handles)
+    finally:
+        state.in_flight -= 1
 
+
+async def _prepared(state: ServerState, eng, req: GenRequest, loop) -> list[tuple]:
+    """Each prompt's request, ids and choices' parameters on `eng`: one, or a completions batch's
+    (their 400s name the prompt; more choices than the model holds at once is a 400 too)."""
+    subs = req.batch or [req]
+    if req.batch:
+        room = eng.snapshot()["max_queue"] + eng.n_slots
+        if len(subs) * req.n > room:
+            raise bad(f"{len(subs)} prompts of {req.n} choices each are more than this model holds at once "
+                      f"({room}: its slots and --max-queue)", "prompt", "unsupported_value")
+    out = []
+    for k, sub in enumerate(subs):
+        try:
+            ids, max_tokens, plan = await loop.run_in_executor(state.tok_pool, _prompt, eng, sub)
+        except APIError as e:
+            if req.batch:
+                e.message = f"prompt[{k}]: {e.message}"
+                e.param = f"prompt[{k}]" if e.param == "prompt" else e.param
+            raise
+        out.append((sub, ids, _params(eng, sub, plan, max_tokens, ids), plan))
+    return out
+
+
+async def _reply(request, state: ServerState, kind: str, req: GenRequest, target: ServedModel, eng,
+                 prompts: list[tuple], queue: asyncio.Queue, loop, handles: list) -> web.StreamResponse:
+    """The reply in the route's shape, from the events of the submitted sequences."""
     def cancel() -> None:
         for h in handles:
             h.cancel()
-    try:
-        # an echoed prompt is scored once the request is admitted (and counted in flight)
-        echo = [await _echo(eng, sub, ids, loop) for sub, ids, _ in prompts] if req.echo else None
-        ctx = _Ctx(state, target, req, [ids for _, ids, _ in prompts], kind, plan,
-                   reasoning=params[0].reasoning is not None, echo=echo)
-        if kind == "messages" and req.stream:
-            return await anthropic.stream_reply(request, queue, ctx, _engine_error)
-        if kind == "messages":
-            return _json(await anthropic.reply(queue, ctx, _engine_error))
-        if kind == "responses" and req.stream:
-            return await openai_responses.stream_reply(request, queue, ctx, _engine_error)
-        if kind == "responses":
-            return _json(await openai_responses.reply(queue, ctx, _engine_error))
-        if kind in _OLLAMA_KINDS and req.stream:
-            return await ollama.stream_reply(request, queue, ctx, _engine_error)
-        if kind in _OLLAMA_KINDS:
-            return _json(await ollama.reply(queue, ctx, _engine_error))
-        if kind in _LLAMA_KINDS:           # its stops end a reply early: they cancel the sequence
-            reply = llamacpp.stream_reply(request, queue, ctx, _engine_error, cancel) if req.stream else \
-                llamacpp.reply(queue, ctx, _engine_error, cancel)
-            return await reply
-        if req.stream:
-            return await _stream(request, queue, ctx)
-        return await _collect(queue, ctx)
-    finally:
-        state.in_flight -= 1
+    # an echoed prompt is scored once the request is admitted (a prompt at a time)
+    echo = [await _echo(eng, sub, ids, loop) for sub, ids, _, _ in prompts] if req.echo else None
+    plan, params = prompts[-1][3], prompts[-1][2]
+    ctx = _Ctx(state, target, req, [ids for _, ids, _, _ in prompts], kind, plan,
+               reasoning=params[0].reasoning is not None, echo=echo)
+    if kind == "messages" and req.stream:
+        return await anthropic.stream_reply(request, queue, ctx, _engine_error)
+    if kind == "messages":
+        return _json(await anthropic.reply(queue, ctx, _engine_error))
+    if kind == "responses" and req.stream:
+        return await openai_responses.stream_reply(request, queue, ctx, _engine_error)
+    if kind == "responses":
+        return _json(await openai_responses.reply(queue, ctx, _engine_error))
+    if kind in _OLLAMA_KINDS and req.stream:
+        return await ollama.stream_reply(request, queue, ctx, _engine_error)
+    if kind in _OLLAMA_KINDS:
+        return _json(await ollama.reply(queue, ctx, _engine_error))
+    if kind in _LLAMA_KINDS:           # its stops end a reply early: they cancel the sequence
+        reply = llamacpp.stream_reply(request, queue, ctx, _engine_error, cancel) if req.stream else \
+            llamacpp.reply(queue, ctx, _engine_error, cancel)
+        return await reply
+    if req.stream:
+        return await _stream(request, queue, ctx)
+    return await _collect(queue, ctx)
 
 
 def _params(eng, req: GenRequest, plan, max_tokens: int | None, ids: list[int]) -> list[SamplingParams]:
@@ -1015,7 +1042,7 @@ class _Ctx:
         completion = sum(s.completion_tokens for s in stats)
         return {"prompt_tokens": self.n_prompt, "completion_tokens": completion,
                 "total_tokens": self.n_prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": sum(st.cached_tokens for st in stats[::self.req.n])}}
 
     def chat_logprobs(self, lps: list[TokenLogprob]) -> dict:
         def entry(tok: int, lp: float) -> dict:

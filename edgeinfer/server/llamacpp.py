@@ -62,10 +62,10 @@ def parse_request(kind: str, body: Any, eng) -> GenRequest:
         req.fim = {"prefix": b.input_prefix, "suffix": b.input_suffix, "prompt": b.prompt or "",
                    "files": [(f.filename, f.text) for f in b.input_extra or []]}
     else:
-        req = parse_completion({"prompt": b.prompt}, eng.config.n_vocab)
-        if req.batch:
+        if isinstance(b.prompt, list) and len(b.prompt) > 1 and any(isinstance(p, (str, list)) for p in b.prompt):
             raise bad("one prompt per request here: 'prompt' is a string or token ids (/v1/completions takes a "
                       "list of prompts)", "prompt", "unsupported_value")
+        req = parse_completion({"prompt": b.prompt}, eng.config.n_vocab)
     n_predict = b.n_predict if b.n_predict is not None else b.max_tokens
     n_predict = -1 if n_predict is None or n_predict < 0 else n_predict
     # 0: one token is generated so that the prompt is computed into the cache; it is not sent

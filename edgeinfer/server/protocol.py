@@ -84,6 +84,8 @@ MAX_CHOICES = 128    # a completions request's prompts times their n choices
 _PROMPT_SCHEMA = TypeAdapter(str | _TokenIds | Annotated[list[str | _TokenIds], Field(min_length=1,
                                                                                        max_length=MAX_CHOICES)]
                              ).json_schema()
+_ONE_PROMPT_SCHEMA = TypeAdapter(str | _TokenIds | Annotated[list[str | _TokenIds], Field(min_length=1, max_length=1)]
+                                 ).json_schema()
 
 
 class CalledFunction(_Body):
@@ -422,6 +424,9 @@ def _batch(body: dict, prompts: list, n: int, n_vocab: int) -> GenRequest:
                   "unsupported_value")
     subs = []
     for k, p in enumerate(prompts):
+        if not (isinstance(p, str) or _is_ids(p)):
+            raise bad("each prompt of a list is a string or a non-empty list of token ids", f"prompt[{k}]",
+                      "invalid_type")
         try:
             subs.append(parse_completion({**body, "prompt": p}, n_vocab))
         except APIError as e:
@@ -761,7 +766,7 @@ class LlamaCppBody(_Body):
     `t_max_predict_ms`, `timings_per_token`, `post_sampling_probs`, `n_keep`."""
     model_config = ConfigDict(json_schema_extra=lambda schema: schema["properties"]["prompt"].pop("default"))
     model: str | None = None
-    prompt: Annotated[Any, WithJsonSchema(_PROMPT_SCHEMA)] = None   # /completion: required
+    prompt: Annotated[Any, WithJsonSchema(_ONE_PROMPT_SCHEMA)] = None   # /completion: required
     input_prefix: str | None = None                                 # /infill: required
     input_suffix: str | None = None                                 # /infill: required
     input_extra: list[InfillFile] | None = None
