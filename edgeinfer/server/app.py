@@ -12,6 +12,7 @@ import base64
 import dataclasses
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import os
@@ -862,9 +863,8 @@ async def _generate_as(request: web.Request, kind: str) -> web.StreamResponse:
     else:
         req = parse_chat(body) if kind == "chat" else parse_completion(body, eng.config.n_vocab)
     if adapter is not None:
-        for r in req.batch or [req]:       # (a batch's first request shares its list with the batch's)
-            if not r.lora or r.lora[0] != {"name": adapter, "scale": 1.0}:
-                r.lora.insert(0, {"name": adapter, "scale": 1.0})
+        for r in req.batch or [req]:       # a batch's: each prompt's (req shares the first one's list)
+            r.lora.insert(0, {"name": adapter, "scale": 1.0})
         req.adapter = adapter
     loop = asyncio.get_running_loop()
     route = state.registry.route(served) if not req.lora else [(served, None)]   # adapters are the model's own
@@ -1070,8 +1070,8 @@ class _Ctx:
             self.text_offset[index] = len(text)
             return text, None
         tokens = [_piece(self.eng, t) for t in self.prompts[index // self.req.n]]
-        offsets = [sum(map(len, tokens[:k])) for k in range(len(tokens))]
-        self.text_offset[index] = sum(map(len, tokens))
+        offsets = [0, *itertools.accumulate(map(len, tokens))]
+        self.text_offset[index] = offsets.pop()
         return text, {"tokens": tokens, "token_logprobs": [None] + [x.logprob for x in lps],
                       "top_logprobs": [None] + [_by_text(self.eng, x.top) for x in lps],
                       "text_offset": offsets}
