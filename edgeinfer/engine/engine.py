@@ -17,7 +17,7 @@ from ..text.tokenizer import Tokenizer
 from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
 from .embedding import Pooler, check_pooling, file_pooling
-from .generation import Completion, Generation, TokenLogprob, token_logprob
+from .generation import Completion, Generation, TokenLogprob, token_logprobs
 from .kv import KVRing, slack_cells
 from .reasoning import ReasoningSpec, reasoning_format
 from .prompt_cache import PromptCache, model_identity
@@ -314,8 +314,8 @@ class Engine:
             for start in range(0, len(ids) - 1, step):
                 chunk = ids[start:start + step]
                 lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), rows[:len(chunk)])
-                out += [token_logprob(rows[i], ids[start + i + 1], n_top)
-                        for i in range(min(len(chunk), len(ids) - 1 - start))]
+                n = min(len(chunk), len(ids) - 1 - start)
+                out += token_logprobs(rows[:n], ids[start + 1:start + 1 + n], n_top)
         return out
 
     def embed(self, texts: str | Sequence[str | Sequence[int]], pooling: str | None = None,
