@@ -179,6 +179,19 @@ def test_control_tokens_give_no_text(coder, engine, server):
     assert st == 200 and got["tokens"] == [pre] * 3 and got["content"] == ""
 
 
+def test_cli_run_with_a_suffix_fills_the_middle(coder, smollm2_path):
+    """`edgeinfer run MODEL -p PREFIX --suffix SUFFIX` prints the middle; on a model without FIM
+    tokens it exits 1 with the reason."""
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+    r = CliRunner().invoke(app, ["run", str(coder[0]), "-p", PREFIX, "--suffix", SUFFIX, "--temp", "0", "-n", "24",
+                                 "--no-stats"])
+    assert r.exit_code == 0 and r.stdout == MIDDLE + "\n", r.output
+    r = CliRunner().invoke(app, ["run", str(smollm2_path), "-p", "a", "--suffix", "b", "--no-stats"])
+    assert r.exit_code == 1 and "fill-in-the-middle" in r.stderr, r.output
+
+
 def test_openai_suffix_fills_the_middle(server):
     oai = openai_client(server)
     r = oai.completions.create(model="coder", prompt=PREFIX, suffix=SUFFIX, max_tokens=24, temperature=0)

@@ -203,6 +203,10 @@ def run(
                                                   help="System message (with --chat).")] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats",
                                         help="Print a stats line to stderr.")] = True,
+    suffix: Annotated[Optional[str], typer.Option("--suffix",
+                                                  help="Fill in the middle: the text after the gap, the "
+                                                       "prompt being the text before it (a code model's "
+                                                       "FIM tokens; --raw).")] = None,
 ) -> None:
     """Generate text from a prompt, streaming it to stdout."""
     text = _read_prompt(prompt, file)
@@ -211,6 +215,8 @@ def run(
     eng = _load_engine(model, ctx, threads, device, kv)
     timed = _Timed()
     if chat:
+        if suffix:
+            raise EdgeInferError("--suffix is a raw completion's (fill in the middle): leave out --chat")
         messages = ([{"role": "system", "content": system}] if system else [])
         messages.append({"role": "user", "content": text})
         gen = eng.stream_chat(messages, **kw)
@@ -218,7 +224,7 @@ def run(
     else:
         if system:
             raise EdgeInferError("--system needs --chat")
-        gen = eng.stream(text, **kw)
+        gen = eng.stream(text, **({"suffix": suffix} if suffix else {}), **kw)
         pt_guess = None
     out = timed.pump(gen)
     if out and not out.endswith("\n"):
