@@ -84,6 +84,14 @@ def test_echo_puts_the_prompt_before_the_reply(client):
     assert chunks[0] == "Water boils at" and "".join(chunks) == echoed.text
 
 
+def test_the_completion_reuses_the_scored_prompt(client):
+    """An echoed prompt is computed once: scored first, its cells left in the slot, where the
+    completion finds all but its last token (which a completion always feeds again)."""
+    text = "A prompt seen once, then scored: " + " ".join(f"w{i}" for i in range(40))
+    r = client.completions.create(model="smollm2", prompt=text, echo=True, max_tokens=2, logprobs=1, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
+
+
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_lm_evaluation_harness_scores_as_llama_cpp_does(smollm2_path, server, batch_size):
     """lm-evaluation-harness's local-completions model, its tokenizer the server's (remote), a

@@ -302,7 +302,8 @@ class Engine:
         """Each token of `ids` after the first under the model's distribution given the tokens
         before it (teacher-forced, raw logits at T = 1, as a generation's `logprobs`), with its
         `n_top` most likely alternatives: what an echoed prompt's logprobs report (scoring a text,
-        as lm-evaluation-harness does). The logits are kept a chunk at a time, not whole."""
+        as lm-evaluation-harness does). The logits are kept a chunk at a time, not whole; the
+        prompt's cells stay in the slot, so a completion of the same prompt next reuses them."""
         ids = self._check_ids(ids)
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
@@ -310,7 +311,7 @@ class Engine:
         step = max(1, min(self.runner.caps.max_batch, (64 << 20) // (4 * self.config.n_vocab)))
         rows = np.empty((step, self.config.n_vocab), dtype=np.float32)
         out: list[TokenLogprob] = []
-        with self.scheduler.lease_slot(self.adapters.resolve(lora)) as lease:
+        with self.scheduler.lease_slot(self.adapters.resolve(lora), keep=True) as lease:
             for start in range(0, len(ids) - 1, step):
                 chunk = ids[start:start + step]
                 lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), rows[:len(chunk)])

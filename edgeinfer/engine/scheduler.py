@@ -72,7 +72,8 @@ _DEFAULT = object()     # submit(speculative=...) not given: the scheduler's def
 
 class Lease:
     """A slot taken away from the scheduler (Scheduler.lease_slot) for direct teacher-forced
-    stepping: Engine.logits and tools/bench.py. The slot starts and ends empty."""
+    stepping: Engine.logits, Engine.prompt_logprobs and tools/bench.py. The slot starts empty,
+    and ends empty unless the lease keeps what it fed."""
 
     def __init__(self, states: SequenceStates, slot: int):
         self.slot = slot
@@ -178,9 +179,11 @@ class Scheduler:
         return req
 
     @contextlib.contextmanager
-    def lease_slot(self, adapters: AdapterKey = ()) -> Iterator[Lease]:
+    def lease_slot(self, adapters: AdapterKey = (), keep: bool = False) -> Iterator[Lease]:
         """Takes a free slot away from the scheduler for direct use (Engine.logits, bench),
-        emptied on the way in and out, running with `adapters`."""
+        emptied on the way in, running with `adapters`, and on the way out emptied too, or with
+        `keep` given back holding what was fed: a free slot's prefix, which the next request of
+        the same tokens and adapters reuses (a scored prompt, then its completion)."""
         with self._cv:
             self._lease_waiters += 1
             try:
@@ -196,9 +199,14 @@ class Scheduler:
         try:
             lease.reset()
             yield lease
+            kept = keep
+        except BaseException:
+            kept = False                           # a failed feed may have left the slot half written
+            raise
         finally:
-            with contextlib.suppress(Exception):   # a failed native call must still return the slot
-                lease.reset()
+            if not kept:
+                with contextlib.suppress(Exception):   # a failed native call must still return the slot
+                    lease.reset()
             with self._cv:
                 self._leased.discard(slot)
                 self._free.append(slot)

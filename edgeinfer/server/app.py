@@ -882,31 +882,33 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
                loop, t_arrival: float, handles: list) -> web.StreamResponse:
     """Submits the request's sequences to the first model of `route` that takes them, then
     relays their events."""
-    state.in_flight += 1                   # from admission on: a drain waits for it
+    for i, (target, reason) in enumerate(route):
+        eng = target.require()
+        prompts = await _prepared(state, eng, req, loop)
+        # an echoed prompt is scored first (a prompt at a time): its completion reuses its cells
+        echo = [await _echo(eng, sub, ids, loop) for sub, ids, _, _ in prompts] if req.echo else None
+        state.check_draining()             # draining may have started while tokenizing or scoring
+        queue: asyncio.Queue = asyncio.Queue()
+        try:
+            for k, (sub, ids, params, _) in enumerate(prompts):
+                await _submit(eng, ids, params, sub, loop, queue, t_arrival, handles, first_index=k * req.n)
+        except QueueFullError as e:
+            for h in handles:              # siblings that had started (their events go to this queue)
+                h.cancel()
+            handles.clear()
+            if i + 1 < len(route):
+                continue                   # the next route: the fallback model
+            raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(max(1, round(e.retry_after_s)))}) from None
+        except SchedulerClosedError as e:
+            raise APIError(503, str(e), type="server_error", code="shutting_down",
+                           headers={"Retry-After": "5"}) from None
+        if reason is not None:
+            state.metrics.count_fallback(served.name, target.name, reason)
+        break
+    state.in_flight += 1
     try:
-        for i, (target, reason) in enumerate(route):
-            eng = target.require()
-            prompts = await _prepared(state, eng, req, loop)
-            state.check_draining()         # draining may have started while tokenizing
-            queue: asyncio.Queue = asyncio.Queue()
-            try:
-                for k, (sub, ids, params, _) in enumerate(prompts):
-                    await _submit(eng, ids, params, sub, loop, queue, t_arrival, handles, first_index=k * req.n)
-            except QueueFullError as e:
-                for h in handles:          # siblings that had started (their events go to this queue)
-                    h.cancel()
-                handles.clear()
-                if i + 1 < len(route):
-                    continue               # the next route: the fallback model
-                raise APIError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full",
-                               headers={"Retry-After": str(max(1, round(e.retry_after_s)))}) from None
-            except SchedulerClosedError as e:
-                raise APIError(503, str(e), type="server_error", code="shutting_down",
-                               headers={"Retry-After": "5"}) from None
-            if reason is not None:
-                state.metrics.count_fallback(served.name, target.name, reason)
-            break
-        return await _reply(request, state, kind, req, target, eng, prompts, queue, loop, handles)
+        return await _reply(request, state, kind, req, target, prompts, echo, queue, handles)
     finally:
         state.in_flight -= 1
 
@@ -933,14 +935,12 @@ async def _prepared(state: ServerState, eng, req: GenRequest, loop) -> list[tupl
     return out
 
 
-async def _reply(request, state: ServerState, kind: str, req: GenRequest, target: ServedModel, eng,
-                 prompts: list[tuple], queue: asyncio.Queue, loop, handles: list) -> web.StreamResponse:
+async def _reply(request, state: ServerState, kind: str, req: GenRequest, target: ServedModel,
+                 prompts: list[tuple], echo: list | None, queue: asyncio.Queue, handles: list) -> web.StreamResponse:
     """The reply in the route's shape, from the events of the submitted sequences."""
     def cancel() -> None:
         for h in handles:
             h.cancel()
-    # an echoed prompt is scored once the request is admitted (a prompt at a time)
-    echo = [await _echo(eng, sub, ids, loop) for sub, ids, _, _ in prompts] if req.echo else None
     plan, params = prompts[-1][3], prompts[-1][2]
     ctx = _Ctx(state, target, req, [ids for _, ids, _, _ in prompts], kind, plan,
                reasoning=params[0].reasoning is not None, echo=echo)
