@@ -156,7 +156,7 @@ def test_repo_prompt_fits_a_small_context(coder, n_predict):
     with edgeinfer.load(str(coder[0]), n_ctx=512, n_threads=1) as small:
         got = small.infill_ids("".join(f"x{i} = {i}\n" for i in range(200)), "y = 1\n" * 100, prompt=R_PROMPT,
                                files=files, max_tokens=n_predict)
-        head = small.infill_ids("", "", files=files)[:-3]                 # the files, whole
+        head = small.infill_ids("", "", files=files)[:-3]                 # the files, as much as fits
     fim = got.index(small.tokenizer.fim_pre_id)
     assert len(got) + (n_predict or 1) <= 512 and 0 < fim < len(head) and got[:fim] == head[-fim:]
 

@@ -311,12 +311,13 @@ class Engine:
         step = max(1, min(self.runner.caps.max_batch, (64 << 20) // (4 * self.config.n_vocab)))
         rows = np.empty((step, self.config.n_vocab), dtype=np.float32)
         out: list[TokenLogprob] = []
+        # all but the last token are fed: its row is not needed, and the slot then holds what a
+        # completion of the prompt reuses (it feeds the last token itself)
         with self.scheduler.lease_slot(self.adapters.resolve(lora), keep=True) as lease:
             for start in range(0, len(ids) - 1, step):
-                chunk = ids[start:start + step]
+                chunk = ids[start:min(start + step, len(ids) - 1)]
                 lease.feed(chunk, np.arange(len(chunk), dtype=np.int32), rows[:len(chunk)])
-                n = min(len(chunk), len(ids) - 1 - start)
-                out += token_logprobs(rows[:n], ids[start + 1:start + 1 + n], n_top)
+                out += token_logprobs(rows[:len(chunk)], ids[start + 1:start + 1 + len(chunk)], n_top)
         return out
 
     def embed(self, texts: str | Sequence[str | Sequence[int]], pooling: str | None = None,

@@ -118,7 +118,7 @@ def token_logprobs(rows: np.ndarray, tokens, n_top: int, block: int = 64) -> lis
         x = np.asarray(rows[start:start + block], dtype=np.float32)
         m = x.max(axis=1, keepdims=True)
         lse = m[:, 0].astype(np.float64) + np.log(np.exp(x - m).sum(axis=1, dtype=np.float64))
-        k = min(n_top, x.shape[1])
+        k = max(0, min(n_top, x.shape[1]))
         part = x.argmax(axis=1)[:, None] if k == 1 else np.argpartition(-x, k - 1, axis=1)[:, :k] if k else None
         for r, tok in enumerate(tokens[start:start + block]):
             top: list[tuple[int, float]] = []

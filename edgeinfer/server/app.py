@@ -61,6 +61,7 @@ class ServerState:
         self._changed = threading.Condition()
         self._draining = False
         self._in_flight = 0
+        self._admitted = 0
         self.metrics = Metrics(gauges=self.gauges)
         for m in registry:
             self.metrics.add_model(m.name)
@@ -78,6 +79,17 @@ class ServerState:
     def in_flight(self, n: int) -> None:
         with self._changed:
             self._in_flight = n
+            self._changed.notify_all()
+
+    @property
+    def admitted(self) -> int:
+        """Generation requests past admission (tokenizing, scoring, submitted): what a drain waits for."""
+        return self._admitted
+
+    @admitted.setter
+    def admitted(self, n: int) -> None:
+        with self._changed:
+            self._admitted = n
             self._changed.notify_all()
 
     @property
@@ -799,6 +811,19 @@ def _prompt_ids(eng, req: GenRequest):
     return ids, plan
 
 
+async def _echoes(eng, req: GenRequest, prompts: list[tuple], loop) -> list[tuple]:
+    """Each prompt's echo (`_echo`), a batch's 400s naming the prompt."""
+    out = []
+    for k, (sub, ids, _, _) in enumerate(prompts):
+        try:
+            out.append(await _echo(eng, sub, ids, loop))
+        except APIError as e:
+            if req.batch:
+                e.message, e.param = f"prompt[{k}]: {e.message}", f"prompt[{k}]" if e.param == "prompt" else e.param
+            raise
+    return out
+
+
 async def _echo(eng, req: GenRequest, ids: list[int], loop) -> tuple[str, list[TokenLogprob] | None]:
     """An echoed prompt: its text (as given, or the ids' text) and, when the request asks for
     logprobs, each of its tokens' after the first (Engine.prompt_logprobs)."""
@@ -882,12 +907,25 @@ async def _run(request, state: ServerState, kind: str, req: GenRequest, served: 
                loop, t_arrival: float, handles: list) -> web.StreamResponse:
     """Submits the request's sequences to the first model of `route` that takes them, then
     relays their events."""
+    state.admitted += 1                    # a drain waits for it from here (in_flight: once submitted)
+    try:
+        return await _run_admitted(request, state, kind, req, served, route, loop, t_arrival, handles)
+    finally:
+        state.admitted -= 1
+
+
+async def _run_admitted(request, state: ServerState, kind: str, req: GenRequest, served: ServedModel, route: list,
+                        loop, t_arrival: float, handles: list) -> web.StreamResponse:
     for i, (target, reason) in enumerate(route):
         eng = target.require()
-        prompts = await _prepared(state, eng, req, loop)
-        # an echoed prompt is scored first (a prompt at a time): its completion reuses its cells
-        echo = [await _echo(eng, sub, ids, loop) for sub, ids, _, _ in prompts] if req.echo else None
-        state.check_draining()             # draining may have started while tokenizing or scoring
+        try:
+            prompts = await _prepared(state, eng, req, loop)
+            # an echoed prompt is scored first (a prompt at a time): its completion reuses its cells
+            echo = await _echoes(eng, req, prompts, loop) if req.echo else None
+        except APIError:
+            if reason is not None and i + 1 < len(route):
+                continue                   # a fallback model that cannot take it: the next route
+            raise
         queue: asyncio.Queue = asyncio.Queue()
         try:
             for k, (sub, ids, params, _) in enumerate(prompts):

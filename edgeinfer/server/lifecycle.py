@@ -45,15 +45,15 @@ async def drain(state, runner: web.AppRunner, timeout_s: float, close_engine: bo
     cancels what is left (closing a connection cancels its handler, which cancels its sequences)."""
     state.draining = True
     loop = asyncio.get_running_loop()
-    # ServerState.wait_until wakes on each change of in_flight (a thread: it blocks on a condition)
-    idle = asyncio.ensure_future(loop.run_in_executor(None, state.wait_until, lambda s: s.in_flight == 0,
-                                                      timeout_s))
+    # ServerState.wait_until wakes on each change of in_flight or admitted (a thread: it blocks on a condition)
+    idle = asyncio.ensure_future(loop.run_in_executor(None, state.wait_until,
+                                                      lambda s: s.in_flight == 0 and s.admitted == 0, timeout_s))
     waits = [idle] + ([asyncio.ensure_future(hurry.wait())] if hurry is not None else [])
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for w in waits[1:]:
         w.cancel()
-    if state.in_flight:
-        log.warning("drain ended: cancelling %d request(s) still in flight", state.in_flight)
+    if state.in_flight or state.admitted:
+        log.warning("drain ended: cancelling %d request(s) still in flight", max(state.in_flight, state.admitted))
     await runner.cleanup()
     await idle                  # wakes once the cancelled handlers have let go
     state.tok_pool.shutdown(wait=False)
