@@ -185,6 +185,8 @@ def test_load_unload_at_run_time(files):
             with pytest.raises(AdapterBusyError):
                 e.unload_lora("a")
         assert gen.result().tokens == with_a[0][:4]   # to its end: then the adapter may go
+        with e.scheduler.lease_slot(e.adapters.resolve("a")), pytest.raises(AdapterBusyError):
+            e.unload_lora("a")                    # a leased slot (a prompt being scored) uses it too
         e.unload_lora("a")
         assert e.lora_adapters() == []
         with pytest.raises(UnknownAdapterError):

@@ -488,10 +488,11 @@ class Scheduler:
 
     def unload_adapter(self, name: str) -> None:
         """Detaches the adapter from every slot and forgets it; AdapterBusyError while a running or
-        waiting request uses it."""
+        waiting request, or a leased slot (a prompt being scored), uses it."""
         with self._cv:
             users = [r for r in list(self._active) + list(self._waiting)
                      if not r.done and any(n == name for n, _ in r.adapters)]
+            users += [s for s in self._leased if any(n == name for n, _ in self._slot_adapters[s])]
             if users:
                 raise AdapterBusyError(f"adapter {name!r} is in use by {len(users)} request(s); "
                                        f"unload it when they finish")
