@@ -166,6 +166,8 @@ def test_python_api_fills_the_middle_as_llama_cpp_does(coder, engine):
     toks, text = llama_middle(coder[0], engine.infill_ids(PREFIX, SUFFIX))
     assert (out.text, out.finish_reason) == (MIDDLE, "stop")
     assert out.tokens == toks[:len(out.tokens)] and text == MIDDLE
+    with pytest.raises(TypeError, match="must be text"):      # the prefix as token ids
+        engine.generate(engine.tokenize(PREFIX), suffix=SUFFIX)
 
 
 def test_control_tokens_give_no_text(coder, engine, server):

@@ -255,8 +255,8 @@ class Engine:
         """The prompt ids asking for the text between `prefix` and `suffix` (fill in the middle),
         from the vocabulary's FIM tokens; InfillError when the model has none. With `files`
         ((name, text) pairs, even none), llama.cpp's /infill form: the project's files first,
-        `prompt` after the prefix, everything cut to fit the context less 2 * `max_tokens`
-        (`edgeinfer.text.fim`)."""
+        `prompt` after the prefix, each part cut to its share of the context, leaving room for
+        `max_tokens` (`edgeinfer.text.fim` gives the budget)."""
         return fim_ids(self.tokenizer, prefix, suffix, prompt=prompt, files=files, n_ctx=self.n_ctx,
                        n_predict=max_tokens or 0)
 

@@ -77,7 +77,7 @@ def parse_request(kind: str, body: Any, eng) -> GenRequest:
     req.sampling = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
     req.sampling["temperature"] = max(0.0, req.sampling["temperature"])     # <= 0: greedy
     req.sampling.update(seed=None if b.seed is None or b.seed < 0 else b.seed & 0xFFFF_FFFF_FFFF_FFFF,
-                        stop=[s for s in ([b.stop] if isinstance(b.stop, str) else b.stop or []) if s],
+                        stop=[s for s in b.stop or [] if s],
                         ignore_eos=bool(b.ignore_eos), logit_bias=_logit_bias(b.logit_bias, eng),
                         skip_special=True)
     req.constraint = {k: v for k, v in (("json_schema", b.json_schema), ("grammar", b.grammar)) if v is not None}

@@ -653,7 +653,8 @@ def _integral(v: Any) -> Any:
 
 
 _Int = Annotated[int, BeforeValidator(_integral, json_schema_input_type=int | float)]
-_OllamaStops = Annotated[list[str] | None, BeforeValidator(_stop_list, json_schema_input_type=str | list[str] | None)]
+# a string or a list of any length (Ollama's and llama-server's; OpenAI's holds to 4)
+_AnyStops = Annotated[list[str] | None, BeforeValidator(_stop_list, json_schema_input_type=str | list[str] | None)]
 
 
 class OllamaOptions(_Body):
@@ -670,7 +671,7 @@ class OllamaOptions(_Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: _Int | None = None                             # negative: none
-    stop: _OllamaStops = None
+    stop: _AnyStops = None
     # samplers edgeinfer does not have: only their "off" values are taken
     mirostat: _Int | None = None
     typical_p: float | None = None
@@ -762,8 +763,8 @@ class InfillFile(_Body):
 class LlamaCppBody(_Body):
     """POST /completion and /infill (llama-server's own API; its sampling defaults). Fields
     its clients send that change nothing here are accepted and type-checked: `cache_prompt`
-    (prefixes are always reused), `id_slot`, `samplers`, `n_indent`, `t_max_prompt_ms`,
-    `t_max_predict_ms`, `timings_per_token`, `post_sampling_probs`, `n_keep`."""
+    (prefixes are always reused), `id_slot`, `samplers`, `t_max_prompt_ms`,
+    `timings_per_token`, `post_sampling_probs`, `n_keep`."""
     model_config = ConfigDict(json_schema_extra=lambda schema: schema["properties"]["prompt"].pop("default"))
     model: str | None = None
     prompt: Annotated[Any, WithJsonSchema(_ONE_PROMPT_SCHEMA)] = None   # /completion: required
@@ -781,7 +782,7 @@ class LlamaCppBody(_Body):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: _AnyStops = None
     ignore_eos: bool | None = None
     stream: bool | None = None
     n_probs: int | None = Field(None, ge=0, le=20)
