@@ -195,6 +195,18 @@ def test_hybrid_prefix_reuse_gives_a_fresh_engines_tokens(hybrid):
     _assert_fresh(got, _fresh(path, second))
 
 
+def test_hybrid_scored_prompt_then_its_completion_gives_a_fresh_engines_tokens(hybrid):
+    """An echoed prompt: scored in a lease that keeps its cells and state (all but the last
+    token), then completed: the completion resumes there and gives a fresh engine's tokens."""
+    _, path = hybrid
+    prompt = IDS[:24]
+    with edgeinfer.load(str(path), n_ctx=128, n_threads=2) as eng:
+        eng.prompt_logprobs(prompt, 1)
+        got = _greedy(eng, prompt)
+    assert got.stats.cached_tokens == len(prompt) - 1
+    _assert_fresh(got, _fresh(path, prompt))
+
+
 def test_hybrid_n2_sibling_gives_a_fresh_engines_tokens(hybrid):
     """Two requests for one prompt (n = 2), the second arriving once the first's prompt is in
     (it is submitted from the first forward's return): it copies the first's cells and the
