@@ -4,6 +4,7 @@ from .errors import (
     EdgeInferError,
     GGUFError,
     InfillError,
+    RerankError,
     InvalidArgumentError,
     InvalidTokenError,
     ModelNotFoundError,
@@ -25,7 +26,7 @@ __all__ = [
     "EdgeInferError", "GGUFError", "UnsupportedArchitectureError", "UnsupportedTypeError",
     "TokenizerError", "InvalidTokenError", "ContextOverflowError", "TemplateError",
     "NativeError", "InvalidArgumentError", "NativeOutOfMemoryError", "NativeUnsupportedError", "RangeError",
-    "StateError", "ModelNotFoundError", "InfillError",
+    "StateError", "ModelNotFoundError", "InfillError", "RerankError",
 ]
 
 

@@ -73,5 +73,9 @@ class EmbeddingError(EdgeInferError, ValueError):
     """An embedding request the engine cannot serve: no input, an empty one, or an unknown pooling."""
 
 
+class RerankError(EdgeInferError, ValueError):
+    """A reranking request the engine cannot serve: a model without a classification head, or no documents."""
+
+
 class InfillError(EdgeInferError, ValueError):
     """A fill-in-the-middle request on a model whose vocabulary has no prefix / suffix / middle tokens."""

@@ -23,6 +23,7 @@ from .checkpoint import Checkpoint
 from .lora import LoraAdapter
 from .quantize import quantize, row_nbytes
 from .recipe import AUTO, Recipe, parse_file_type, parse_keep
+from .rerank import rerank_head
 from .sensitivity import Sensitivity
 from .tokenizer_meta import tokenizer_metadata
 
@@ -38,6 +39,7 @@ class _Item:
     shape: tuple[int, ...]         # GGML order (ne0 first)
     type: GGMLType = GGMLType.F32
     data: np.ndarray | None = None  # synthesized data
+    rows: tuple[int, ...] = ()     # only these rows of `hf`, in this order (a reranker's head), kept F32
 
 
 @dataclass
@@ -123,6 +125,10 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                 raise ConversionError(f"LoRA adapter {lora_dir} adapts {t!r}, which the "
                                       f"converted model does not use (tied head?)")
     tok_kv = tokenizer_metadata(ckpt, hp.n_vocab)
+    head = rerank_head(ckpt, hp, tok_kv)
+    if head is not None:
+        items.append(_Item(head.gguf, head.source, (hp.n_embd, len(head.rows)), rows=head.rows))
+        tok_kv = tok_kv + head.metadata(hp)
 
     def load_hf(hf: str) -> np.ndarray:
         x = ckpt.load(hf)
@@ -145,7 +151,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         if target_bpw is not None or calibration is not None:
             raise ConversionError("--target-bpw and --calibration go with --type auto")
         for it in items:
-            it.type = recipe.choose(it.gguf, it.shape)
+            it.type = GGMLType.F32 if it.rows else recipe.choose(it.gguf, it.shape)
     unused = recipe.unused_keeps()
     if unused:
         raise ConversionError(f"--keep pattern(s) {', '.join(unused)} match no tensor "
@@ -186,7 +192,9 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                                                 or it.hf in adapter.replacements):
                         merged += 1
                     f = tmap.transform(it.hf)
-                    if f is not None:
+                    if it.rows:
+                        x = x[list(it.rows)]
+                    elif f is not None:
                         x = f(x)
                     if not np.isfinite(x).all():
                         raise ConversionError(f"tensor {it.hf!r} holds NaN or infinite values")
@@ -258,7 +266,7 @@ def _auto_types(items: list[_Item], recipe: Recipe, sens: "Sensitivity",
         raise ConversionError(f"--target-bpw {target_bpw} is out of range")
     free, fixed = [], 0
     for it in items:
-        t = recipe.override(it.gguf, it.shape) if len(it.shape) >= 2 else GGMLType.F32
+        t = recipe.override(it.gguf, it.shape) if len(it.shape) >= 2 and not it.rows else GGMLType.F32
         if t is None and it.gguf not in sens.tensors:
             raise ConversionError(f"no sensitivity measured for {it.gguf!r}")
         if t is None:

@@ -8,11 +8,13 @@ from typing import Any, Callable, ContextManager, Sequence
 import numpy as np
 
 from ..backends import Capabilities, KVPlan, backend_for_model, select_backend
-from ..errors import ContextOverflowError, EmbeddingError, InvalidTokenError, SamplingParamsError
+from ..errors import ContextOverflowError, EmbeddingError, InvalidTokenError, RerankError, SamplingParamsError
 from ..gguf.reader import GGUFFile
 from ..model.config import ModelConfig, layer_state_floats, local_ring_cells
+from ..model.rank_head import RankHead
 from ..text.chat_template import ChatTemplate, is_prefill
 from ..text.fim import fim_ids, supports_fim
+from ..text.rerank import rerank_ids, rerank_template
 from ..text.tokenizer import Tokenizer
 from .adapters import Adapters, UnknownAdapterError
 from .constraint import check_logit_bias, grammar_spec
@@ -60,6 +62,7 @@ class Engine:
                                    draft_cost_ratio=ratio if ratio > 0 else 1.0, prompt_cache=prompt_cache)
         self.adapters = Adapters(runner, cfg, max_bytes=lora_bytes)
         self.scheduler.adapters = self.adapters
+        self.rank_head = RankHead.from_gguf(gguf, cfg.arch, cfg.n_embd)   # None: not a reranker
 
     @property
     def ring(self) -> KVRing:
@@ -80,6 +83,11 @@ class Engine:
     def infills(self) -> bool:
         """Whether the vocabulary has fill-in-the-middle tokens (`generate(..., suffix=...)`)."""
         return supports_fim(self.tokenizer)
+
+    @property
+    def reranks(self) -> bool:
+        """Whether the file is a reranker: a classification head and a rerank template (`rerank`)."""
+        return self.rank_head is not None and rerank_template(self.gguf.metadata) is not None
 
     @property
     def n_slots(self) -> int:
@@ -351,6 +359,44 @@ class Engine:
                 out[i] = pooler.result(normalize)
         return out
 
+    def rerank_ids(self, query: str, document: str) -> list[int]:
+        """The prompt ids a reranker scores for one (query, document) pair: the file's rerank
+        template with both filled in (edgeinfer.text.rerank); RerankError for a file without one."""
+        return rerank_ids(self.tokenizer, rerank_template(self.gguf.metadata), query, document)
+
+    def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """Relevance scores [len(documents)] float32 of each document to `query`, in the documents'
+        order, higher meaning more relevant (Qwen3-Reranker's: the probability of "yes", in
+        [0, 1]), as llama.cpp's reranking computes them: the classification head on the last token
+        of each pair's prompt. RerankError for a model without a head or no documents;
+        ContextOverflowError for a pair longer than the context."""
+        if self.rank_head is None:
+            raise RerankError(f"{self.path.name} is not a reranker (it has no classification head "
+                              f"'cls.output.weight')")
+        if not self.caps.embeddings:
+            raise RerankError(f"the {self.caps.device} backend gives no hidden states to rerank with")
+        if not isinstance(query, str) or isinstance(documents, str):
+            raise TypeError("rerank(query, documents) takes a text and a list of texts")
+        docs = list(documents)
+        if not docs:
+            raise RerankError("rerank() needs at least one document")
+        seqs = [self.rerank_ids(query, d) for d in docs]
+        for i, ids in enumerate(seqs):
+            if not ids:
+                raise RerankError(f"document {i} gives an empty prompt (no tokens)")
+            if len(ids) > self.n_ctx:
+                raise ContextOverflowError(f"document {i} makes a prompt of {len(ids)} tokens, more than "
+                                           f"the context of {self.n_ctx}")
+        out = np.empty(len(seqs), dtype=np.float32)
+        step = self.caps.max_batch
+        with self.scheduler.lease_slot() as lease:
+            for i, ids in enumerate(seqs):
+                lease.reset()
+                for start in range(0, len(ids), step):
+                    hidden = lease.feed_hidden(ids[start:start + step])
+                out[i] = self.rank_head.scores(hidden[-1])[0]
+        return out
+
     def generate(self, prompt: str | Sequence[int], *, suffix: str | None = None, **params: Any) -> Completion:
         """Runs to the end. `logprobs=N` (extension) also returns, per token, its log-probability
         and the N most likely alternatives in `Completion.logprobs`. Structured output (at most
@@ -478,6 +524,7 @@ class Engine:
             "n_threads": caps.n_threads, "isa": caps.isa, "device": caps.device,
             "tokenizer": self.gguf.metadata.get("tokenizer.ggml.model", ""),
             "fill_in_middle": self.infills,
+            "reranker": self.reranks,
             # sliding-window layers: the window, and the cells per slot of their own KV ring (0: full ring)
             **({"sliding_window": cfg.swa_window, "local_layers": sum(map(cfg.is_local_layer, range(cfg.n_layer))),
                 "local_kv_cells": self.ring.local_cells}

@@ -13,6 +13,7 @@ from ..arch.reference import is_local_layer as _is_local
 from ..errors import GGUFError, UnsupportedArchitectureError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
+from .rank_head import TENSORS as RANK_HEAD_TENSORS
 
 __all__ = ["ModelConfig", "VECTOR_TYPES", "local_ring_cells", "kv_layer_cells"]
 
@@ -332,7 +333,7 @@ class ModelConfig(HeadDims, FamilySwitches, Gemma4Dims, RecurrentDims):
                     f"cannot compute with here (supported: "
                     f"{', '.join(GGMLType(x).name for x in sorted(allowed))})")
             self.tensor_types[name] = t.type
-        extra = [n for n in tensors if n not in expected]
+        extra = [n for n in tensors if n not in expected and n not in RANK_HEAD_TENSORS]   # the head: rank_head.py
         if extra:
             shown = ", ".join(repr(n) for n in extra[:5])
             more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""

@@ -217,12 +217,17 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         model = tf.Qwen2ForCausalLM(cfg)
         tcfg = {"eos_token": specials[eos], "add_bos_token": False,
                 **({"pad_token": "<|fim_pad|>"} if fim else {"pad_token": "<|endoftext|>", "chat_template": CHATML})}
-    elif kind == "qwen3":
+    elif kind in ("qwen3", "qwen3_reranker", "qwen3_reranker_untied"):
+        # a reranker: Qwen3-Reranker's card title (how converters know one) and its "yes" / "no" tokens
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
         tok = _bpe_tokenizer("qwen2", 380, specials)
+        if kind != "qwen3":
+            tok.add_tokens(["yes", "no"])
+            (out / "README.md").write_text("# Qwen3-Reranker-tiny\n\nRandom weights at a tiny shape.\n")
         n_vocab = tok.get_vocab_size()
         cfg = tf.Qwen3Config(vocab_size=n_vocab, bos_token_id=None, eos_token_id=2,
-                             tie_word_embeddings=False, rope_theta=1000000.0, head_dim=32, **common)
+                             tie_word_embeddings=(kind == "qwen3_reranker"), rope_theta=1000000.0, head_dim=32,
+                             **common)
         model = tf.Qwen3ForCausalLM(cfg)
         tcfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
                 "chat_template": QWEN3_TEMPLATE, "add_bos_token": False}
