@@ -16,10 +16,12 @@ tf = require("transformers", "the model card's transformers recipe is the oracle
 require("tokenizers")
 llama_cpp = require("llama_cpp", "llama.cpp's rank pooling is the oracle")
 require("gguf", "the gguf package is a test dependency")
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 from tests.support import tiny_checkpoints  # noqa: E402
 from tests.support.llama_cpp_convert import convert as llama_convert  # noqa: E402
 from tests.support.llama_oracle import N_THREADS  # noqa: E402
+from tests.test_server import request  # noqa: E402
 
 import edgeinfer  # noqa: E402
 from edgeinfer.convert import convert_checkpoint  # noqa: E402
@@ -189,3 +191,125 @@ def test_a_head_of_the_wrong_width_is_a_gguf_error(tmp_path):
         w.write_tensor_data("cls.output.weight", np.zeros((2, 32), np.float32))
     with pytest.raises(GGUFError, match="cls.output.weight"):
         RankHead.from_gguf(GGUFFile(path), "qwen3", 64)
+
+
+# ---------------------------------------------------------------------------- the /rerank routes
+
+MODEL = "reranker"
+
+
+@pytest.fixture(scope="module")
+def server(engines):
+    from edgeinfer.server import ServerThread
+
+    srv = ServerThread(engines["qwen3_reranker"], model_name=MODEL, max_body=64 * 1024).start()
+    yield srv
+    srv.stop(timeout_s=30)
+
+
+def ranking(scores: np.ndarray) -> list[int]:
+    return sorted(range(len(scores)), key=lambda i: -float(scores[i]))
+
+
+def test_cohere_clients_get_the_engines_ranking(server, engines):
+    """The official Cohere clients: v2 (/v2/rerank, top_n) and v1 (/v1/rerank, documents as
+    objects, return_documents) read the documents by falling score, as the engine scores them."""
+    cohere = require("cohere", "the official Cohere client is the reference client")
+    want = engines["qwen3_reranker"].rerank(QUERY, DOCUMENTS)
+    v2 = cohere.ClientV2(api_key="unused", base_url=server.url, max_retries=0, timeout=120)
+    got = v2.rerank(model=MODEL, query=QUERY, documents=DOCUMENTS, top_n=3)
+    assert [r.index for r in got.results] == ranking(want)[:3]
+    np.testing.assert_array_equal([r.relevance_score for r in got.results], want[ranking(want)[:3]])
+    v1 = cohere.Client(api_key="unused", base_url=server.url, max_retries=0, timeout=120)
+    got = v1.rerank(model=MODEL, query=QUERY, documents=[{"text": d} for d in DOCUMENTS], return_documents=True)
+    assert [r.index for r in got.results] == ranking(want)
+    assert [r.document.text for r in got.results] == [DOCUMENTS[i] for i in ranking(want)]
+
+
+def test_usage_counts_the_prompts_as_llama_cpp_tokenizes_them(server, rerankers, engines):
+    from tests.support.llama_oracle import llama_tokenize
+    from edgeinfer.text.rerank import QWEN3_TEMPLATE
+
+    _, _, theirs = rerankers["qwen3_reranker"]
+    st, _, out = request(server.url + "/rerank", "POST", {"query": QUERY, "documents": DOCUMENTS[:2]})
+    assert st == 200, out
+    n = sum(len(llama_tokenize(theirs, QWEN3_TEMPLATE.replace("{query}", QUERY).replace("{document}", d),
+                               add_bos=False, special=True)) for d in DOCUMENTS[:2])
+    assert out["usage"] == {"prompt_tokens": n, "total_tokens": n} and out["model"] == MODEL
+
+
+@pytest.mark.parametrize("top_n, expected", [(None, 4), (2, 2), (4, 4), (99, 4)])
+@pytest.mark.parametrize("field, score", [("documents", "relevance_score"), ("texts", "score")])
+def test_top_n_and_both_reply_forms_as_llama_server(server, top_n, expected, field, score):
+    """llama-server's own test cases (tools/server/tests/unit/test_rerank.py): `texts` gives TEI's
+    bare list with `score`, `documents` the list object with `relevance_score`, top_n caps both."""
+    body = {"query": QUERY, field: DOCUMENTS, **({"top_n": top_n} if top_n else {})}
+    st, _, out = request(server.url + "/rerank", "POST", body)
+    assert st == 200, out
+    results = out if field == "texts" else out["results"]
+    assert len(results) == expected
+    values = [r[score] for r in results]
+    assert values == sorted(values, reverse=True)
+
+
+def test_return_text_gives_tei_the_texts(server):
+    st, _, out = request(server.url + "/v1/rerank", "POST", {"query": QUERY, "texts": DOCUMENTS, "return_text": True})
+    assert st == 200 and [r["text"] for r in out] == [DOCUMENTS[r["index"]] for r in out]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"documents": []}, "documents"),
+    ({"documents": None}, "documents"),
+    ({"documents": 123}, "documents"),
+    ({"documents": [1, 2, 3]}, "documents"),
+    ({}, "documents"),
+    ({"documents": ["a"], "texts": ["a"]}, "documents"),
+    ({"documents": ["word " * N_CTX]}, "documents[0]"),
+    ({"documents": ["a"], "top_n": 0}, "top_n"),
+    ({"query": 7, "documents": ["a"]}, "query"),
+])
+def test_bad_requests_are_400_naming_the_field(server, body, param):
+    st, _, out = request(server.url + "/rerank", "POST", {"query": QUERY, **body})
+    assert st == 400, out
+    assert out["error"]["param"].startswith(param), out
+
+
+def test_a_model_that_is_not_a_reranker_is_a_400(smollm2_path):
+    from tests.support.serving import smollm2_server
+
+    with smollm2_server(smollm2_path) as srv:
+        st, _, out = request(srv.url + "/v2/rerank", "POST", {"query": QUERY, "documents": DOCUMENTS})
+    assert st == 400 and out["error"]["param"] == "model", out
+    assert "not a reranker" in out["error"]["message"]
+
+
+def test_max_tokens_per_doc_cuts_documents_as_their_tokenizer_does(server, rerankers):
+    """Cohere v2's max_tokens_per_doc: the score of the document's first n tokens (cut and decoded
+    by the checkpoint's own tokenizer) under the card's recipe."""
+    d, _, _ = rerankers["qwen3_reranker"]
+    tok = tf.AutoTokenizer.from_pretrained(str(d))
+    docs = [DOCUMENTS[3], "Paris"]         # cut, and shorter than the cut
+    assert len(tok.encode(docs[1], add_special_tokens=False)) < 9
+    _, want = card_scores(d, QUERY, [tok.decode(tok.encode(x, add_special_tokens=False)[:9]) for x in docs])
+    st, _, out = request(server.url + "/v2/rerank", "POST", {"query": QUERY, "documents": docs, "max_tokens_per_doc": 9})
+    assert st == 200, out
+    got = {r["index"]: r["relevance_score"] for r in out["results"]}
+    np.testing.assert_allclose([got[0], got[1]], want, atol=TOL)
+
+
+@pytest.fixture(scope="module")
+def rerank_api(server):
+    from tests.test_openapi import _config
+    return schemathesis.openapi.from_url(server.url + "/openapi.json", config=_config())
+
+
+schemathesis = require("schemathesis", "schemathesis checks the routes against the OpenAPI document")
+
+
+@schemathesis.pytest.from_fixture("rerank_api").include(path_regex="rerank").parametrize()
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_answer_matches_the_document(case):
+    """schemathesis on the rerank routes of a server whose model is a reranker (the API test's
+    server is not one: there the routes answer 400s only): every reply, 200s included, as the
+    OpenAPI document says."""
+    case.call_and_validate(timeout=120)

@@ -359,31 +359,39 @@ class Engine:
                 out[i] = pooler.result(normalize)
         return out
 
-    def rerank_ids(self, query: str, document: str) -> list[int]:
+    def rerank_ids(self, query: str, document: str, max_doc_tokens: int | None = None) -> list[int]:
         """The prompt ids a reranker scores for one (query, document) pair: the file's rerank
-        template with both filled in (edgeinfer.text.rerank); RerankError for a file without one."""
+        template with both filled in (edgeinfer.text.rerank), the document cut to its first
+        `max_doc_tokens` tokens when given; RerankError for a file without a template."""
+        if max_doc_tokens is not None:
+            ids = self.tokenize(document, add_special=False, parse_special=False)
+            if len(ids) > max_doc_tokens:
+                document = self.tokenizer.decode(ids[:max_doc_tokens])
         return rerank_ids(self.tokenizer, rerank_template(self.gguf.metadata), query, document)
 
-    def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
+    def rerank(self, query: str, documents: Sequence[str], max_doc_tokens: int | None = None) -> np.ndarray:
         """Relevance scores [len(documents)] float32 of each document to `query`, in the documents'
         order, higher meaning more relevant (Qwen3-Reranker's: the probability of "yes", in
         [0, 1]), as llama.cpp's reranking computes them: the classification head on the last token
-        of each pair's prompt. RerankError for a model without a head or no documents;
-        ContextOverflowError for a pair longer than the context."""
-        if self.rank_head is None:
-            raise RerankError(f"{self.path.name} is not a reranker (it has no classification head "
-                              f"'cls.output.weight')")
-        if not self.caps.embeddings:
-            raise RerankError(f"the {self.caps.device} backend gives no hidden states to rerank with")
+        of each pair's prompt (`rerank_ids`). RerankError for a model that is not a reranker or
+        no documents; ContextOverflowError for a pair longer than the context."""
         if not isinstance(query, str) or isinstance(documents, str):
             raise TypeError("rerank(query, documents) takes a text and a list of texts")
         docs = list(documents)
         if not docs:
             raise RerankError("rerank() needs at least one document")
-        seqs = [self.rerank_ids(query, d) for d in docs]
+        self._check_reranker()
+        return self.score_prompts([self.rerank_ids(query, d, max_doc_tokens) for d in docs])
+
+    def score_prompts(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """The classification head's first value [len(prompts)] float32 on the last token of each
+        prompt (token ids: `rerank_ids`'); RerankError for a model without a head, an empty
+        prompt; ContextOverflowError naming the prompt longer than the context."""
+        self._check_reranker()
+        seqs = [self._check_ids(p) for p in prompts]
         for i, ids in enumerate(seqs):
             if not ids:
-                raise RerankError(f"document {i} gives an empty prompt (no tokens)")
+                raise RerankError(f"prompt {i} is empty (no tokens)")
             if len(ids) > self.n_ctx:
                 raise ContextOverflowError(f"document {i} makes a prompt of {len(ids)} tokens, more than "
                                            f"the context of {self.n_ctx}")
@@ -396,6 +404,13 @@ class Engine:
                     hidden = lease.feed_hidden(ids[start:start + step])
                 out[i] = self.rank_head.scores(hidden[-1])[0]
         return out
+
+    def _check_reranker(self) -> None:
+        if self.rank_head is None:
+            raise RerankError(f"{self.path.name} is not a reranker (it has no classification head "
+                              f"'cls.output.weight')")
+        if not self.caps.embeddings:
+            raise RerankError(f"the {self.caps.device} backend gives no hidden states to rerank with")
 
     def generate(self, prompt: str | Sequence[int], *, suffix: str | None = None, **params: Any) -> Completion:
         """Runs to the end. `logprobs=N` (extension) also returns, per token, its log-probability

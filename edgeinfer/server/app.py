@@ -34,7 +34,7 @@ from .lifecycle import free_slots
 from .metrics import Metrics
 from .openapi import OPERATIONS, document
 from .protocol import (APIError, DetokenizeBody, EmbeddingsBody, GenRequest, LoraLoadBody, OllamaEmbedBody,
-                       OllamaEmbeddingsBody, OllamaShowBody, SlotBody, TokenizeBody, bad, parse, parse_chat,
+                       OllamaEmbeddingsBody, OllamaShowBody, RerankBody, SlotBody, TokenizeBody, bad, parse, parse_chat,
                        parse_completion)
 from .registry import Registry, ServedModel
 
@@ -567,6 +567,41 @@ async def _embed(state: "ServerState", served: ServedModel, items: list, dimensi
     finally:
         state.in_flight -= 1
     return vectors, sum(map(len, seqs))
+
+
+async def rerank(request: web.Request) -> web.Response:
+    """POST /rerank and its aliases: the documents by falling relevance to the query (a reranker's
+    scores, Engine.rerank); with TEI's `texts`, TEI's bare list."""
+    state: ServerState = request.app[STATE_KEY]
+    state.check_draining()
+    body = parse(RerankBody, await _read_json(request, state))
+    texts = body.texts_ranked()
+    served = state.lookup(body.model)
+    eng = served.require()
+    if not eng.reranks:
+        raise bad(f"model '{served.name}' is not a reranker (no classification head and rerank template: "
+                  f"convert a Qwen3-Reranker checkpoint)", "model", "model_not_supported")
+    loop = asyncio.get_running_loop()
+    prompts = await loop.run_in_executor(state.tok_pool, lambda: [
+        eng.rerank_ids(body.query, t, body.max_tokens_per_doc) for t in texts])
+    for i, ids in enumerate(prompts):
+        if len(ids) > eng.n_ctx:
+            raise bad(f"document {i} makes a prompt of {len(ids)} tokens, more than the context of {eng.n_ctx}",
+                      f"documents[{i}]", "context_length_exceeded")
+    state.in_flight += 1
+    try:
+        scores = await loop.run_in_executor(None, eng.score_prompts, prompts)
+    finally:
+        state.in_flight -= 1
+    order = sorted(range(len(texts)), key=lambda i: -float(scores[i]))[:body.top_n]
+    if body.texts is not None:        # TEI's reply
+        return _json([{"index": i, "score": float(scores[i]), **({"text": texts[i]} if body.return_text else {})}
+                      for i in order])
+    n_tokens = sum(map(len, prompts))
+    results = [{"index": i, "relevance_score": float(scores[i]),
+                **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
+    return _json({"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": served.name, "results": results,
+                  "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
 # --------------------------------------------------------------------------- Ollama's routes

@@ -13,7 +13,7 @@ from pydantic.json_schema import models_json_schema
 from . import responses as R
 from .protocol import (ChatBody, CompletionBody, CountTokensBody, DetokenizeBody, EmbeddingsBody, LlamaCppBody,
                        LoraLoadBody, MessagesBody, OllamaChatBody, OllamaEmbedBody, OllamaEmbeddingsBody, OllamaGenerateBody,
-                       OllamaShowBody, ResponsesBody, SlotBody, TokenizeBody)
+                       OllamaShowBody, RerankBody, ResponsesBody, SlotBody, TokenizeBody)
 
 __all__ = ["Operation", "OPERATIONS", "document"]
 
@@ -51,6 +51,7 @@ class Operation:
     dialect: str = "openai"                     # whose error and stream shapes: "anthropic", "ollama"
     named_events: bool = False                  # stream events name their type in `event`, no [DONE]
     params: tuple[dict, ...] = ()               # path and query parameters beyond {model_id}
+    operation_id: str = ""                      # where one handler serves several paths; else the handler's name
 
     @property
     def error_model(self) -> type[BaseModel]:
@@ -79,6 +80,13 @@ OPERATIONS = (
                       "400": "a bad field, named in `param`: an empty input, one longer than the context, "
                              "`dimensions` other than the model's",
                       "501": "the backend gives no embeddings"}),
+    *(Operation("POST", path, "rerank", "Reranking: the documents by relevance to the query (Jina's, Cohere's and "
+                "llama-server's fields; Hugging Face TEI's with `texts`) on a reranker model", body=RerankBody,
+                ok=R.RerankReply, errors={**{k: v for k, v in GENERATION_ERRORS.items() if k != "429"},
+                                          "400": "a bad field, named in `param`: no documents, a document whose "
+                                                 "prompt does not fit the context, a model that is not a reranker"},
+                operation_id=path.strip("/").replace("/", "_"))
+      for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/v2/rerank")),
     Operation("POST", "/tokenize", "tokenize", "Text to token ids (the default model)", body=TokenizeBody,
               ok=R.Tokens, errors={"400": "a bad field", "413": "the body exceeds the server's limit",
                                    "503": "loading, failed or shutting down"}),
@@ -193,7 +201,7 @@ def _operation(op: Operation, auth: bool) -> dict:
     errors = {**COMMON_ERRORS, **op.errors}
     if auth and not op.public:
         errors["401"] = "a missing or wrong API key"
-    out: dict = {"operationId": op.handler, "summary": op.summary,
+    out: dict = {"operationId": op.operation_id or op.handler, "summary": op.summary,
                  "responses": {"200": {"description": "OK" + (_STREAMED[op.dialect == "ollama"] if op.stream else ""),
                                        "content": ok},
                                **{code: {"description": why, "content": error} for code, why in sorted(errors.items())}}}

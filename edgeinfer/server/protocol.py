@@ -19,7 +19,8 @@ from pydantic_core import PydanticCustomError
 from ..engine import EFFORT_BUDGETS
 
 __all__ = ["APIError", "bad", "GenRequest", "parse_chat", "parse_completion", "parse",
-           "TokenizeBody", "DetokenizeBody", "MessagesBody", "CountTokensBody", "EmbeddingsBody", "LlamaCppBody"]
+           "TokenizeBody", "DetokenizeBody", "MessagesBody", "CountTokensBody", "EmbeddingsBody", "LlamaCppBody",
+           "RerankBody"]
 
 
 class APIError(Exception):
@@ -223,6 +224,34 @@ class EmbeddingsBody(_Body):
         """The inputs, one per embedding."""
         x = self.input
         return [x] if isinstance(x, str) or isinstance(x[0], int) else list(x)
+
+
+_MAX_RERANK_DOCUMENTS = 1000    # Cohere's advice: no more a request
+
+
+class RerankDocument(_Body):
+    """A document as an object (Jina's and Cohere v1's form): its text."""
+    text: str
+
+
+class RerankBody(_Body):
+    """POST /rerank and its aliases (llama-server's, Jina's, Cohere's, vLLM's): `documents` ranked by
+    relevance to `query`; `texts` instead of `documents` asks for Hugging Face TEI's reply (a bare list)."""
+    query: str
+    documents: Annotated[list[str | RerankDocument], Field(min_length=1, max_length=_MAX_RERANK_DOCUMENTS)] | None = None
+    texts: Annotated[list[str], Field(min_length=1, max_length=_MAX_RERANK_DOCUMENTS)] | None = None
+    model: str | None = None
+    top_n: int | None = Field(None, ge=1)           # the best n results only (default: all)
+    return_documents: bool = False                  # each result carries its `document` (Jina, Cohere v1)
+    return_text: bool = False                       # each TEI result carries its `text`
+    max_tokens_per_doc: int | None = Field(None, ge=1)   # documents cut to their first n tokens (Cohere v2)
+
+    def texts_ranked(self) -> list[str]:
+        """The documents' texts; a 400 naming the field unless exactly one of the two lists is given."""
+        if (self.documents is None) == (self.texts is None):
+            raise bad("give the documents to rank as `documents` (or TEI's `texts`), one of the two", "documents")
+        return list(self.texts) if self.texts is not None else [d if isinstance(d, str) else d.text
+                                                                 for d in self.documents]
 
 
 M = TypeVar("M", bound=BaseModel)

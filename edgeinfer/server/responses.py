@@ -166,6 +166,35 @@ class EmbeddingList(_Out):
     usage: EmbeddingUsage
 
 
+class RankedDocument(_Out):
+    text: str
+
+
+class RankResult(_Out):
+    index: int                        # the document's place in the request
+    relevance_score: float
+    document: RankedDocument | None = None      # only with return_documents
+
+
+class RankList(_Out):
+    """POST /rerank (Jina's, Cohere's and llama-server's reply): the results by falling relevance."""
+    id: str
+    object: Literal["list"]
+    model: str
+    results: list[RankResult]
+    usage: EmbeddingUsage
+
+
+class TeiRank(_Out):
+    index: int
+    score: float
+    text: str | None = None           # only with return_text
+
+
+class RerankReply(RootModel[RankList | list[TeiRank]]):
+    """The reply to `documents` (RankList), or to TEI's `texts` (a bare list by falling score)."""
+
+
 class PromptTokensDetails(_Out):
     cached_tokens: int
 
