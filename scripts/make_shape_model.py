@@ -293,7 +293,7 @@ def build_tokenizer(spec: dict, out: Path) -> int:
             [pre_tokenizers.Split(Regex(rx), behavior="isolated", invert=False), bl])
     tok.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok.train_from_iterator([_TEXT] * 4, trainers.BpeTrainer(
+    tok.train_from_iterator([_TEXT] * 4 + [spec.get("extra_text", "")], trainers.BpeTrainer(
         vocab_size=min(n_base, 1000), initial_alphabet=alphabet, show_progress=False))
     tj = json.loads(tok.to_str())
     vocab: dict[str, int] = tj["model"]["vocab"]
@@ -583,6 +583,12 @@ def make(name: str, out: Path, types: list[str], engines: list[str], hf_only: bo
             made.append(convert_edgeinfer(hf, dst, t, threads))
             log(f"  edgeinfer convert -> {dst.name} in {time.time() - t0:.0f} s")
     return made
+
+
+# Qwen3-Reranker-0.6B: Qwen3-0.6B with the "yes" / "no" tokens its head is cut from; both
+# converters know a reranker by the folder's name
+SHAPES["qwen3-reranker-0.6b"] = {**SHAPES["qwen3-06b"], "tokenizer": {**_QWEN_TOK, "extra_text": "yes\nno\n" * 64},
+                                 "edgeinfer": True}
 
 
 def main() -> int:

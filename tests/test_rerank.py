@@ -152,6 +152,15 @@ def test_both_files_rank_alike_in_both_runtimes(rerankers, engines, kind):
         np.testing.assert_allclose(other.rerank(QUERY, DOCUMENTS), want, atol=1e-6)
 
 
+def test_a_list_scores_as_each_prompt_alone(engines):
+    """The prompts' shared beginning is computed once for a list: each score is still the one of
+    its prompt fed from an empty slot."""
+    eng = engines["qwen3_reranker"]
+    prompts = [eng.rerank_ids(QUERY, doc) for doc in DOCUMENTS]
+    alone = [eng.score_prompts([p])[0] for p in prompts]
+    np.testing.assert_array_equal(eng.score_prompts(prompts + prompts[:1]), alone + alone[:1])
+
+
 def test_untied_head_still_generates_as_transformers(rerankers, engines):
     """Unlike llama.cpp's converter, ours keeps an untied LM head: the file still generates text
     (the greedy tokens of the checkpoint's own head)."""

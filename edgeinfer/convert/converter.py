@@ -129,6 +129,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     if head is not None:
         items.append(_Item(head.gguf, head.source, (hp.n_embd, len(head.rows)), rows=head.rows))
         tok_kv = tok_kv + head.metadata(hp)
+        notes.append("a Qwen3-Reranker: its \"yes\" / \"no\" head rows written as the reranking head "
+                     "(Engine.rerank, POST /v1/rerank)")
 
     def load_hf(hf: str) -> np.ndarray:
         x = ckpt.load(hf)

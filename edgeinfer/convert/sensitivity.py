@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..arch.reference import ForwardParams, Layer, Positions, Reference, reference_for, rotate
+from ..arch.reference import Layer, Positions, Reference, reference_for, rotate
 from ..errors import ConversionError
 from ..gguf.types import GGMLType as T
 from .arch import HParams, TensorMap

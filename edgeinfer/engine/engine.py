@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -397,10 +398,12 @@ class Engine:
                                            f"the context of {self.n_ctx}")
         out = np.empty(len(seqs), dtype=np.float32)
         step = self.caps.max_batch
+        shared = len(os.path.commonprefix(seqs))
         with self.scheduler.lease_slot() as lease:
             for i, ids in enumerate(seqs):
-                lease.reset()
-                for start in range(0, len(ids), step):
+                # the prompts' shared beginning (the template and the query) is computed once: each
+                # prompt goes on from it (from 0 where a recurrent state kept no copy there)
+                for start in range(lease.rollback(min(shared, len(ids) - 1)), len(ids), step):
                     hidden = lease.feed_hidden(ids[start:start + step])
                 out[i] = self.rank_head.scores(hidden[-1])[0]
         return out

@@ -85,6 +85,12 @@ class Lease:
         with self._runner.lock:
             self._states.clear(self.slot)
 
+    def rollback(self, n: int) -> int:
+        """Forgets the positions from n on; how many the slot keeps: n, or fewer where a recurrent
+        state kept no copy at n (0: start over)."""
+        with self._runner.lock:
+            return self._states.rollback(self.slot, n)
+
     def feed(self, tokens: Sequence[int], out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
         """Appends `tokens` (at most caps.max_batch) to the slot; the logits of `out_rows`."""
         with self._runner.lock:
