@@ -6,6 +6,8 @@ Tiny random-weight Qwen3 checkpoints titled "Qwen3-Reranker" (how converters kno
 tied head (as the 0.6B) and an untied one (as the 4B and 8B)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -116,7 +118,8 @@ def test_converted_head_and_keys_are_llama_cpps(rerankers, kind):
     type, the labels and the rerank template are what llama.cpp's converter writes."""
     _, ours, theirs = rerankers[kind]
     a, b = GGUFFile(ours), GGUFFile(theirs)
-    for key in ("qwen3.pooling_type", "qwen3.classifier.output_labels", "tokenizer.chat_template.rerank"):
+    for key in ("qwen3.pooling_type", "qwen3.classifier.output_labels", "tokenizer.chat_template.rerank",
+                "tokenizer.chat_templates"):
         assert a.metadata[key] == b.metadata[key], key
     wa, wb = a.tensors["cls.output.weight"], b.tensors["cls.output.weight"]
     assert wa.shape == wb.shape and wa.type == wb.type
@@ -152,13 +155,51 @@ def test_both_files_rank_alike_in_both_runtimes(rerankers, engines, kind):
         np.testing.assert_allclose(other.rerank(QUERY, DOCUMENTS), want, atol=1e-6)
 
 
-def test_a_list_scores_as_each_prompt_alone(engines):
-    """The prompts' shared beginning is computed once for a list: each score is still the one of
-    its prompt fed from an empty slot."""
-    eng = engines["qwen3_reranker"]
-    prompts = [eng.rerank_ids(QUERY, doc) for doc in DOCUMENTS]
-    alone = [eng.score_prompts([p])[0] for p in prompts]
-    np.testing.assert_array_equal(eng.score_prompts(prompts + prompts[:1]), alone + alone[:1])
+def with_rank_head(src, dst, seed: int = 0):
+    """`src` (a GGUF of any family) with a random two-label head and a plain rerank template."""
+    from edgeinfer.gguf.types import GGMLType
+    from edgeinfer.gguf.writer import GGUFWriter
+    from edgeinfer.text.rerank import TEMPLATE_KEY
+
+    f = GGUFFile(src)
+    n_embd = next(t.shape[0] for n, t in f.tensors.items() if n == "token_embd.weight")
+    head = np.random.default_rng(seed).standard_normal((2, n_embd)).astype(np.float32)
+    with GGUFWriter(str(dst)) as w:
+        for key in f.keys():
+            w.add_kv(key, f.metadata[key], *f.field_type(key))
+        w.add_kv(TEMPLATE_KEY, "query: {query}\ndocument: {document}")
+        for name, t in f.tensors.items():
+            w.add_tensor_info(name, t.shape, t.type)
+        w.add_tensor_info("cls.output.weight", (n_embd, 2), GGMLType.F32)
+        w.write_header()
+        for name, t in f.tensors.items():
+            w.write_tensor_data(name, np.frombuffer(t.data, np.uint8))
+        w.write_tensor_data("cls.output.weight", head)
+    return dst
+
+
+# a sliding window smaller than the documents (Gemma 3's local ring wraps within one), the two
+# hybrid layouts (a recurrent state cannot be rewound), and plain attention
+LIST_FAMILIES = ["gemma3", "lfm2", "qwen35", "qwen3"]
+
+
+@pytest.mark.parametrize("family", LIST_FAMILIES)
+def test_a_list_scores_as_each_prompt_alone(tmp_path, family):
+    """A prompt goes on from the beginning it shares with the one before (the template and the
+    query) where the slot holds it exactly: each score of a list is still its prompt's fed from an
+    empty slot, on every kind of layer, with documents longer than a batch."""
+    d = tiny_checkpoints.build(family, tmp_path / family)
+    plain = tmp_path / "plain.gguf"
+    convert_checkpoint(str(d), str(plain), "f32")
+    with edgeinfer.load(with_rank_head(plain, tmp_path / "head.gguf"), n_ctx=N_CTX, n_threads=N_THREADS,
+                        max_batch=8) as eng:
+        assert eng.reranks
+        docs = [doc[:90] for doc in DOCUMENTS] + [DOCUMENTS[0][:10]]
+        prompts = [eng.rerank_ids(QUERY, doc) for doc in docs]
+        shared = len(os.path.commonprefix(prompts))
+        assert sum(len(p) > shared + 8 for p in prompts) >= 3     # past the shared part, more than a batch
+        alone = [eng.score_prompts([p])[0] for p in prompts]
+        np.testing.assert_array_equal(eng.score_prompts(prompts + prompts[:1]), alone + alone[:1])
 
 
 def test_untied_head_still_generates_as_transformers(rerankers, engines):
@@ -249,16 +290,16 @@ def test_usage_counts_the_prompts_as_llama_cpp_tokenizes_them(server, rerankers,
 
 @pytest.mark.parametrize("top_n, expected", [(None, 4), (2, 2), (4, 4), (99, 4)])
 @pytest.mark.parametrize("field, score", [("documents", "relevance_score"), ("texts", "score")])
-def test_top_n_and_both_reply_forms_as_llama_server(server, top_n, expected, field, score):
+def test_top_n_and_both_reply_forms_as_llama_server(server, engines, top_n, expected, field, score):
     """llama-server's own test cases (tools/server/tests/unit/test_rerank.py): `texts` gives TEI's
     bare list with `score`, `documents` the list object with `relevance_score`, top_n caps both."""
     body = {"query": QUERY, field: DOCUMENTS, **({"top_n": top_n} if top_n else {})}
     st, _, out = request(server.url + "/rerank", "POST", body)
     assert st == 200, out
     results = out if field == "texts" else out["results"]
-    assert len(results) == expected
-    values = [r[score] for r in results]
-    assert values == sorted(values, reverse=True)
+    want = engines["qwen3_reranker"].rerank(QUERY, DOCUMENTS)
+    assert [r["index"] for r in results] == ranking(want)[:expected]
+    assert [r[score] for r in results] == [float(want[i]) for i in ranking(want)[:expected]]
 
 
 def test_return_text_gives_tei_the_texts(server):
@@ -276,6 +317,7 @@ def test_return_text_gives_tei_the_texts(server):
     ({"documents": ["word " * N_CTX]}, "documents[0]"),
     ({"documents": ["a"], "top_n": 0}, "top_n"),
     ({"query": 7, "documents": ["a"]}, "query"),
+    ({"texts": ["a"], "raw_scores": True}, "raw_scores"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
     st, _, out = request(server.url + "/rerank", "POST", {"query": QUERY, **body})
@@ -290,6 +332,33 @@ def test_a_model_that_is_not_a_reranker_is_a_400(smollm2_path):
         st, _, out = request(srv.url + "/v2/rerank", "POST", {"query": QUERY, "documents": DOCUMENTS})
     assert st == 400 and out["error"]["param"] == "model", out
     assert "not a reranker" in out["error"]["message"]
+
+
+def test_a_backend_without_hidden_states_is_a_501(server, engines, monkeypatch):
+    import dataclasses
+
+    runner = engines["qwen3_reranker"].runner
+    monkeypatch.setattr(runner, "caps", dataclasses.replace(runner.caps, embeddings=False))
+    st, _, out = request(server.url + "/v1/rerank", "POST", {"query": QUERY, "documents": DOCUMENTS})
+    assert st == 501 and out["error"]["type"] == "not_supported_error", out
+
+
+def test_truncate_cuts_a_long_document_to_the_context_as_tei(server, rerankers):
+    """TEI's `truncate`: a document whose prompt passes the context is cut to the tokens that fit
+    (by the checkpoint's own tokenizer), and scored as the card's recipe scores that cut."""
+    d, _, _ = rerankers["qwen3_reranker"]
+    tok = tf.AutoTokenizer.from_pretrained(str(d))
+    long_doc = DOCUMENTS[3] * 3
+    doc_ids = tok.encode(long_doc, add_special_tokens=False)
+    (full,), _ = card_scores(d, QUERY, [long_doc])
+    cut = tok.decode(doc_ids[:len(doc_ids) - (len(full) - N_CTX)])
+    (prompt,), want = card_scores(d, QUERY, [cut])
+    assert len(full) > N_CTX >= len(prompt) > N_CTX - 4
+    body = {"query": QUERY, "texts": [long_doc, DOCUMENTS[0]]}
+    assert request(server.url + "/rerank", "POST", body)[0] == 400
+    st, _, out = request(server.url + "/rerank", "POST", {**body, "truncate": True})
+    assert st == 200, out
+    np.testing.assert_allclose(next(r["score"] for r in out if r["index"] == 0), want[0], atol=TOL)
 
 
 def test_max_tokens_per_doc_cuts_documents_as_their_tokenizer_does(server, rerankers):

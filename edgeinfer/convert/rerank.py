@@ -30,7 +30,8 @@ class RerankHead:
         key = f"{hp.arch.name}.{{}}".format
         return [(key("pooling_type"), RANK_POOLING, "UINT32"),
                 (key("classifier.output_labels"), list(LABELS), "STRING"),
-                (TEMPLATE_KEY, QWEN3_TEMPLATE, "STRING")]
+                (TEMPLATE_KEY, QWEN3_TEMPLATE, "STRING"),
+                (Keys.Tokenizer.CHAT_TEMPLATES, ["rerank"], "STRING")]   # the named templates, as llama.cpp lists them
 
 
 def is_qwen3_reranker(ckpt: Checkpoint) -> bool:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -360,29 +359,39 @@ class Engine:
                 out[i] = pooler.result(normalize)
         return out
 
-    def rerank_ids(self, query: str, document: str, max_doc_tokens: int | None = None) -> list[int]:
+    def rerank_ids(self, query: str, document: str, max_doc_tokens: int | None = None,
+                   truncate: bool = False) -> list[int]:
         """The prompt ids a reranker scores for one (query, document) pair: the file's rerank
         template with both filled in (edgeinfer.text.rerank), the document cut to its first
-        `max_doc_tokens` tokens when given; RerankError for a file without a template."""
-        if max_doc_tokens is not None:
-            ids = self.tokenize(document, add_special=False, parse_special=False)
-            if len(ids) > max_doc_tokens:
-                document = self.tokenizer.decode(ids[:max_doc_tokens])
-        return rerank_ids(self.tokenizer, rerank_template(self.gguf.metadata), query, document)
+        `max_doc_tokens` tokens when given, and with `truncate` to as many as let the prompt fit
+        the context; RerankError for a file without a template."""
+        template = rerank_template(self.gguf.metadata)
+        if max_doc_tokens is None and not truncate:
+            return rerank_ids(self.tokenizer, template, query, document)
+        doc_ids = self.tokenize(document, add_special=False, parse_special=False)
+        keep = len(doc_ids) if max_doc_tokens is None else min(max_doc_tokens, len(doc_ids))
+        while True:
+            text = document if keep == len(doc_ids) else self.tokenizer.decode(doc_ids[:keep])
+            ids = rerank_ids(self.tokenizer, template, query, text)
+            if not truncate or len(ids) <= self.n_ctx or keep == 0:
+                return ids
+            keep = max(0, keep - (len(ids) - self.n_ctx))      # the text's edges may merge: check again
 
-    def rerank(self, query: str, documents: Sequence[str], max_doc_tokens: int | None = None) -> np.ndarray:
+    def rerank(self, query: str, documents: Sequence[str], max_doc_tokens: int | None = None,
+               truncate: bool = False) -> np.ndarray:
         """Relevance scores [len(documents)] float32 of each document to `query`, in the documents'
         order, higher meaning more relevant (Qwen3-Reranker's: the probability of "yes", in
         [0, 1]), as llama.cpp's reranking computes them: the classification head on the last token
-        of each pair's prompt (`rerank_ids`). RerankError for a model that is not a reranker or
-        no documents; ContextOverflowError for a pair longer than the context."""
+        of each pair's prompt (`rerank_ids`, with its `max_doc_tokens` and `truncate`). RerankError
+        for a model that is not a reranker or no documents; ContextOverflowError for a pair longer
+        than the context."""
         if not isinstance(query, str) or isinstance(documents, str):
             raise TypeError("rerank(query, documents) takes a text and a list of texts")
         docs = list(documents)
         if not docs:
             raise RerankError("rerank() needs at least one document")
         self._check_reranker()
-        return self.score_prompts([self.rerank_ids(query, d, max_doc_tokens) for d in docs])
+        return self.score_prompts([self.rerank_ids(query, d, max_doc_tokens, truncate) for d in docs])
 
     def score_prompts(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         """The classification head's first value [len(prompts)] float32 on the last token of each
@@ -398,12 +407,11 @@ class Engine:
                                            f"the context of {self.n_ctx}")
         out = np.empty(len(seqs), dtype=np.float32)
         step = self.caps.max_batch
-        shared = len(os.path.commonprefix(seqs))
         with self.scheduler.lease_slot() as lease:
             for i, ids in enumerate(seqs):
-                # the prompts' shared beginning (the template and the query) is computed once: each
-                # prompt goes on from it (from 0 where a recurrent state kept no copy there)
-                for start in range(lease.rollback(min(shared, len(ids) - 1)), len(ids), step):
+                # the beginning a prompt shares with the one before (the template and the query) is
+                # not computed again, where the slot holds it exactly
+                for start in range(lease.resume(ids), len(ids), step):
                     hidden = lease.feed_hidden(ids[start:start + step])
                 out[i] = self.rank_head.scores(hidden[-1])[0]
         return out

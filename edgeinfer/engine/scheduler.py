@@ -85,11 +85,14 @@ class Lease:
         with self._runner.lock:
             self._states.clear(self.slot)
 
-    def rollback(self, n: int) -> int:
-        """Forgets the positions from n on; how many the slot keeps: n, or fewer where a recurrent
-        state kept no copy at n (0: start over)."""
+    def resume(self, tokens: Sequence[int]) -> int:
+        """Keeps the longest beginning of `tokens` the slot holds exactly and forgets the rest: the
+        cells, the sliding window they need (the ring's check) and, on a hybrid, a recurrent state
+        kept at that point; at most all but the last token, so that one is fed. How many it kept
+        (0: feed `tokens` from the start)."""
         with self._runner.lock:
-            return self._states.rollback(self.slot, n)
+            n = min(self._ring.common_prefix(self.slot, list(tokens)), len(tokens) - 1)
+            return self._states.rollback(self.slot, self._states.resume_point(self.slot, max(n, 0)))
 
     def feed(self, tokens: Sequence[int], out_rows: np.ndarray, logits: np.ndarray | None = None) -> np.ndarray:
         """Appends `tokens` (at most caps.max_batch) to the slot; the logits of `out_rows`."""

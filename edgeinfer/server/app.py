@@ -27,7 +27,7 @@ from aiohttp import web
 from ..engine import (AdapterBusyError, AdapterError, UnknownAdapterError, CacheFileError, ConstraintError, DoneEvent, ErrorEvent, QueueFullError, SamplingParams, SchedulerClosedError,
                       SlotBusyError, SlotFilesUnsupportedError, TokenEvent, TokenLogprob, ToolError, call_finish,
                       check_logit_bias, grammar_spec)
-from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InfillError, InvalidTokenError,
+from ..errors import (ContextOverflowError, EdgeInferError, EmbeddingError, InfillError, InvalidTokenError, RerankError,
                       SamplingParamsError, TemplateError)
 from . import anthropic, llamacpp, ollama, openai_responses
 from .lifecycle import free_slots
@@ -581,9 +581,12 @@ async def rerank(request: web.Request) -> web.Response:
     if not eng.reranks:
         raise bad(f"model '{served.name}' is not a reranker (no classification head and rerank template: "
                   f"convert a Qwen3-Reranker checkpoint)", "model", "model_not_supported")
+    if not eng.caps.embeddings:
+        raise APIError(501, f"the {eng.caps.device} backend gives no hidden states to rerank with",
+                       type="not_supported_error", code="not_supported")
     loop = asyncio.get_running_loop()
     prompts = await loop.run_in_executor(state.tok_pool, lambda: [
-        eng.rerank_ids(body.query, t, body.max_tokens_per_doc) for t in texts])
+        eng.rerank_ids(body.query, t, body.max_tokens_per_doc, body.truncate) for t in texts])
     for i, ids in enumerate(prompts):
         if len(ids) > eng.n_ctx:
             raise bad(f"document {i} makes a prompt of {len(ids)} tokens, more than the context of {eng.n_ctx}",
@@ -591,6 +594,8 @@ async def rerank(request: web.Request) -> web.Response:
     state.in_flight += 1
     try:
         scores = await loop.run_in_executor(None, eng.score_prompts, prompts)
+    except RerankError as e:
+        raise bad(str(e), "documents", "invalid_value") from None
     finally:
         state.in_flight -= 1
     order = sorted(range(len(texts)), key=lambda i: -float(scores[i]))[:body.top_n]

@@ -84,7 +84,8 @@ OPERATIONS = (
                 "llama-server's fields; Hugging Face TEI's with `texts`) on a reranker model", body=RerankBody,
                 ok=R.RerankReply, errors={**{k: v for k, v in GENERATION_ERRORS.items() if k != "429"},
                                           "400": "a bad field, named in `param`: no documents, a document whose "
-                                                 "prompt does not fit the context, a model that is not a reranker"},
+                                                 "prompt does not fit the context, a model that is not a reranker",
+                                          "501": "the backend gives no hidden states (CUDA)"},
                 operation_id=path.strip("/").replace("/", "_"))
       for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/v2/rerank")),
     Operation("POST", "/tokenize", "tokenize", "Text to token ids (the default model)", body=TokenizeBody,

@@ -245,9 +245,14 @@ class RerankBody(_Body):
     return_documents: bool = False                  # each result carries its `document` (Jina, Cohere v1)
     return_text: bool = False                       # each TEI result carries its `text`
     max_tokens_per_doc: int | None = Field(None, ge=1)   # documents cut to their first n tokens (Cohere v2)
+    truncate: bool = False          # documents cut to what fits the context (TEI), else a 400
+    raw_scores: bool = False        # TEI's scores before the sigmoid: not given (a 400)
 
     def texts_ranked(self) -> list[str]:
         """The documents' texts; a 400 naming the field unless exactly one of the two lists is given."""
+        if self.raw_scores:
+            raise bad("raw_scores is not supported: the score is the head's probability", "raw_scores",
+                      "unsupported_value")
         if (self.documents is None) == (self.texts is None):
             raise bad("give the documents to rank as `documents` (or TEI's `texts`), one of the two", "documents")
         return list(self.texts) if self.texts is not None else [d if isinstance(d, str) else d.text
