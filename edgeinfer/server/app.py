@@ -553,19 +553,23 @@ async def _embed(state: "ServerState", served: ServedModel, items: list, dimensi
         raise bad(f"dimensions must be the model's width {n_embd} (no truncation), got {dimensions}",
                   "dimensions", "invalid_value")
     loop = asyncio.get_running_loop()
-    seqs = await loop.run_in_executor(state.tok_pool, lambda: [eng.tokenize(x) if isinstance(x, str) else x
-                                                               for x in items])
-    if truncate:
-        seqs = [ids[:eng.n_ctx] for ids in seqs]
-    state.in_flight += 1
+    state.admitted += 1                 # a drain waits for it from here, tokenizing included
     try:
-        vectors = await loop.run_in_executor(None, eng.embed, seqs)
-    except ContextOverflowError as e:
-        raise bad(str(e), "input", "context_length_exceeded") from None
-    except (EmbeddingError, InvalidTokenError) as e:
-        raise bad(str(e), "input", "invalid_value") from None
+        seqs = await loop.run_in_executor(state.tok_pool, lambda: [eng.tokenize(x) if isinstance(x, str) else x
+                                                                   for x in items])
+        if truncate:
+            seqs = [ids[:eng.n_ctx] for ids in seqs]
+        state.in_flight += 1
+        try:
+            vectors = await loop.run_in_executor(None, eng.embed, seqs)
+        except ContextOverflowError as e:
+            raise bad(str(e), "input", "context_length_exceeded") from None
+        except (EmbeddingError, InvalidTokenError) as e:
+            raise bad(str(e), "input", "invalid_value") from None
+        finally:
+            state.in_flight -= 1
     finally:
-        state.in_flight -= 1
+        state.admitted -= 1
     return vectors, sum(map(len, seqs))
 
 
@@ -584,20 +588,11 @@ async def rerank(request: web.Request) -> web.Response:
     if not eng.caps.embeddings:
         raise APIError(501, f"the {eng.caps.device} backend gives no hidden states to rerank with",
                        type="not_supported_error", code="not_supported")
-    loop = asyncio.get_running_loop()
-    prompts = await loop.run_in_executor(state.tok_pool, lambda: [
-        eng.rerank_ids(body.query, t, body.max_tokens_per_doc, body.truncate) for t in texts])
-    for i, ids in enumerate(prompts):
-        if len(ids) > eng.n_ctx:
-            raise bad(f"document {i} makes a prompt of {len(ids)} tokens, more than the context of {eng.n_ctx}",
-                      f"documents[{i}]", "context_length_exceeded")
-    state.in_flight += 1
+    state.admitted += 1                 # a drain waits for it from here, tokenizing included
     try:
-        scores = await loop.run_in_executor(None, eng.score_prompts, prompts)
-    except RerankError as e:
-        raise bad(str(e), "documents", "invalid_value") from None
+        scores, prompts = await _rerank_admitted(state, eng, body, texts)
     finally:
-        state.in_flight -= 1
+        state.admitted -= 1
     order = sorted(range(len(texts)), key=lambda i: -float(scores[i]))[:body.top_n]
     if body.texts is not None:        # TEI's reply
         return _json([{"index": i, "score": float(scores[i]), **({"text": texts[i]} if body.return_text else {})}
@@ -607,6 +602,23 @@ async def rerank(request: web.Request) -> web.Response:
                 **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order]
     return _json({"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": served.name, "results": results,
                   "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+
+async def _rerank_admitted(state: "ServerState", eng, body: RerankBody, texts: list[str]):
+    loop = asyncio.get_running_loop()
+    prompts = await loop.run_in_executor(state.tok_pool, lambda: [
+        eng.rerank_ids(body.query, t, body.max_tokens_per_doc, body.truncate) for t in texts])
+    for i, ids in enumerate(prompts):
+        if len(ids) > eng.n_ctx:
+            raise bad(f"document {i} makes a prompt of {len(ids)} tokens, more than the context of {eng.n_ctx}",
+                      f"documents[{i}]", "context_length_exceeded")
+    state.in_flight += 1
+    try:
+        return await loop.run_in_executor(None, eng.score_prompts, prompts), prompts
+    except RerankError as e:
+        raise bad(str(e), "documents", "invalid_value") from None
+    finally:
+        state.in_flight -= 1
 
 
 # --------------------------------------------------------------------------- Ollama's routes
