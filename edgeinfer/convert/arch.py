@@ -18,6 +18,7 @@ import numpy as np
 from ..arch import Arch, HeadDims, arch_for_hf
 from ..arch.table import LAYER_KINDS, FamilySwitches, RecurrentDims
 from ..errors import ConversionError
+from .pooling import bare_model_name
 
 __all__ = ["HParams", "TensorMap", "multimodal_part"]
 
@@ -412,10 +413,11 @@ class TensorMap:
         """The table's name of a checkpoint tensor; None for one the GGUF does not hold.
         A multimodal checkpoint (Qwen3_5 / Gemma4ForConditionalGeneration) nests the decoder
         under model.language_model (its vision / audio towers are left out: multimodal_part);
-        Qwen3.5's MTP block's tensors (mtp.*) are the layers after the trunk."""
+        Qwen3.5's MTP block's tensors (mtp.*) are the layers after the trunk; a bare model's
+        (an embedding model's: `layers.*`) are the causal LM's."""
         if multimodal_part(hf) is not None:
             return None
-        hf = re.sub(r"^model\.language_model\.", "model.", hf)
+        hf = bare_model_name(re.sub(r"^model\.language_model\.", "model.", hf))
         if not self.hp.layer_kinds:
             return hf
         m = re.fullmatch(r"(?:model\.)?mtp\.(?:layers\.(\d+)\.(.+)|(\w+)\.weight)", hf)

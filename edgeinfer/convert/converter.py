@@ -23,6 +23,7 @@ from .checkpoint import Checkpoint
 from .lora import LoraAdapter
 from .quantize import quantize, row_nbytes
 from .recipe import AUTO, Recipe, parse_file_type, parse_keep
+from .pooling import sentence_pooling
 from .rerank import rerank_head
 from .sensitivity import Sensitivity
 from .tokenizer_meta import tokenizer_metadata
@@ -115,6 +116,12 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     tmap = TensorMap(hp)
     notes = _left_out_notes(ckpt, hp)
     ckpt.rename(tmap.canonical_name)
+    pooling = sentence_pooling(ckpt)
+    head_hf = next((t.hf for t in hp.arch.tensors if t.role == "output"), None)
+    if pooling is not None and not hp.tied_output and head_hf is not None and head_hf not in ckpt:
+        hp.tied_output = True          # an embedding model saved without its LM head: none written, as llama.cpp does
+        notes.append("no LM head in the checkpoint (an embedding model): the file embeds; text it would "
+                     "generate goes through the embedding table")
     items = plan(ckpt, hp, tmap)
     adapter = None
     if lora_dir is not None:
@@ -131,6 +138,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         tok_kv = tok_kv + head.metadata(hp)
         notes.append("a Qwen3-Reranker: its \"yes\" / \"no\" head rows written as the reranking head "
                      "(Engine.rerank, POST /v1/rerank)")
+    elif pooling is not None:
+        tok_kv = tok_kv + [(f"{hp.arch.name}.pooling_type", pooling, "UINT32")]
 
     def load_hf(hf: str) -> np.ndarray:
         x = ckpt.load(hf)

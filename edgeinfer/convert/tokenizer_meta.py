@@ -75,6 +75,17 @@ def _pre_name(tj: dict, architectures: Any = ()) -> str:
         f"this converter knows; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}")
 
 
+def _post_last(tj: dict) -> str | None:
+    """The special token tokenizer.json's post-processor puts last after a single text, if any."""
+    pp = tj.get("post_processor")
+    procs = (pp.get("processors", []) if pp.get("type") == "Sequence" else [pp]) if isinstance(pp, dict) else []
+    for p in procs:
+        single = p.get("single") if p.get("type") == "TemplateProcessing" else None
+        if single and len(single) > 1 and isinstance(single[-1], dict) and "SpecialToken" in single[-1]:
+            return single[-1]["SpecialToken"].get("id")
+    return None
+
+
 def _post_adds(tj: dict, tok_id: int | None) -> bool | None:
     """Whether tokenizer.json's post-processor puts token `tok_id` around a single text."""
     pp = tj.get("post_processor")
@@ -252,7 +263,15 @@ def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, s
                 v = v[0] if v else None
             if isinstance(v, int) and special_ids.get(role, -1) < 0:
                 special_ids[role] = v
-    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
+    # a post-processor that appends a special token other than the configured EOS (Qwen3-Embedding's
+    # <|endoftext|> after every text): that token is the EOS the tokenizer adds, and the configured
+    # one becomes the end of turn, as llama.cpp's converter reads such a tokenizer
+    last = _post_last(tj)
+    if tcfg and last in text_to_id and text_to_id[last] != special_ids.get("eos"):
+        if special_ids.get("eos") is not None:
+            special_ids["eot"] = special_ids["eos"]
+        special_ids["eos"] = text_to_id[last]
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
                       ("unk", "unknown_token_id"), ("pad", "padding_token_id")):
         v = special_ids.get(role)
         if isinstance(v, int) and 0 <= v < n_vocab:

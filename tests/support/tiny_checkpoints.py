@@ -217,6 +217,8 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         model = tf.Qwen2ForCausalLM(cfg)
         tcfg = {"eos_token": specials[eos], "add_bos_token": False,
                 **({"pad_token": "<|fim_pad|>"} if fim else {"pad_token": "<|endoftext|>", "chat_template": CHATML})}
+    elif kind in ("qwen3_embedding", "qwen3_embedding_untied"):
+        return _build_qwen3_embedding(out, untied=kind.endswith("untied"), dtype=dtype)
     elif kind in ("qwen3", "qwen3_reranker", "qwen3_reranker_untied"):
         # a reranker: Qwen3-Reranker's card title (how converters know one) and its "yes" / "no" tokens
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
@@ -325,6 +327,55 @@ def build(kind: str, out: str | os.PathLike, seed: int = 0, dtype: str = "float3
         tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=1), encoding="utf-8")
     return out
+
+
+def _build_qwen3_embedding(out: Path, untied: bool, dtype: str) -> Path:
+    """Qwen3-Embedding's layout: the bare Qwen3 model (tensors without `model.`, no LM head) under a
+    Qwen3ForCausalLM config, a tokenizer that appends <|endoftext|>, and sentence-transformers'
+    modules (last-token pooling, then unit length) with the card's query instruction."""
+    import torch
+    import transformers as tf
+    from tokenizers import processors
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = _bpe_tokenizer("qwen2", 380, specials)
+    tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", pair="$A $B <|endoftext|>",
+                                                       special_tokens=[("<|endoftext|>", 0)])
+    cfg = tf.Qwen3Config(vocab_size=tok.get_vocab_size(), bos_token_id=None, eos_token_id=0,
+                         tie_word_embeddings=not untied, rope_theta=1000000.0, head_dim=32, hidden_size=64,
+                         intermediate_size=160, num_hidden_layers=2, initializer_range=0.05,
+                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                         max_position_embeddings=512)
+    model = tf.Qwen3Model(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    conf = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**conf, "architectures": ["Qwen3ForCausalLM"]}, indent=1))
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False, "padding_side": "left"}))
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+         "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": True, "include_prompt": True}))
+    (out / "2_Normalize").mkdir(exist_ok=True)
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    (out / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": EMBEDDING_QUERY_PROMPT, "document": ""}, "default_prompt_name": None,
+         "similarity_fn_name": "cosine"}))
+    return out
+
+
+#: Qwen3-Embedding's query prompt (its card's default task)
+EMBEDDING_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 
 def build_lora(base: str | os.PathLike, out: str | os.PathLike, seed: int = 1,

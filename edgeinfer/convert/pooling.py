@@ -1,0 +1,46 @@
+"""A sentence-transformers checkpoint's pooling (an embedding model: Qwen3-Embedding's last token),
+written as `{arch}.pooling_type` so that the file embeds as its card says, as llama.cpp's converter
+reads it: the Pooling module of modules.json, its config's pooling_mode_* flags (mean, then cls,
+then last token) or its `pooling_mode`. Such a checkpoint may hold the bare model (tensors without
+the `model.` prefix, no LM head); the converter takes both."""
+from __future__ import annotations
+
+import os
+
+from ..errors import ConversionError
+from .checkpoint import Checkpoint
+
+#: llama.cpp's llama_pooling_type values (the GGUF key's)
+MEAN, CLS, LAST = 1, 2, 3
+_MODES = {"mean": MEAN, "cls": CLS, "lasttoken": LAST}
+
+
+def sentence_pooling(ckpt: Checkpoint) -> int | None:
+    """The pooling type the checkpoint's sentence-transformers modules ask for; None without them.
+    ConversionError for a pooling llama.cpp has no type for (max, weighted mean, ...)."""
+    modules = ckpt.json_file("modules.json")
+    if not isinstance(modules, list):
+        return None
+    path = next((m.get("path", "") for m in modules
+                 if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling")), None)
+    if path is None:
+        return None
+    cfg = ckpt.json_file(os.path.join(path, "config.json"))
+    if not isinstance(cfg, dict):
+        raise ConversionError(f"{ckpt.dir}: modules.json names a Pooling module at {path!r} without its config.json")
+    if cfg.get("pooling_mode_mean_tokens"):
+        return MEAN
+    if cfg.get("pooling_mode_cls_token"):
+        return CLS
+    if cfg.get("pooling_mode_lasttoken"):
+        return LAST
+    if cfg.get("pooling_mode") in _MODES:
+        return _MODES[cfg["pooling_mode"]]
+    raise ConversionError(f"{ckpt.dir}: the sentence-transformers pooling {cfg} has no GGUF pooling type "
+                          f"(mean, cls and last token have)")
+
+
+def bare_model_name(hf: str) -> str:
+    """A bare model's tensor name (`layers.0...`, `embed_tokens`, `norm`: a checkpoint saved from
+    the model without its LM head) as the causal LM's (`model.layers.0...`)."""
+    return "model." + hf if hf.startswith(("layers.", "embed_tokens.", "norm.")) else hf

@@ -1,0 +1,102 @@
+"""Embedding models from sentence-transformers checkpoints (Qwen3-Embedding's layout: the bare
+model without its LM head, last-token pooling, an appended <|endoftext|>, unit length) converted
+and run as their users run them: against sentence-transformers itself, llama.cpp's converter and
+llama.cpp's embeddings on both converters' files. Tiny random-weight checkpoints, with a tied
+embedding table (as the 0.6B) and an untied config without a head (as the 8B)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support.strict import require
+
+torch = require("torch", "tiny checkpoints are built with torch")
+require("transformers", "tiny checkpoints are built with transformers")
+st = require("sentence_transformers", "sentence-transformers is how the checkpoint's users embed")
+llama_cpp = require("llama_cpp", "llama.cpp's embeddings are the oracle")
+
+from tests.support import tiny_checkpoints  # noqa: E402
+from tests.support.llama_cpp_convert import convert as llama_convert  # noqa: E402
+from tests.support.llama_oracle import N_THREADS  # noqa: E402
+from tests.support.texts import PROMPTS, TEXTS  # noqa: E402
+
+import edgeinfer  # noqa: E402
+from edgeinfer.convert import convert_checkpoint  # noqa: E402
+from edgeinfer.gguf import GGUFFile  # noqa: E402
+
+pytestmark = [pytest.mark.oracle]
+torch.set_num_threads(1)
+
+KINDS = ["qwen3_embedding", "qwen3_embedding_untied"]
+N_CTX = 512
+TEXTS_IN = [TEXTS["story"][:400], *PROMPTS[:3], "Hi"]
+# f32 weights, f16 KV cells: the least cosine of our vectors to sentence-transformers' float32 ones
+MIN_COSINE = 0.99999
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """{kind: (checkpoint, our f32 file, llama.cpp's f32 file, our engine)}."""
+    root = tmp_path_factory.mktemp("sentence")
+    out = {}
+    for kind in KINDS:
+        d = tiny_checkpoints.build(kind, root / kind)
+        ours = root / f"{kind}.ours.gguf"
+        r = convert_checkpoint(str(d), str(ours), "f32")
+        theirs = llama_convert(d, root / f"{kind}.llamacpp.gguf", "f32", root, pre="qwen2")
+        out[kind] = (d, ours, theirs, edgeinfer.load(ours, n_ctx=N_CTX, n_threads=N_THREADS), r)
+    yield out
+    for v in out.values():
+        v[3].close()
+
+
+def cosines(a, b) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_file_carries_the_pooling_and_tensors_llama_cpps_converter_writes(models, kind):
+    """Last-token pooling from modules.json, the appended end-of-text token, the bare model's tensors
+    under their GGUF names and no output head: what llama.cpp's converter writes."""
+    _, ours, theirs, _, result = models[kind]
+    a, b = GGUFFile(ours), GGUFFile(theirs)
+    for key in ("qwen3.pooling_type", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_bos_token",
+                "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
+        assert a.metadata.get(key) == b.metadata.get(key), key
+    assert a.metadata["qwen3.pooling_type"] == llama_cpp.LLAMA_POOLING_TYPE_LAST
+    assert sorted(a.tensors) == sorted(b.tensors) and "output.weight" not in a.tensors
+    np.testing.assert_array_equal(np.frombuffer(a.tensors["token_embd.weight"].data, np.float32),
+                                  np.frombuffer(b.tensors["token_embd.weight"].data, np.float32))
+    assert any("no LM head" in n for n in result.notes) == (kind == "qwen3_embedding_untied")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_embeddings_are_sentence_transformers(models, kind):
+    """Engine.embed with the file's pooling gives SentenceTransformer.encode's vectors, a query with
+    the card's prompt as well (the prompt is the app's to prepend, as in llama.cpp)."""
+    d, _, _, eng, _ = models[kind]
+    model = st.SentenceTransformer(str(d), device="cpu")
+    want = model.encode(TEXTS_IN, convert_to_numpy=True)
+    got = eng.embed(TEXTS_IN)
+    assert cosines(got, want).min() >= MIN_COSINE
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
+    query = model.encode(["What is a lighthouse?"], prompt_name="query", convert_to_numpy=True)
+    ours = eng.embed([tiny_checkpoints.EMBEDDING_QUERY_PROMPT + "What is a lighthouse?"])
+    assert cosines(ours, query).min() >= MIN_COSINE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_llama_cpp_embeds_both_files_as_we_do(models, kind):
+    _, ours, theirs, eng, _ = models[kind]
+    want = eng.embed(TEXTS_IN)
+    for path in (ours, theirs):
+        llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=N_CTX, n_batch=N_CTX,
+                              n_threads=N_THREADS, n_threads_batch=N_THREADS, verbose=False)
+        try:
+            got = np.array(llm.embed(TEXTS_IN, normalize=True, truncate=False))
+        finally:
+            llm.close()
+        assert cosines(got, want).min() >= MIN_COSINE, path
+    with edgeinfer.load(theirs, n_ctx=N_CTX, n_threads=N_THREADS) as other:
+        np.testing.assert_allclose(other.embed(TEXTS_IN), want, atol=1e-6)
