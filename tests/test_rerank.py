@@ -21,7 +21,7 @@ require("gguf", "the gguf package is a test dependency")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from tests.support import tiny_checkpoints  # noqa: E402
-from tests.support.llama_cpp_convert import convert as llama_convert  # noqa: E402
+from tests.support.llama_cpp_convert import both_converters  # noqa: E402
 from tests.support.llama_oracle import N_THREADS  # noqa: E402
 from tests.test_server import request  # noqa: E402
 
@@ -55,10 +55,7 @@ def rerankers(tmp_path_factory):
     root = tmp_path_factory.mktemp("rerank")
     out = {}
     for kind in KINDS:
-        d = tiny_checkpoints.build(kind, root / kind)
-        ours = root / f"{kind}.ours.gguf"
-        convert_checkpoint(str(d), str(ours), "f32")
-        theirs = llama_convert(d, root / f"{kind}.llamacpp.gguf", "f32", root, pre="qwen2")
+        d, _, ours, theirs = both_converters(kind, root)
         out[kind] = (d, ours, theirs)
     return out
 

@@ -16,12 +16,11 @@ st = require("sentence_transformers", "sentence-transformers is how the checkpoi
 llama_cpp = require("llama_cpp", "llama.cpp's embeddings are the oracle")
 
 from tests.support import tiny_checkpoints  # noqa: E402
-from tests.support.llama_cpp_convert import convert as llama_convert  # noqa: E402
+from tests.support.llama_cpp_convert import both_converters  # noqa: E402
 from tests.support.llama_oracle import N_THREADS  # noqa: E402
 from tests.support.texts import PROMPTS, TEXTS  # noqa: E402
 
 import edgeinfer  # noqa: E402
-from edgeinfer.convert import convert_checkpoint  # noqa: E402
 from edgeinfer.gguf import GGUFFile  # noqa: E402
 
 pytestmark = [pytest.mark.oracle]
@@ -40,10 +39,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("sentence")
     out = {}
     for kind in KINDS:
-        d = tiny_checkpoints.build(kind, root / kind)
-        ours = root / f"{kind}.ours.gguf"
-        r = convert_checkpoint(str(d), str(ours), "f32")
-        theirs = llama_convert(d, root / f"{kind}.llamacpp.gguf", "f32", root, pre="qwen2")
+        d, r, ours, theirs = both_converters(kind, root)
         out[kind] = (d, ours, theirs, edgeinfer.load(ours, n_ctx=N_CTX, n_threads=N_THREADS), r)
     yield out
     for v in out.values():

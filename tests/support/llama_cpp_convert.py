@@ -91,3 +91,15 @@ def convert_lora(adapter: Path, base: Path, out: Path, outtype: str, tmp: Path) 
             f"runpy.run_path({str(d / 'convert_lora_to_gguf.py')!r}, run_name='__main__')")
     _run(code, f"llama.cpp's LoRA converter failed on {adapter}")
     return out
+
+
+def both_converters(kind: str, root: Path, pre: str = "qwen2"):
+    """Tiny checkpoint `kind` (tests/support/tiny_checkpoints.py) in `root` and its F32 files by our
+    converter and by llama.cpp's: (checkpoint, our ConvertResult, our file, llama.cpp's file)."""
+    from edgeinfer.convert import convert_checkpoint
+    from tests.support import tiny_checkpoints
+
+    d = tiny_checkpoints.build(kind, root / kind)
+    ours = root / f"{kind}.ours.gguf"
+    result = convert_checkpoint(str(d), str(ours), "f32")
+    return d, result, ours, convert(d, root / f"{kind}.llamacpp.gguf", "f32", root, pre=pre)
