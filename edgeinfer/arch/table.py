@@ -83,6 +83,12 @@ FLAGS += ("n_embd_per_layer", "stores_kv")   # Gemma 4: per-layer inputs (their 
 #: LongRoPE's two sets of per-frequency divisors; the native model gets one of them as its
 #: rope_freqs, chosen by the context size (llama.cpp: long when n_ctx > the original context).
 LONGROPE_ROLES = ("rope_factors_short", "rope_factors_long")
+#: llama.cpp's llama_pooling_type values, the GGUF key `{arch}.pooling_type` (an embedding model's
+#: pooling; "rank": a reranker's classification head)
+POOLING_TYPES: Mapping[str, int] = MappingProxyType({"mean": 1, "cls": 2, "last": 3, "rank": 4})
+#: A reranker's classification head (llama.cpp's cls_out), any family's: applied outside the
+#: forward (model/rank_head.py), written by convert/rerank.py
+RANK_HEAD_WEIGHT, RANK_HEAD_BIAS = "cls.output.weight", "cls.output.bias"
 #: The native runtimes' kind of each layer kind they run (ei_layer_kind of edgeinfer.h).
 NATIVE_LAYER_KINDS: Mapping[str, int] = MappingProxyType({"attention": 0, "shortconv": 1, "recurrent": 2})
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 
+from ..arch.table import POOLING_TYPES
 from ..errors import ConversionError
 from .checkpoint import Checkpoint
 
-#: llama.cpp's llama_pooling_type values (the GGUF key's)
-MEAN, CLS, LAST = 1, 2, 3
+MEAN, CLS, LAST = POOLING_TYPES["mean"], POOLING_TYPES["cls"], POOLING_TYPES["last"]
 _MODES = {"mean": MEAN, "cls": CLS, "lasttoken": LAST}
 
 

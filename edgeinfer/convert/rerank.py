@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gguf.constants import Keys
 
 from ..errors import ConversionError
-from ..model.rank_head import RANK_POOLING, WEIGHT
+from ..arch.table import POOLING_TYPES, RANK_HEAD_WEIGHT
 from ..text.rerank import QWEN3_TEMPLATE, TEMPLATE_KEY
 from .arch import HParams
 from .checkpoint import Checkpoint
@@ -24,11 +24,11 @@ LABELS = ("yes", "no")
 class RerankHead:
     rows: tuple[int, ...]       # the token ids whose LM-head rows make the head, in label order
     source: str                 # the checkpoint tensor holding those rows
-    gguf: str = WEIGHT
+    gguf: str = RANK_HEAD_WEIGHT
 
     def metadata(self, hp: HParams) -> list[tuple[str, object, str]]:
         key = f"{hp.arch.name}.{{}}".format
-        return [(key("pooling_type"), RANK_POOLING, "UINT32"),
+        return [(key("pooling_type"), POOLING_TYPES["rank"], "UINT32"),
                 (key("classifier.output_labels"), list(LABELS), "STRING"),
                 (TEMPLATE_KEY, QWEN3_TEMPLATE, "STRING"),
                 (Keys.Tokenizer.CHAT_TEMPLATES, ["rerank"], "STRING")]   # the named templates, as llama.cpp lists them

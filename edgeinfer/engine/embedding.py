@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arch.table import POOLING_TYPES
 from ..errors import EmbeddingError
 
 POOLINGS = ("mean", "cls", "last")
 # llama.cpp's llama_pooling_type, the values of the GGUF key `{arch}.pooling_type`; none (0) and
 # rank (4) give no one vector per input, so they fall back to mean as an unset key does
-_GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
+_GGUF_POOLING = {v: k for k, v in POOLING_TYPES.items() if k in POOLINGS}
 
 
 def file_pooling(metadata: dict, arch: str) -> str:

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 from ..arch import Arch, HeadDims, Weight, get_arch
 from ..arch.gemma4 import Gemma4Dims, Gemma4Params
-from ..arch.table import NATIVE_LAYER_KINDS, QKV_BIAS_ROLES, FamilySwitches, RecurrentDims
+from ..arch.table import (NATIVE_LAYER_KINDS, QKV_BIAS_ROLES, RANK_HEAD_BIAS, RANK_HEAD_WEIGHT, FamilySwitches,
+                          RecurrentDims)
 from ..arch.reference import is_local_layer as _is_local
 from ..errors import GGUFError, UnsupportedArchitectureError, UnsupportedTypeError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
-from .rank_head import TENSORS as RANK_HEAD_TENSORS
 
 __all__ = ["ModelConfig", "VECTOR_TYPES", "local_ring_cells", "kv_layer_cells"]
 
@@ -333,7 +333,8 @@ class ModelConfig(HeadDims, FamilySwitches, Gemma4Dims, RecurrentDims):
                     f"cannot compute with here (supported: "
                     f"{', '.join(GGMLType(x).name for x in sorted(allowed))})")
             self.tensor_types[name] = t.type
-        extra = [n for n in tensors if n not in expected and n not in RANK_HEAD_TENSORS]   # the head: rank_head.py
+        # a reranker's head is any family's, outside the forward (model/rank_head.py checks it)
+        extra = [n for n in tensors if n not in expected and n not in (RANK_HEAD_WEIGHT, RANK_HEAD_BIAS)]
         if extra:
             shown = ", ".join(repr(n) for n in extra[:5])
             more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""

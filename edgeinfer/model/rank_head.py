@@ -7,15 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from .._native import dequantize
+from ..arch.table import RANK_HEAD_BIAS, RANK_HEAD_WEIGHT
 from ..errors import GGUFError
 from ..gguf.reader import GGUFFile
 from ..gguf.types import COMPUTE_TYPES, GGMLType, ggml_type_name
 
-WEIGHT, BIAS = "cls.output.weight", "cls.output.bias"
-TENSORS = (WEIGHT, BIAS)
+WEIGHT, BIAS = RANK_HEAD_WEIGHT, RANK_HEAD_BIAS
 MAX_LABELS = 1 << 16
-#: llama.cpp's llama_pooling_type value for a reranker (the GGUF key `{arch}.pooling_type`)
-RANK_POOLING = 4
 #: the families whose head ends in a softmax over the labels (llama.cpp's rule: Qwen3 and Qwen3-VL)
 SOFTMAX_ARCHS = frozenset({"qwen3", "qwen3vl"})
 
