@@ -53,13 +53,15 @@ def cosines(a, b) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_file_carries_the_pooling_and_tensors_llama_cpps_converter_writes(models, kind):
-    """Last-token pooling from modules.json, the appended end-of-text token, the bare model's tensors
+    """Last-token pooling from modules.json, the appended end-of-text token (the EOS, added; the BOS not), the bare model's tensors
     under their GGUF names and no output head: what llama.cpp's converter writes."""
     _, ours, theirs, _, result = models[kind]
     a, b = GGUFFile(ours), GGUFFile(theirs)
-    for key in ("qwen3.pooling_type", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_bos_token",
-                "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
-        assert a.metadata.get(key) == b.metadata.get(key), key
+    for key in ("qwen3.pooling_type", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.eot_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id"):
+        assert key in a.metadata and a.metadata[key] == b.metadata[key], key
+    assert a.metadata["tokenizer.ggml.add_eos_token"] and not a.metadata["tokenizer.ggml.add_bos_token"]
+    assert b.metadata.get("tokenizer.ggml.add_bos_token", False) is False
     assert a.metadata["qwen3.pooling_type"] == llama_cpp.LLAMA_POOLING_TYPE_LAST
     assert sorted(a.tensors) == sorted(b.tensors) and "output.weight" not in a.tensors
     np.testing.assert_array_equal(np.frombuffer(a.tensors["token_embd.weight"].data, np.float32),

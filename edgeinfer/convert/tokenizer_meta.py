@@ -75,33 +75,25 @@ def _pre_name(tj: dict, architectures: Any = ()) -> str:
         f"this converter knows; supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}")
 
 
-def _post_last(tj: dict) -> str | None:
-    """The special token tokenizer.json's post-processor puts last after a single text, if any."""
+def _post_ends(tj: dict, text_to_id: dict[str, int]) -> tuple[int | None, int | None] | None:
+    """The ids of the special tokens tokenizer.json's post-processor puts first and last around a
+    single text (None at an end that is the text), as llama.cpp's converter reads its
+    TemplateProcessing (the last one, a template of at least two entries); None without one."""
     pp = tj.get("post_processor")
-    procs = (pp.get("processors", []) if pp.get("type") == "Sequence" else [pp]) if isinstance(pp, dict) else []
+    procs = (pp.get("processors", [pp]) if isinstance(pp, dict) else [])
+    ends = None
     for p in procs:
-        single = p.get("single") if p.get("type") == "TemplateProcessing" else None
-        if single and len(single) > 1 and isinstance(single[-1], dict) and "SpecialToken" in single[-1]:
-            return single[-1]["SpecialToken"].get("id")
-    return None
+        single = p.get("single") if isinstance(p, dict) and p.get("type") == "TemplateProcessing" else None
+        if single is None:
+            continue
+        specials = p.get("special_tokens") or {}
 
-
-def _post_adds(tj: dict, tok_id: int | None) -> bool | None:
-    """Whether tokenizer.json's post-processor puts token `tok_id` around a single text."""
-    pp = tj.get("post_processor")
-    if not isinstance(pp, dict) or tok_id is None:
-        return None
-    procs = pp.get("processors", []) if pp.get("type") == "Sequence" else [pp]
-    for p in procs:
-        if p.get("type") == "TemplateProcessing":
-            ids = set()
-            for item in p.get("single", []):
-                st = item.get("SpecialToken") if isinstance(item, dict) else None
-                if st:
-                    tok = (p.get("special_tokens") or {}).get(st["id"], {})
-                    ids.update(tok.get("ids", []))
-            return tok_id in ids
-    return None
+        def tok_id(item) -> int | None:
+            name = (item.get("SpecialToken") or {}).get("id") if isinstance(item, dict) else None
+            ids = (specials.get(name) or {}).get("ids") or ([text_to_id[name]] if name in text_to_id else [])
+            return ids[0] if name is not None and ids else None
+        ends = (tok_id(single[0]), tok_id(single[-1])) if len(single) > 1 else (None, None)
+    return ends
 
 
 def _read_spm(path: str) -> dict:
@@ -266,26 +258,28 @@ def tokenizer_metadata(ckpt: Checkpoint, n_vocab: int) -> list[tuple[str, Any, s
     # a post-processor that appends a special token other than the configured EOS (Qwen3-Embedding's
     # <|endoftext|> after every text): that token is the EOS the tokenizer adds, and the configured
     # one becomes the end of turn, as llama.cpp's converter reads such a tokenizer
-    last = _post_last(tj)
-    if tcfg and last in text_to_id and text_to_id[last] != special_ids.get("eos"):
+    ends = _post_ends(tj, text_to_id)
+    first, last = ends or (None, None)
+    if tcfg and last is not None and last != special_ids.get("eos"):
         if special_ids.get("eos") is not None:
             special_ids["eot"] = special_ids["eos"]
-        special_ids["eos"] = text_to_id[last]
+        special_ids["eos"] = last
     for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
                       ("unk", "unknown_token_id"), ("pad", "padding_token_id")):
         v = special_ids.get(role)
         if isinstance(v, int) and 0 <= v < n_vocab:
             kv.append((f"tokenizer.ggml.{key}", v, "UINT32"))
 
+    # the configured flags, else the post-processor's template (its first and last entries); a
+    # template that appends the EOS wins, as in llama.cpp's converter
     add_bos = tcfg.get("add_bos_token")
     if not isinstance(add_bos, bool):
-        add_bos = _post_adds(tj, special_ids.get("bos"))
-    if add_bos is None:
-        add_bos = default_bos
+        add_bos = default_bos if ends is None else first is not None and first == special_ids.get("bos")
     add_eos = tcfg.get("add_eos_token")
-    if not isinstance(add_eos, bool):
-        add_eos = bool(_post_adds(tj, special_ids.get("eos")) and special_ids.get("eos")
-                       != special_ids.get("bos"))
+    if last is not None and last == special_ids.get("eos"):
+        add_eos = True
+    elif not isinstance(add_eos, bool):
+        add_eos = False
     kv += [("tokenizer.ggml.add_bos_token", bool(add_bos), "BOOL"),
            ("tokenizer.ggml.add_eos_token", bool(add_eos), "BOOL")]
 

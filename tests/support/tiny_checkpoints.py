@@ -339,9 +339,12 @@ def _build_qwen3_embedding(out: Path, untied: bool, dtype: str) -> Path:
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = _bpe_tokenizer("qwen2", 380, specials)
-    tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", pair="$A $B <|endoftext|>",
-                                                       special_tokens=[("<|endoftext|>", 0)])
-    cfg = tf.Qwen3Config(vocab_size=tok.get_vocab_size(), bos_token_id=None, eos_token_id=0,
+    append = processors.TemplateProcessing(single="$A <|endoftext|>", pair="$A $B <|endoftext|>",
+                                           special_tokens=[("<|endoftext|>", 0)])
+    # the two forms a tokenizer.json states it in; config.json's BOS is <|endoftext|>, as the real one's
+    tok.post_processor = (processors.Sequence([processors.ByteLevel(trim_offsets=False), append]) if untied
+                          else append)
+    cfg = tf.Qwen3Config(vocab_size=tok.get_vocab_size(), bos_token_id=0, eos_token_id=0,
                          tie_word_embeddings=not untied, rope_theta=1000000.0, head_dim=32, hidden_size=64,
                          intermediate_size=160, num_hidden_layers=2, initializer_range=0.05,
                          num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
@@ -356,7 +359,8 @@ def _build_qwen3_embedding(out: Path, untied: bool, dtype: str) -> Path:
     (out / "config.json").write_text(json.dumps({**conf, "architectures": ["Qwen3ForCausalLM"]}, indent=1))
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False, "padding_side": "left"}))
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "padding_side": "left",
+         **({} if untied else {"add_bos_token": False})}))
     (out / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
