@@ -5,6 +5,8 @@ llama.cpp's embeddings on both converters' files. Tiny random-weight checkpoints
 embedding table (as the 0.6B) and an untied config without a head (as the 8B)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -98,3 +100,75 @@ def test_llama_cpp_embeds_both_files_as_we_do(models, kind):
         assert cosines(got, want).min() >= MIN_COSINE, path
     with edgeinfer.load(theirs, n_ctx=N_CTX, n_threads=N_THREADS) as other:
         np.testing.assert_allclose(other.embed(TEXTS_IN), want, atol=1e-6)
+
+
+def llama_cpp_pooling(folder) -> int | str:
+    """llama.cpp's converter's own reading of a folder's sentence-transformers pooling (its
+    TextModel._try_set_pooling_type): the type it writes, "none", or "error"."""
+    import subprocess
+    import sys
+
+    from tests.support.llama_cpp_convert import converter_dir
+
+    d = converter_dir(folder.parent)
+    code = (f"import sys, pathlib; sys.path[:0] = [{str(d)!r}, {str(d / 'gguf-py')!r}]\n"
+            "from conversion.base import TextModel\n"
+            "class W:\n    def add_pooling_type(self, t): print(int(t))\n"
+            "class M:\n    gguf_writer = W(); hparams = {}\n"
+            f"    dir_model = pathlib.Path({str(folder)!r})\n"
+            "try:\n    TextModel._try_set_pooling_type(M())\nexcept NotImplementedError:\n    print('error')\n"
+            "print('none')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = out.stdout.split()[0]
+    return first if first in ("none", "error") else int(first)
+
+
+@pytest.mark.parametrize("pooling", [
+    {"pooling_mode_mean_tokens": True}, {"pooling_mode_cls_token": True}, {"pooling_mode_lasttoken": True},
+    {"pooling_mode_mean_tokens": True, "pooling_mode_lasttoken": True}, {"pooling_mode": "cls"},
+    {"pooling_mode": "lasttoken"}, {"pooling_mode_max_tokens": True}, None])
+def test_the_pooling_read_is_llama_cpps(tmp_path, pooling):
+    """Each form of the Pooling module's config gives the type llama.cpp's converter writes, or
+    an error where it has none (None: no modules.json, no key)."""
+    from edgeinfer.convert.pooling import sentence_pooling
+    from edgeinfer.errors import ConversionError
+
+    folder = tmp_path / "st"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    if pooling is not None:
+        (folder / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+        (folder / "1_Pooling").mkdir()
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    want = llama_cpp_pooling(folder)
+    try:
+        got = sentence_pooling(str(folder))
+    except ConversionError:
+        got = "error"
+    assert (got if got is not None else "none") == want
+
+
+def test_a_projecting_dense_module_and_a_doubled_tensor_are_conversion_errors(models, tmp_path):
+    """What a file cannot carry is refused by name: a Dense projection after the pooling, and a
+    folder holding a tensor twice (the bare model's `norm.weight` beside `model.norm.weight`)."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    from edgeinfer.convert import convert_checkpoint
+    from edgeinfer.errors import ConversionError
+
+    src = models["qwen3_embedding"][0]
+    dense = shutil.copytree(src, tmp_path / "dense")
+    modules = json.loads((dense / "modules.json").read_text())
+    (dense / "modules.json").write_text(json.dumps(modules + [
+        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]))
+    with pytest.raises(ConversionError, match="Dense"):
+        convert_checkpoint(str(dense), str(tmp_path / "dense.gguf"), "f32")
+    doubled = shutil.copytree(src, tmp_path / "doubled")
+    save_file({"model.norm.weight": np.ones(64, np.float32)}, str(doubled / "zz-extra.safetensors"))
+    with pytest.raises(ConversionError, match="model.norm.weight"):
+        convert_checkpoint(str(doubled), str(tmp_path / "doubled.gguf"), "f32")

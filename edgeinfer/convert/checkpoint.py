@@ -162,7 +162,16 @@ class Checkpoint:
     def rename(self, canonical: Callable[[str], str | None]) -> None:
         """Names every tensor by `canonical` (None: not converted), for a family whose
         checkpoints nest or relocate the decoder's tensors (Qwen3.5's language_model, mtp)."""
-        self.tensors = {c: t for n, t in self.tensors.items() if (c := canonical(n)) is not None}
+        renamed: dict = {}
+        for n, t in self.tensors.items():
+            c = canonical(n)
+            if c is None:
+                continue
+            if c in renamed:
+                raise ConversionError(f"{self.dir}: two tensors name {c!r} (one of them {n!r}): "
+                                      f"the folder holds two copies of the model?")
+            renamed[c] = t
+        self.tensors = renamed
 
     # ------------------------------------------------------------------ access
     def __contains__(self, name: str) -> bool:

@@ -116,7 +116,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     tmap = TensorMap(hp)
     notes = _left_out_notes(ckpt, hp)
     ckpt.rename(tmap.canonical_name)
-    pooling = sentence_pooling(ckpt)
+    pooling = sentence_pooling(ckpt.dir)
     head_hf = next((t.hf for t in hp.arch.tensors if t.role == "output"), None)
     if pooling is not None and not hp.tied_output and head_hf is not None and head_hf not in ckpt:
         hp.tied_output = True          # an embedding model saved without its LM head: none written, as llama.cpp does

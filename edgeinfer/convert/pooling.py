@@ -9,25 +9,33 @@ import os
 
 from ..arch.table import POOLING_TYPES
 from ..errors import ConversionError
-from .checkpoint import Checkpoint
+from .checkpoint import read_json
 
 MEAN, CLS, LAST = POOLING_TYPES["mean"], POOLING_TYPES["cls"], POOLING_TYPES["last"]
 _MODES = {"mean": MEAN, "cls": CLS, "lasttoken": LAST}
 
 
-def sentence_pooling(ckpt: Checkpoint) -> int | None:
-    """The pooling type the checkpoint's sentence-transformers modules ask for; None without them.
-    ConversionError for a pooling llama.cpp has no type for (max, weighted mean, ...)."""
-    modules = ckpt.json_file("modules.json")
+def _json(path: str):
+    return read_json(path, os.path.basename(path)) if os.path.isfile(path) else None
+
+
+def sentence_pooling(folder: str) -> int | None:
+    """The pooling type a checkpoint folder's sentence-transformers modules ask for; None without
+    them. ConversionError for a pooling llama.cpp has no type for (max, weighted mean, ...)."""
+    modules = _json(os.path.join(folder, "modules.json"))
     if not isinstance(modules, list):
         return None
+    kinds = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
+    if any(k.endswith("Dense") for k in kinds):
+        raise ConversionError(f"{folder}: the sentence-transformers modules project the pooled vector "
+                              f"(a Dense module), which edgeinfer does not convert")
     path = next((m.get("path", "") for m in modules
                  if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling")), None)
     if path is None:
         return None
-    cfg = ckpt.json_file(os.path.join(path, "config.json"))
+    cfg = _json(os.path.join(folder, path, "config.json"))
     if not isinstance(cfg, dict):
-        raise ConversionError(f"{ckpt.dir}: modules.json names a Pooling module at {path!r} without its config.json")
+        raise ConversionError(f"{folder}: modules.json names a Pooling module at {path!r} without its config.json")
     if cfg.get("pooling_mode_mean_tokens"):
         return MEAN
     if cfg.get("pooling_mode_cls_token"):
@@ -36,7 +44,7 @@ def sentence_pooling(ckpt: Checkpoint) -> int | None:
         return LAST
     if cfg.get("pooling_mode") in _MODES:
         return _MODES[cfg["pooling_mode"]]
-    raise ConversionError(f"{ckpt.dir}: the sentence-transformers pooling {cfg} has no GGUF pooling type "
+    raise ConversionError(f"{folder}: the sentence-transformers pooling {cfg} has no GGUF pooling type "
                           f"(mean, cls and last token have)")
 
 
