@@ -315,6 +315,7 @@ def test_return_text_gives_tei_the_texts(server):
     ({"documents": ["a"], "top_n": 0}, "top_n"),
     ({"query": 7, "documents": ["a"]}, "query"),
     ({"texts": ["a"], "raw_scores": True}, "raw_scores"),
+    ({"texts": ["a", "word " * N_CTX]}, "texts[1]"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
     st, _, out = request(server.url + "/rerank", "POST", {"query": QUERY, **body})

@@ -608,15 +608,16 @@ async def _rerank_admitted(state: "ServerState", eng, body: RerankBody, texts: l
     loop = asyncio.get_running_loop()
     prompts = await loop.run_in_executor(state.tok_pool, lambda: [
         eng.rerank_ids(body.query, t, body.max_tokens_per_doc, body.truncate) for t in texts])
+    field = "texts" if body.texts is not None else "documents"
     for i, ids in enumerate(prompts):
         if len(ids) > eng.n_ctx:
             raise bad(f"document {i} makes a prompt of {len(ids)} tokens, more than the context of {eng.n_ctx}",
-                      f"documents[{i}]", "context_length_exceeded")
+                      f"{field}[{i}]", "context_length_exceeded")
     state.in_flight += 1
     try:
         return await loop.run_in_executor(None, eng.score_prompts, prompts), prompts
     except RerankError as e:
-        raise bad(str(e), "documents", "invalid_value") from None
+        raise bad(str(e), field, "invalid_value") from None
     finally:
         state.in_flight -= 1
 
