@@ -43,6 +43,24 @@ log = logging.getLogger("edgeinfer.server")
 DEFAULT_MAX_BODY = 4 * 2**20
 
 
+class _WakingCount:
+    """An int attribute of ServerState whose every change wakes ServerState.wait_until."""
+
+    def __init__(self, doc: str):
+        self.__doc__ = doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, state, owner=None):
+        return self if state is None else getattr(state, self.attr)
+
+    def __set__(self, state, n: int) -> None:
+        with state._changed:
+            setattr(state, self.attr, n)
+            state._changed.notify_all()
+
+
 class ServerState:
     """What the handlers share: the served models (server/registry.py; engines are None while
     loading), status, metrics, options. `engine` and `model_name` are the default model's."""
@@ -60,8 +78,7 @@ class ServerState:
         self.max_body = max_body
         self._changed = threading.Condition()
         self._draining = False
-        self._in_flight = 0
-        self._admitted = 0
+        self._in_flight = self._admitted = 0
         self.metrics = Metrics(gauges=self.gauges)
         for m in registry:
             self.metrics.add_model(m.name)
@@ -69,28 +86,9 @@ class ServerState:
         self.tok_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgeinfer-tok")
         self.responses = openai_responses.ResponseStore()   # /v1/responses kept for previous_response_id
 
-    # in_flight and draining wake wait_until: an embedding app or a test waits on them, not on a clock
-    @property
-    def in_flight(self) -> int:
-        """HTTP generation requests submitted to an engine and not yet answered."""
-        return self._in_flight
-
-    @in_flight.setter
-    def in_flight(self, n: int) -> None:
-        with self._changed:
-            self._in_flight = n
-            self._changed.notify_all()
-
-    @property
-    def admitted(self) -> int:
-        """Generation requests past admission (tokenizing, scoring, submitted): what a drain waits for."""
-        return self._admitted
-
-    @admitted.setter
-    def admitted(self, n: int) -> None:
-        with self._changed:
-            self._admitted = n
-            self._changed.notify_all()
+    # in_flight, admitted and draining wake wait_until: an embedding app or a test waits on them, not on a clock
+    in_flight = _WakingCount("HTTP generation requests submitted to an engine and not yet answered.")
+    admitted = _WakingCount("Requests past admission (tokenizing, scoring, submitted): what a drain waits for.")
 
     @property
     def draining(self) -> bool:
