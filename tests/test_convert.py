@@ -290,7 +290,7 @@ def test_streams_one_tensor_at_a_time(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint.Checkpoint, "load",
                         lambda self, n: (events.append("L"), real_load(self, n))[1])
     monkeypatch.setattr(converter, "quantize",
-                        lambda x, t, n=0: (events.append("Q"), real_quant(x, t, n))[1])
+                        lambda x, t, n=0, **kw: (events.append("Q"), real_quant(x, t, n, **kw))[1])
     convert_checkpoint(str(tiny["llama"]), str(tmp_path / "s.gguf"), "q4_k_m")
     assert "".join(events) == "LQ" * (len(events) // 2)
 
@@ -383,11 +383,11 @@ def test_interrupted_write_leaves_no_file(tiny, tmp_path, monkeypatch):
     calls = {"n": 0}
     real = converter.quantize
 
-    def boom(x, t, n=0):
+    def boom(x, t, n=0, **kw):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt
-        return real(x, t, n)
+        return real(x, t, n, **kw)
 
     monkeypatch.setattr(converter, "quantize", boom)
     out = tmp_path / "out.gguf"

@@ -167,7 +167,7 @@ def _quantize(type_id: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     q = np.zeros(rows * nb[0], dtype=np.uint8)
     w = np.ascontiguousarray(w, dtype=np.float32)
     assert cpu_lib.ei_quantize_rows(type_id, cpu_ffi.from_buffer("float[]", w), cpu_ffi.from_buffer(q),
-                                    rows, cols, 1) == 0
+                                    rows, cols, cpu_ffi.NULL, 1) == 0
     deq = np.zeros(rows * cols, dtype=np.float32)
     assert cpu_lib.ei_kernel_dequantize(type_id, 0, cpu_ffi.from_buffer(q), cpu_ffi.from_buffer("float[]", deq),
                                         rows * cols) == 0

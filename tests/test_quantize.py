@@ -90,7 +90,7 @@ def test_bad_arguments():
     with pytest.raises(NativeError):
         check(lib.ei_quantize_row_bytes(int(T.Q4_K), 100, out))
     with pytest.raises(NativeError):
-        check(lib.ei_quantize_rows(int(T.Q8_0), ffi.NULL, ffi.NULL, 1, 32, 1))
+        check(lib.ei_quantize_rows(int(T.Q8_0), ffi.NULL, ffi.NULL, 1, 32, ffi.NULL, 1))
 
 
 # ------------------------------------------------------------------ llama.cpp comparisons

@@ -251,7 +251,12 @@ class Layer:
         cos, sin = positions.rope[self.local]
         return (cos, sin) if self.rope else (np.ones_like(cos), np.zeros_like(sin))
 
+    #: called as observe(role, x) with every matmul input (importance matrices), or None
+    observe = None
+
     def linear(self, x: np.ndarray, role: str) -> np.ndarray:
+        if self.observe is not None:
+            self.observe(role, x)
         y = x @ self.w[role].T
         b = self.w.get(role + "_bias")
         return y if b is None else y + b

@@ -9,7 +9,7 @@ import typer
 from .errors import handle_errors
 from ..errors import EdgeInferError
 
-__all__ = ["convert", "convert_lora_cmd", "eval_cmd", "register"]
+__all__ = ["convert", "convert_lora_cmd", "eval_cmd", "imatrix_cmd", "register"]
 
 _TYPES = "q4_k_m|q5_k_m|q4_0|q4_1|q5_0|q5_1|q8_0|q6_k|f16|bf16|f32|auto"
 
@@ -33,13 +33,17 @@ def convert(
     calibration: Annotated[Optional[str], typer.Option(
         "--calibration", help="--type auto: UTF-8 text to measure sensitivity on (default: "
                               "a text shipped with edgeinfer; first 512 tokens).")] = None,
+    imatrix: Annotated[Optional[str], typer.Option(
+        "--imatrix", help="Importance matrix (from `edgeinfer imatrix` or llama.cpp's "
+                          "llama-imatrix, GGUF or .dat) weighting each column's rounding error "
+                          "by how strongly calibration text activates it.")] = None,
 ) -> None:
     """Convert a Hugging Face checkpoint (optionally LoRA-merged) to a GGUF file."""
     from ..convert import convert_checkpoint
 
     r = convert_checkpoint(checkpoint, output, type_, lora_dir=lora, keep=keep,
                            n_threads=threads, progress=not quiet,
-                           target_bpw=target_bpw, calibration=calibration)
+                           target_bpw=target_bpw, calibration=calibration, imatrix=imatrix)
     types = ", ".join(f"{n} {k}" for k, n in sorted(r.type_counts.items()))
     merged = f", {r.lora_merged} LoRA-merged" if lora else ""
     auto = (f", {r.bpw:.3f} bits/weight, predicted KL {r.predicted_kl:.4f}"
@@ -127,6 +131,30 @@ def eval_cmd(
 
 
 @handle_errors
+def imatrix_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="Hugging Face checkpoint directory.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output imatrix .gguf path.")],
+    calibration: Annotated[Optional[str], typer.Option(
+        "--calibration", "-f", help="UTF-8 text to run (default: a short text shipped with "
+                                    "edgeinfer; use text like what the model will see).")] = None,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Tokens per window, BOS "
+                                            "included (llama-imatrix's -c).")] = 512,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Use at most this many "
+                                            "tokens of the text.")] = 100_000,
+    lora: Annotated[Optional[str], typer.Option("--lora", help="PEFT LoRA adapter to merge "
+                                                "first (as convert --lora).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress.")] = False,
+) -> None:
+    """Collect an importance matrix on calibration text, for `convert --imatrix` (or llama.cpp's llama-quantize --imatrix)."""
+    from ..convert import compute_imatrix
+
+    im = compute_imatrix(checkpoint, output, calibration=calibration, max_tokens=max_tokens,
+                         chunk_size=chunk_size, lora_dir=lora, progress=not quiet)
+    print(f"wrote {output}: {len(im.sums)} tensors, {im.chunk_count} chunks of up to "
+          f"{im.chunk_size} tokens", file=sys.stderr)
+
+
+@handle_errors
 def convert_lora_cmd(
     adapter: Annotated[str, typer.Argument(help="PEFT LoRA adapter directory (adapter_config.json, "
                                            "adapter_model.safetensors).")],
@@ -144,5 +172,6 @@ def convert_lora_cmd(
 
 def register(app: typer.Typer) -> None:
     app.command("convert")(convert)
+    app.command("imatrix")(imatrix_cmd)
     app.command("eval")(eval_cmd)
     app.command("convert-lora")(convert_lora_cmd)

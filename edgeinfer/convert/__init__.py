@@ -3,7 +3,8 @@ merge, quantization recipe and a streaming, atomic writer. Needs only numpy (and
 quantizers)."""
 from __future__ import annotations
 
-from .converter import ConvertResult, convert_checkpoint
+from .converter import ConvertResult, compute_imatrix, convert_checkpoint
+from .imatrix import Imatrix
 from .recipe import FILE_TYPES
 
-__all__ = ["convert_checkpoint", "ConvertResult", "FILE_TYPES"]
+__all__ = ["convert_checkpoint", "compute_imatrix", "ConvertResult", "FILE_TYPES", "Imatrix"]

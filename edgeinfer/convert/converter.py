@@ -20,6 +20,7 @@ from .arch import HParams, TensorMap, multimodal_part
 from .gemma4 import Gemma4HParams
 from .lfm2 import Lfm2HParams
 from .checkpoint import Checkpoint
+from .imatrix import Imatrix
 from .lora import LoraAdapter
 from .quantize import quantize, row_nbytes
 from .recipe import AUTO, Recipe, parse_file_type, parse_keep
@@ -28,9 +29,9 @@ from .rerank import rerank_head
 from .sensitivity import Sensitivity
 from .tokenizer_meta import tokenizer_metadata
 
-__all__ = ["convert_checkpoint", "ConvertResult", "plan"]
+__all__ = ["convert_checkpoint", "compute_imatrix", "ConvertResult", "plan"]
 
-_CALIB_CTX = 256     # calibration window length (tokens, BOS included)
+_CALIB_CTX = 256     # --type auto's calibration window length (tokens, BOS included)
 
 
 @dataclass
@@ -93,22 +94,25 @@ def plan(ckpt: Checkpoint, hp: HParams, tmap: TensorMap) -> list[_Item]:
     return items
 
 
-def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_k_m",
-                       lora_dir: str | None = None, keep: list[str] | None = None,
-                       n_threads: int = 0, progress: bool | Callable = False,
-                       name: str | None = None, target_bpw: float | None = None,
-                       calibration: str | None = None, calibration_tokens: int = 512,
-                       sensitivity: "Sensitivity | None" = None, keep_mtp: bool = True) -> ConvertResult:
-    """Converts a Hugging Face checkpoint directory to one GGUF file (atomically).
+@dataclass
+class _Source:
+    """A checkpoint as the converter reads it: hyperparameters, tensor names, the tokenizer's
+    metadata, and its tensors with a LoRA adapter merged."""
+    ckpt: Checkpoint
+    hp: HParams
+    tmap: TensorMap
+    tok_kv: list
+    adapter: LoraAdapter | None
+    notes: list[str]               # the parts of the checkpoint a text GGUF leaves out
 
-    file_type "auto" chooses every 2-D weight's type by its measured sensitivity on
-    `calibration` (a text file; default: the text shipped with the package, at most
-    `calibration_tokens` tokens) so that the tensor data stays within `target_bpw` bits per
-    weight; a `sensitivity` from an earlier call (ConvertResult.sensitivity) skips the
-    measurement. keep_mtp=False leaves out a checkpoint's multi-token-prediction block."""
-    t0 = time.perf_counter()
-    ft = parse_file_type(file_type)
-    keeps = parse_keep(keep)
+    def load_hf(self, hf: str) -> np.ndarray:
+        x = self.ckpt.load(hf)
+        if self.adapter is not None and (hf in self.adapter.pairs or hf in self.adapter.replacements):
+            x = self.adapter.apply(hf, x)
+        return x
+
+
+def _open_source(checkpoint_dir: str, lora_dir: str | None, keep_mtp: bool = True) -> _Source:
     ckpt = Checkpoint(checkpoint_dir)
     family = {"gemma4": Gemma4HParams, "lfm2": Lfm2HParams}.get(   # their own sizes per layer
         arch_for_hf(ckpt.config)[0].name, HParams)
@@ -116,13 +120,6 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     tmap = TensorMap(hp)
     notes = _left_out_notes(ckpt, hp)
     ckpt.rename(tmap.canonical_name)
-    pooling = sentence_pooling(ckpt.dir)
-    head_hf = next((t.hf for t in hp.arch.tensors if t.role == "output"), None)
-    if pooling is not None and not hp.tied_output and head_hf is not None and head_hf not in ckpt:
-        hp.tied_output = True          # an embedding model saved without its LM head: none written, as llama.cpp does
-        notes.append("no LM head in the checkpoint (an embedding model): the file embeds; text it would "
-                     "generate goes through the embedding table")
-    items = plan(ckpt, hp, tmap)
     adapter = None
     if lora_dir is not None:
         adapter = LoraAdapter(lora_dir)
@@ -131,7 +128,85 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
             if tmap.gguf_name(t) is None:
                 raise ConversionError(f"LoRA adapter {lora_dir} adapts {t!r}, which the "
                                       f"converted model does not use (tied head?)")
-    tok_kv = tokenizer_metadata(ckpt, hp.n_vocab)
+    return _Source(ckpt, hp, tmap, tokenizer_metadata(ckpt, hp.n_vocab), adapter, notes)
+
+
+def _calibration_windows(tok_kv, calibration: str | None, max_tokens: int, window: int) -> list[list[int]]:
+    """The calibration text (default: the one shipped with the package) as token windows of
+    at most `window` tokens, each starting with the tokenizer's BOS when it adds one."""
+    from ..text.tokenizer import Tokenizer
+    from .sensitivity import default_calibration_text
+
+    if calibration is None:
+        text = default_calibration_text()
+    else:
+        try:
+            with open(calibration, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConversionError(f"cannot read --calibration {calibration}: {e}") from None
+    tok = Tokenizer.from_metadata({k: v for k, v, _ in tok_kv})
+    prefix = tok.encode("", add_special=True)[:1]
+    body = tok.encode(text, add_special=False, parse_special=False)[:max(2, int(max_tokens))]
+    step = window - len(prefix)
+    return [prefix + body[i:i + step] for i in range(0, len(body), step)]
+
+
+def compute_imatrix(checkpoint_dir: str, out_path: str, calibration: str | None = None,
+                    max_tokens: int = 100_000, chunk_size: int = 512, lora_dir: str | None = None,
+                    progress: bool = False) -> Imatrix:
+    """Collects an importance matrix for the checkpoint (LoRA-merged if given) on the
+    calibration text, in windows of `chunk_size` tokens, and writes it to out_path in
+    llama.cpp's GGUF imatrix format (what `convert --imatrix` and llama-quantize read)."""
+    from ..arch.reference import reference_for
+    from .imatrix import collect
+    from .sensitivity import _ConvertedWeights
+
+    if chunk_size < 2:
+        raise ConversionError(f"--chunk-size {chunk_size}: a window needs at least 2 tokens")
+    src = _open_source(checkpoint_dir, lora_dir)
+    hp = src.hp
+    windows = _calibration_windows(src.tok_kv, calibration, max_tokens, chunk_size)
+    meta = {"general.architecture": hp.arch.name, **{k: v for k, v, _ in hp.metadata()}}
+    ref = reference_for(meta, _ConvertedWeights(hp, src.tmap, src.load_hf), np.float32)
+    dataset = calibration if calibration is not None else "edgeinfer/convert/calibration.txt"
+    with status("imatrix", quiet=not progress, leave=True) as note:
+        im = collect(ref, hp.n_layer, windows, dataset, progress=note)
+        note(f"{sum(len(w) for w in windows)} tokens in {len(windows)} chunks")
+    im.save(out_path)
+    return im
+
+
+def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_k_m",
+                       lora_dir: str | None = None, keep: list[str] | None = None,
+                       n_threads: int = 0, progress: bool | Callable = False,
+                       name: str | None = None, target_bpw: float | None = None,
+                       calibration: str | None = None, calibration_tokens: int = 512,
+                       sensitivity: "Sensitivity | None" = None, keep_mtp: bool = True,
+                       imatrix: str | None = None) -> ConvertResult:
+    """Converts a Hugging Face checkpoint directory to one GGUF file (atomically).
+
+    file_type "auto" chooses every 2-D weight's type by its measured sensitivity on
+    `calibration` (a text file; default: the text shipped with the package, at most
+    `calibration_tokens` tokens) so that the tensor data stays within `target_bpw` bits per
+    weight; a `sensitivity` from an earlier call (ConvertResult.sensitivity) skips the
+    measurement. keep_mtp=False leaves out a checkpoint's multi-token-prediction block.
+    `imatrix`: an importance matrix file (llama.cpp's GGUF or legacy .dat, or compute_imatrix's)
+    whose per-column weights guide the quantizer, as llama-quantize --imatrix uses it."""
+    t0 = time.perf_counter()
+    ft = parse_file_type(file_type)
+    keeps = parse_keep(keep)
+    src = _open_source(checkpoint_dir, lora_dir, keep_mtp)
+    ckpt, hp, tmap, adapter, tok_kv, load_hf = (src.ckpt, src.hp, src.tmap, src.adapter, src.tok_kv,
+                                                src.load_hf)
+    notes = list(src.notes)
+    pooling = sentence_pooling(ckpt.dir)
+    head_hf = next((t.hf for t in hp.arch.tensors if t.role == "output"), None)
+    if pooling is not None and not hp.tied_output and head_hf is not None and head_hf not in ckpt:
+        hp.tied_output = True          # an embedding model saved without its LM head: none written, as llama.cpp does
+        notes.append("no LM head in the checkpoint (an embedding model): the file embeds; text it would "
+                     "generate goes through the embedding table")
+    items = plan(ckpt, hp, tmap)
     head = rerank_head(ckpt, hp, tok_kv)
     if head is not None:
         items.append(_Item(head.gguf, head.source, (hp.n_embd, len(head.rows)), rows=head.rows))
@@ -141,14 +216,15 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     elif pooling is not None:
         tok_kv = tok_kv + [(f"{hp.arch.name}.pooling_type", pooling, "UINT32")]
 
-    def load_hf(hf: str) -> np.ndarray:
-        x = ckpt.load(hf)
-        if adapter is not None and (hf in adapter.pairs or hf in adapter.replacements):
-            x = adapter.apply(hf, x)
-        return x
-
+    importance = None
+    if imatrix is not None:
+        if ft is AUTO:
+            raise ConversionError("--imatrix goes with a fixed --type; --type auto measures "
+                                  "its own sensitivity")
+        importance = Imatrix.load(imatrix)
+        tok_kv = tok_kv + importance.metadata(imatrix)
     has_output = any(it.gguf == "output.weight" for it in items)
-    recipe = Recipe(ft, hp.n_layer, has_output, keeps)
+    recipe = Recipe(ft, hp.n_layer, has_output, keeps, imatrix=importance is not None)
     predicted = None
     if ft is AUTO:
         if target_bpw is None:
@@ -209,7 +285,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                         x = f(x)
                     if not np.isfinite(x).all():
                         raise ConversionError(f"tensor {it.hf!r} holds NaN or infinite values")
-                q = quantize(x.reshape(-1, it.shape[0]), it.type, n_threads)
+                qw = None if importance is None else importance.importance(it.gguf, it.shape[0])
+                q = quantize(x.reshape(-1, it.shape[0]), it.type, n_threads, importance=qw)
                 del x
                 w.write_tensor_data(it.gguf, q)
                 pbar.set_postfix_str(f"{k + 1}/{len(items)} {it.gguf} {it.type.name}", refresh=False)
@@ -246,22 +323,9 @@ def _item_bytes(it: _Item) -> int:
 
 def _measure(hp: HParams, tmap: TensorMap, tok_kv, load_hf, calibration: str | None,
              max_tokens: int, n_threads: int, progress) -> "Sensitivity":
-    from ..text.tokenizer import Tokenizer
-    from .sensitivity import analyze, default_calibration_text
+    from .sensitivity import analyze
 
-    if calibration is None:
-        text = default_calibration_text()
-    else:
-        try:
-            with open(calibration, encoding="utf-8") as fh:
-                text = fh.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConversionError(f"cannot read --calibration {calibration}: {e}") from None
-    tok = Tokenizer.from_metadata({k: v for k, v, _ in tok_kv})
-    prefix = tok.encode("", add_special=True)[:1]
-    body = tok.encode(text, add_special=False, parse_special=False)[:max(2, int(max_tokens))]
-    step = _CALIB_CTX - len(prefix)
-    windows = [prefix + body[i:i + step] for i in range(0, len(body), step)]
+    windows = _calibration_windows(tok_kv, calibration, max_tokens, _CALIB_CTX)
     with status("sensitivity", quiet=progress is not True, leave=True) as note:
         sens = analyze(hp, tmap, load_hf, windows, n_threads=n_threads, progress=note)
         note(f"{sens.n_tokens} tokens in {sens.seconds:.1f} s")

@@ -35,9 +35,12 @@ def row_nbytes(type_id: int, n_cols: int) -> int:
     return int(out[0])
 
 
-def quantize(x: np.ndarray, type_id: int, n_threads: int = 0) -> np.ndarray:
+def quantize(x: np.ndarray, type_id: int, n_threads: int = 0,
+             importance: np.ndarray | None = None) -> np.ndarray:
     """Quantizes a float array (rows = last axis) to `type_id`; returns uint8 bytes with shape
-    (rows, row_bytes). Values are converted to float32 first."""
+    (rows, row_bytes). Values are converted to float32 first. `importance` (one finite value
+    >= 0 per column, an importance matrix's mean squared activation) weights each column's
+    rounding error as llama.cpp's quantizer does (every type but Q8_0 and the float types)."""
     from .._native import check, ffi, lib
 
     type_id = int(type_id)
@@ -49,10 +52,17 @@ def quantize(x: np.ndarray, type_id: int, n_threads: int = 0) -> np.ndarray:
     if not can_quantize(type_id, n_cols):
         raise EdgeInferError(f"rows of {n_cols} elements cannot be stored as "
                              f"{ggml_type_name(type_id)} (block size {block_elems(type_id)})")
+    qw = ffi.NULL
+    if importance is not None:
+        importance = np.ascontiguousarray(importance, dtype=np.float32).reshape(-1)
+        if importance.size != n_cols:
+            raise EdgeInferError(f"an importance vector of {importance.size} values for rows of "
+                                 f"{n_cols} elements")
+        qw = ffi.from_buffer("float[]", importance)
     rb = row_nbytes(type_id, n_cols)
     out = np.empty((n_rows, rb), dtype=np.uint8)
     check(lib.ei_quantize_rows(type_id, ffi.from_buffer("float[]", x), ffi.from_buffer(out),
-                               n_rows, n_cols, int(n_threads)), "ei_quantize_rows")
+                               n_rows, n_cols, qw, int(n_threads)), "ei_quantize_rows")
     return out
 
 

@@ -6,6 +6,8 @@ conv taps are always F32):
   except Q8_0 (which keeps Q8_0), or Q8_0 when its rows are not a multiple of 256;
 * q4_k_m / q5_k_m: attn_v and ffn_down are Q6_K on the first and last eighth of the layers
   and every third layer between (llama.cpp's `use_more_bits`);
+* q4_0 / q5_0 quantized with an importance matrix: ffn_down in the first eighth of the layers
+  is Q4_1 / Q5_1 (llama.cpp guards those layers so when an imatrix is given);
 * a K-quant whose row length is not a multiple of 256 falls back as llama.cpp does:
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (and to F16 if even that does not fit);
 * `--keep PATTERN=TYPE` (shell-style glob on the GGUF tensor name) overrides any of this.
@@ -51,6 +53,7 @@ _FLOAT = {T.F32, T.F16, T.BF16}
 # keeps them; the runtimes read them as F32
 _CONV_TAPS = re.compile(r"\.(ssm_conv1d|shortconv\.conv)\.weight$")
 _FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_GUARDED = {T.Q4_0: T.Q4_1, T.Q5_0: T.Q5_1}   # imatrix files' first-eighth ffn_down
 _TYPE_NAMES = {t.name.lower(): t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0,
                                            T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)}
 
@@ -93,8 +96,9 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 class Recipe:
     def __init__(self, ftype: FileType, n_layer: int, has_output: bool,
-                 keep: list[tuple[str, T]] | None = None):
+                 keep: list[tuple[str, T]] | None = None, imatrix: bool = False):
         self.ftype = ftype
+        self.imatrix = imatrix
         self.n_layer = n_layer
         self.has_output = has_output
         self.keep = keep or []
@@ -122,6 +126,10 @@ class Recipe:
             m = _BLK.match(name)
             if m and use_more_bits(int(m.group(1)), self.n_layer):
                 t = T.Q6_K
+        elif self.imatrix and base in _GUARDED and ".ffn_down." in name:
+            m = _BLK.match(name)
+            if m and int(m.group(1)) < self.n_layer // 8:
+                t = _GUARDED[base]
         if t in _FALLBACK and nx % 256:
             t = _FALLBACK[t]
         if not can_quantize(t, nx):

@@ -312,9 +312,13 @@ ei_status ei_runtime_set_slot_loras(ei_runtime *rt, int slot, int n, ei_lora *co
 ei_status ei_quantize_row_bytes(int type, int64_t n_cols, int64_t *out);
 /* dst = n_rows rows of n_cols float32 values from src, quantized to `type` (GGUF block
  * layout, rows contiguous), using up to n_threads threads (<= 0: physical cores). Q8_0,
- * Q4_0, Q4_1, Q5_0, Q5_1 are bit-exact with the gguf package's quants.quantize. */
+ * Q4_0, Q4_1, Q5_0, Q5_1 are bit-exact with the gguf package's quants.quantize.
+ * `importance` (NULL, or n_cols finite values >= 0: an importance matrix's mean squared
+ * activation per input column) weights each column's error in the searches of Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K and Q6_K as llama.cpp's quantizer weights it; Q8_0 and the float
+ * types ignore it. */
 ei_status ei_quantize_rows(int type, const float *src, void *dst, int64_t n_rows, int64_t n_cols,
-                           int n_threads);
+                           const float *importance, int n_threads);
 /* ==== end of quantization ==== */
 
 #ifdef __cplusplus
