@@ -114,28 +114,30 @@ class Imatrix:
             data = fh.read()
         im, off = cls(legacy=True), 0
 
+        def bad(detail: str) -> ConversionError:
+            return ConversionError(f"the importance matrix {path} is neither GGUF nor a legacy "
+                                   f".dat imatrix ({detail})")
+
         def take(fmt: str, what: str):
             nonlocal off
             n = struct.calcsize(fmt)
             if off + n > len(data):
-                raise ConversionError(f"the importance matrix {path} is neither GGUF nor a "
-                                      f"complete legacy .dat file (it ends inside {what})")
+                raise bad(f"it ends inside {what}")
             v = struct.unpack_from(fmt, data, off)
             off += n
             return v
 
         (n_entries,) = take("<i", "the entry count")
         if n_entries < 1:
-            raise ConversionError(f"the importance matrix {path} is neither GGUF nor a legacy "
-                                  f".dat file with entries")
+            raise bad(f"{n_entries} entries")
         for i in range(n_entries):
             (n,) = take("<i", f"entry {i}'s name length")
             if not 0 < n <= 4096:
-                raise ConversionError(f"the importance matrix {path}: entry {i} has a name of {n} bytes")
+                raise bad(f"entry {i} has a name of {n} bytes")
             name = take(f"<{n}s", f"entry {i}'s name")[0].decode("utf-8", "replace")
             ncall, nval = take("<ii", f"entry {i}'s counts")
-            if nval < 1:
-                raise ConversionError(f"the importance matrix {path}: {name} has {nval} values")
+            if not 0 < nval <= (len(data) - off) // 4:
+                raise bad(f"{name} has {nval} values")
             im.sums[name] = np.array(take(f"<{nval}f", name), dtype=np.float32).reshape(1, -1)
             im.counts[name] = np.array([ncall], dtype=np.float32)
         if off + 4 <= len(data):        # optional: the chunk count and the dataset's name

@@ -207,7 +207,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
         l = l < 0 ? 0 : (l > nmax ? nmax : l);
         L[i] = (uint8_t)l;
         float diff = scale * l + mn - x[i];
-        best += w[i] * diff * diff;
+        best += w[i] * (diff * diff);
     }
     uint8_t Laux[QK];
     for (int is = 0; is <= nstep; is++) {
@@ -232,7 +232,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
             float err = 0;
             for (int i = 0; i < n; i++) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                err += w[i] * diff * diff;
+                err += w[i] * (diff * diff);
             }
             if (err < best) {
                 memcpy(L, Laux, (size_t)n);

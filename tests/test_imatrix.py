@@ -1,0 +1,319 @@
+"""Importance matrices: the weighted quantizers against ggml's own (`ggml_quantize_chunk`, the
+function llama-quantize calls), the collected sums against transformers' activations, whole
+files against llama.cpp's quantizer given the same matrix, llama-imatrix's two file formats,
+bad files, the CLI, and on SmolLM2's real weights what the matrix buys in KL."""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+
+import numpy as np
+import pytest
+from tests.support.strict import require
+
+torch = require("torch", "tiny checkpoints are built with torch")
+require("transformers", "tiny checkpoints are built with transformers")
+gguf = require("gguf", "gguf-py writes llama-imatrix's format independently of our writer")
+
+from tests.support import tiny_checkpoints  # noqa: E402
+
+from edgeinfer.convert import Imatrix, compute_imatrix, convert_checkpoint  # noqa: E402
+from edgeinfer.convert.converter import _calibration_windows, _open_source  # noqa: E402
+from edgeinfer.convert.quantize import dequantize, quantize  # noqa: E402
+from edgeinfer.errors import ConversionError  # noqa: E402
+from edgeinfer.gguf import GGUFFile  # noqa: E402
+from edgeinfer.gguf.types import GGMLType as T  # noqa: E402
+
+torch.set_num_threads(1)
+
+WEIGHTED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+# llama.cpp's LLAMA_FTYPE ids of the file types an importance matrix changes
+FTYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
+
+
+def _ggml():
+    llama_cpp = require("llama_cpp", "ggml's quantizers (llama-cpp-python) are the oracle")
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+    return lib
+
+
+def _rows_and_importance(seed: int = 0, rows: int = 48, cols: int = 512):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, cols)) * rng.uniform(0.005, 1.0, (rows, 1))).astype(np.float32)
+    x[:, 7] *= 25                          # an outlier column, as real activations make them
+    x[3] = 0                               # an all-zero row
+    qw = rng.gamma(0.4, 1.0, cols).astype(np.float32)
+    qw[100:140] = 0                        # columns calibration never touched
+    return x, qw
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imatrix")
+    return {k: tiny_checkpoints.build(k, root / k) for k in ("llama_256", "phi3", "gemma3", "llama")}
+
+
+@pytest.fixture(scope="module")
+def llama256_imatrix(ckpts, tmp_path_factory):
+    path = tmp_path_factory.mktemp("im") / "imatrix.gguf"
+    compute_imatrix(str(ckpts["llama_256"]), str(path), chunk_size=128)
+    return path
+
+
+# ------------------------------------------------------------------ the quantizers
+@pytest.mark.oracle
+@pytest.mark.parametrize("qtype", WEIGHTED + [T.Q8_0], ids=lambda t: t.name)
+def test_weighted_quantizers_are_ggml_bit_for_bit(qtype):
+    lib = _ggml()
+    x, qw = _rows_and_importance()
+    ours = quantize(x, qtype, 2, importance=qw)
+    ref = np.zeros_like(ours)
+    lib.ggml_quantize_init(int(qtype))
+    assert lib.ggml_quantize_chunk(int(qtype), x.ctypes.data, ref.ctypes.data, 0, x.shape[0], x.shape[1],
+                                   qw.ctypes.data) == ref.nbytes
+    assert np.array_equal(ours, ref)
+    # Q8_0 ignores the importance in both; every other type must have used it
+    assert np.array_equal(ours, quantize(x, qtype, 2)) == (qtype == T.Q8_0)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q5_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_importance_lowers_the_error_where_it_weighs(qtype):
+    """With a skewed importance (a few columns matter most, as in real activations) the
+    importance-weighted error drops: Q4_0 0.76x, Q5_1 0.52x, Q4_K 0.63x, Q6_K 0.86x here."""
+    x, _ = _rows_and_importance(seed=1)
+    qw = np.exp(2.5 * np.random.default_rng(5).standard_normal(x.shape[1])).astype(np.float32)
+    err = {}
+    for k, imp in (("plain", None), ("weighted", qw)):
+        y = dequantize(quantize(x, qtype, 2, importance=imp), qtype, x.shape[1]).reshape(x.shape)
+        err[k] = float(((x - y) ** 2 * qw).sum())
+    assert err["weighted"] < 0.9 * err["plain"], err
+
+
+def test_bad_importance_vectors_are_refused():
+    x, qw = _rows_and_importance()
+    with pytest.raises(Exception, match="importance vector of 511"):
+        quantize(x, T.Q4_K, importance=qw[:511])
+    for bad in (np.nan, np.inf, -1.0):
+        q = qw.copy()
+        q[5] = bad
+        with pytest.raises(Exception, match="importance"):
+            quantize(x, T.Q4_0, importance=q)
+
+
+# ------------------------------------------------------------------ collecting
+@pytest.mark.parametrize("kind", ["llama_256", "phi3", "gemma3"])
+def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
+    """Every block matmul's summed squared inputs, per column, equal those of the Hugging Face
+    model's nn.Linear inputs on the same token windows (phi3: fused qkv / gate-up tensors)."""
+    import transformers as tf
+
+    ck = ckpts[kind]
+    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=96, max_tokens=300)
+    src = _open_source(str(ck), None)
+    windows = _calibration_windows(src.tok_kv, None, 300, 96)
+    model = tf.AutoModelForCausalLM.from_pretrained(ck, torch_dtype=torch.float32).eval()
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+
+    def hook(name):
+        def pre(_mod, args):
+            x = args[0].detach().double().reshape(-1, args[0].shape[-1]).numpy()
+            sums[name] = sums.get(name, 0) + (x * x).sum(0)
+            counts[name] = counts.get(name, 0) + x.shape[0]
+        return pre
+
+    for mname, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in mname:
+            mod.register_forward_pre_hook(hook(src.tmap.gguf_name(mname + ".weight")))
+    with torch.no_grad():
+        for w in windows:
+            model(torch.tensor([w]))
+    assert sorted(im.sums) == sorted(sums) and len(sums) >= 4 * 2   # 2 layers of at least 4 matmuls
+    for name, s in sums.items():
+        assert im.counts[name].tolist() == [counts[name]] == [sum(map(len, windows))]
+        np.testing.assert_allclose(im.sums[name][0], s, rtol=2e-4, atol=1e-6, err_msg=name)
+    assert im.chunk_count == len(windows) > 1 and im.chunk_size == 96
+
+
+# ------------------------------------------------------------------ whole files
+def _llama_quantize(src, dst, ftype: int, im: Imatrix | None):
+    llama_cpp = require("llama_cpp", "llama.cpp's quantizer is the oracle")
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = ftype
+    p.nthread = 2
+    keep = []
+    if im is not None:
+        data = (llama_cpp.llama_model_imatrix_data * (len(im.sums) + 1))()
+        for i, name in enumerate(sorted(im.sums)):      # as llama-quantize hands it over: sums / count
+            a = np.ascontiguousarray(im.importance(name, im.sums[name].shape[1]), dtype=np.float32)
+            keep += [a, name.encode()]
+            data[i].name, data[i].size = keep[-1], a.size
+            data[i].data = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        keep.append(data)
+        p.imatrix = ctypes.cast(data, type(p.imatrix)) if p.imatrix is not None else ctypes.cast(data, ctypes.c_void_p)
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("ftype", list(FTYPES))
+def test_convert_with_imatrix_is_llama_quantize_byte_for_byte(ckpts, llama256_imatrix, tmp_path, ftype):
+    ck = ckpts["llama_256"]
+    convert_checkpoint(str(ck), str(tmp_path / "f32.gguf"), "f32")
+    im = Imatrix.load(str(llama256_imatrix))
+    _llama_quantize(tmp_path / "f32.gguf", tmp_path / "llama.gguf", FTYPES[ftype], im)
+    convert_checkpoint(str(ck), str(tmp_path / "ours.gguf"), ftype, imatrix=str(llama256_imatrix))
+    _llama_quantize(tmp_path / "f32.gguf", tmp_path / "plain.gguf", FTYPES[ftype], None)
+    with (GGUFFile(tmp_path / "llama.gguf") as a, GGUFFile(tmp_path / "ours.gguf") as b,
+          GGUFFile(tmp_path / "plain.gguf") as c):
+        assert sorted(a.tensors) == sorted(b.tensors)
+        for n, ta in a.tensors.items():
+            assert (ta.type_name, bytes(ta.data)) == (b.tensors[n].type_name, bytes(b.tensors[n].data)), n
+        assert any(bytes(ta.data) != bytes(c.tensors[n].data) for n, ta in a.tensors.items())
+        if ftype in ("q4_0", "q5_0"):   # llama.cpp's guard: the first eighth's ffn_down one type up
+            assert b.tensors["blk.0.ffn_down.weight"].type_name == ftype.upper().replace("_0", "_1")
+            assert b.tensors["blk.1.ffn_down.weight"].type_name == ftype.upper()
+        assert b.get("quantize.imatrix.entries_count") == len(im.sums)
+        assert b.get("quantize.imatrix.chunks_count") == im.chunk_count
+        assert b.get("quantize.imatrix.file") == str(llama256_imatrix)[:127]
+
+
+def test_imatrix_files_are_llama_imatrix_format(llama256_imatrix, tmp_path):
+    """Ours read by gguf-py as llama.cpp's loader reads it; and the two formats llama-imatrix
+    writes (GGUF with sums and counts, an expertless entry with no tokens among them; legacy
+    .dat with means times ncall), written here by gguf-py and by the layout in
+    tools/imatrix/imatrix.cpp, give llama-quantize's weights."""
+    r = gguf.GGUFReader(str(llama256_imatrix))
+    assert r.fields["general.type"].contents() == "imatrix"
+    assert r.fields["imatrix.datasets"].contents() == ["edgeinfer/convert/calibration.txt"]
+    assert r.fields["imatrix.chunk_size"].types == [gguf.GGUFValueType.UINT32]
+    by = {t.name: t for t in r.tensors}
+    for name in (n for n in by if n.endswith(".in_sum2")):
+        cnt = by[name[:-len(".in_sum2")] + ".counts"]
+        assert by[name].tensor_type == cnt.tensor_type == gguf.GGMLQuantizationType.F32
+        assert list(by[name].shape) == [256 if "ffn_down" not in name else 512, 1] and list(cnt.shape) == [1, 1]
+
+    rng = np.random.default_rng(0)
+    s1, s2 = rng.uniform(0, 9, 64).astype(np.float32), rng.uniform(0, 9, 32).astype(np.float32)
+    w = gguf.GGUFWriter(str(tmp_path / "theirs.gguf"), arch="llama")
+    w.add_string("general.type", "imatrix")
+    w.add_array("imatrix.datasets", ["wiki.train.raw"])
+    w.add_uint32("imatrix.chunk_count", 7)
+    w.add_uint32("imatrix.chunk_size", 512)
+    w.add_tensor("blk.0.attn_q.weight.in_sum2", s1.reshape(1, 64))
+    w.add_tensor("blk.0.attn_q.weight.counts", np.array([[3584.0]], np.float32))
+    w.add_tensor("blk.0.ffn_down.weight.in_sum2", s2.reshape(1, 32))
+    w.add_tensor("blk.0.ffn_down.weight.counts", np.array([[0.0]], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    im = Imatrix.load(str(tmp_path / "theirs.gguf"))
+    np.testing.assert_allclose(im.importance("blk.0.attn_q.weight", 64), s1 / 3584.0, rtol=1e-7)
+    assert (im.importance("blk.0.ffn_down.weight", 32) == 1).all()     # no tokens: every column 1
+    assert im.importance("blk.0.ffn_up.weight", 32) is None
+    assert (im.datasets, im.chunk_count) == (["wiki.train.raw"], 7)
+    assert im.metadata("x.gguf")[1] == ("quantize.imatrix.dataset", "wiki.train.raw", "STRING")
+
+    dat = struct.pack("<i", 2)
+    for name, vals, ncall in (("blk.0.attn_q.weight", s1, 5), ("output.weight", s2, 0)):
+        dat += struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", ncall, vals.size)
+        dat += vals.tobytes()
+    dat += struct.pack("<i", 5) + struct.pack("<i", 8) + b"calib.tx"
+    (tmp_path / "theirs.dat").write_bytes(dat)
+    im = Imatrix.load(str(tmp_path / "theirs.dat"))
+    np.testing.assert_allclose(im.importance("blk.0.attn_q.weight", 64), s1 / 5, rtol=1e-7)
+    np.testing.assert_array_equal(im.importance("output.weight", 32), s2)     # ncall 0: as stored
+    assert (im.datasets, im.chunk_count) == (["calib.tx"], 5)
+
+
+def _broken(tmp_path, llama256_imatrix):
+    good = llama256_imatrix.read_bytes()
+    cases = {
+        "garbage": (b"\x07\x00\x00\x00not an imatrix", "neither GGUF nor a legacy .dat imatrix"),
+        "empty": (b"", "ends inside the entry count"),
+        "truncated_gguf": (good[:len(good) // 2], "not a valid GGUF"),
+        "truncated_dat": (struct.pack("<ii", 1, 4) + b"blk.", "ends inside entry 0's counts"),
+    }
+    out = {}
+    for name, (data, msg) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        out[name] = (tmp_path / name, msg)
+    for name, vals, cnt, msg in (("nan", np.array([1, np.nan], np.float32), [[4.0]], "non-finite"),
+                                 ("negative", np.array([1, -2], np.float32), [[4.0]], "negative"),
+                                 ("no_counts", np.array([1, 2], np.float32), None, "sums without counts")):
+        w = gguf.GGUFWriter(str(tmp_path / name), arch="llama")
+        w.add_string("general.type", "imatrix")
+        w.add_tensor("blk.0.attn_q.weight.in_sum2", vals.reshape(1, -1))
+        if cnt is not None:
+            w.add_tensor("blk.0.attn_q.weight.counts", np.array(cnt, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        out[name] = (tmp_path / name, msg)
+    return out
+
+
+def test_bad_imatrix_files_are_clear_errors(ckpts, llama256_imatrix, tmp_path):
+    for name, (path, msg) in _broken(tmp_path, llama256_imatrix).items():
+        with pytest.raises(ConversionError, match=msg):
+            Imatrix.load(str(path))
+    with pytest.raises(ConversionError, match="cannot read the importance matrix"):
+        Imatrix.load(str(tmp_path / "missing.gguf"))
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ConversionError, match="made for another model"):     # rows of 64, not 256
+        convert_checkpoint(str(ckpts["llama"]), str(out), "q4_k_m", imatrix=str(llama256_imatrix))
+    with pytest.raises(ConversionError, match="--imatrix goes with a fixed --type"):
+        convert_checkpoint(str(ckpts["llama_256"]), str(out), "auto", target_bpw=5.0,
+                           imatrix=str(llama256_imatrix))
+    assert not out.exists()
+
+
+@pytest.mark.oracle
+def test_cli_collects_converts_and_llama_cpp_loads_it(ckpts, tmp_path):
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+    llama_cpp = require("llama_cpp", "llama.cpp loads the converted file")
+    ck, im, out = ckpts["llama_256"], tmp_path / "im.gguf", tmp_path / "m.gguf"
+    r = CliRunner().invoke(app, ["imatrix", str(ck), "-o", str(im), "-q", "--chunk-size", "128"])
+    assert r.exit_code == 0 and "56 tensors" in r.output, r.output
+    r = CliRunner().invoke(app, ["convert", str(ck), "-o", str(out), "-q", "--type", "q4_k_m",
+                                 "--imatrix", str(im)])
+    assert r.exit_code == 0, r.output
+    llm = llama_cpp.Llama(str(out), n_ctx=64, verbose=False)
+    assert len(llm.tokenize(b"hello")) > 0
+    llm.eval(llm.tokenize(b"hello"))
+    assert np.isfinite(llm.scores[llm.n_tokens - 1]).all()
+    r = CliRunner().invoke(app, ["convert", str(ck), "-o", str(tmp_path / "x.gguf"), "-q",
+                                 "--imatrix", str(tmp_path / "nope.gguf")])
+    assert r.exit_code != 0 and "cannot read the importance matrix" in r.output, r.output
+
+
+# ------------------------------------------------------------------ real weights
+@pytest.mark.slow
+def test_smollm2_imatrix_lowers_kl(smollm2_path, tmp_path):
+    """SmolLM2-135M rebuilt from its Q4_1 GGUF, its importance matrix collected on the shipped
+    calibration text: Q4_0 and Q4_K_M quantized with it lose less (KL against the F32
+    conversion on a text the calibration does not contain; full figures in
+    docs/quantization.md)."""
+    from edgeinfer.tools.eval import evaluate
+    from tests.support.texts import TEXTS
+    src = tiny_checkpoints.build_from_gguf(smollm2_path, tmp_path / "smol")
+    ref = tmp_path / "f32.gguf"
+    convert_checkpoint(str(src), str(ref), "f32")
+    compute_imatrix(str(src), str(tmp_path / "im.gguf"))
+    kl = {}
+    for t in ("q4_0", "q4_k_m"):
+        for k, imx in (("plain", None), ("imatrix", str(tmp_path / "im.gguf"))):
+            f = convert_checkpoint(str(src), str(tmp_path / f"{k}.{t}.gguf"), t, n_threads=2, imatrix=imx)
+            kl[k, t] = evaluate(f.path, str(ref), TEXTS["technical"], ctx=256, max_tokens=255,
+                                n_threads=2).kl_mean
+    print(kl)
+    for t in ("q4_0", "q4_k_m"):
+        assert kl["imatrix", t] < 0.85 * kl["plain", t], kl
