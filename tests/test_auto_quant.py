@@ -247,6 +247,10 @@ def test_auto_bad_inputs(tiny, tmp_path):
         convert_checkpoint(src, str(out), "auto", target_bpw=6, calibration=str(tmp_path / "x"))
     with pytest.raises(ConversionError, match="go with --type auto"):
         convert_checkpoint(src, str(out), "q4_0", target_bpw=6)
+    for kind in ("lfm2", "qwen35"):     # hybrids: no backward through the recurrent layers
+        hybrid = tiny_checkpoints.build(kind, tmp_path / kind)
+        with pytest.raises(ConversionError, match="its recurrent layers have no backward"):
+            convert_checkpoint(str(hybrid), str(out), "auto", target_bpw=6)
     assert not out.exists()
     # --keep still wins under auto, and its bytes count against the budget
     r = convert_checkpoint(src, str(out), "auto", target_bpw=9.5, keep=["output.weight=f16"])

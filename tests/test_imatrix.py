@@ -140,6 +140,52 @@ def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
     assert im.chunk_count == len(windows) > 1 and im.chunk_size == 96
 
 
+@pytest.mark.parametrize("kind", ["lfm2", "qwen35"])
+def test_hybrids_collect_all_but_the_recurrent_mixers(kind, tmp_path):
+    """Hybrids: every attention and FFN matmul has its transformers sums; the recurrent
+    mixers' tensors (short convolutions, DeltaNet) have no entry, and the file converts."""
+    import transformers as tf
+
+    ck = tiny_checkpoints.build(kind, tmp_path / "hf")
+    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=64, max_tokens=120)
+    src = _open_source(str(ck), None)
+    windows = _calibration_windows(src.tok_kv, None, 120, 64)
+    model = tf.AutoModelForCausalLM.from_pretrained(ck, torch_dtype=torch.float32).eval()
+    sums: dict[str, np.ndarray] = {}
+
+    def hook(name):
+        def pre(_mod, args):
+            x = args[0].detach().double().reshape(-1, args[0].shape[-1]).numpy()
+            sums[name] = sums.get(name, 0) + (x * x).sum(0)
+        return pre
+
+    for mname, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in mname:
+            mod.register_forward_pre_hook(hook(src.tmap.gguf_name(mname + ".weight")))
+    with torch.no_grad():
+        for w in windows:
+            model(torch.tensor([w]))
+    assert set(im.sums) < set(sums)
+    attn_layers = {int(n.split(".")[1]) for n in im.sums if ".attn_q." in n or ".attn_qkv." in n}
+    ffn_layers = {int(n.split(".")[1]) for n in im.sums if ".ffn_down." in n}
+    for name in set(sums) - set(im.sums):    # only the recurrent layers' own mixer tensors
+        layer = int(name.split(".")[1])
+        assert layer not in attn_layers and layer in ffn_layers and "ffn" not in name, name
+    assert 0 < len(attn_layers) < len(ffn_layers)
+    for name in im.sums:
+        np.testing.assert_allclose(im.sums[name][0], sums[name], rtol=2e-4, atol=1e-6, err_msg=name)
+    convert_checkpoint(str(ck), str(tmp_path / "q.gguf"), "q4_k_m", imatrix=str(tmp_path / "im.gguf"))
+
+
+def test_gemma4_is_refused_clearly(tmp_path):
+    from tests.support import tiny_gemma4
+
+    ck = tiny_gemma4.build(tmp_path / "g4")
+    with pytest.raises(ConversionError, match="table-driven reference forward"):
+        compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=32, max_tokens=40)
+    assert not (tmp_path / "im.gguf").exists()
+
+
 # ------------------------------------------------------------------ whole files
 def _llama_quantize(src, dst, ftype: int, im: Imatrix | None):
     llama_cpp = require("llama_cpp", "llama.cpp's quantizer is the oracle")

@@ -94,7 +94,9 @@ class _ConvertedWeights(Mapping):
         hf = self._hf[name]
         w = np.asarray(self._load(hf), dtype=np.float32)
         f = self._tmap.transform(hf)
-        return w if f is None else f(w)
+        w = w if f is None else f(w)
+        # rows as the file stores them (a conv's [channels, 1, taps] is [channels, taps] there)
+        return w.reshape(-1, w.shape[-1]) if w.ndim > 2 else w
 
     def __contains__(self, name: object) -> bool:
         return name in self._hf or name in self._computed
@@ -241,6 +243,9 @@ def analyze(hp: HParams, tmap: TensorMap, load: Callable[[str], np.ndarray],
     if not isinstance(ref, Reference):   # the backward below walks the table-driven Reference's layers
         raise ConversionError(f"--type auto cannot price {hp.arch.name} weights (its per-layer inputs and "
                               f"KV-shared layers have no backward here); choose a --type")
+    if any(k != "attention" for k in ref.params.layer_kinds or ()):
+        raise ConversionError(f"--type auto cannot price {hp.arch.name} weights (its recurrent layers "
+                              f"have no backward here); choose a --type")
     # LongRoPE's factors by the window's length, as transformers chooses them
     pos = {len(w): ref.positions(len(w)) for w in ids}
 
