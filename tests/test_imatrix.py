@@ -106,16 +106,11 @@ def test_bad_importance_vectors_are_refused():
 
 
 # ------------------------------------------------------------------ collecting
-@pytest.mark.parametrize("kind", ["llama_256", "phi3", "gemma3"])
-def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
-    """Every block matmul's summed squared inputs, per column, equal those of the Hugging Face
-    model's nn.Linear inputs on the same token windows (phi3: fused qkv / gate-up tensors)."""
+def _transformers_sums(ck, src, windows) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Per GGUF name, the summed squared inputs (float64) and token count of every nn.Linear
+    in the Hugging Face model's blocks over the token windows."""
     import transformers as tf
 
-    ck = ckpts[kind]
-    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=96, max_tokens=300)
-    src = _open_source(str(ck), None)
-    windows = _calibration_windows(src.tok_kv, None, 300, 96)
     model = tf.AutoModelForCausalLM.from_pretrained(ck, torch_dtype=torch.float32).eval()
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
@@ -133,6 +128,18 @@ def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
     with torch.no_grad():
         for w in windows:
             model(torch.tensor([w]))
+    return sums, counts
+
+
+@pytest.mark.parametrize("kind", ["llama_256", "phi3", "gemma3"])
+def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
+    """Every block matmul's summed squared inputs, per column, equal those of the Hugging Face
+    model's nn.Linear inputs on the same token windows (phi3: fused qkv / gate-up tensors)."""
+    ck = ckpts[kind]
+    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=96, max_tokens=300)
+    src = _open_source(str(ck), None)
+    windows = _calibration_windows(src.tok_kv, None, 300, 96)
+    sums, counts = _transformers_sums(ck, src, windows)
     assert sorted(im.sums) == sorted(sums) and len(sums) >= 4 * 2   # 2 layers of at least 4 matmuls
     for name, s in sums.items():
         assert im.counts[name].tolist() == [counts[name]] == [sum(map(len, windows))]
@@ -144,27 +151,10 @@ def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
 def test_hybrids_collect_all_but_the_recurrent_mixers(kind, tmp_path):
     """Hybrids: every attention and FFN matmul has its transformers sums; the recurrent
     mixers' tensors (short convolutions, DeltaNet) have no entry, and the file converts."""
-    import transformers as tf
-
     ck = tiny_checkpoints.build(kind, tmp_path / "hf")
     im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=64, max_tokens=120)
     src = _open_source(str(ck), None)
-    windows = _calibration_windows(src.tok_kv, None, 120, 64)
-    model = tf.AutoModelForCausalLM.from_pretrained(ck, torch_dtype=torch.float32).eval()
-    sums: dict[str, np.ndarray] = {}
-
-    def hook(name):
-        def pre(_mod, args):
-            x = args[0].detach().double().reshape(-1, args[0].shape[-1]).numpy()
-            sums[name] = sums.get(name, 0) + (x * x).sum(0)
-        return pre
-
-    for mname, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and ".layers." in mname:
-            mod.register_forward_pre_hook(hook(src.tmap.gguf_name(mname + ".weight")))
-    with torch.no_grad():
-        for w in windows:
-            model(torch.tensor([w]))
+    sums, _ = _transformers_sums(ck, src, _calibration_windows(src.tok_kv, None, 120, 64))
     assert set(im.sums) < set(sums)
     attn_layers = {int(n.split(".")[1]) for n in im.sums if ".attn_q." in n or ".attn_qkv." in n}
     ffn_layers = {int(n.split(".")[1]) for n in im.sums if ".ffn_down." in n}
