@@ -19,7 +19,7 @@ gguf = require("gguf", "gguf-py writes llama-imatrix's format independently of o
 from tests.support import tiny_checkpoints  # noqa: E402
 
 from edgeinfer.convert import Imatrix, compute_imatrix, convert_checkpoint  # noqa: E402
-from edgeinfer.convert.converter import _calibration_windows, _open_source  # noqa: E402
+from edgeinfer.convert.converter import _imatrix_chunks, _open_source  # noqa: E402
 from edgeinfer.convert.quantize import dequantize, quantize  # noqa: E402
 from edgeinfer.errors import ConversionError  # noqa: E402
 from edgeinfer.gguf import GGUFFile  # noqa: E402
@@ -40,6 +40,55 @@ def _ggml():
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
     return lib
+
+
+def _ggml_read_imatrix(path) -> tuple[dict, dict[str, np.ndarray]]:
+    """The file as llama.cpp's common_imatrix_load reads it, through ggml's own GGUF reader:
+    ({key: (gguf type, value)} for the three imatrix keys, {tensor name: float32 data})."""
+    lib = _ggml()
+
+    class Params(ctypes.Structure):
+        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
+
+    for name, res, args in (
+            ("gguf_init_from_file", ctypes.c_void_p, [ctypes.c_char_p, Params]),
+            ("gguf_find_key", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_char_p]),
+            ("gguf_get_kv_type", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]),
+            ("gguf_get_arr_type", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]),
+            ("gguf_get_arr_n", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_int64]),
+            ("gguf_get_arr_str", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t]),
+            ("gguf_get_val_u32", ctypes.c_uint32, [ctypes.c_void_p, ctypes.c_int64]),
+            ("gguf_free", None, [ctypes.c_void_p]),
+            ("ggml_free", None, [ctypes.c_void_p]),
+            ("ggml_get_first_tensor", ctypes.c_void_p, [ctypes.c_void_p]),
+            ("ggml_get_next_tensor", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p]),
+            ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ("ggml_nelements", ctypes.c_int64, [ctypes.c_void_p]),
+            ("ggml_get_data_f32", ctypes.POINTER(ctypes.c_float), [ctypes.c_void_p])):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = res, args
+    ctx = ctypes.c_void_p()
+    g = lib.gguf_init_from_file(str(path).encode(), Params(False, ctypes.pointer(ctx)))
+    assert g, "ggml's GGUF reader refused the file"
+    keys = {}
+    for k in ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"):
+        i = lib.gguf_find_key(g, k.encode())
+        assert i >= 0, k
+        t = lib.gguf_get_kv_type(g, i)
+        if t == 9:      # GGUF_TYPE_ARRAY
+            keys[k] = (t, lib.gguf_get_arr_type(g, i),
+                       [lib.gguf_get_arr_str(g, i, j).decode() for j in range(lib.gguf_get_arr_n(g, i))])
+        else:
+            keys[k] = (t, lib.gguf_get_val_u32(g, i))
+    tensors, t = {}, lib.ggml_get_first_tensor(ctx)
+    while t:
+        name = lib.ggml_get_name(t).decode()
+        if name.endswith((".in_sum2", ".counts")):     # the loader's pairing (ggml adds a data blob)
+            tensors[name] = np.ctypeslib.as_array(lib.ggml_get_data_f32(t),
+                                                  shape=(lib.ggml_nelements(t),)).copy()
+        t = lib.ggml_get_next_tensor(ctx, t)
+    lib.gguf_free(g)
+    lib.ggml_free(ctx)
+    return keys, tensors
 
 
 def _rows_and_importance(seed: int = 0, rows: int = 48, cols: int = 512):
@@ -136,15 +185,37 @@ def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
     """Every block matmul's summed squared inputs, per column, equal those of the Hugging Face
     model's nn.Linear inputs on the same token windows (phi3: fused qkv / gate-up tensors)."""
     ck = ckpts[kind]
-    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=96, max_tokens=300)
+    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=96, n_chunks=3)
     src = _open_source(str(ck), None)
-    windows = _calibration_windows(src.tok_kv, None, 300, 96)
+    windows = _imatrix_chunks(src.tok_kv, None, 96, 3)
     sums, counts = _transformers_sums(ck, src, windows)
     assert sorted(im.sums) == sorted(sums) and len(sums) >= 4 * 2   # 2 layers of at least 4 matmuls
     for name, s in sums.items():
         assert im.counts[name].tolist() == [counts[name]] == [sum(map(len, windows))]
         np.testing.assert_allclose(im.sums[name][0], s, rtol=2e-4, atol=1e-6, err_msg=name)
-    assert im.chunk_count == len(windows) > 1 and im.chunk_size == 96
+    assert im.chunk_count == len(windows) == 3 and im.chunk_size == 96
+
+
+@pytest.mark.parametrize("kind", ["llama_256", "llama_tied"])
+def test_chunks_are_llama_imatrix_chunks(ckpts, kind, tmp_path):
+    """llama-imatrix's cut (tools/imatrix/imatrix.cpp): the text tokenized once with the
+    model's specials, full chunks only, each chunk's first token replaced by BOS when the
+    model adds one; tokens from the checkpoint's own Hugging Face tokenizer."""
+    import transformers as tf
+
+    from edgeinfer.convert.sensitivity import default_calibration_text
+    ck = ckpts[kind] if kind in ckpts else tiny_checkpoints.build(kind, tmp_path / kind)
+    src = _open_source(str(ck), None)
+    hf = tf.AutoTokenizer.from_pretrained(ck)
+    tokens = hf(default_calibration_text()).input_ids
+    adds_bos = tokens[0] == hf.bos_token_id
+    assert adds_bos == (kind == "llama_256")
+    c = 64
+    expect = [tokens[i * c:(i + 1) * c] for i in range(len(tokens) // c)]
+    for ch in expect:
+        ch[0] = hf.bos_token_id if adds_bos else ch[0]
+    assert _imatrix_chunks(src.tok_kv, None, c, None) == expect and len(expect) > 2
+    assert _imatrix_chunks(src.tok_kv, None, c, 2) == expect[:2]
 
 
 @pytest.mark.parametrize("kind", ["lfm2", "qwen35"])
@@ -152,9 +223,9 @@ def test_hybrids_collect_all_but_the_recurrent_mixers(kind, tmp_path):
     """Hybrids: every attention and FFN matmul has its transformers sums; the recurrent
     mixers' tensors (short convolutions, DeltaNet) have no entry, and the file converts."""
     ck = tiny_checkpoints.build(kind, tmp_path / "hf")
-    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=64, max_tokens=120)
+    im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=64, n_chunks=2)
     src = _open_source(str(ck), None)
-    sums, _ = _transformers_sums(ck, src, _calibration_windows(src.tok_kv, None, 120, 64))
+    sums, _ = _transformers_sums(ck, src, _imatrix_chunks(src.tok_kv, None, 64, 2))
     assert set(im.sums) < set(sums)
     attn_layers = {int(n.split(".")[1]) for n in im.sums if ".attn_q." in n or ".attn_qkv." in n}
     ffn_layers = {int(n.split(".")[1]) for n in im.sums if ".ffn_down." in n}
@@ -172,7 +243,7 @@ def test_gemma4_is_refused_clearly(tmp_path):
 
     ck = tiny_gemma4.build(tmp_path / "g4")
     with pytest.raises(ConversionError, match="table-driven reference forward"):
-        compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=32, max_tokens=40)
+        compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=32, n_chunks=1)
     assert not (tmp_path / "im.gguf").exists()
 
 
@@ -218,20 +289,21 @@ def test_convert_with_imatrix_is_llama_quantize_byte_for_byte(ckpts, llama256_im
         assert b.get("quantize.imatrix.file") == str(llama256_imatrix)[:127]
 
 
+@pytest.mark.oracle
 def test_imatrix_files_are_llama_imatrix_format(llama256_imatrix, tmp_path):
-    """Ours read by gguf-py as llama.cpp's loader reads it; and the two formats llama-imatrix
-    writes (GGUF with sums and counts, an expertless entry with no tokens among them; legacy
-    .dat with means times ncall), written here by gguf-py and by the layout in
-    tools/imatrix/imatrix.cpp, give llama-quantize's weights."""
-    r = gguf.GGUFReader(str(llama256_imatrix))
-    assert r.fields["general.type"].contents() == "imatrix"
-    assert r.fields["imatrix.datasets"].contents() == ["edgeinfer/convert/calibration.txt"]
-    assert r.fields["imatrix.chunk_size"].types == [gguf.GGUFValueType.UINT32]
-    by = {t.name: t for t in r.tensors}
-    for name in (n for n in by if n.endswith(".in_sum2")):
-        cnt = by[name[:-len(".in_sum2")] + ".counts"]
-        assert by[name].tensor_type == cnt.tensor_type == gguf.GGMLQuantizationType.F32
-        assert list(by[name].shape) == [256 if "ffn_down" not in name else 512, 1] and list(cnt.shape) == [1, 1]
+    """Ours read by ggml's GGUF reader as llama.cpp's common_imatrix_load reads it (the three
+    keys llama-quantize requires, F32 sums and counts); and the two formats llama-imatrix
+    writes (GGUF with sums and counts, an entry with no tokens among them; legacy .dat with
+    means times ncall), written here by gguf-py and by the layout in tools/imatrix/imatrix.cpp,
+    give llama-quantize's weights."""
+    im = Imatrix.load(str(llama256_imatrix))
+    keys, tensors = _ggml_read_imatrix(llama256_imatrix)
+    assert keys == {"imatrix.datasets": (9, 8, ["edgeinfer/convert/calibration.txt"]),   # ARRAY of STRING
+                    "imatrix.chunk_count": (4, im.chunk_count), "imatrix.chunk_size": (4, 128)}  # UINT32
+    assert sorted(tensors) == sorted(n + sfx for n in im.sums for sfx in (".in_sum2", ".counts"))
+    for n in im.sums:
+        np.testing.assert_array_equal(tensors[n + ".in_sum2"], im.sums[n][0])
+        assert tensors[n + ".counts"].tolist() == im.counts[n].tolist() == [128 * im.chunk_count]
 
     rng = np.random.default_rng(0)
     s1, s2 = rng.uniform(0, 9, 64).astype(np.float32), rng.uniform(0, 9, 32).astype(np.float32)
@@ -304,6 +376,11 @@ def test_bad_imatrix_files_are_clear_errors(ckpts, llama256_imatrix, tmp_path):
     out = tmp_path / "out.gguf"
     with pytest.raises(ConversionError, match="made for another model"):     # rows of 64, not 256
         convert_checkpoint(str(ckpts["llama"]), str(out), "q4_k_m", imatrix=str(llama256_imatrix))
+    (tmp_path / "short.txt").write_text("Too short for a chunk.")
+    with pytest.raises(ConversionError, match="less than one chunk of 512"):
+        compute_imatrix(str(ckpts["llama"]), str(tmp_path / "im.gguf"), str(tmp_path / "short.txt"))
+    with pytest.raises(ConversionError, match="at least 16 tokens"):
+        compute_imatrix(str(ckpts["llama"]), str(tmp_path / "im.gguf"), chunk_size=8)
     with pytest.raises(ConversionError, match="--imatrix goes with a fixed --type"):
         convert_checkpoint(str(ckpts["llama_256"]), str(out), "auto", target_bpw=5.0,
                            imatrix=str(llama256_imatrix))

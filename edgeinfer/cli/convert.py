@@ -138,9 +138,11 @@ def imatrix_cmd(
         "--calibration", "-f", help="UTF-8 text to run (default: a short text shipped with "
                                     "edgeinfer; use text like what the model will see).")] = None,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Tokens per window, BOS "
-                                            "included (llama-imatrix's -c).")] = 512,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Use at most this many "
-                                            "tokens of the text.")] = 100_000,
+                                            "included (llama-imatrix's -c); the text must "
+                                            "hold at least one.")] = 512,
+    chunks: Annotated[Optional[int], typer.Option("--chunks", help="Use at most this many "
+                                                  "chunks (llama-imatrix's --chunks; default: "
+                                                  "every full chunk of the text).")] = None,
     lora: Annotated[Optional[str], typer.Option("--lora", help="PEFT LoRA adapter to merge "
                                                 "first (as convert --lora).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress.")] = False,
@@ -148,10 +150,10 @@ def imatrix_cmd(
     """Collect an importance matrix on calibration text, for `convert --imatrix` (or llama.cpp's llama-quantize --imatrix)."""
     from ..convert import compute_imatrix
 
-    im = compute_imatrix(checkpoint, output, calibration=calibration, max_tokens=max_tokens,
-                         chunk_size=chunk_size, lora_dir=lora, progress=not quiet)
-    print(f"wrote {output}: {len(im.sums)} tensors, {im.chunk_count} chunks of up to "
-          f"{im.chunk_size} tokens", file=sys.stderr)
+    im = compute_imatrix(checkpoint, output, calibration=calibration, chunk_size=chunk_size,
+                         n_chunks=chunks, lora_dir=lora, progress=not quiet)
+    print(f"wrote {output}: {len(im.sums)} tensors, {im.chunk_count} "
+          f"chunk{'s' if im.chunk_count != 1 else ''} of {im.chunk_size} tokens", file=sys.stderr)
 
 
 @handle_errors

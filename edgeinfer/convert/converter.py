@@ -131,9 +131,9 @@ def _open_source(checkpoint_dir: str, lora_dir: str | None, keep_mtp: bool = Tru
     return _Source(ckpt, hp, tmap, tokenizer_metadata(ckpt, hp.n_vocab), adapter, notes)
 
 
-def _calibration_windows(tok_kv, calibration: str | None, max_tokens: int, window: int) -> list[list[int]]:
-    """The calibration text (default: the one shipped with the package) as token windows of
-    at most `window` tokens, each starting with the tokenizer's BOS when it adds one."""
+def _calibration_tokens(tok_kv, calibration: str | None) -> tuple[list[int], list[int]]:
+    """(prefix, body): the tokenizer's BOS when it adds one (never an EOS), and the calibration
+    text (default: the one shipped with the package) as tokens, special-token text kept as text."""
     from ..text.tokenizer import Tokenizer
     from .sensitivity import default_calibration_text
 
@@ -146,33 +146,55 @@ def _calibration_windows(tok_kv, calibration: str | None, max_tokens: int, windo
         except (OSError, UnicodeDecodeError) as e:
             raise ConversionError(f"cannot read --calibration {calibration}: {e}") from None
     tok = Tokenizer.from_metadata({k: v for k, v, _ in tok_kv})
-    prefix = tok.encode("", add_special=True)[:1]
-    body = tok.encode(text, add_special=False, parse_special=False)[:max(2, int(max_tokens))]
+    prefix = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+    return prefix, tok.encode(text, add_special=False, parse_special=False)
+
+
+def _calibration_windows(tok_kv, calibration: str | None, max_tokens: int, window: int) -> list[list[int]]:
+    """--type auto's windows: the first max_tokens tokens of the text in windows of at most
+    `window` tokens, each after the BOS."""
+    prefix, body = _calibration_tokens(tok_kv, calibration)
+    body = body[:max(2, int(max_tokens))]
     step = window - len(prefix)
     return [prefix + body[i:i + step] for i in range(0, len(body), step)]
 
 
+def _imatrix_chunks(tok_kv, calibration: str | None, chunk_size: int, n_chunks: int | None) -> list[list[int]]:
+    """llama-imatrix's chunks: the whole text tokenized after one BOS, cut into full chunks of
+    chunk_size tokens (a shorter tail left out), each chunk's first token made the BOS."""
+    if chunk_size < 16:      # llama-imatrix skips matmuls of fewer than 16 rows
+        raise ConversionError(f"--chunk-size {chunk_size}: at least 16 tokens")
+    prefix, body = _calibration_tokens(tok_kv, calibration)
+    tokens = prefix + body
+    n = len(tokens) // chunk_size if n_chunks is None else min(n_chunks, len(tokens) // chunk_size)
+    if n < 1:
+        raise ConversionError(f"the calibration text is {len(tokens)} tokens, less than one chunk of "
+                              f"{chunk_size} (--chunk-size)")
+    return [prefix + tokens[i * chunk_size + len(prefix):(i + 1) * chunk_size] for i in range(n)]
+
+
 def compute_imatrix(checkpoint_dir: str, out_path: str, calibration: str | None = None,
-                    max_tokens: int = 100_000, chunk_size: int = 512, lora_dir: str | None = None,
+                    chunk_size: int = 512, n_chunks: int | None = None, lora_dir: str | None = None,
                     progress: bool = False) -> Imatrix:
     """Collects an importance matrix for the checkpoint (LoRA-merged if given) on the
-    calibration text, in windows of `chunk_size` tokens, and writes it to out_path in
-    llama.cpp's GGUF imatrix format (what `convert --imatrix` and llama-quantize read)."""
+    calibration text, cut into chunks as llama-imatrix cuts it (at most n_chunks of them), and
+    writes it to out_path in llama.cpp's GGUF imatrix format (what `convert --imatrix` and
+    llama-quantize read)."""
     from ..arch.reference import reference_for
     from .imatrix import collect
     from .sensitivity import _ConvertedWeights
 
-    if chunk_size < 2:
-        raise ConversionError(f"--chunk-size {chunk_size}: a window needs at least 2 tokens")
+    if n_chunks is not None and n_chunks < 1:
+        raise ConversionError(f"--chunks {n_chunks}: at least 1")
     src = _open_source(checkpoint_dir, lora_dir)
     hp = src.hp
-    windows = _calibration_windows(src.tok_kv, calibration, max_tokens, chunk_size)
+    chunks = _imatrix_chunks(src.tok_kv, calibration, chunk_size, n_chunks)
     meta = {"general.architecture": hp.arch.name, **{k: v for k, v, _ in hp.metadata()}}
     ref = reference_for(meta, _ConvertedWeights(hp, src.tmap, src.load_hf), np.float32)
     dataset = calibration if calibration is not None else "edgeinfer/convert/calibration.txt"
     with status("imatrix", quiet=not progress, leave=True) as note:
-        im = collect(ref, hp.n_layer, windows, dataset, progress=note)
-        note(f"{sum(len(w) for w in windows)} tokens in {len(windows)} chunks")
+        im = collect(ref, hp.n_layer, chunks, dataset, progress=note)
+        note(f"{len(chunks)} chunks of {chunk_size} tokens")
     im.save(out_path)
     return im
 

@@ -43,12 +43,15 @@ class Imatrix:
     def importance(self, name: str, n_cols: int) -> np.ndarray | None:
         """The per-column weights for tensor `name` with rows of n_cols, as llama-quantize
         derives them (sums / count; a row with no tokens weighs every column 1), or None
-        when the matrix has no entry for it."""
+        when the matrix has no entry for it (or, as there, one of the wrong size for
+        token_embd)."""
         if name not in self.sums:
             return None
         s = self.sums[name].astype(np.float32)
         c = self.counts[name].astype(np.float32).reshape(-1)
         if s.shape != (1, n_cols):
+            if name == "token_embd.weight":    # llama-quantize quantizes it without, too
+                return None
             raise ConversionError(
                 f"the importance matrix holds {s.size} values for {name!r}, whose rows have "
                 f"{n_cols} (a matrix made for another model?)")
@@ -105,7 +108,7 @@ class Imatrix:
             if sums.size % max(counts.size, 1) or counts.size == 0:
                 raise ConversionError(f"{path}: {name} has {sums.size} sums for {counts.size} counts")
             im.sums[name] = sums.reshape(counts.size, -1)
-            im.counts[name] = np.round(counts).astype(np.float32)
+            im.counts[name] = np.floor(counts + 0.5).astype(np.float32)   # lround, as llama.cpp reads them
         return im
 
     @classmethod
