@@ -204,6 +204,31 @@ def test_recipe_matches_llama_cpp(tmp_path, shape):
         out.unlink()
 
 
+@pytest.mark.oracle
+@pytest.mark.parametrize("kind", ["phi3", "qwen35", "lfm2", "gemma4"])
+def test_recipe_matches_llama_cpp_on_fused_and_hybrid_models(tmp_path, kind):
+    """Every tensor's type as llama.cpp's quantizer picks it: the _M recipes' attention-V-like
+    tensors (Phi-3's fused attn_qkv among them; in hybrids, Qwen3.5's DeltaNet attn_qkv and
+    LFM2's attention layers between short convolutions, counted among themselves, not by
+    block index), ffn_down over every block including Qwen3.5's MTP block, and Gemma 4's
+    per-layer input projection left unquantized."""
+    require("torch", "tiny checkpoints are built with torch")
+    require("transformers", "tiny checkpoints are built with transformers")
+    from edgeinfer.convert import convert_checkpoint
+    from tests.support import tiny_checkpoints, tiny_gemma4
+
+    ck = (tiny_gemma4.build(tmp_path / "hf") if kind == "gemma4"
+          else tiny_checkpoints.build(kind, tmp_path / "hf"))
+    convert_checkpoint(str(ck), str(tmp_path / "f32.gguf"), "f32")
+    for name in ("q4_k_m", "q5_k_m", "q4_0"):
+        _llama_quantize(tmp_path / "f32.gguf", tmp_path / "llama.gguf", _FTYPES[name], pure=False)
+        r = convert_checkpoint(str(ck), str(tmp_path / "ours.gguf"), name)
+        with GGUFFile(tmp_path / "llama.gguf") as f:
+            want = {n: T(t.type).name for n, t in f.tensors.items()}
+        assert r.tensor_types == want, {n: (r.tensor_types[n], w) for n, w in want.items()
+                                        if r.tensor_types.get(n) != w}
+
+
 def test_use_more_bits_and_keep():
     n = 32
     more = [i for i in range(n) if use_more_bits(i, n)]

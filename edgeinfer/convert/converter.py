@@ -246,7 +246,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         importance = Imatrix.load(imatrix)
         tok_kv = tok_kv + importance.metadata(imatrix)
     has_output = any(it.gguf == "output.weight" for it in items)
-    recipe = Recipe(ft, hp.n_layer, has_output, keeps, imatrix=importance is not None)
+    recipe = Recipe(ft, hp.n_layer, has_output, keeps, imatrix=importance is not None,
+                    names=[it.gguf for it in items])
     predicted = None
     if ft is AUTO:
         if target_bpw is None:

@@ -1,11 +1,14 @@
 """Output types and the per-tensor type recipe (llama.cpp's rules for its file types).
 
-Rules, for a 2-D weight (1-D tensors -- norms, biases, rope factors -- and recurrent layers'
-conv taps are always F32):
+Rules, for a 2-D weight (1-D tensors -- norms, biases, rope factors --, recurrent layers'
+conv taps and Gemma 4's per-layer input projection are always F32, as llama.cpp leaves them
+unquantized):
 * the output head (or, with tied embeddings, token_embd) is Q6_K for every quantized type
   except Q8_0 (which keeps Q8_0), or Q8_0 when its rows are not a multiple of 256;
-* q4_k_m / q5_k_m: attn_v and ffn_down are Q6_K on the first and last eighth of the layers
-  and every third layer between (llama.cpp's `use_more_bits`);
+* q4_k_m / q5_k_m: ffn_down is Q6_K on the first and last eighth of the layers and every
+  third layer between (llama.cpp's `use_more_bits`), and so are the attention-V-like tensors
+  (attn_v, a fused attn_qkv) counted among themselves in file order, as llama.cpp counts them:
+  in a hybrid only some layers have one;
 * q4_0 / q5_0 quantized with an importance matrix: ffn_down in the first eighth of the layers
   is Q4_1 / Q5_1 (llama.cpp guards those layers so when an imatrix is given);
 * a K-quant whose row length is not a multiple of 256 falls back as llama.cpp does:
@@ -49,9 +52,9 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("q6_k", T.Q6_K, 18),
 )}
 _FLOAT = {T.F32, T.F16, T.BF16}
-# recurrent layers' conv taps (a few per channel) stay F32 in every file type, as llama.cpp
-# keeps them; the runtimes read them as F32
-_CONV_TAPS = re.compile(r"\.(ssm_conv1d|shortconv\.conv)\.weight$")
+# tensors llama.cpp never quantizes (tensor_allows_quantization): recurrent layers' conv taps
+# (a few per channel; the runtimes read them as F32) and Gemma 4's per-layer input projection
+_KEEP_F32 = re.compile(r"\.(ssm_conv1d|shortconv\.conv)\.weight$|^per_layer_model_proj\.weight$")
 _FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 _GUARDED = {T.Q4_0: T.Q4_1, T.Q5_0: T.Q5_1}   # imatrix files' first-eighth ffn_down
 _TYPE_NAMES = {t.name.lower(): t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0,
@@ -92,12 +95,24 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
+# llama.cpp's attention-V-like category (category_is_attn_v): attn_v, attn_qkv, attn_kv_b
+_ATTN_V_LIKE = re.compile(r"\.(attn_v|attn_qkv|attn_kv_b)\.weight$")
 
 
 class Recipe:
     def __init__(self, ftype: FileType, n_layer: int, has_output: bool,
-                 keep: list[tuple[str, T]] | None = None, imatrix: bool = False):
+                 keep: list[tuple[str, T]] | None = None, imatrix: bool = False,
+                 names: list[str] | tuple[str, ...] = ()):
+        """`names`: the file's tensor names in file order (the attention-V-like tensors are
+        counted among themselves, the layer rules span every block the file holds, a
+        multi-token-prediction block included, as llama.cpp's n_layer_all; without names, by
+        block index over n_layer)."""
         self.ftype = ftype
+        blocks = [b for b in map(self._block, names) if b is not None]
+        self.n_blocks = max(blocks) + 1 if blocks else n_layer
+        wv = [n for n in names if _ATTN_V_LIKE.search(n)]
+        self._wv_index = {n: i for i, n in enumerate(wv)}
+        self._n_wv = len(wv)
         self.imatrix = imatrix
         self.n_layer = n_layer
         self.has_output = has_output
@@ -106,7 +121,7 @@ class Recipe:
 
     def choose(self, name: str, shape: tuple[int, ...]) -> T:
         """The GGML type of GGUF tensor `name` with GGML shape `shape` (ne0 first)."""
-        if len(shape) < 2 or _CONV_TAPS.search(name):
+        if len(shape) < 2 or _KEEP_F32.search(name):
             return T.F32
         nx = shape[0]
         kept = self.override(name, shape)
@@ -122,19 +137,29 @@ class Recipe:
                 t = T.Q8_0
             elif base != T.Q8_0:
                 t = T.Q6_K
-        elif self.ftype.more_bits and (".attn_v." in name or ".ffn_down." in name):
-            m = _BLK.match(name)
-            if m and use_more_bits(int(m.group(1)), self.n_layer):
+        elif self.ftype.more_bits and _ATTN_V_LIKE.search(name):
+            i, n = ((self._wv_index[name], self._n_wv) if name in self._wv_index
+                    else (self._block(name), self.n_layer))
+            if i is not None and use_more_bits(i, n):
+                t = T.Q6_K
+        elif self.ftype.more_bits and ".ffn_down." in name:
+            i = self._block(name)
+            if i is not None and use_more_bits(i, self.n_blocks):
                 t = T.Q6_K
         elif self.imatrix and base in _GUARDED and ".ffn_down." in name:
-            m = _BLK.match(name)
-            if m and int(m.group(1)) < self.n_layer // 8:
+            i = self._block(name)
+            if i is not None and i < self.n_blocks // 8:
                 t = _GUARDED[base]
         if t in _FALLBACK and nx % 256:
             t = _FALLBACK[t]
         if not can_quantize(t, nx):
             t = T.F16
         return t
+
+    @staticmethod
+    def _block(name: str) -> int | None:
+        m = _BLK.match(name)
+        return int(m.group(1)) if m else None
 
     def override(self, name: str, shape: tuple[int, ...]) -> T | None:
         """The type the last `--keep` matching `name` asks for (checked), or None."""
