@@ -97,12 +97,14 @@ def gated_rms_norm(x: np.ndarray, w: np.ndarray, gate: np.ndarray, eps: float) -
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w * _silu(gate)
 
 
-def deltanet_layer(x: np.ndarray, w, p, chunk: int | None = None) -> np.ndarray:
+def deltanet_layer(x: np.ndarray, w, p, chunk: int | None = None, linear=None) -> np.ndarray:
     """The token mixer of one Gated DeltaNet layer on x [n, n_embd] (already attn_norm'ed),
-    from a fresh state. `w`: role -> weight; `p`: the sizes (RecurrentDims, rms_eps)."""
+    from a fresh state. `w`: role -> weight; `p`: the sizes (RecurrentDims, rms_eps);
+    `linear(x, role)`: the projections' matmul (default x @ w[role].T)."""
+    mm = linear or (lambda v, role: v @ w[role].T)
     n = x.shape[0]
     nk, nv, d = p.ssm_k_heads, p.ssm_v_heads, p.ssm_head_dim
-    mixed = x @ w["ssm_qkv"].T
+    mixed = mm(x, "ssm_qkv")
     y, _ = causal_conv(mixed, w["ssm_conv1d"])
     y = _silu(y)
     kd = nk * d
@@ -112,10 +114,10 @@ def deltanet_layer(x: np.ndarray, w, p, chunk: int | None = None) -> np.ndarray:
     rep = nv // nk                      # tiled value heads: head h reads key head h % nk
     q = np.tile(l2norm(q), (1, rep, 1)) / q.dtype.type(math.sqrt(d))
     k = np.tile(l2norm(k), (1, rep, 1))
-    beta = 1.0 / (1.0 + np.exp(-(x @ w["ssm_beta"].T)))
-    g = w["ssm_a"] * softplus(x @ w["ssm_alpha"].T + w["ssm_dt"])
+    beta = 1.0 / (1.0 + np.exp(-mm(x, "ssm_beta")))
+    g = w["ssm_a"] * softplus(mm(x, "ssm_alpha") + w["ssm_dt"])
     rule = gated_delta_rule if chunk is None else (lambda *a: chunked_gated_delta_rule(*a, chunk=chunk))
     o, _ = rule(q, k, v, g, beta)
-    z = (x @ w["ssm_gate"].T).reshape(n, nv, d)
+    z = mm(x, "ssm_gate").reshape(n, nv, d)
     o = gated_rms_norm(o, w["ssm_norm"], z, p.rms_eps).reshape(n, nv * d)
-    return o @ w["ssm_out"].T
+    return mm(o, "ssm_out")

@@ -272,9 +272,9 @@ class Layer:
         t: dict = {}
         a, t["an"], t["ar"] = rms_norm(x, w["attn_norm"], eps)
         if p.layer_kinds and p.layer_kinds[self.index] == "recurrent":
-            return self._ffn(x + deltanet_layer(a, w, p), t, trace)
+            return self._ffn(x + deltanet_layer(a, w, p, linear=self.linear), t, trace)
         if p.layer_kinds and p.layer_kinds[self.index] == "shortconv":
-            return self._ffn(x + shortconv_layer(a, w)[0], t, trace)
+            return self._ffn(x + shortconv_layer(a, w, linear=self.linear)[0], t, trace)
         q = self.linear(a, "attn_q").reshape(n, nh, -1)
         gate = q[:, :, hd:].reshape(n, nh * hd) if a_.attn_gate else None   # each head: query, then gate
         q = q[:, :, :hd].transpose(1, 0, 2)

@@ -18,9 +18,11 @@ __all__ = ["shortconv_layer"]
 
 
 def shortconv_layer(h: np.ndarray, w: Mapping[str, np.ndarray],
-                    window: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    window: np.ndarray | None = None, linear=None) -> tuple[np.ndarray, np.ndarray]:
     """The token mixer on h [n, C] after `window` [K-1, C] (the previous B * x; zeros at the
-    start); returns (out [n, C], the new window)."""
-    b, c, x = np.split(h @ w["shortconv_in"].T, 3, axis=-1)
+    start); returns (out [n, C], the new window). `linear(x, role)`: the projections' matmul
+    (default x @ w[role].T)."""
+    mm = linear or (lambda v, role: v @ w[role].T)
+    b, c, x = np.split(mm(h, "shortconv_in"), 3, axis=-1)
     y, window = causal_conv(b * x, w["shortconv_conv"], window)
-    return (c * y) @ w["shortconv_out"].T, window
+    return mm(c * y, "shortconv_out"), window

@@ -190,9 +190,8 @@ def collect(ref, n_layer: int, windows: list[list[int]], dataset: str,
             progress: Callable[[str], None] | None = None) -> Imatrix:
     """Runs the reference forward `ref` (a table-driven arch.reference.Reference) over the
     token windows and sums every block matmul's squared inputs per column, as llama-imatrix
-    sums them; like llama-imatrix by default, it leaves out the output head. Matmuls inside a
-    recurrent token mixer (DeltaNet, short convolutions) are not observed: those tensors get
-    no entry and are quantized without one."""
+    sums them (the recurrent mixers' projections included); like llama-imatrix by default,
+    it leaves out the output head."""
     from ..arch.reference import Reference
 
     if not isinstance(ref, Reference):
