@@ -375,6 +375,9 @@ def test_bad_imatrix_files_are_clear_errors(ckpts, llama256_imatrix, tmp_path):
             Imatrix.load(str(path))
     with pytest.raises(ConversionError, match="cannot read the importance matrix"):
         Imatrix.load(str(tmp_path / "missing.gguf"))
+    convert_checkpoint(str(ckpts["llama"]), str(tmp_path / "model.gguf"), "f32")
+    with pytest.raises(ConversionError, match="not an importance matrix: its general.type is 'model'"):
+        Imatrix.load(str(tmp_path / "model.gguf"))
     out = tmp_path / "out.gguf"
     with pytest.raises(ConversionError, match="made for another model"):     # rows of 64, not 256
         convert_checkpoint(str(ckpts["llama"]), str(out), "q4_k_m", imatrix=str(llama256_imatrix))

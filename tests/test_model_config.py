@@ -120,6 +120,12 @@ def test_unknown_architecture(tmp_path):
         assert a in msg
 
 
+@pytest.mark.parametrize("kind,hint", [("adapter", "--lora"), ("imatrix", "convert --imatrix")])
+def test_a_gguf_that_is_not_a_model_says_what_it_is(tmp_path, kind, hint):
+    with pytest.raises(GGUFError, match=f"is not a model: its general.type is '{kind}'.*{hint}"):
+        _config(tmp_path, tiny_llama().set("general.type", STRING, kind))
+
+
 def test_missing_tensor_named(tmp_path):
     b = tiny_llama().drop("blk.1.ffn_up.weight")
     with pytest.raises(GGUFError, match=r"'blk\.1\.ffn_up\.weight' is missing"):

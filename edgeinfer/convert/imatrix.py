@@ -87,6 +87,10 @@ class Imatrix:
         im = cls()
         try:
             with GGUFFile(path) as f:
+                kind = f.get("general.type", "imatrix")
+                if kind != "imatrix":
+                    raise ConversionError(f"{path} is not an importance matrix: its general.type "
+                                          f"is {kind!r}")
                 ds = f.get("imatrix.datasets", [])
                 im.datasets = [str(d) for d in (ds if isinstance(ds, list) else [ds])]
                 im.chunk_count = int(f.get("imatrix.chunk_count", 0))
