@@ -194,7 +194,7 @@ def compute_imatrix(checkpoint_dir: str, out_path: str, calibration: str | None 
     dataset = calibration if calibration is not None else "edgeinfer/convert/calibration.txt"
     with status("imatrix", quiet=not progress, leave=True) as note:
         im = collect(ref, hp.n_layer, chunks, dataset, progress=note)
-        note(f"{len(chunks)} chunks of {chunk_size} tokens")
+        note(f"{len(chunks)} chunk{'s' if len(chunks) != 1 else ''} of {chunk_size} tokens")
     im.save(out_path)
     return im
 
