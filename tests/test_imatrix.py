@@ -341,6 +341,22 @@ def test_imatrix_files_are_llama_imatrix_format(llama256_imatrix, tmp_path):
     assert (im.datasets, im.chunk_count) == (["calib.tx"], 5)
 
 
+def test_tensors_the_matrix_lacks_are_quantized_without(ckpts, llama256_imatrix, tmp_path):
+    full = Imatrix.load(str(llama256_imatrix))
+    one = "blk.0.ffn_down.weight"
+    Imatrix({one: full.sums[one]}, {one: full.counts[one]}, ["x"], 1, 128).save(str(tmp_path / "one.gguf"))
+    ck = str(ckpts["llama_256"])
+    r = convert_checkpoint(ck, str(tmp_path / "part.gguf"), "q4_k_m", imatrix=str(tmp_path / "one.gguf"))
+    assert any(n.startswith("the importance matrix weighted 1 of the 58 tensors") and "no entry for" in n
+               for n in r.notes), r.notes
+    convert_checkpoint(ck, str(tmp_path / "plain.gguf"), "q4_k_m")
+    convert_checkpoint(ck, str(tmp_path / "full.gguf"), "q4_k_m", imatrix=str(llama256_imatrix))
+    with (GGUFFile(tmp_path / "part.gguf") as a, GGUFFile(tmp_path / "plain.gguf") as b,
+          GGUFFile(tmp_path / "full.gguf") as c):
+        for n in a.tensors:
+            assert bytes(a.tensors[n].data) == bytes((c if n == one else b).tensors[n].data), n
+
+
 def _broken(tmp_path, llama256_imatrix):
     good = llama256_imatrix.read_bytes()
     cases = {
@@ -403,7 +419,7 @@ def test_cli_collects_converts_and_llama_cpp_loads_it(ckpts, tmp_path):
     assert r.exit_code == 0 and "56 tensors" in r.output, r.output
     r = CliRunner().invoke(app, ["convert", str(ck), "-o", str(out), "-q", "--type", "q4_k_m",
                                  "--imatrix", str(im)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 0 and "the importance matrix weighted 56 of the 58 tensors" in r.output and "no entry for token_embd.weight, output.weight" in r.output, r.output
     llm = llama_cpp.Llama(str(out), n_ctx=64, verbose=False)
     assert len(llm.tokenize(b"hello")) > 0
     llm.eval(llm.tokenize(b"hello"))

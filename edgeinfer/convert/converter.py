@@ -32,6 +32,9 @@ from .tokenizer_meta import tokenizer_metadata
 __all__ = ["convert_checkpoint", "compute_imatrix", "ConvertResult", "plan"]
 
 _CALIB_CTX = 256     # --type auto's calibration window length (tokens, BOS included)
+# the types whose quantizers use an importance matrix (Q8_0 and the float types do not)
+_WEIGHTED = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K,
+                       GGMLType.Q5_K, GGMLType.Q6_K})
 
 
 @dataclass
@@ -272,6 +275,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         os.path.abspath(checkpoint_dir))
     quantized = any(it.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) for it in items)
     merged = 0
+    weighted: list[str] = []
+    unweighted: list[str] = []
     with GGUFWriter(out_path) as w:
         w.add_kv(Keys.General.ARCHITECTURE, hp.arch.name)
         w.add_kv(Keys.General.TYPE, "model")
@@ -309,6 +314,8 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                     if not np.isfinite(x).all():
                         raise ConversionError(f"tensor {it.hf!r} holds NaN or infinite values")
                 qw = None if importance is None else importance.importance(it.gguf, it.shape[0])
+                if importance is not None and it.type in _WEIGHTED:
+                    (weighted if qw is not None else unweighted).append(it.gguf)
                 q = quantize(x.reshape(-1, it.shape[0]), it.type, n_threads, importance=qw)
                 del x
                 w.write_tensor_data(it.gguf, q)
@@ -322,6 +329,11 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     for it in items:
         counts[it.type.name] = counts.get(it.type.name, 0) + 1
     n_el = sum(int(np.prod(it.shape)) for it in items)
+    if importance is not None:
+        notes.append(f"the importance matrix weighted {len(weighted)} of the {len(weighted) + len(unweighted)} "
+                     f"tensors whose type uses one" + (
+                         f"; it has no entry for {', '.join(unweighted[:3])}"
+                         f"{' ...' if len(unweighted) > 3 else ''}" if unweighted else ""))
     return ConvertResult(out_path, ft.name, len(items), os.path.getsize(out_path),
                          time.perf_counter() - t0, counts,
                          {it.gguf: it.type.name for it in items}, merged,
