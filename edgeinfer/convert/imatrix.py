@@ -208,7 +208,8 @@ def collect(ref, n_layer: int, windows: list[list[int]], dataset: str,
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     pos = {len(w): ref.positions(len(w)) for w in ids}
-    xs = [ref.embed(w) for w in ids]
+    # one embedding lookup for every chunk: the table is read from the checkpoint once
+    xs = np.split(ref.embed(np.concatenate(ids)), np.cumsum([len(w) for w in ids])[:-1])
     for i in range(n_layer):
         note(f"layer {i}")
         layer = ref.layer(i)
