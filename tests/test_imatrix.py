@@ -17,8 +17,9 @@ require("transformers", "tiny checkpoints are built with transformers")
 gguf = require("gguf", "gguf-py writes llama-imatrix's format independently of our writer")
 
 from tests.support import tiny_checkpoints  # noqa: E402
+from tests.support.llama_oracle import llama_quantize  # noqa: E402
 
-from edgeinfer.convert import Imatrix, compute_imatrix, convert_checkpoint  # noqa: E402
+from edgeinfer.convert import FILE_TYPES, Imatrix, compute_imatrix, convert_checkpoint  # noqa: E402
 from edgeinfer.convert.converter import _imatrix_chunks, _open_source  # noqa: E402
 from edgeinfer.convert.quantize import dequantize, quantize  # noqa: E402
 from edgeinfer.errors import ConversionError  # noqa: E402
@@ -28,8 +29,8 @@ from edgeinfer.gguf.types import GGMLType as T  # noqa: E402
 torch.set_num_threads(1)
 
 WEIGHTED = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
-# llama.cpp's LLAMA_FTYPE ids of the file types an importance matrix changes
-FTYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
+# the file types an importance matrix changes
+FTYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k")
 
 
 def _ggml():
@@ -251,32 +252,20 @@ def test_gemma4_is_refused_clearly(tmp_path):
 
 # ------------------------------------------------------------------ whole files
 def _llama_quantize(src, dst, ftype: int, im: Imatrix | None):
-    llama_cpp = require("llama_cpp", "llama.cpp's quantizer is the oracle")
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = ftype
-    p.nthread = 2
-    keep = []
-    if im is not None:
-        data = (llama_cpp.llama_model_imatrix_data * (len(im.sums) + 1))()
-        for i, name in enumerate(sorted(im.sums)):      # as llama-quantize hands it over: sums / count
-            a = np.ascontiguousarray(im.importance(name, im.sums[name].shape[1]), dtype=np.float32)
-            keep += [a, name.encode()]
-            data[i].name, data[i].size = keep[-1], a.size
-            data[i].data = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        keep.append(data)
-        p.imatrix = ctypes.cast(data, type(p.imatrix)) if p.imatrix is not None else ctypes.cast(data, ctypes.c_void_p)
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+    require("llama_cpp", "llama.cpp's quantizer is the oracle")
+    llama_quantize(src, dst, ftype, imatrix=im and {   # as llama-quantize hands it over: sums / count
+        n: im.importance(n, im.sums[n].shape[1]) for n in im.sums})
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("ftype", list(FTYPES))
+@pytest.mark.parametrize("ftype", FTYPES)
 def test_convert_with_imatrix_is_llama_quantize_byte_for_byte(ckpts, llama256_imatrix, tmp_path, ftype):
     ck = ckpts["llama_256"]
     convert_checkpoint(str(ck), str(tmp_path / "f32.gguf"), "f32")
     im = Imatrix.load(str(llama256_imatrix))
-    _llama_quantize(tmp_path / "f32.gguf", tmp_path / "llama.gguf", FTYPES[ftype], im)
+    _llama_quantize(tmp_path / "f32.gguf", tmp_path / "llama.gguf", FILE_TYPES[ftype].llama_ftype, im)
     convert_checkpoint(str(ck), str(tmp_path / "ours.gguf"), ftype, imatrix=str(llama256_imatrix))
-    _llama_quantize(tmp_path / "f32.gguf", tmp_path / "plain.gguf", FTYPES[ftype], None)
+    _llama_quantize(tmp_path / "f32.gguf", tmp_path / "plain.gguf", FILE_TYPES[ftype].llama_ftype, None)
     with (GGUFFile(tmp_path / "llama.gguf") as a, GGUFFile(tmp_path / "ours.gguf") as b,
           GGUFFile(tmp_path / "plain.gguf") as c):
         assert sorted(a.tensors) == sorted(b.tensors)

@@ -3,10 +3,10 @@ K-quants as accurate as llama.cpp's quantizer on the same tensors, and the q4_k_
 recipes choosing the same per-tensor types as llama.cpp's llama_model_quantize."""
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 import pytest
+from tests.support.llama_oracle import llama_quantize
 from tests.support.strict import require
 
 from edgeinfer.convert.quantize import can_quantize, quantize, row_nbytes
@@ -143,13 +143,8 @@ def _synth_model(path, n_embd=256, n_ff=512, n_layer=2, n_vocab=256, tied=False,
 
 
 def _llama_quantize(src, dst, ftype: int, pure: bool):
-    llama_cpp = require("llama_cpp", "llama.cpp is the K-quant oracle")
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = ftype
-    p.pure = pure
-    p.nthread = 2
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
-                                          ctypes.byref(p)) == 0
+    require("llama_cpp", "llama.cpp is the K-quant oracle")
+    llama_quantize(src, dst, ftype, pure)
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +174,8 @@ def test_kquant_rmse_within_5pct_of_llama_cpp(synth, qtype, ftype):
 
 
 # llama.cpp's LLAMA_FTYPE ids for the file types we share
-_FTYPES = {"q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q4_k_m": 15, "q5_k_m": 17,
-           "q6_k": 18}
+_FTYPES = {n: FILE_TYPES[n].llama_ftype for n in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m",
+                                                 "q5_k_m", "q6_k")}
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from .lfm2 import Lfm2HParams
 from .checkpoint import Checkpoint
 from .imatrix import Imatrix
 from .lora import LoraAdapter
-from .quantize import quantize, row_nbytes
+from .quantize import IMPORTANCE_TYPES, quantize, row_nbytes
 from .recipe import AUTO, Recipe, parse_file_type, parse_keep
 from .pooling import sentence_pooling
 from .rerank import rerank_head
@@ -32,9 +32,6 @@ from .tokenizer_meta import tokenizer_metadata
 __all__ = ["convert_checkpoint", "compute_imatrix", "ConvertResult", "plan"]
 
 _CALIB_CTX = 256     # --type auto's calibration window length (tokens, BOS included)
-# the types whose quantizers use an importance matrix (Q8_0 and the float types do not)
-_WEIGHTED = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K,
-                       GGMLType.Q5_K, GGMLType.Q6_K})
 
 
 @dataclass
@@ -314,7 +311,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                     if not np.isfinite(x).all():
                         raise ConversionError(f"tensor {it.hf!r} holds NaN or infinite values")
                 qw = None if importance is None else importance.importance(it.gguf, it.shape[0])
-                if importance is not None and it.type in _WEIGHTED:
+                if importance is not None and it.type in IMPORTANCE_TYPES:
                     (weighted if qw is not None else unweighted).append(it.gguf)
                 q = quantize(x.reshape(-1, it.shape[0]), it.type, n_threads, importance=qw)
                 del x

@@ -7,13 +7,16 @@ import numpy as np
 from ..errors import EdgeInferError
 from ..gguf.types import GGMLType, ggml_type_name
 
-__all__ = ["QUANTIZABLE_TYPES", "quantize", "dequantize", "row_nbytes", "can_quantize"]
+__all__ = ["QUANTIZABLE_TYPES", "IMPORTANCE_TYPES", "quantize", "dequantize", "row_nbytes", "can_quantize"]
 
 #: Types the native quantizer can produce.
 QUANTIZABLE_TYPES = frozenset({
     GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
     GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
 })
+#: Types whose quantizer weighs each column's error by an importance vector (the rest ignore it).
+IMPORTANCE_TYPES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
+                              GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
 _BLOCK = {GGMLType.F32: 1, GGMLType.F16: 1, GGMLType.BF16: 1, GGMLType.Q4_K: 256,
           GGMLType.Q5_K: 256, GGMLType.Q6_K: 256}
 

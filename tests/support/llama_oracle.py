@@ -59,6 +59,29 @@ def get_llama(path, n_ctx: int = _MIN_CTX):
         return llm
 
 
+def llama_quantize(src, dst, ftype: int, pure: bool = False, imatrix=None) -> None:
+    """llama.cpp's quantizer (llama_model_quantize) on the GGUF `src` to llama_ftype `ftype`,
+    with an importance matrix given as {tensor name: per-column weights} (what llama-quantize
+    hands it after loading a file: sum / count)."""
+    import ctypes
+
+    import llama_cpp
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.pure, p.nthread = ftype, pure, N_THREADS
+    keep = []      # the arrays and names stay alive through the call
+    if imatrix:
+        data = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()   # NULL-terminated
+        for i, (name, w) in enumerate(sorted(imatrix.items())):
+            a = np.ascontiguousarray(w, dtype=np.float32)
+            keep += [a, name.encode()]
+            data[i].name, data[i].size = keep[-1], a.size
+            data[i].data = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        keep.append(data)
+        p.imatrix = ctypes.cast(data, type(p.imatrix)) if p.imatrix is not None else ctypes.cast(data, ctypes.c_void_p)
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+
+
 def llama_tokenize(path, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
     """llama.cpp tokenization. ``add_bos`` = llama.cpp's add_special (BOS only if the model asks)."""
     with _LOCK:
