@@ -391,6 +391,14 @@ def test_bad_imatrix_files_are_clear_errors(ckpts, llama256_imatrix, tmp_path):
         compute_imatrix(str(ckpts["llama"]), str(tmp_path / "im.gguf"), str(tmp_path / "short.txt"))
     with pytest.raises(ConversionError, match="at least 16 tokens"):
         compute_imatrix(str(ckpts["llama"]), str(tmp_path / "im.gguf"), chunk_size=8)
+    with pytest.raises(ConversionError, match="--chunks 0: at least 1"):
+        compute_imatrix(str(ckpts["llama"]), str(tmp_path / "im.gguf"), n_chunks=0)
+    # an entry of the wrong size: token_embd's skipped as llama-quantize skips it, any other refused
+    odd = Imatrix({n: np.ones((1, 7), np.float32) for n in ("token_embd.weight", "blk.0.attn_q.weight")},
+                  {n: np.ones(1, np.float32) for n in ("token_embd.weight", "blk.0.attn_q.weight")})
+    assert odd.importance("token_embd.weight", 64) is None
+    with pytest.raises(ConversionError, match="holds 7 values for 'blk.0.attn_q.weight'"):
+        odd.importance("blk.0.attn_q.weight", 64)
     with pytest.raises(ConversionError, match="--imatrix goes with a fixed --type"):
         convert_checkpoint(str(ckpts["llama_256"]), str(out), "auto", target_bpw=5.0,
                            imatrix=str(llama256_imatrix))
