@@ -9,9 +9,26 @@ import typer
 from .errors import handle_errors
 from ..errors import EdgeInferError
 
-__all__ = ["convert", "convert_lora_cmd", "eval_cmd", "imatrix_cmd", "register"]
+__all__ = ["convert", "convert_lora_cmd", "eval_cmd", "imatrix_cmd", "quantize_cmd", "register"]
 
-_TYPES = "q4_k_m|q5_k_m|q4_0|q4_1|q5_0|q5_1|q8_0|q6_k|f16|bf16|f32|auto"
+_FIXED_TYPES = "q4_k_m|q5_k_m|q4_0|q4_1|q5_0|q5_1|q8_0|q6_k|f16|bf16|f32"
+_TYPES = _FIXED_TYPES + "|auto"
+_KEEP_HELP = ("PATTERN=TYPE: store tensors whose GGUF name matches the glob PATTERN as TYPE "
+              "(repeatable; e.g. 'blk.0.*=q8_0').")
+_IMATRIX_HELP = ("Importance matrix (from `edgeinfer imatrix` or llama.cpp's llama-imatrix, GGUF "
+                 "or .dat) weighting each column's rounding error by how strongly calibration "
+                 "text activates it.")
+_THREADS_HELP = "Quantizer threads (0 = all cores)."
+
+
+def _report(r, extra: str = "") -> None:
+    types = ", ".join(f"{n} {k}" for k, n in sorted(r.type_counts.items()))
+    print(f"wrote {r.path}: {r.file_type}, {r.n_tensors} tensors ({types}{extra}), "
+          f"{r.nbytes / 2**20:.1f} MiB, {r.bpw:.2f} bits/weight, in {r.seconds:.1f} s",
+          file=sys.stderr)
+    for note in r.notes:
+        print(f"note: {note}", file=sys.stderr)
+
 
 @handle_errors
 def convert(
@@ -21,11 +38,8 @@ def convert(
     type_: Annotated[str, typer.Option("--type", "-t", help=f"Output type: {_TYPES}. The default, q4_k_m, is the measured best trade of size, accuracy and speed (docs/quantization.md, 'Which type to pick').")] = "q4_k_m",
     lora: Annotated[Optional[str], typer.Option("--lora", help="PEFT LoRA adapter directory "
                                                 "to merge before quantization.")] = None,
-    keep: Annotated[Optional[list[str]], typer.Option(
-        "--keep", help="PATTERN=TYPE: store tensors whose GGUF name matches the glob PATTERN "
-                       "as TYPE (repeatable; e.g. 'blk.0.*=q8_0').")] = None,
-    threads: Annotated[int, typer.Option("--threads", help="Quantizer threads (0 = all "
-                                         "cores).")] = 0,
+    keep: Annotated[Optional[list[str]], typer.Option("--keep", help=_KEEP_HELP)] = None,
+    threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     target_bpw: Annotated[Optional[float], typer.Option(
         "--target-bpw", help="--type auto: size budget in bits per weight (tensor data), "
@@ -33,10 +47,7 @@ def convert(
     calibration: Annotated[Optional[str], typer.Option(
         "--calibration", help="--type auto: UTF-8 text to measure sensitivity on (default: "
                               "a text shipped with edgeinfer; first 512 tokens).")] = None,
-    imatrix: Annotated[Optional[str], typer.Option(
-        "--imatrix", help="Importance matrix (from `edgeinfer imatrix` or llama.cpp's "
-                          "llama-imatrix, GGUF or .dat) weighting each column's rounding error "
-                          "by how strongly calibration text activates it.")] = None,
+    imatrix: Annotated[Optional[str], typer.Option("--imatrix", help=_IMATRIX_HELP)] = None,
 ) -> None:
     """Convert a Hugging Face checkpoint (optionally LoRA-merged) to a GGUF file."""
     from ..convert import convert_checkpoint
@@ -44,14 +55,32 @@ def convert(
     r = convert_checkpoint(checkpoint, output, type_, lora_dir=lora, keep=keep,
                            n_threads=threads, progress=not quiet,
                            target_bpw=target_bpw, calibration=calibration, imatrix=imatrix)
-    types = ", ".join(f"{n} {k}" for k, n in sorted(r.type_counts.items()))
     merged = f", {r.lora_merged} LoRA-merged" if lora else ""
-    auto = (f", {r.bpw:.3f} bits/weight, predicted KL {r.predicted_kl:.4f}"
-            if r.predicted_kl is not None else "")
-    print(f"wrote {r.path}: {r.file_type}, {r.n_tensors} tensors ({types}{merged}), "
-          f"{r.nbytes / 2**20:.1f} MiB in {r.seconds:.1f} s{auto}", file=sys.stderr)
-    for note in r.notes:
-        print(f"note: {note}", file=sys.stderr)
+    auto = f", predicted KL {r.predicted_kl:.4f}" if r.predicted_kl is not None else ""
+    _report(r, merged + auto)
+
+
+@handle_errors
+def quantize_cmd(
+    model: Annotated[str, typer.Argument(help="GGUF model to quantize (e.g. the F16 or BF16 file "
+                                         "llama.cpp's convert_hf_to_gguf.py or `edgeinfer "
+                                         "convert -t f16` wrote).")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output .gguf path.")],
+    type_: Annotated[str, typer.Option("--type", "-t", help=f"Output type: {_FIXED_TYPES}.")] = "q4_k_m",
+    keep: Annotated[Optional[list[str]], typer.Option("--keep", help=_KEEP_HELP)] = None,
+    imatrix: Annotated[Optional[str], typer.Option("--imatrix", help=_IMATRIX_HELP)] = None,
+    allow_requantize: Annotated[bool, typer.Option(
+        "--allow-requantize", help="Quantize tensors that are already quantized (a second "
+                                   "rounding error on top of the first).")] = False,
+    threads: Annotated[int, typer.Option("--threads", help=_THREADS_HELP)] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Quantize a GGUF model to another type (what llama.cpp's llama-quantize does, with the same result)."""
+    from ..convert import quantize_gguf
+
+    _report(quantize_gguf(model, output, type_, keep=keep, imatrix=imatrix,
+                          allow_requantize=allow_requantize, n_threads=threads,
+                          progress=not quiet))
 
 
 @handle_errors
@@ -174,6 +203,7 @@ def convert_lora_cmd(
 
 def register(app: typer.Typer) -> None:
     app.command("convert")(convert)
+    app.command("quantize")(quantize_cmd)
     app.command("imatrix")(imatrix_cmd)
     app.command("eval")(eval_cmd)
     app.command("convert-lora")(convert_lora_cmd)

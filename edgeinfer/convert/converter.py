@@ -327,15 +327,20 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         counts[it.type.name] = counts.get(it.type.name, 0) + 1
     n_el = sum(int(np.prod(it.shape)) for it in items)
     if importance is not None:
-        notes.append(f"the importance matrix weighted {len(weighted)} of the {len(weighted) + len(unweighted)} "
-                     f"tensors whose type uses one" + (
-                         f"; it has no entry for {', '.join(unweighted[:3])}"
-                         f"{' ...' if len(unweighted) > 3 else ''}" if unweighted else ""))
+        notes.append(importance_note(weighted, unweighted))
     return ConvertResult(out_path, ft.name, len(items), os.path.getsize(out_path),
                          time.perf_counter() - t0, counts,
                          {it.gguf: it.type.name for it in items}, merged,
                          bpw=8.0 * nbytes / n_el, predicted_kl=predicted,
                          sensitivity=sensitivity, notes=notes)
+
+
+def importance_note(weighted: list[str], unweighted: list[str]) -> str:
+    """What an importance matrix covered: the tensors whose type uses one that it weighted."""
+    missing = (f"; it has no entry for {', '.join(unweighted[:3])}{' ...' if len(unweighted) > 3 else ''}"
+               if unweighted else "")
+    return (f"the importance matrix weighted {len(weighted)} of the {len(weighted) + len(unweighted)} "
+            f"tensors whose type uses one{missing}")
 
 
 def _left_out_notes(ckpt: Checkpoint, hp: HParams) -> list[str]:

@@ -1,8 +1,9 @@
 """Output types and the per-tensor type recipe (llama.cpp's rules for its file types).
 
-Rules, for a 2-D weight (1-D tensors -- norms, biases, rope factors --, recurrent layers'
-conv taps and Gemma 4's per-layer input projection are always F32, as llama.cpp leaves them
-unquantized):
+Rules, for a 2-D weight that llama.cpp quantizes at all (`allows_quantization`: not 1-D
+tensors -- norms, biases, rope factors --, recurrent layers' conv taps, Gemma 4's per-layer
+input projection and the other small tensors llama.cpp leaves as they are; `convert` writes
+those as F32, `quantize` keeps their type):
 * the output head (or, with tied embeddings, token_embd) is Q6_K for every quantized type
   except Q8_0 (which keeps Q8_0), or Q8_0 when its rows are not a multiple of 256;
 * q4_k_m / q5_k_m: ffn_down is Q6_K on the first and last eighth of the layers and every
@@ -27,7 +28,7 @@ from ..errors import ConversionError
 from ..gguf.types import GGMLType as T
 from .quantize import block_elems, can_quantize
 
-__all__ = ["FileType", "FILE_TYPES", "AUTO", "parse_keep", "Recipe"]
+__all__ = ["FileType", "FILE_TYPES", "AUTO", "parse_keep", "Recipe", "allows_quantization"]
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,23 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("q6_k", T.Q6_K, 18),
 )}
 _FLOAT = {T.F32, T.F16, T.BF16}
-# tensors llama.cpp never quantizes (tensor_allows_quantization): recurrent layers' conv taps
-# (a few per channel; the runtimes read them as F32) and Gemma 4's per-layer input projection
-_KEEP_F32 = re.compile(r"\.(ssm_conv1d|shortconv\.conv)\.weight$|^per_layer_model_proj\.weight$")
+# parts of names llama.cpp never quantizes (tensor_allows_quantization): norms, MoE routers,
+# recurrent layers' conv taps (a few per channel; the runtimes read them as F32), Gemma's
+# per-layer input projection and AltUp / Laurel blocks, learned positions, RWKV's small mixes
+_NEVER_QUANTIZED = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj",
+                    "ssm_conv1d", "shortconv.conv.weight", "attn_rel_b.weight", "time_mix_first.weight",
+                    "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
+                    "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight",
+                    "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight",
+                    "time_mix_g1.weight", "time_mix_g2.weight", "time_mix_decay_w1.weight",
+                    "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight")
+_NEVER_QUANTIZED_NAMES = ("position_embd.weight", "token_types.weight")
+
+
+def allows_quantization(name: str, n_dims: int) -> bool:
+    """Whether llama.cpp's quantizer changes the type of tensor `name` at all."""
+    return (n_dims >= 2 and name.endswith("weight") and name not in _NEVER_QUANTIZED_NAMES
+            and not any(part in name for part in _NEVER_QUANTIZED))
 _FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 _GUARDED = {T.Q4_0: T.Q4_1, T.Q5_0: T.Q5_1}   # imatrix files' first-eighth ffn_down
 _TYPE_NAMES = {t.name.lower(): t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0,
@@ -121,7 +136,7 @@ class Recipe:
 
     def choose(self, name: str, shape: tuple[int, ...]) -> T:
         """The GGML type of GGUF tensor `name` with GGML shape `shape` (ne0 first)."""
-        if len(shape) < 2 or _KEEP_F32.search(name):
+        if not allows_quantization(name, len(shape)):
             return T.F32
         nx = shape[0]
         kept = self.override(name, shape)

@@ -129,6 +129,11 @@ class TensorInfo:
                 f"offset={self.offset}, nbytes={self.nbytes})")
 
 
+_NOT_A_MODEL = {"adapter": ": a LoRA adapter goes with its base model (--lora NAME=FILE)",
+                "imatrix": ": an importance matrix goes to `edgeinfer convert --imatrix` or "
+                           "`edgeinfer quantize --imatrix`"}
+
+
 class GGUFFile:
     """A GGUF file, memory-mapped read-only and validated on open.
 
@@ -219,6 +224,14 @@ class GGUFFile:
 
     def keys(self) -> Iterator[str]:
         return iter(self.metadata)
+
+    def require_model(self) -> None:
+        """GGUFError unless the file holds a model (general.type "model", or no such key): an
+        adapter or an importance matrix given where a model goes."""
+        kind = self.get("general.type", "model")
+        if kind != "model":
+            raise GGUFError(f"{self.path} is not a model: its general.type is {kind!r}"
+                            f"{_NOT_A_MODEL.get(kind, '')}")
 
     def field_type(self, key: str) -> tuple[GGUFValueType, GGUFValueType | None]:
         """(value type, array element type or None) of a metadata key."""

@@ -22,9 +22,6 @@ __all__ = ["ModelConfig", "VECTOR_TYPES", "local_ring_cells", "kv_layer_cells"]
 VECTOR_TYPES = frozenset({GGMLType.F32})
 
 # what to do with the GGUF files that are not models
-_NOT_A_MODEL = {"adapter": ": a LoRA adapter goes with its base model (--lora NAME=FILE)",
-                "imatrix": ": an importance matrix goes to `edgeinfer convert --imatrix`"}
-
 # Sanity bounds on hyperparameters.
 MAX_LAYERS = 512
 MAX_EMBD = 65536
@@ -178,10 +175,7 @@ class ModelConfig(HeadDims, FamilySwitches, Gemma4Dims, RecurrentDims):
     # ------------------------------------------------------------- from GGUF
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
-        kind = f.get("general.type", "model")
-        if kind != "model":     # an adapter or an importance matrix given where a model goes
-            hint = _NOT_A_MODEL.get(kind, "")
-            raise GGUFError(f"{f.path} is not a model: its general.type is {kind!r}{hint}")
+        f.require_model()
         a = get_arch(f.get("general.architecture", kind=str), str(f.path))
         if not a.native:
             raise UnsupportedArchitectureError(f"{f.path}: architecture {a.name!r} converts, but the native "

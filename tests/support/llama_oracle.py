@@ -59,7 +59,8 @@ def get_llama(path, n_ctx: int = _MIN_CTX):
         return llm
 
 
-def llama_quantize(src, dst, ftype: int, pure: bool = False, imatrix=None) -> None:
+def llama_quantize(src, dst, ftype: int, pure: bool = False, imatrix=None,
+                   allow_requantize: bool = False) -> None:
     """llama.cpp's quantizer (llama_model_quantize) on the GGUF `src` to llama_ftype `ftype`,
     with an importance matrix given as {tensor name: per-column weights} (what llama-quantize
     hands it after loading a file: sum / count)."""
@@ -68,7 +69,7 @@ def llama_quantize(src, dst, ftype: int, pure: bool = False, imatrix=None) -> No
     import llama_cpp
 
     p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype, p.pure, p.nthread = ftype, pure, N_THREADS
+    p.ftype, p.pure, p.nthread, p.allow_requantize = ftype, pure, N_THREADS, allow_requantize
     keep = []      # the arrays and names stay alive through the call
     if imatrix:
         data = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()   # NULL-terminated

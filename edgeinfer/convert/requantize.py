@@ -1,0 +1,139 @@
+"""GGUF -> GGUF quantization (llama-quantize's job): a float GGUF -- an F16 or BF16 file
+llama.cpp's converter wrote, or one of ours -- quantized by the recipe `convert` uses.
+
+The output is the file llama.cpp's quantizer writes from the same input: the metadata copied
+in order with general.quantization_version and general.file_type set last, the tensors in
+llama.cpp's order (by block, then by name), tensors llama.cpp leaves alone copied byte for
+byte, the rest quantized by the same rules and the same (bit-exact) quantizers."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..arch import get_arch
+from ..errors import ConversionError
+from ..gguf import GGUFFile
+from ..gguf.types import GGMLType, GGUFValueType
+from ..gguf.writer import GGUFWriter
+from ..progress import bar
+from .converter import ConvertResult, importance_note
+from .imatrix import Imatrix
+from .quantize import IMPORTANCE_TYPES, quantize
+from .recipe import AUTO, Recipe, allows_quantization, parse_file_type, parse_keep
+
+__all__ = ["quantize_gguf"]
+
+_FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+# keys the quantizer sets itself; a split file's part numbers do not describe the whole
+_SET_HERE = {"general.quantization_version", "general.file_type", "general.alignment",
+             "split.no", "split.count", "split.tensors.count"}
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def _llama_order(name: str) -> tuple[int, str]:
+    """llama.cpp's tensor order (llama_model_loader's weight_name_comparer): tensors outside
+    the blocks first, then block by block; by name within each."""
+    m = _BLK.match(name)
+    return (int(m.group(1)) if m else -1, name)
+
+
+def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
+                  keep: list[str] | None = None, imatrix: str | None = None,
+                  allow_requantize: bool = False, n_threads: int = 0,
+                  progress: bool | Callable = False) -> ConvertResult:
+    """Quantizes the model GGUF `src_path` to `file_type` into `out_path` (atomically).
+    `keep` and `imatrix` as in convert_checkpoint. Tensors already quantized in the source
+    are refused unless `allow_requantize` (their rounding error adds to the new one)."""
+    t0 = time.perf_counter()
+    ft = parse_file_type(file_type)
+    if ft is AUTO:
+        raise ConversionError("--type auto measures sensitivity on the Hugging Face checkpoint: "
+                              "use `edgeinfer convert --type auto` on it")
+    keeps = parse_keep(keep)
+    if os.path.exists(out_path) and os.path.exists(src_path) and os.path.samefile(src_path, out_path):
+        raise ConversionError(f"the output {out_path} is the input file: write the quantized model "
+                              f"to another path")
+    with GGUFFile(src_path) as src:
+        src.require_model()
+        if src.get("split.count", 1, kind=int) > 1:
+            raise ConversionError(f"{src_path} is one part of a split model: merge the parts first "
+                                  f"(llama.cpp's llama-gguf-split --merge)")
+        arch = get_arch(src.get("general.architecture", kind=str), src_path)
+        n_layer = src.get(f"{arch.name}.block_count", kind=int)
+        tensors = sorted(src.tensors.values(), key=lambda t: _llama_order(t.name))
+        names = [t.name for t in tensors]
+        importance = Imatrix.load(imatrix) if imatrix is not None else None
+        recipe = Recipe(ft, n_layer, "output.weight" in src.tensors, keeps,
+                        imatrix=importance is not None, names=names)
+        plan = [(t, recipe.choose(t.name, t.shape) if allows_quantization(t.name, t.n_dims)
+                 else t.ggml_type) for t in tensors]
+        unused = recipe.unused_keeps()
+        if unused:
+            raise ConversionError(f"--keep pattern(s) {', '.join(unused)} match no tensor of {src_path}")
+        requantized = [t.name for t, new in plan if new != t.ggml_type and t.ggml_type not in _FLOAT]
+        if requantized and not allow_requantize:
+            t = src.tensors[requantized[0]]
+            raise ConversionError(
+                f"{src_path} is already quantized ({t.name} is {t.type_name}): quantizing it again "
+                f"adds a second rounding error to the first; start from the F16/BF16 file, or pass "
+                f"--allow-requantize to do it anyway")
+
+        weighted: list[str] = []
+        unweighted: list[str] = []
+        with GGUFWriter(out_path, alignment=src.alignment) as w:
+            for key in src.keys():
+                if key not in _SET_HERE:
+                    vtype, etype = src.field_type(key)
+                    w.add_kv(key, src.metadata[key], vtype, etype)
+            w.add_kv("general.quantization_version", 2, GGUFValueType.UINT32)
+            w.add_kv("general.file_type", ft.llama_ftype, GGUFValueType.UINT32)
+            if importance is not None:
+                for key, val, vt in importance.metadata(imatrix):
+                    w.add_kv(key, val, GGUFValueType[vt])
+            for t, new in plan:
+                w.add_tensor_info(t.name, t.shape, new)
+            w.write_header()
+            with bar(w.total_tensor_bytes, "quantize", quiet=progress is not True) as pbar:
+                for k, (t, new) in enumerate(plan):
+                    if new == t.ggml_type:
+                        q = t.data
+                    else:
+                        x = _floats(t)
+                        qw = None if importance is None else importance.importance(t.name, t.shape[0])
+                        if importance is not None and new in IMPORTANCE_TYPES:
+                            (weighted if qw is not None else unweighted).append(t.name)
+                        q = quantize(x, new, n_threads, importance=qw)
+                        del x
+                    w.write_tensor_data(t.name, q)
+                    pbar.set_postfix_str(f"{k + 1}/{len(plan)} {t.name} {new.name}", refresh=False)
+                    pbar.update(q.nbytes)
+                    if callable(progress):
+                        progress(k + 1, len(plan), t.name, q.nbytes)
+                    del q
+            nbytes = w.total_tensor_bytes
+        n_el = sum(t.n_elements for t in tensors)
+    counts: dict[str, int] = {}
+    for _, new in plan:
+        counts[new.name] = counts.get(new.name, 0) + 1
+    notes = []
+    if requantized:
+        notes.append(f"requantized {len(requantized)} tensors that were already quantized")
+    if importance is not None:
+        notes.append(importance_note(weighted, unweighted))
+    return ConvertResult(out_path, ft.name, len(plan), os.path.getsize(out_path),
+                         time.perf_counter() - t0, counts, {t.name: new.name for t, new in plan},
+                         bpw=8.0 * nbytes / n_el, notes=notes)
+
+
+def _floats(t) -> np.ndarray:
+    """The tensor's values as float32 rows; ConversionError if any is not finite."""
+    from .._native import dequantize
+
+    x = dequantize(t.data, t.type, t.n_rows, t.shape[0])
+    if not np.isfinite(x).all():
+        raise ConversionError(f"tensor {t.name!r} holds NaN or infinite values")
+    return x
