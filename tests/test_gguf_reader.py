@@ -160,6 +160,29 @@ def test_real_model_data_is_zero_copy(real):
     assert np.shares_memory(d, base)
 
 
+def _mapped_kib(path) -> int:
+    """Resident KiB of this process's mappings of `path` (Linux /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:
+                inside = head[-1] == str(path)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def test_release_drops_read_pages_and_data_reads_the_same(smollm2_path):
+    with GGUFFile(smollm2_path) as f:
+        digests = {n: hashlib.sha256(t.data).hexdigest() for n, t in f.tensors.items()}
+        touched = _mapped_kib(f.path)
+        for t in f.tensors.values():
+            f.release(t)
+        assert touched > 0.9 * f.size / 1024 > 50 * _mapped_kib(f.path)
+        assert {n: hashlib.sha256(t.data).hexdigest() for n, t in f.tensors.items()} == digests
+
+
 # ----------------------------------------------------------------- the tiny valid files
 
 TINY_VARIANTS = {

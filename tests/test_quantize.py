@@ -85,6 +85,8 @@ def test_bad_arguments():
         quantize(np.zeros((2, 96), np.float32), T.Q4_K)     # rows not a multiple of 256
     with pytest.raises(EdgeInferError):
         quantize(np.zeros((2, 64), np.float32), T.IQ2_XXS)  # unsupported type
+    with pytest.raises(EdgeInferError, match="C-contiguous uint8 array of shape"):
+        quantize(np.zeros((2, 64), np.float32), T.Q8_0, out=np.empty((2, 64), np.uint8))
     from edgeinfer._native import check, ffi, lib
     out = ffi.new("int64_t *")
     with pytest.raises(NativeError):

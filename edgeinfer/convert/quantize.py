@@ -39,9 +39,10 @@ def row_nbytes(type_id: int, n_cols: int) -> int:
 
 
 def quantize(x: np.ndarray, type_id: int, n_threads: int = 0,
-             importance: np.ndarray | None = None) -> np.ndarray:
+             importance: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Quantizes a float array (rows = last axis) to `type_id`; returns uint8 bytes with shape
-    (rows, row_bytes). Values are converted to float32 first. `importance` (one finite value
+    (rows, row_bytes), written into `out` when given (a C-contiguous uint8 array of that
+    shape). Values are converted to float32 first. `importance` (one finite value
     >= 0 per column, an importance matrix's mean squared activation) weights each column's
     rounding error as llama.cpp's quantizer does (every type but Q8_0 and the float types)."""
     from .._native import check, ffi, lib
@@ -63,7 +64,10 @@ def quantize(x: np.ndarray, type_id: int, n_threads: int = 0,
                                  f"{n_cols} elements")
         qw = ffi.from_buffer("float[]", importance)
     rb = row_nbytes(type_id, n_cols)
-    out = np.empty((n_rows, rb), dtype=np.uint8)
+    if out is None:
+        out = np.empty((n_rows, rb), dtype=np.uint8)
+    elif out.dtype != np.uint8 or out.shape != (n_rows, rb) or not out.flags.c_contiguous:
+        raise EdgeInferError(f"out must be a C-contiguous uint8 array of shape {(n_rows, rb)}")
     check(lib.ei_quantize_rows(type_id, ffi.from_buffer("float[]", x), ffi.from_buffer(out),
                                n_rows, n_cols, qw, int(n_threads)), "ei_quantize_rows")
     return out

@@ -22,7 +22,7 @@ from ..gguf.writer import GGUFWriter
 from ..progress import bar
 from .converter import ConvertResult, importance_note
 from .imatrix import Imatrix
-from .quantize import IMPORTANCE_TYPES, quantize
+from .quantize import IMPORTANCE_TYPES, quantize, row_nbytes
 from .recipe import AUTO, Recipe, allows_quantization, parse_file_type, parse_keep
 
 __all__ = ["quantize_gguf"]
@@ -32,6 +32,7 @@ _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _SET_HERE = {"general.quantization_version", "general.file_type", "general.alignment",
              "split.no", "split.count", "split.tensors.count"}
 _BLK = re.compile(r"blk\.(\d+)\.")
+_SLAB_FLOATS = 1 << 23         # rows quantized per step: 32 MiB of float32
 
 
 def _llama_order(name: str) -> tuple[int, str]:
@@ -102,13 +103,12 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
                     if new == t.ggml_type:
                         q = t.data
                     else:
-                        x = _floats(t)
                         qw = None if importance is None else importance.importance(t.name, t.shape[0])
                         if importance is not None and new in IMPORTANCE_TYPES:
                             (weighted if qw is not None else unweighted).append(t.name)
-                        q = quantize(x, new, n_threads, importance=qw)
-                        del x
+                        q = _quantized(t, new, qw, n_threads)
                     w.write_tensor_data(t.name, q)
+                    src.release(t)
                     pbar.set_postfix_str(f"{k + 1}/{len(plan)} {t.name} {new.name}", refresh=False)
                     pbar.update(q.nbytes)
                     if callable(progress):
@@ -129,11 +129,18 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
                          bpw=8.0 * nbytes / n_el, notes=notes)
 
 
-def _floats(t) -> np.ndarray:
-    """The tensor's values as float32 rows; ConversionError if any is not finite."""
+def _quantized(t, new: GGMLType, importance: np.ndarray | None, n_threads: int) -> np.ndarray:
+    """Tensor `t` quantized to `new`, a slab of rows at a time: no float copy of a whole
+    tensor (a 128K-row embedding table is 1 GiB of float32). ConversionError on a value that
+    is not finite."""
     from .._native import dequantize
 
-    x = dequantize(t.data, t.type, t.n_rows, t.shape[0])
-    if not np.isfinite(x).all():
-        raise ConversionError(f"tensor {t.name!r} holds NaN or infinite values")
-    return x
+    out = np.empty((t.n_rows, row_nbytes(new, t.shape[0])), dtype=np.uint8)
+    step = max(1, _SLAB_FLOATS // t.shape[0])
+    for r0 in range(0, t.n_rows, step):
+        r1 = min(t.n_rows, r0 + step)
+        x = dequantize(t.data[r0 * t.row_nbytes:r1 * t.row_nbytes], t.type, r1 - r0, t.shape[0])
+        if not np.isfinite(x).all():
+            raise ConversionError(f"tensor {t.name!r} holds NaN or infinite values")
+        quantize(x, new, n_threads, importance=importance, out=out[r0:r1])
+    return out

@@ -204,6 +204,17 @@ class GGUFFile:
             except BufferError:
                 pass  # arrays still export the buffer; the map goes when they do
 
+    def release(self, tensor: "TensorInfo") -> None:
+        """Drops the pages of `tensor`'s data from this process's memory once read (they stay in
+        the page cache; reading them again maps them again), so that streaming through a
+        file several times the size of memory keeps the process small."""
+        if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = tensor.offset - tensor.offset % mmap.PAGESIZE
+        end = min(self.size, tensor.offset + tensor.nbytes)
+        if end > start:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     @property
     def closed(self) -> bool:
         return self._buf is None
