@@ -44,13 +44,16 @@ def check(status: int, what: str = "native call", message: Callable[[], str] = l
 
 
 def dequantize(data, type_id: int, n_rows: int, n_cols: int):
-    """Rows of a GGUF type's blocks (any buffer of their bytes) as float32 [n_rows, n_cols]."""
+    """Rows of a GGUF type's blocks (any buffer of their bytes) as float32 [n_rows, n_cols]:
+    block types through the scalar reference (ggml's arithmetic, bit for bit), F16 and BF16,
+    which widen exactly on any instruction set, through the CPU's fastest kernel."""
     import numpy as np
 
     out = np.empty((n_rows, n_cols), dtype=np.float32)
     if int(type_id) == lib.EI_TYPE_F32:
         out[...] = np.frombuffer(data, dtype=np.float32, count=n_rows * n_cols).reshape(n_rows, n_cols)
         return out
-    check(lib.ei_kernel_dequantize(int(type_id), lib.EI_ISA_SCALAR, ffi.from_buffer(data),
+    isa = lib.EI_ISA_BEST if int(type_id) in (lib.EI_TYPE_F16, lib.EI_TYPE_BF16) else lib.EI_ISA_SCALAR
+    check(lib.ei_kernel_dequantize(int(type_id), isa, ffi.from_buffer(data),
                                    ffi.from_buffer("float[]", out), n_rows * n_cols), "ei_kernel_dequantize")
     return out

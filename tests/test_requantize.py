@@ -54,6 +54,11 @@ def test_file_types_are_llama_quantize_byte_for_byte(llama256, tmp_path, ftype):
     _same_as_llama_quantize(llama256[1], tmp_path, ftype)
 
 
+def test_bf16_source_is_llama_quantize_byte_for_byte(llama256, tmp_path):
+    bf16 = llama_cpp_convert(llama256[0], tmp_path / "bf16.gguf", "bf16", tmp_path, pre=_PRE["llama_256"])
+    _same_as_llama_quantize(bf16, tmp_path, "q4_k_m")
+
+
 @pytest.mark.parametrize("kind", ["qwen35", "lfm2", "phi3", "gemma3", "gemma4", "smollm3"])
 def test_every_family_is_llama_quantize_byte_for_byte(tmp_path, kind):
     """Fused QKV (Phi-3), hybrids' recurrent layers (Qwen3.5, LFM2: conv taps left alone, the
