@@ -20,9 +20,9 @@ from .arch import HParams, TensorMap, multimodal_part
 from .gemma4 import Gemma4HParams
 from .lfm2 import Lfm2HParams
 from .checkpoint import Checkpoint
-from .imatrix import Imatrix
+from .imatrix import Imatrix, ImportanceUse
 from .lora import LoraAdapter
-from .quantize import IMPORTANCE_TYPES, quantize, row_nbytes
+from .quantize import quantize, row_nbytes
 from .recipe import AUTO, Recipe, parse_file_type, parse_keep
 from .pooling import sentence_pooling
 from .rerank import rerank_head
@@ -272,8 +272,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         os.path.abspath(checkpoint_dir))
     quantized = any(it.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) for it in items)
     merged = 0
-    weighted: list[str] = []
-    unweighted: list[str] = []
+    use = ImportanceUse(importance)
     with GGUFWriter(out_path) as w:
         w.add_kv(Keys.General.ARCHITECTURE, hp.arch.name)
         w.add_kv(Keys.General.TYPE, "model")
@@ -310,24 +309,19 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                         x = f(x)
                     if not np.isfinite(x).all():
                         raise ConversionError(f"tensor {it.hf!r} holds NaN or infinite values")
-                qw = None if importance is None else importance.importance(it.gguf, it.shape[0])
-                if importance is not None and it.type in IMPORTANCE_TYPES:
-                    (weighted if qw is not None else unweighted).append(it.gguf)
+                qw = use.weights(it.gguf, it.shape[0], it.type)
                 q = quantize(x.reshape(-1, it.shape[0]), it.type, n_threads, importance=qw)
                 del x
                 w.write_tensor_data(it.gguf, q)
-                pbar.set_postfix_str(f"{k + 1}/{len(items)} {it.gguf} {it.type.name}", refresh=False)
-                pbar.update(q.nbytes)
-                if callable(progress):
-                    progress(k + 1, len(items), it.gguf, q.nbytes)
+                tensor_written(pbar, progress, k, len(items), it.gguf, it.type, q.nbytes)
                 del q
         nbytes = w.total_tensor_bytes
     counts: dict[str, int] = {}
     for it in items:
         counts[it.type.name] = counts.get(it.type.name, 0) + 1
     n_el = sum(int(np.prod(it.shape)) for it in items)
-    if importance is not None:
-        notes.append(importance_note(weighted, unweighted))
+    if use.note():
+        notes.append(use.note())
     return ConvertResult(out_path, ft.name, len(items), os.path.getsize(out_path),
                          time.perf_counter() - t0, counts,
                          {it.gguf: it.type.name for it in items}, merged,
@@ -335,12 +329,13 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
                          sensitivity=sensitivity, notes=notes)
 
 
-def importance_note(weighted: list[str], unweighted: list[str]) -> str:
-    """What an importance matrix covered: the tensors whose type uses one that it weighted."""
-    missing = (f"; it has no entry for {', '.join(unweighted[:3])}{' ...' if len(unweighted) > 3 else ''}"
-               if unweighted else "")
-    return (f"the importance matrix weighted {len(weighted)} of the {len(weighted) + len(unweighted)} "
-            f"tensors whose type uses one{missing}")
+def tensor_written(pbar, progress: bool | Callable, k: int, n: int, name: str, type_id: GGMLType,
+                   nbytes: int) -> None:
+    """Reports the k-th of n tensors written: the bar, and `progress` when it is a callable."""
+    pbar.set_postfix_str(f"{k + 1}/{n} {name} {type_id.name}", refresh=False)
+    pbar.update(nbytes)
+    if callable(progress):
+        progress(k + 1, n, name, nbytes)
 
 
 def _left_out_notes(ckpt: Checkpoint, hp: HParams) -> list[str]:

@@ -22,6 +22,7 @@ from ..errors import ConversionError, GGUFError
 from ..gguf import GGUFFile
 from ..gguf.types import GGMLType, GGUFValueType
 from ..gguf.writer import GGUFWriter
+from .quantize import IMPORTANCE_TYPES
 
 __all__ = ["Imatrix", "collect"]
 
@@ -187,6 +188,33 @@ class Imatrix:
         if self.chunk_count > 0:
             kv.append(("quantize.imatrix.chunks_count", int(self.chunk_count), "UINT32"))
         return kv
+
+
+class ImportanceUse:
+    """An importance matrix as one conversion uses it: each tensor's per-column weights, and
+    which of the tensors whose type takes weights it had an entry for."""
+
+    def __init__(self, matrix: Imatrix | None):
+        self.matrix = matrix
+        self.weighted: list[str] = []
+        self.unweighted: list[str] = []
+
+    def weights(self, name: str, n_cols: int, type_id: int) -> np.ndarray | None:
+        if self.matrix is None:
+            return None
+        qw = self.matrix.importance(name, n_cols)
+        if type_id in IMPORTANCE_TYPES:
+            (self.weighted if qw is not None else self.unweighted).append(name)
+        return qw
+
+    def note(self) -> str | None:
+        """What the matrix covered, for the user (None without a matrix)."""
+        if self.matrix is None:
+            return None
+        missing = (f"; it has no entry for {', '.join(self.unweighted[:3])}"
+                   f"{' ...' if len(self.unweighted) > 3 else ''}" if self.unweighted else "")
+        return (f"the importance matrix weighted {len(self.weighted)} of the "
+                f"{len(self.weighted) + len(self.unweighted)} tensors whose type uses one{missing}")
 
 
 # ------------------------------------------------------------------ collection

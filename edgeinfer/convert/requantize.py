@@ -20,9 +20,9 @@ from ..gguf import GGUFFile
 from ..gguf.types import GGMLType, GGUFValueType
 from ..gguf.writer import GGUFWriter
 from ..progress import bar
-from .converter import ConvertResult, importance_note
-from .imatrix import Imatrix
-from .quantize import IMPORTANCE_TYPES, quantize, row_nbytes
+from .converter import ConvertResult, tensor_written
+from .imatrix import Imatrix, ImportanceUse
+from .quantize import quantize, row_nbytes
 from .recipe import AUTO, Recipe, allows_quantization, parse_file_type, parse_keep
 
 __all__ = ["quantize_gguf"]
@@ -83,8 +83,7 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
                 f"adds a second rounding error to the first; start from the F16/BF16 file, or pass "
                 f"--allow-requantize to do it anyway")
 
-        weighted: list[str] = []
-        unweighted: list[str] = []
+        use = ImportanceUse(importance)
         with GGUFWriter(out_path, alignment=src.alignment) as w:
             for key in src.keys():
                 if key not in _SET_HERE:
@@ -103,16 +102,10 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
                     if new == t.ggml_type:
                         q = t.data
                     else:
-                        qw = None if importance is None else importance.importance(t.name, t.shape[0])
-                        if importance is not None and new in IMPORTANCE_TYPES:
-                            (weighted if qw is not None else unweighted).append(t.name)
-                        q = _quantized(t, new, qw, n_threads)
+                        q = _quantized(t, new, use.weights(t.name, t.shape[0], new), n_threads)
                     w.write_tensor_data(t.name, q)
                     src.release(t)
-                    pbar.set_postfix_str(f"{k + 1}/{len(plan)} {t.name} {new.name}", refresh=False)
-                    pbar.update(q.nbytes)
-                    if callable(progress):
-                        progress(k + 1, len(plan), t.name, q.nbytes)
+                    tensor_written(pbar, progress, k, len(plan), t.name, new, q.nbytes)
                     del q
             nbytes = w.total_tensor_bytes
         n_el = sum(t.n_elements for t in tensors)
@@ -122,8 +115,8 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
     notes = []
     if requantized:
         notes.append(f"requantized {len(requantized)} tensors that were already quantized")
-    if importance is not None:
-        notes.append(importance_note(weighted, unweighted))
+    if use.note():
+        notes.append(use.note())
     return ConvertResult(out_path, ft.name, len(plan), os.path.getsize(out_path),
                          time.perf_counter() - t0, counts, {t.name: new.name for t, new in plan},
                          bpw=8.0 * nbytes / n_el, notes=notes)
