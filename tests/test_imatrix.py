@@ -22,7 +22,7 @@ from tests.support.llama_oracle import llama_quantize  # noqa: E402
 from edgeinfer.convert import FILE_TYPES, Imatrix, compute_imatrix, convert_checkpoint  # noqa: E402
 from edgeinfer.convert.converter import _imatrix_chunks, _open_source  # noqa: E402
 from edgeinfer.convert.quantize import dequantize, quantize  # noqa: E402
-from edgeinfer.errors import ConversionError  # noqa: E402
+from edgeinfer.errors import ConversionError, GGUFError  # noqa: E402
 from edgeinfer.gguf import GGUFFile  # noqa: E402
 from edgeinfer.gguf.types import GGMLType as T  # noqa: E402
 
@@ -194,7 +194,7 @@ def test_collected_sums_are_transformers_activations(ckpts, kind, tmp_path):
     ck = ckpts[kind]
     im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=96, n_chunks=3)
     src = _open_source(str(ck), None)
-    windows = _imatrix_chunks(src.tok_kv, None, 96, 3)
+    windows = _imatrix_chunks(src.tok_meta, None, 96, 3)
     sums, counts = _transformers_sums(ck, src, windows)
     assert sorted(im.sums) == sorted(sums) and len(sums) >= 4 * 2   # 2 layers of at least 4 matmuls
     for name, s in sums.items():
@@ -221,8 +221,8 @@ def test_chunks_are_llama_imatrix_chunks(ckpts, kind, tmp_path):
     expect = [tokens[i * c:(i + 1) * c] for i in range(len(tokens) // c)]
     for ch in expect:
         ch[0] = hf.bos_token_id if adds_bos else ch[0]
-    assert _imatrix_chunks(src.tok_kv, None, c, None) == expect and len(expect) > 2
-    assert _imatrix_chunks(src.tok_kv, None, c, 2) == expect[:2]
+    assert _imatrix_chunks(src.tok_meta, None, c, None) == expect and len(expect) > 2
+    assert _imatrix_chunks(src.tok_meta, None, c, 2) == expect[:2]
 
 
 @pytest.mark.parametrize("kind", ["lfm2", "qwen35"])
@@ -233,12 +233,40 @@ def test_hybrids_collect_every_block_matmul(kind, tmp_path):
     ck = tiny_checkpoints.build(kind, tmp_path / "hf")
     im = compute_imatrix(str(ck), str(tmp_path / "im.gguf"), chunk_size=64, n_chunks=2)
     src = _open_source(str(ck), None)
-    sums, _ = _transformers_sums(ck, src, _imatrix_chunks(src.tok_kv, None, 64, 2))
+    sums, _ = _transformers_sums(ck, src, _imatrix_chunks(src.tok_meta, None, 64, 2))
     assert sorted(im.sums) == sorted(sums)
     assert any("shortconv" in n or "ssm_" in n for n in sums)
     for name in im.sums:
         np.testing.assert_allclose(im.sums[name][0], sums[name], rtol=2e-4, atol=1e-6, err_msg=name)
     convert_checkpoint(str(ck), str(tmp_path / "q.gguf"), "q4_k_m", imatrix=str(tmp_path / "im.gguf"))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("kind, pre", [("llama_256", "llama-bpe"), ("qwen35", "qwen2")])
+def test_gguf_models_collect_transformers_activations(ckpts, kind, pre, tmp_path):
+    """From a GGUF model, as llama-imatrix takes one: the F32 file llama.cpp's converter wrote,
+    run by the reference forward from its tensors and cut by its own tokenizer, gives the Hugging
+    Face model's sums."""
+    from tests.support.llama_cpp_convert import convert as llama_cpp_convert
+    require("llama_cpp", "llama.cpp's converter writes the GGUF")
+    ck = ckpts[kind] if kind in ckpts else tiny_checkpoints.build(kind, tmp_path / "hf")
+    gguf_path = llama_cpp_convert(ck, tmp_path / "f32.gguf", "f32", tmp_path, pre=pre)
+    im = compute_imatrix(str(gguf_path), str(tmp_path / "im.gguf"), chunk_size=64, n_chunks=2)
+    src = _open_source(str(ck), None)
+    windows = _imatrix_chunks(src.tok_meta, None, 64, 2)
+    with GGUFFile(gguf_path) as f:
+        assert _imatrix_chunks(f.metadata, None, 64, 2) == windows
+    sums, _ = _transformers_sums(ck, src, windows)
+    assert sorted(im.sums) == sorted(sums)
+    for name in im.sums:
+        np.testing.assert_allclose(im.sums[name][0], sums[name], rtol=2e-4, atol=1e-6, err_msg=name)
+    with pytest.raises(ConversionError, match="--lora merges into a checkpoint directory"):
+        compute_imatrix(str(gguf_path), str(tmp_path / "x.gguf"), lora_dir=str(ck))
+    with pytest.raises(ConversionError, match="no such checkpoint directory or GGUF file"):
+        compute_imatrix(str(tmp_path / "nope"), str(tmp_path / "x.gguf"))
+    with pytest.raises(GGUFError, match="is not a model"):
+        compute_imatrix(str(tmp_path / "im.gguf"), str(tmp_path / "x.gguf"))
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_gemma4_is_refused_clearly(tmp_path):

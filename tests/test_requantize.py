@@ -167,3 +167,23 @@ def test_cli_quantizes_and_reports(llama256, tmp_path):
     assert out.read_bytes() == (tmp_path / "api.gguf").read_bytes()
     r = CliRunner().invoke(app, ["quantize", str(out), "-o", str(tmp_path / "again.gguf"), "-q"])
     assert r.exit_code == 1 and "already quantized" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_cli_gguf_only_workflow_matches_llama_quantize(llama256, tmp_path):
+    """llama.cpp's workflow without the checkpoint: an importance matrix collected from the F16
+    GGUF (`edgeinfer imatrix`, as llama-imatrix -m), then `edgeinfer quantize --imatrix`; the
+    tensors are llama.cpp's quantizer's given the same matrix."""
+    from typer.testing import CliRunner
+
+    from edgeinfer.cli import app
+    _, src = llama256
+    im_path, out = tmp_path / "im.gguf", tmp_path / "m.gguf"
+    r = CliRunner().invoke(app, ["imatrix", str(src), "-o", str(im_path), "-q", "--chunk-size", "128"])
+    assert r.exit_code == 0 and "56 tensors" in r.output, r.output
+    r = CliRunner().invoke(app, ["quantize", str(src), "-o", str(out), "-q", "--imatrix", str(im_path)])
+    assert r.exit_code == 0 and "the importance matrix weighted 56 of the 58 tensors" in r.output, r.output
+    im = Imatrix.load(str(im_path))
+    llama_quantize(src, tmp_path / "llama.gguf", FILE_TYPES["q4_k_m"].llama_ftype,
+                   imatrix={n: im.importance(n, im.sums[n].shape[1]) for n in im.sums})
+    with GGUFFile(tmp_path / "llama.gguf") as a, GGUFFile(out) as b:
+        assert all(bytes(t.data) == bytes(b.tensors[n].data) for n, t in a.tensors.items())

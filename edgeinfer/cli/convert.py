@@ -161,7 +161,8 @@ def eval_cmd(
 
 @handle_errors
 def imatrix_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="Hugging Face checkpoint directory.")],
+    checkpoint: Annotated[str, typer.Argument(help="Hugging Face checkpoint directory, or a GGUF "
+                                              "model file (e.g. the F16 one you will quantize).")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output imatrix .gguf path.")],
     calibration: Annotated[Optional[str], typer.Option(
         "--calibration", "-f", help="UTF-8 text to run (default: a short text shipped with "
@@ -176,7 +177,7 @@ def imatrix_cmd(
                                                 "first (as convert --lora).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress.")] = False,
 ) -> None:
-    """Collect an importance matrix on calibration text, for `convert --imatrix` (or llama.cpp's llama-quantize --imatrix)."""
+    """Collect an importance matrix on calibration text, for `convert --imatrix` / `quantize --imatrix` (or llama.cpp's llama-quantize --imatrix)."""
     from ..convert import compute_imatrix
 
     im = compute_imatrix(checkpoint, output, calibration=calibration, chunk_size=chunk_size,

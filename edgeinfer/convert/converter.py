@@ -6,7 +6,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 from gguf.constants import Keys
@@ -15,7 +15,8 @@ from ..errors import ConversionError
 from ..gguf.types import GGMLType, GGUFValueType
 from ..gguf.writer import GGUFWriter
 from ..progress import bar, status
-from ..arch import arch_for_hf
+from ..arch import arch_for_hf, get_arch
+from ..gguf import GGUFFile
 from .arch import HParams, TensorMap, multimodal_part
 from .gemma4 import Gemma4HParams
 from .lfm2 import Lfm2HParams
@@ -105,6 +106,10 @@ class _Source:
     adapter: LoraAdapter | None
     notes: list[str]               # the parts of the checkpoint a text GGUF leaves out
 
+    @property
+    def tok_meta(self) -> dict:
+        return {k: v for k, v, _ in self.tok_kv}
+
     def load_hf(self, hf: str) -> np.ndarray:
         x = self.ckpt.load(hf)
         if self.adapter is not None and (hf in self.adapter.pairs or hf in self.adapter.replacements):
@@ -131,9 +136,10 @@ def _open_source(checkpoint_dir: str, lora_dir: str | None, keep_mtp: bool = Tru
     return _Source(ckpt, hp, tmap, tokenizer_metadata(ckpt, hp.n_vocab), adapter, notes)
 
 
-def _calibration_tokens(tok_kv, calibration: str | None) -> tuple[list[int], list[int]]:
+def _calibration_tokens(tok_meta: Mapping, calibration: str | None) -> tuple[list[int], list[int]]:
     """(prefix, body): the tokenizer's BOS when it adds one (never an EOS), and the calibration
-    text (default: the one shipped with the package) as tokens, special-token text kept as text."""
+    text (default: the one shipped with the package) as tokens, special-token text kept as text.
+    `tok_meta`: the tokenizer's GGUF metadata (a file's, or _Source.tok_meta)."""
     from ..text.tokenizer import Tokenizer
     from .sensitivity import default_calibration_text
 
@@ -145,26 +151,26 @@ def _calibration_tokens(tok_kv, calibration: str | None) -> tuple[list[int], lis
                 text = fh.read()
         except (OSError, UnicodeDecodeError) as e:
             raise ConversionError(f"cannot read --calibration {calibration}: {e}") from None
-    tok = Tokenizer.from_metadata({k: v for k, v, _ in tok_kv})
+    tok = Tokenizer.from_metadata(tok_meta)
     prefix = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
     return prefix, tok.encode(text, add_special=False, parse_special=False)
 
 
-def _calibration_windows(tok_kv, calibration: str | None, max_tokens: int, window: int) -> list[list[int]]:
+def _calibration_windows(tok_meta: Mapping, calibration: str | None, max_tokens: int, window: int) -> list[list[int]]:
     """--type auto's windows: the first max_tokens tokens of the text in windows of at most
     `window` tokens, each after the BOS."""
-    prefix, body = _calibration_tokens(tok_kv, calibration)
+    prefix, body = _calibration_tokens(tok_meta, calibration)
     body = body[:max(2, int(max_tokens))]
     step = window - len(prefix)
     return [prefix + body[i:i + step] for i in range(0, len(body), step)]
 
 
-def _imatrix_chunks(tok_kv, calibration: str | None, chunk_size: int, n_chunks: int | None) -> list[list[int]]:
+def _imatrix_chunks(tok_meta: Mapping, calibration: str | None, chunk_size: int, n_chunks: int | None) -> list[list[int]]:
     """llama-imatrix's chunks: the whole text tokenized after one BOS, cut into full chunks of
     chunk_size tokens (a shorter tail left out), each chunk's first token made the BOS."""
     if chunk_size < 16:      # llama-imatrix skips matmuls of fewer than 16 rows
         raise ConversionError(f"--chunk-size {chunk_size}: at least 16 tokens")
-    prefix, body = _calibration_tokens(tok_kv, calibration)
+    prefix, body = _calibration_tokens(tok_meta, calibration)
     tokens = prefix + body
     n = len(tokens) // chunk_size if n_chunks is None else min(n_chunks, len(tokens) // chunk_size)
     if n < 1:
@@ -173,30 +179,76 @@ def _imatrix_chunks(tok_kv, calibration: str | None, chunk_size: int, n_chunks: 
     return [prefix + tokens[i * chunk_size + len(prefix):(i + 1) * chunk_size] for i in range(n)]
 
 
-def compute_imatrix(checkpoint_dir: str, out_path: str, calibration: str | None = None,
+def compute_imatrix(model: str, out_path: str, calibration: str | None = None,
                     chunk_size: int = 512, n_chunks: int | None = None, lora_dir: str | None = None,
                     progress: bool = False) -> Imatrix:
-    """Collects an importance matrix for the checkpoint (LoRA-merged if given) on the
-    calibration text, cut into chunks as llama-imatrix cuts it (at most n_chunks of them), and
-    writes it to out_path in llama.cpp's GGUF imatrix format (what `convert --imatrix` and
+    """Collects an importance matrix for `model` -- a Hugging Face checkpoint directory
+    (LoRA-merged if given), or a GGUF model file as llama-imatrix takes one (an F16 file, or a
+    quantized one whose rounded weights then run as they are) -- on the calibration text, cut
+    into chunks as llama-imatrix cuts it (at most n_chunks of them), and writes it to out_path
+    in llama.cpp's GGUF imatrix format (what `convert --imatrix`, `quantize --imatrix` and
     llama-quantize read)."""
     from ..arch.reference import reference_for
-    from .imatrix import collect
     from .sensitivity import _ConvertedWeights
 
     if n_chunks is not None and n_chunks < 1:
         raise ConversionError(f"--chunks {n_chunks}: at least 1")
-    src = _open_source(checkpoint_dir, lora_dir)
-    hp = src.hp
-    chunks = _imatrix_chunks(src.tok_kv, calibration, chunk_size, n_chunks)
-    meta = {"general.architecture": hp.arch.name, **{k: v for k, v, _ in hp.metadata()}}
-    ref = reference_for(meta, _ConvertedWeights(hp, src.tmap, src.load_hf), np.float32)
     dataset = calibration if calibration is not None else "edgeinfer/convert/calibration.txt"
-    with status("imatrix", quiet=not progress, leave=True) as note:
-        im = collect(ref, hp.n_layer, chunks, dataset, progress=note)
-        note(f"{len(chunks)} chunk{'s' if len(chunks) != 1 else ''} of {chunk_size} tokens")
+    if not os.path.exists(model):
+        raise ConversionError(f"{model}: no such checkpoint directory or GGUF file")
+    if not os.path.isdir(model):
+        if lora_dir is not None:
+            raise ConversionError("--lora merges into a checkpoint directory; for a GGUF model, "
+                                  "collect on the merged model's file")
+        with GGUFFile(model) as f:
+            f.require_model()
+            get_arch(f.get("general.architecture", kind=str), model)
+            chunks = _imatrix_chunks(f.metadata, calibration, chunk_size, n_chunks)
+            ref = reference_for(f.metadata, _GGUFWeights(f), np.float32)
+            im = _collect(ref, chunks, dataset, chunk_size, progress)
+    else:
+        src = _open_source(model, lora_dir)
+        hp = src.hp
+        chunks = _imatrix_chunks(src.tok_meta, calibration, chunk_size, n_chunks)
+        meta = {"general.architecture": hp.arch.name, **{k: v for k, v, _ in hp.metadata()}}
+        ref = reference_for(meta, _ConvertedWeights(hp, src.tmap, src.load_hf), np.float32)
+        im = _collect(ref, chunks, dataset, chunk_size, progress)
     im.save(out_path)
     return im
+
+
+def _collect(ref, chunks: list[list[int]], dataset: str, chunk_size: int,
+             progress: bool) -> Imatrix:
+    from .imatrix import collect
+
+    with status("imatrix", quiet=not progress, leave=True) as note:
+        im = collect(ref, chunks, dataset, progress=note)
+        note(f"{len(chunks)} chunk{'s' if len(chunks) != 1 else ''} of {chunk_size} tokens")
+    return im
+
+
+class _GGUFWeights(Mapping):
+    """GGUF name -> float32 tensor of an open GGUF file (rows as stored), dequantized on each
+    access so that the forward streams the file layer by layer."""
+
+    def __init__(self, f: GGUFFile):
+        self._f = f
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        from .._native import dequantize
+
+        t = self._f.tensors[name]
+        x = dequantize(t.data, t.type, t.n_rows, t.shape[0])
+        return x if t.n_dims > 1 else x.reshape(-1)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._f.tensors
+
+    def __iter__(self):
+        return iter(self._f.tensors)
+
+    def __len__(self) -> int:
+        return len(self._f.tensors)
 
 
 def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_k_m",
@@ -357,7 +409,7 @@ def _measure(hp: HParams, tmap: TensorMap, tok_kv, load_hf, calibration: str | N
              max_tokens: int, n_threads: int, progress) -> "Sensitivity":
     from .sensitivity import analyze
 
-    windows = _calibration_windows(tok_kv, calibration, max_tokens, _CALIB_CTX)
+    windows = _calibration_windows({k: v for k, v, _ in tok_kv}, calibration, max_tokens, _CALIB_CTX)
     with status("sensitivity", quiet=progress is not True, leave=True) as note:
         sens = analyze(hp, tmap, load_hf, windows, n_threads=n_threads, progress=note)
         note(f"{sens.n_tokens} tokens in {sens.seconds:.1f} s")

@@ -218,7 +218,7 @@ class ImportanceUse:
 
 
 # ------------------------------------------------------------------ collection
-def collect(ref, n_layer: int, windows: list[list[int]], dataset: str,
+def collect(ref, windows: list[list[int]], dataset: str,
             progress: Callable[[str], None] | None = None) -> Imatrix:
     """Runs the reference forward `ref` (a table-driven arch.reference.Reference) over the
     token windows and sums every block matmul's squared inputs per column, as llama-imatrix
@@ -238,7 +238,7 @@ def collect(ref, n_layer: int, windows: list[list[int]], dataset: str,
     pos = {len(w): ref.positions(len(w)) for w in ids}
     # one embedding lookup for every chunk: the table is read from the checkpoint once
     xs = np.split(ref.embed(np.concatenate(ids)), np.cumsum([len(w) for w in ids])[:-1])
-    for i in range(n_layer):
+    for i in range(ref.params.n_layer):    # the main layers: a multi-token-prediction block is not run
         note(f"layer {i}")
         layer = ref.layer(i)
         first_role = {roles[0]: name for name, roles in layer.parts.items()}
