@@ -140,6 +140,9 @@ def test_bad_inputs_are_clear_errors(llama256, tmp_path):
         quantize_gguf(str(src), str(out), "q3_k")
     with pytest.raises(ConversionError, match=r"--keep pattern\(s\) blk.99.\* match no tensor"):
         quantize_gguf(str(src), str(out), keep=["blk.99.*=q8_0"])
+    llama_quantize(src, tmp_path / "q3_k_m.gguf", 12)      # LLAMA_FTYPE_MOSTLY_Q3_K_M
+    with pytest.raises(ConversionError, match="is Q3_K, which edgeinfer cannot read"):
+        quantize_gguf(str(tmp_path / "q3_k_m.gguf"), str(out), "q4_0", allow_requantize=True)
     with GGUFFile(src) as f:
         t = f.tensors["blk.3.ffn_up.weight"]
         offset = t.offset

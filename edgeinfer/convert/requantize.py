@@ -22,7 +22,7 @@ from ..gguf.writer import GGUFWriter
 from ..progress import bar
 from .converter import ConvertResult, tensor_written
 from .imatrix import Imatrix, ImportanceUse
-from .quantize import quantize, row_nbytes
+from .quantize import QUANTIZABLE_TYPES, quantize, row_nbytes
 from .recipe import AUTO, Recipe, allows_quantization, parse_file_type, parse_keep
 
 __all__ = ["quantize_gguf"]
@@ -83,6 +83,12 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
                 f"adds a second rounding error to the first; start from the F16/BF16 file, or pass "
                 f"--allow-requantize to do it anyway")
 
+        unreadable = [t for t, new in plan if new != t.ggml_type and t.ggml_type not in QUANTIZABLE_TYPES]
+        if unreadable:
+            t = unreadable[0]
+            raise ConversionError(
+                f"{src_path}: tensor {t.name} is {t.type_name}, which edgeinfer cannot read to quantize "
+                f"again (it reads {', '.join(GGMLType(x).name for x in sorted(QUANTIZABLE_TYPES))})")
         use = ImportanceUse(importance)
         with GGUFWriter(out_path, alignment=src.alignment) as w:
             for key in src.keys():
