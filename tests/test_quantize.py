@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tests.support.llama_oracle import llama_quantize
+from tests.support.synth_gguf import synth_llama_gguf
 from tests.support.strict import require
 
 from edgeinfer.convert.quantize import can_quantize, quantize, row_nbytes
@@ -14,8 +15,6 @@ from edgeinfer.convert.recipe import FILE_TYPES, Recipe, parse_keep, use_more_bi
 from edgeinfer.errors import ConversionError, EdgeInferError, NativeError
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.types import GGMLType as T
-from edgeinfer.gguf.types import GGUFValueType as V
-from edgeinfer.gguf.writer import GGUFWriter
 
 gguf = require("gguf", "the gguf package is the quantization oracle")
 GQ = gguf.GGMLQuantizationType
@@ -96,54 +95,6 @@ def test_bad_arguments():
 
 
 # ------------------------------------------------------------------ llama.cpp comparisons
-def _synth_model(path, n_embd=256, n_ff=512, n_layer=2, n_vocab=256, tied=False, seed=0):
-    """An F32 llama GGUF with weight-like random tensors (per-row scales, outliers)."""
-    from edgeinfer.text.tokenizer import _BYTE_TO_CHAR
-
-    rng = np.random.default_rng(seed)
-
-    def w(rows, cols):
-        x = rng.standard_normal((rows, cols)).astype(np.float32) * 0.02
-        x *= np.exp(rng.standard_normal((rows, 1)) * 0.5).astype(np.float32)
-        x[rng.random((rows, cols)) < 0.002] *= 20
-        return x
-
-    t = {"token_embd.weight": w(n_vocab, n_embd)}
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        t[p + "attn_norm.weight"] = np.ones(n_embd, np.float32)
-        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            t[p + n + ".weight"] = w(n_embd, n_embd)
-        t[p + "ffn_norm.weight"] = np.ones(n_embd, np.float32)
-        t[p + "ffn_gate.weight"] = w(n_ff, n_embd)
-        t[p + "ffn_up.weight"] = w(n_ff, n_embd)
-        t[p + "ffn_down.weight"] = w(n_embd, n_ff)
-    t["output_norm.weight"] = np.ones(n_embd, np.float32)
-    if not tied:
-        t["output.weight"] = w(n_vocab, n_embd)
-    with GGUFWriter(path) as wr:
-        wr.add_kv("general.architecture", "llama")
-        wr.add_kv("general.file_type", 0)
-        for k, v in (("block_count", n_layer), ("context_length", 256),
-                     ("embedding_length", n_embd), ("feed_forward_length", n_ff),
-                     ("attention.head_count", 4), ("attention.head_count_kv", 4),
-                     ("rope.dimension_count", n_embd // 4), ("vocab_size", n_vocab)):
-            wr.add_kv("llama." + k, v)
-        wr.add_kv("llama.attention.layer_norm_rms_epsilon", 1e-5)
-        wr.add_kv("tokenizer.ggml.model", "gpt2")
-        wr.add_kv("tokenizer.ggml.pre", "gpt-2")
-        wr.add_kv("tokenizer.ggml.tokens", [_BYTE_TO_CHAR[b] for b in range(256)],
-                  V.ARRAY, V.STRING)
-        wr.add_kv("tokenizer.ggml.token_type", np.ones(256, np.int32))
-        wr.add_kv("tokenizer.ggml.merges", ["a b"], V.ARRAY, V.STRING)
-        for n, x in t.items():
-            wr.add_tensor_info(n, x.shape[::-1], T.F32)
-        wr.write_header()
-        for n, x in t.items():
-            wr.write_tensor_data(n, x)
-    return t
-
-
 def _llama_quantize(src, dst, ftype: int, pure: bool):
     require("llama_cpp", "llama.cpp is the K-quant oracle")
     llama_quantize(src, dst, ftype, pure)
@@ -152,7 +103,7 @@ def _llama_quantize(src, dst, ftype: int, pure: bool):
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):
     d = tmp_path_factory.mktemp("synth")
-    return d, _synth_model(d / "f32.gguf")
+    return d, synth_llama_gguf(d / "f32.gguf")
 
 
 @pytest.mark.oracle
@@ -186,7 +137,7 @@ _FTYPES = {n: FILE_TYPES[n].llama_ftype for n in ("q8_0", "q4_0", "q4_1", "q5_0"
                          ids=["rows256_untied", "rows192_tied"])
 def test_recipe_matches_llama_cpp(tmp_path, shape):
     n_embd, n_ff, n_layer, tied = shape
-    tensors = _synth_model(tmp_path / "f32.gguf", n_embd=n_embd, n_ff=n_ff, n_layer=n_layer,
+    tensors = synth_llama_gguf(tmp_path / "f32.gguf", n_embd=n_embd, n_ff=n_ff, n_layer=n_layer,
                            n_vocab=256, tied=tied)
     for name, ftype in _FTYPES.items():
         out = tmp_path / f"{name}.gguf"

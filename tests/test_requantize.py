@@ -14,6 +14,7 @@ require("transformers", "tiny checkpoints are built with transformers")
 from tests.support import tiny_checkpoints, tiny_gemma4  # noqa: E402
 from tests.support.llama_cpp_convert import convert as llama_cpp_convert  # noqa: E402
 from tests.support.llama_oracle import llama_quantize  # noqa: E402
+from tests.support.synth_gguf import synth_llama_gguf  # noqa: E402
 
 from edgeinfer.convert import FILE_TYPES, Imatrix, compute_imatrix, quantize_gguf  # noqa: E402
 from edgeinfer.errors import ConversionError, GGUFError  # noqa: E402
@@ -65,6 +66,58 @@ def test_every_family_is_llama_quantize_byte_for_byte(tmp_path, kind):
     attention-V-like tensors counted among themselves), Gemma 4's per-layer tensors."""
     _, src = _llama_cpp_f16(kind, tmp_path / "in")
     _same_as_llama_quantize(src, tmp_path, "q4_k_m")
+
+
+@pytest.mark.parametrize("n_head_kv", [1, 4], ids=["gqa", "mha"])
+def test_70b_class_is_llama_quantize_byte_for_byte(tmp_path, n_head_kv):
+    """llama.cpp's one rule by model size: an 80-layer Llama with grouped-query attention (the
+    70B) gets Q5_K for the attn_v that q4_k_m leaves at Q4_K; with as many K/V heads as query
+    heads (the 65B) it does not."""
+    synth_llama_gguf(tmp_path / "f32.gguf", n_embd=256, n_ff=256, n_layer=80, n_head_kv=n_head_kv)
+    _same_as_llama_quantize(tmp_path / "f32.gguf", tmp_path, "q4_k_m")
+    with GGUFFile(tmp_path / "ours.gguf") as f:
+        assert f.tensors["blk.20.attn_v.weight"].type_name == ("Q5_K" if n_head_kv == 1 else "Q4_K")
+
+
+def test_tied_per_layer_embeddings_quantized_as_the_head(tmp_path):
+    """With tied embeddings llama.cpp quantizes Gemma's per-layer token embedding table as the
+    head, like token_embd (Q6_K for rows of 256s)."""
+    synth_llama_gguf(tmp_path / "f32.gguf", tied=True, extra=[("per_layer_token_embd.weight", 256, 512)])
+    _same_as_llama_quantize(tmp_path / "f32.gguf", tmp_path, "q4_k_m")
+    with GGUFFile(tmp_path / "ours.gguf") as f:
+        assert f.tensors["per_layer_token_embd.weight"].type_name == "Q6_K"
+
+
+def test_metadata_keeps_its_place_and_old_imatrix_keys_are_replaced(llama256, tmp_path):
+    """general.alignment stays where the source has it; a source quantized with an importance
+    matrix (its quantize.imatrix.* keys) quantized again with another gets the new keys, last,
+    as llama-quantize sets them."""
+    ck, src = llama256
+    compute_imatrix(str(ck), str(tmp_path / "a.gguf"), chunk_size=128)
+    compute_imatrix(str(ck), str(tmp_path / "b.gguf"), chunk_size=64)
+    with GGUFFile(src) as f:
+        keys = list(f.keys())
+    with_alignment = tmp_path / "aligned.gguf"
+    with GGUFWriter(with_alignment) as w, GGUFFile(src) as f:
+        for k in keys:
+            w.add_kv(k, f.metadata[k], *f.field_type(k))
+            if k == "general.architecture":
+                w.add_kv("general.alignment", 32, GGUFValueType.UINT32)
+        for t in f.tensors.values():
+            w.add_tensor_info(t.name, t.shape, t.type)
+        w.write_header()
+        for t in f.tensors.values():
+            w.write_tensor_data(t.name, t.data)
+    _same_as_llama_quantize(with_alignment, tmp_path, "q8_0")
+    quantize_gguf(str(src), str(tmp_path / "q8.gguf"), "q8_0", imatrix=str(tmp_path / "a.gguf"))
+    quantize_gguf(str(tmp_path / "q8.gguf"), str(tmp_path / "q4.gguf"), "q4_k_m",
+                  imatrix=str(tmp_path / "b.gguf"), allow_requantize=True)
+    with GGUFFile(tmp_path / "q4.gguf") as f:
+        assert list(f.keys())[-6:] == ["general.quantization_version", "general.file_type",
+                                       "quantize.imatrix.file", "quantize.imatrix.dataset",
+                                       "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count"]
+        assert f.get("quantize.imatrix.file") == str(tmp_path / "b.gguf")
+        assert f.get("quantize.imatrix.chunks_count") == Imatrix.load(str(tmp_path / "b.gguf")).chunk_count
 
 
 @pytest.mark.parametrize("source, ftype", [("q4_k_m", "q4_0"), ("q5_k_m", "q4_0"), ("q8_0", "q4_k_m")])
@@ -151,6 +204,13 @@ def test_bad_inputs_are_clear_errors(llama256, tmp_path):
     (tmp_path / "nan.gguf").write_bytes(bytes(broken))
     with pytest.raises(ConversionError, match="'blk.3.ffn_up.weight' holds NaN"):
         quantize_gguf(str(tmp_path / "nan.gguf"), str(out))
+    with GGUFFile(src) as f:
+        norm = f.tensors["blk.0.attn_norm.weight"].offset      # F32, copied unchanged
+    broken = bytearray(src.read_bytes())
+    broken[norm:norm + 4] = np.array([np.inf], np.float32).tobytes()
+    (tmp_path / "inf.gguf").write_bytes(bytes(broken))
+    with pytest.raises(ConversionError, match="'blk.0.attn_norm.weight' holds NaN or infinite"):
+        quantize_gguf(str(tmp_path / "inf.gguf"), str(out))
     (tmp_path / "cut.gguf").write_bytes(src.read_bytes()[:5000])
     with pytest.raises(GGUFError):
         quantize_gguf(str(tmp_path / "cut.gguf"), str(out))

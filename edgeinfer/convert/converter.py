@@ -24,7 +24,7 @@ from .checkpoint import Checkpoint
 from .imatrix import Imatrix, ImportanceUse
 from .lora import LoraAdapter
 from .quantize import quantize, row_nbytes
-from .recipe import AUTO, Recipe, parse_file_type, parse_keep
+from .recipe import AUTO, Recipe, is_70b_class, parse_file_type, parse_keep
 from .pooling import sentence_pooling
 from .rerank import rerank_head
 from .sensitivity import Sensitivity
@@ -299,6 +299,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         tok_kv = tok_kv + importance.metadata(imatrix)
     has_output = any(it.gguf == "output.weight" for it in items)
     recipe = Recipe(ft, hp.n_layer, has_output, keeps, imatrix=importance is not None,
+                    type_70b=is_70b_class(hp.arch.name, hp.n_layer, hp.n_head, hp.n_head_kv),
                     names=[it.gguf for it in items])
     predicted = None
     if ft is AUTO:

@@ -181,13 +181,18 @@ class Imatrix:
     def metadata(self, path: str) -> list[tuple[str, object, str]]:
         """The quantize.imatrix.* keys llama-quantize writes into a file it quantized with
         this matrix (strings cut to 127 bytes as there)."""
-        kv: list[tuple[str, object, str]] = [("quantize.imatrix.file", os.fspath(path)[:127], "STRING")]
+        kv: list[tuple[str, object, str]] = [("quantize.imatrix.file", _cut(os.fspath(path)), "STRING")]
         if self.datasets:
-            kv.append(("quantize.imatrix.dataset", self.datasets[0][:127], "STRING"))
+            kv.append(("quantize.imatrix.dataset", _cut(self.datasets[0]), "STRING"))
         kv.append(("quantize.imatrix.entries_count", len(self.sums), "UINT32"))
         if self.chunk_count > 0:
             kv.append(("quantize.imatrix.chunks_count", int(self.chunk_count), "UINT32"))
         return kv
+
+
+def _cut(text: str, limit: int = 127) -> str:
+    """`text` cut to `limit` UTF-8 bytes (llama-quantize's strncpy), a split character dropped."""
+    return text.encode()[:limit].decode(errors="ignore")
 
 
 class ImportanceUse:

@@ -4,12 +4,14 @@ Rules, for a 2-D weight that llama.cpp quantizes at all (`allows_quantization`: 
 tensors -- norms, biases, rope factors --, recurrent layers' conv taps, Gemma 4's per-layer
 input projection and the other small tensors llama.cpp leaves as they are; `convert` writes
 those as F32, `quantize` keeps their type):
-* the output head (or, with tied embeddings, token_embd) is Q6_K for every quantized type
-  except Q8_0 (which keeps Q8_0), or Q8_0 when its rows are not a multiple of 256;
+* the output head (or, with tied embeddings, token_embd and Gemma's per_layer_token_embd) is
+  Q6_K for every quantized type except Q8_0 (which keeps Q8_0), or Q8_0 when its rows are not a
+  multiple of 256;
 * q4_k_m / q5_k_m: ffn_down is Q6_K on the first and last eighth of the layers and every
   third layer between (llama.cpp's `use_more_bits`), and so are the attention-V-like tensors
   (attn_v, a fused attn_qkv) counted among themselves in file order, as llama.cpp counts them:
-  in a hybrid only some layers have one;
+  in a hybrid only some layers have one; in a 70B-class model (`is_70b_class`) the
+  attention-V-like tensors left at Q4_K are Q5_K;
 * q4_0 / q5_0 quantized with an importance matrix: ffn_down in the first eighth of the layers
   is Q4_1 / Q5_1 (llama.cpp guards those layers so when an imatrix is given);
 * a K-quant whose row length is not a multiple of 256 falls back as llama.cpp does:
@@ -28,7 +30,8 @@ from ..errors import ConversionError
 from ..gguf.types import GGMLType as T
 from .quantize import block_elems, can_quantize
 
-__all__ = ["FileType", "FILE_TYPES", "AUTO", "parse_keep", "Recipe", "allows_quantization"]
+__all__ = ["FileType", "FILE_TYPES", "AUTO", "parse_keep", "Recipe", "allows_quantization",
+           "is_70b_class"]
 
 
 @dataclass(frozen=True)
@@ -105,19 +108,28 @@ def parse_keep(specs: list[str] | None) -> list[tuple[str, T]]:
     return out
 
 
+def is_70b_class(arch: str, n_layer: int, n_head: int, n_head_kv: int) -> bool:
+    """llama.cpp's LLM_TYPE_70B, the one model size its recipe treats apart (eight query heads
+    share each attn_v, so attn_v gets more bits): Llama with 80 layers and grouped-query
+    attention (80 without it is the 65B), Qwen2 with 80 layers (Qwen2 72B)."""
+    return n_layer == 80 and (arch == "qwen2" or (arch == "llama" and n_head != n_head_kv))
+
+
 def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
 # llama.cpp's attention-V-like category (category_is_attn_v): attn_v, attn_qkv, attn_kv_b
+# llama.cpp's token-embedding category: quantized as the head when the embeddings are tied
+_EMBEDDINGS = ("token_embd.weight", "per_layer_token_embd.weight")
 _ATTN_V_LIKE = re.compile(r"\.(attn_v|attn_qkv|attn_kv_b)\.weight$")
 
 
 class Recipe:
     def __init__(self, ftype: FileType, n_layer: int, has_output: bool,
                  keep: list[tuple[str, T]] | None = None, imatrix: bool = False,
-                 names: list[str] | tuple[str, ...] = ()):
+                 names: list[str] | tuple[str, ...] = (), type_70b: bool = False):
         """`names`: the file's tensor names in file order (the attention-V-like tensors are
         counted among themselves, the layer rules span every block the file holds, a
         multi-token-prediction block included, as llama.cpp's n_layer_all; without names, by
@@ -129,6 +141,7 @@ class Recipe:
         self._wv_index = {n: i for i, n in enumerate(wv)}
         self._n_wv = len(wv)
         self.imatrix = imatrix
+        self.type_70b = type_70b
         self.n_layer = n_layer
         self.has_output = has_output
         self.keep = keep or []
@@ -146,17 +159,19 @@ class Recipe:
         if base in _FLOAT:
             return base
         t = base
-        is_head = name == "output.weight" or (not self.has_output and name == "token_embd.weight")
+        is_head = name == "output.weight" or (not self.has_output and name in _EMBEDDINGS)
         if is_head:
             if nx % 256:
                 t = T.Q8_0
             elif base != T.Q8_0:
                 t = T.Q6_K
-        elif self.ftype.more_bits and _ATTN_V_LIKE.search(name):
+        elif _ATTN_V_LIKE.search(name):
             i, n = ((self._wv_index[name], self._n_wv) if name in self._wv_index
                     else (self._block(name), self.n_layer))
-            if i is not None and use_more_bits(i, n):
+            if self.ftype.more_bits and i is not None and use_more_bits(i, n):
                 t = T.Q6_K
+            if self.type_70b and t == T.Q4_K:
+                t = T.Q5_K
         elif self.ftype.more_bits and ".ffn_down." in name:
             i = self._block(name)
             if i is not None and use_more_bits(i, self.n_blocks):
