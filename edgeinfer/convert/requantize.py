@@ -171,8 +171,10 @@ def _checked_copy(t) -> np.ndarray:
             GGMLType.BF16: (np.uint16, 0x7F80)}.get(t.ggml_type)
     if bits is not None:
         dtype, exponent = bits
-        if ((t.data.view(dtype) & dtype(exponent)) == exponent).any():
-            raise ConversionError(f"tensor {t.name!r} holds NaN or infinite values")
+        values = t.data.view(dtype)
+        for i in range(0, values.size, _SLAB_FLOATS):     # no temporary the size of the tensor
+            if ((values[i:i + _SLAB_FLOATS] & dtype(exponent)) == exponent).any():
+                raise ConversionError(f"tensor {t.name!r} holds NaN or infinite values")
     return t.data
 
 
