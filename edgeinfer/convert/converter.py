@@ -24,7 +24,7 @@ from .checkpoint import Checkpoint
 from .imatrix import Imatrix, ImportanceUse
 from .lora import LoraAdapter
 from .quantize import quantize, row_nbytes
-from .recipe import AUTO, Recipe, is_70b_class, parse_file_type, parse_keep
+from .recipe import AUTO, FLOAT_TYPES, Recipe, is_70b_class, parse_file_type, parse_keep
 from .pooling import sentence_pooling
 from .rerank import rerank_head
 from .sensitivity import Sensitivity
@@ -306,7 +306,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
         if target_bpw is None:
             raise ConversionError("--type auto needs --target-bpw (bits per weight, e.g. 5.0)")
         if sensitivity is None:
-            sensitivity = _measure(hp, tmap, tok_kv, load_hf, calibration, calibration_tokens,
+            sensitivity = _measure(hp, tmap, src.tok_meta, load_hf, calibration, calibration_tokens,
                                    n_threads, progress)
         predicted = _auto_types(items, recipe, sensitivity, float(target_bpw))
         ft = dataclasses.replace(AUTO, llama_ftype=_dominant_ftype(items))
@@ -323,7 +323,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     out_path = os.fspath(out_path)
     model_name = name or ckpt.config.get("_name_or_path") or os.path.basename(
         os.path.abspath(checkpoint_dir))
-    quantized = any(it.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) for it in items)
+    quantized = any(it.type not in FLOAT_TYPES for it in items)
     merged = 0
     use = ImportanceUse(importance)
     with GGUFWriter(out_path) as w:
@@ -373,8 +373,7 @@ def convert_checkpoint(checkpoint_dir: str, out_path: str, file_type: str = "q4_
     for it in items:
         counts[it.type.name] = counts.get(it.type.name, 0) + 1
     n_el = sum(int(np.prod(it.shape)) for it in items)
-    if use.note():
-        notes.append(use.note())
+    notes += use.notes()
     return ConvertResult(out_path, ft.name, len(items), os.path.getsize(out_path),
                          time.perf_counter() - t0, counts,
                          {it.gguf: it.type.name for it in items}, merged,
@@ -406,11 +405,11 @@ def _item_bytes(it: _Item) -> int:
     return row_nbytes(it.type, it.shape[0]) * (int(np.prod(it.shape)) // it.shape[0])
 
 
-def _measure(hp: HParams, tmap: TensorMap, tok_kv, load_hf, calibration: str | None,
+def _measure(hp: HParams, tmap: TensorMap, tok_meta: Mapping, load_hf, calibration: str | None,
              max_tokens: int, n_threads: int, progress) -> "Sensitivity":
     from .sensitivity import analyze
 
-    windows = _calibration_windows({k: v for k, v, _ in tok_kv}, calibration, max_tokens, _CALIB_CTX)
+    windows = _calibration_windows(tok_meta, calibration, max_tokens, _CALIB_CTX)
     with status("sensitivity", quiet=progress is not True, leave=True) as note:
         sens = analyze(hp, tmap, load_hf, windows, n_threads=n_threads, progress=note)
         note(f"{sens.n_tokens} tokens in {sens.seconds:.1f} s")

@@ -212,14 +212,14 @@ class ImportanceUse:
             (self.weighted if qw is not None else self.unweighted).append(name)
         return qw
 
-    def note(self) -> str | None:
-        """What the matrix covered, for the user (None without a matrix)."""
+    def notes(self) -> list[str]:
+        """What the matrix covered, for the user (nothing without a matrix)."""
         if self.matrix is None:
-            return None
+            return []
         missing = (f"; it has no entry for {', '.join(self.unweighted[:3])}"
                    f"{' ...' if len(self.unweighted) > 3 else ''}" if self.unweighted else "")
-        return (f"the importance matrix weighted {len(self.weighted)} of the "
-                f"{len(self.weighted) + len(self.unweighted)} tensors whose type uses one{missing}")
+        return [f"the importance matrix weighted {len(self.weighted)} of the "
+                f"{len(self.weighted) + len(self.unweighted)} tensors whose type uses one{missing}"]
 
 
 # ------------------------------------------------------------------ collection

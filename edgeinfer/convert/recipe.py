@@ -31,7 +31,7 @@ from ..gguf.types import GGMLType as T
 from .quantize import block_elems, can_quantize
 
 __all__ = ["FileType", "FILE_TYPES", "AUTO", "parse_keep", "Recipe", "allows_quantization",
-           "is_70b_class"]
+           "is_70b_class", "block_index", "FLOAT_TYPES"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("q5_k_m", T.Q5_K, 17, more_bits=True),
     FileType("q6_k", T.Q6_K, 18),
 )}
-_FLOAT = {T.F32, T.F16, T.BF16}
+#: the unquantized types (F32, F16, BF16)
+FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
 # parts of names llama.cpp never quantizes (tensor_allows_quantization): norms, MoE routers,
 # recurrent layers' conv taps (a few per channel; the runtimes read them as F32), Gemma's
 # per-layer input projection and AltUp / Laurel blocks, learned positions, RWKV's small mixes
@@ -120,6 +121,13 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
+
+
+def block_index(name: str) -> int | None:
+    """The block of tensor `name` ("blk.N. ..."), or None for a tensor outside the blocks."""
+    m = _BLK.match(name)
+    return int(m.group(1)) if m else None
+
 # llama.cpp's attention-V-like category (category_is_attn_v): attn_v, attn_qkv, attn_kv_b
 # llama.cpp's token-embedding category: quantized as the head when the embeddings are tied
 _EMBEDDINGS = ("token_embd.weight", "per_layer_token_embd.weight")
@@ -135,7 +143,7 @@ class Recipe:
         multi-token-prediction block included, as llama.cpp's n_layer_all; without names, by
         block index over n_layer)."""
         self.ftype = ftype
-        blocks = [b for b in map(self._block, names) if b is not None]
+        blocks = [b for b in map(block_index, names) if b is not None]
         self.n_blocks = max(blocks) + 1 if blocks else n_layer
         wv = [n for n in names if _ATTN_V_LIKE.search(n)]
         self._wv_index = {n: i for i, n in enumerate(wv)}
@@ -156,7 +164,7 @@ class Recipe:
         if kept is not None:
             return kept
         base = self.ftype.base
-        if base in _FLOAT:
+        if base in FLOAT_TYPES:
             return base
         t = base
         is_head = name == "output.weight" or (not self.has_output and name in _EMBEDDINGS)
@@ -167,17 +175,17 @@ class Recipe:
                 t = T.Q6_K
         elif _ATTN_V_LIKE.search(name):
             i, n = ((self._wv_index[name], self._n_wv) if name in self._wv_index
-                    else (self._block(name), self.n_layer))
+                    else (block_index(name), self.n_layer))
             if self.ftype.more_bits and i is not None and use_more_bits(i, n):
                 t = T.Q6_K
             if self.type_70b and t == T.Q4_K:
                 t = T.Q5_K
         elif self.ftype.more_bits and ".ffn_down." in name:
-            i = self._block(name)
+            i = block_index(name)
             if i is not None and use_more_bits(i, self.n_blocks):
                 t = T.Q6_K
         elif self.imatrix and base in _GUARDED and ".ffn_down." in name:
-            i = self._block(name)
+            i = block_index(name)
             if i is not None and i < self.n_blocks // 8:
                 t = _GUARDED[base]
         if t in _FALLBACK and nx % 256:
@@ -185,11 +193,6 @@ class Recipe:
         if not can_quantize(t, nx):
             t = T.F16
         return t
-
-    @staticmethod
-    def _block(name: str) -> int | None:
-        m = _BLK.match(name)
-        return int(m.group(1)) if m else None
 
     def override(self, name: str, shape: tuple[int, ...]) -> T | None:
         """The type the last `--keep` matching `name` asks for (checked), or None."""

@@ -8,7 +8,6 @@ byte, the rest quantized by the same rules and the same (bit-exact) quantizers."
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Callable
 
@@ -23,23 +22,22 @@ from ..progress import bar
 from .converter import ConvertResult, tensor_written
 from .imatrix import Imatrix, ImportanceUse
 from .quantize import QUANTIZABLE_TYPES, quantize, row_nbytes
-from .recipe import AUTO, Recipe, allows_quantization, is_70b_class, parse_file_type, parse_keep
+from .recipe import (AUTO, FLOAT_TYPES, Recipe, allows_quantization, block_index, is_70b_class,
+                     parse_file_type, parse_keep)
 
 __all__ = ["quantize_gguf"]
 
-_FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 # keys the quantizer sets itself; a split file's part numbers do not describe the whole
 _SET_HERE = {"general.quantization_version", "general.file_type", "split.no", "split.count",
              "split.tensors.count"}
-_BLK = re.compile(r"blk\.(\d+)\.")
 _SLAB_FLOATS = 1 << 23         # rows quantized per step: 32 MiB of float32
 
 
 def _llama_order(name: str) -> tuple[int, str]:
     """llama.cpp's tensor order (llama_model_loader's weight_name_comparer): tensors outside
     the blocks first, then block by block; by name within each."""
-    m = _BLK.match(name)
-    return (int(m.group(1)) if m else -1, name)
+    i = block_index(name)
+    return (-1 if i is None else i, name)
 
 
 def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
@@ -65,7 +63,7 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
                                   f"(llama.cpp's llama-gguf-split --merge)")
         importance = Imatrix.load(imatrix) if imatrix is not None else None
         plan = _plan(src, ft, keeps, importance is not None)
-        _check_sources(src, plan, allow_requantize)
+        requantized = _check_sources(src, plan, allow_requantize)
         use = ImportanceUse(importance)
         imatrix_kv = importance.metadata(imatrix) if importance is not None else []
         with GGUFWriter(out_path, alignment=src.alignment) as w:
@@ -101,11 +99,9 @@ def quantize_gguf(src_path: str, out_path: str, file_type: str = "q4_k_m",
     for _, new in plan:
         counts[new.name] = counts.get(new.name, 0) + 1
     notes = []
-    requantized = sum(new != t.ggml_type and t.ggml_type not in _FLOAT for t, new in plan)
     if requantized:
         notes.append(f"requantized {requantized} tensors that were already quantized")
-    if use.note():
-        notes.append(use.note())
+    notes += use.notes()
     return ConvertResult(out_path, ft.name, len(plan), os.path.getsize(out_path),
                          time.perf_counter() - t0, counts, {t.name: new.name for t, new in plan},
                          bpw=8.0 * nbytes / n_el, notes=notes)
@@ -134,10 +130,10 @@ def _plan(src: GGUFFile, ft, keeps, imatrix: bool) -> list[tuple]:
     return plan
 
 
-def _check_sources(src: GGUFFile, plan: list[tuple], allow_requantize: bool) -> None:
-    """ConversionError, before anything is written, for a source tensor that would be quantized
-    again without leave, or that edgeinfer cannot read."""
-    requantized = [t for t, new in plan if new != t.ggml_type and t.ggml_type not in _FLOAT]
+def _check_sources(src: GGUFFile, plan: list[tuple], allow_requantize: bool) -> int:
+    """How many already quantized tensors are quantized again; ConversionError, before anything
+    is written, for one quantized again without leave, or in a type edgeinfer cannot read."""
+    requantized = [t for t, new in plan if new != t.ggml_type and t.ggml_type not in FLOAT_TYPES]
     if requantized and not allow_requantize:
         t = requantized[0]
         raise ConversionError(
@@ -150,6 +146,7 @@ def _check_sources(src: GGUFFile, plan: list[tuple], allow_requantize: bool) -> 
         raise ConversionError(
             f"{src.path}: tensor {t.name} is {t.type_name}, which edgeinfer cannot read to quantize "
             f"again (it reads {', '.join(GGMLType(x).name for x in sorted(QUANTIZABLE_TYPES))})")
+    return len(requantized)
 
 
 def _n_dims(shape: tuple[int, ...]) -> int:

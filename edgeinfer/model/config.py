@@ -21,7 +21,6 @@ __all__ = ["ModelConfig", "VECTOR_TYPES", "local_ring_cells", "kv_layer_cells"]
 #: always writes these as F32.
 VECTOR_TYPES = frozenset({GGMLType.F32})
 
-# what to do with the GGUF files that are not models
 # Sanity bounds on hyperparameters.
 MAX_LAYERS = 512
 MAX_EMBD = 65536
