@@ -48,9 +48,15 @@ TYPES = {
     "Q4_K": (lib.EI_TYPE_Q4_K, GT.Q4_K),
     "Q5_K": (lib.EI_TYPE_Q5_K, GT.Q5_K),
     "Q6_K": (lib.EI_TYPE_Q6_K, GT.Q6_K),
+    "Q2_K": (lib.EI_TYPE_Q2_K, GT.Q2_K),
+    "Q3_K": (lib.EI_TYPE_Q3_K, GT.Q3_K),
+    "IQ4_NL": (lib.EI_TYPE_IQ4_NL, GT.IQ4_NL),
+    "IQ4_XS": (lib.EI_TYPE_IQ4_XS, GT.IQ4_XS),
 }
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+# types gguf.quants cannot write: random bytes with sane fp16 scales at these offsets
+RANDOM_TYPES = {"Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 # byte offsets of the fp16 scale fields of a K block (set to sane values)
 K_SCALE_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
@@ -58,7 +64,7 @@ ROW_SCALES = (1e-3, 1.0, 40.0)  # small, unit and large magnitude rows
 
 
 def sizes(name: str) -> list[int]:
-    if name in K_TYPES:
+    if name in K_TYPES or block(name)[0] == 256:
         return [256, 1536, 2048 + 256]
     base = [32, 64, 96, 256, 576, 1536, 2048 + 256]
     return base + ([1, 7, 33, 100] if name in FLOAT_TYPES else [])
@@ -74,11 +80,11 @@ def make_rows(name: str, n: int, rng: np.random.Generator, scales=ROW_SCALES) ->
     """Rows of `name` with n elements each, as raw bytes [rows, row_bytes]."""
     gt = TYPES[name][1]
     rows = len(scales)
-    if name in K_TYPES:
+    if name in K_TYPES or name in RANDOM_TYPES:
         be, bb = block(name)
         raw = rng.integers(0, 256, size=(rows, n // be, bb), dtype=np.uint8)
         for r, s in enumerate(scales):
-            for off in K_SCALE_FIELDS[name]:
+            for off in {**K_SCALE_FIELDS, **RANDOM_TYPES}[name]:
                 d = (rng.uniform(0.2, 1.0, size=n // be) * s / 32).astype(np.float16)
                 raw[r, :, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
         return raw.reshape(rows, -1)
@@ -371,7 +377,7 @@ def test_dot(name):
 
 # --------------------------------------------------------------------------- matmul
 
-MM_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
+MM_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "Q3_K", "IQ4_NL"]
 
 
 @pytest.mark.parametrize("name", MM_TYPES)
@@ -424,7 +430,7 @@ def matmul_terminates():
         pytest.fail("ei_kernel_matmul did not return within 30 s (thread pool deadlock?)")
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K", "F16"])
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K", "F16", "Q2_K", "IQ4_XS"])
 def test_kernel_matmul(matmul_terminates, name):
     rng = np.random.default_rng(3)
     n, n_rows = 512, 37

@@ -36,9 +36,13 @@ typedef enum {
     EI_TYPE_Q5_0 = 6,
     EI_TYPE_Q5_1 = 7,
     EI_TYPE_Q8_0 = 8,
+    EI_TYPE_Q2_K = 10,
+    EI_TYPE_Q3_K = 11,
     EI_TYPE_Q4_K = 12,
     EI_TYPE_Q5_K = 13,
     EI_TYPE_Q6_K = 14,
+    EI_TYPE_IQ4_NL = 20,
+    EI_TYPE_IQ4_XS = 23,
     EI_TYPE_BF16 = 30
 } ei_type;
 

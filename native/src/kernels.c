@@ -140,6 +140,10 @@ static const type_info TYPES[EI_TYPE_IDS] = {
     [EI_TYPE_Q4_K] = {QKK, sizeof(block_q4_K), 1},
     [EI_TYPE_Q5_K] = {QKK, sizeof(block_q5_K), 1},
     [EI_TYPE_Q6_K] = {QKK, sizeof(block_q6_K), 1},
+    [EI_TYPE_Q2_K] = {QKK, sizeof(block_q2_K), 1},
+    [EI_TYPE_Q3_K] = {QKK, sizeof(block_q3_K), 1},
+    [EI_TYPE_IQ4_NL] = {QK, sizeof(block_iq4_nl), 1},
+    [EI_TYPE_IQ4_XS] = {QKK, sizeof(block_iq4_xs), 1},
 };
 
 static const type_info *find_type(int type) {
@@ -164,6 +168,10 @@ int64_t ei_row_bytes(int type, int64_t n) {
 #define QUANT_TYPES(X)                                                                                  \
     X(EI_TYPE_Q4_0, q4_0) X(EI_TYPE_Q4_1, q4_1) X(EI_TYPE_Q5_0, q5_0) X(EI_TYPE_Q5_1, q5_1)             \
     X(EI_TYPE_Q8_0, q8_0) X(EI_TYPE_Q4_K, q4_k) X(EI_TYPE_Q5_K, q5_k) X(EI_TYPE_Q6_K, q6_k)
+/* Types read in their GGUF layout at every level (no packed form, no SIMD dequantizer): the
+ * smaller files llama.cpp writes (Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS) */
+#define GGUF_LAYOUT_TYPES(X) \
+    X(EI_TYPE_Q2_K, q2_k) X(EI_TYPE_Q3_K, q3_k) X(EI_TYPE_IQ4_NL, iq4_nl) X(EI_TYPE_IQ4_XS, iq4_xs)
 
 #define SET_DEQ(T, name, sfx) k->dequant[T] = ei_deq_##name##_##sfx;
 #define SET_DOT(T, name, sfx) k->dot[T] = ei_dot_##name##_##sfx;
@@ -177,8 +185,8 @@ int64_t ei_row_bytes(int type, int64_t n) {
 
 /* The references: every type, F16 and Q8_0 attention through ei_attn_pick's fallback. */
 static void fill_scalar(ei_kernels *k) {
-    FLOAT_TYPES(DEQ_SCALAR) QUANT_TYPES(DEQ_SCALAR)
-    FLOAT_TYPES(DOT_SCALAR) QUANT_TYPES(DOT_SCALAR)
+    FLOAT_TYPES(DEQ_SCALAR) QUANT_TYPES(DEQ_SCALAR) GGUF_LAYOUT_TYPES(DEQ_SCALAR)
+    FLOAT_TYPES(DOT_SCALAR) QUANT_TYPES(DOT_SCALAR) GGUF_LAYOUT_TYPES(DOT_SCALAR)
     k->quantize_act = ei_quantize_act_scalar;
     k->swiglu = ei_swiglu_scalar;
     k->geglu = ei_geglu_scalar;
@@ -203,7 +211,7 @@ static void fill_scalar(ei_kernels *k) {
 
 static void fill_avx2(ei_kernels *k) {
     FLOAT_TYPES(DEQ_AVX2) QUANT_TYPES(DEQ_AVX2)
-    FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2)
+    FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2) GGUF_LAYOUT_TYPES(DOT_AVX2)   /* AVX-512 keeps these */
     k->quantize_act = ei_quantize_act_avx2;
     PACKED_WIDE(EI_TYPE_Q4_0, q4_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, avx2, 8)
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, avx2, 8)

@@ -424,4 +424,90 @@ AV float ei_dot_q6_k_avx2(int64_t n, const void *row, const void *act) {
     return hsum8(acc);
 }
 
+/* ---------------- types in their GGUF layout (kernels.c's GGUF_LAYOUT_TYPES) ---------------- */
+
+/* 32 bytes of the two-bit quants of activation block j of a Q2_K / Q3_K super-block */
+static inline AV __m256i k2bits(const uint8_t *qs, int j) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j >> 2)));
+    return _mm256_and_si256(_mm256_srli_epi16(q, 2 * (j & 3)), _mm256_set1_epi8(3));
+}
+
+/* 16-bit lanes: a in the low 128 bits (the first 16 elements' pair sums), b in the high */
+static inline AV __m256i halves16(int a, int b) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
+}
+
+AV float ei_dot_q2_k_avx2(int64_t n, const void *row, const void *act) {
+    const block_q2_K *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        for (int j = 0; j < 8; j++, a++) {
+            const __m256i y = act_q(a);
+            const uint8_t *sc = b->scales + 2 * j;
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(k2bits(b->qs, j), y),
+                                                halves16(sc[0] & 15, sc[1] & 15));
+            const __m256i m = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, y), halves16(sc[0] >> 4, sc[1] >> 4));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), _mm256_cvtepi32_ps(p), acc);
+            acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * a->d), _mm256_cvtepi32_ps(m), acc);
+        }
+    }
+    return hsum8(acc);
+}
+
+AV float ei_dot_q3_k_avx2(int64_t n, const void *row, const void *act) {
+    const block_q3_K *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const __m256i four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+        for (int j = 0; j < 8; j++, a++) {
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * (j >> 2) + (j & 3))));
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+            const __m256i q = _mm256_sub_epi8(k2bits(b->qs, j), _mm256_andnot_si256(set, four));   /* -4..3 */
+            const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(act_q(a), q));
+            const __m256i p = _mm256_madd_epi16(p16, halves16(ei_q3k_scale(b->scales, 2 * j),
+                                                              ei_q3k_scale(b->scales, 2 * j + 1)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), _mm256_cvtepi32_ps(p), acc);
+        }
+    }
+    return hsum8(acc);
+}
+
+/* the table's values of 16 packed index bytes, in element order (nibbles32's) */
+static inline AV __m256i iq4_values(const uint8_t *qs) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ei_iq4nl_values));
+    return _mm256_shuffle_epi8(table, nibbles32(qs));
+}
+
+AV float ei_dot_iq4_nl_avx2(int64_t n, const void *row, const void *act) {
+    const block_iq4_nl *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK; i++, b++, a++)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(&b->d) * a->d), dot_ss8(iq4_values(b->qs), act_q(a)), acc);
+    return hsum8(acc);
+}
+
+AV float ei_dot_iq4_xs_avx2(int64_t n, const void *row, const void *act) {
+    const block_iq4_xs *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d);
+        for (int s = 0; s < 8; s++, a++) {
+            const __m256i v = iq4_values(b->qs + 16 * s);
+            const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(act_q(a), v));
+            const int sc = ei_iq4xs_scale(b->scales_l, b->scales_h, s);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d),
+                                  _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16((short)sc))), acc);
+        }
+    }
+    return hsum8(acc);
+}
+
 #endif /* __x86_64__ */

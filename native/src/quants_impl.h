@@ -67,6 +67,17 @@ static inline void ei_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t 
     }
 }
 
+/* Q3_K: 6-bit scale s (0..15) from the 12 packed bytes, minus its offset of 32. */
+static inline int ei_q3k_scale(const uint8_t *sc, int s) {
+    const int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4;
+    return (lo | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4)) - 32;
+}
+
+/* IQ4_XS: 6-bit scale of sub-block s (0..7), minus its offset of 32. */
+static inline int ei_iq4xs_scale(const uint8_t *scales_l, uint16_t scales_h, int s) {
+    return (((scales_l[s / 2] >> (4 * (s % 2))) & 15) | (((scales_h >> (2 * s)) & 3) << 4)) - 32;
+}
+
 /* Kernel declarations per ISA suffix, one per weight type. */
 #define EI_DEQ_DECL(isa)                                                      \
     void ei_deq_f32_##isa(const void *src, float *dst, int64_t n);            \
@@ -101,7 +112,21 @@ EI_DEQ_DECL(scalar)
 EI_DOT_DECL(scalar)
 void ei_quantize_act_scalar(const float *x, int64_t n, ei_q8a *out);
 
+/* The types that keep their GGUF layout at every level (no packed form): a scalar dequantizer
+ * and dot everywhere, SIMD dots where written. */
+#define EI_GGUF_LAYOUT_DOT_DECL(isa)                                          \
+    float ei_dot_q2_k_##isa(int64_t n, const void *row, const void *act);     \
+    float ei_dot_q3_k_##isa(int64_t n, const void *row, const void *act);     \
+    float ei_dot_iq4_nl_##isa(int64_t n, const void *row, const void *act);   \
+    float ei_dot_iq4_xs_##isa(int64_t n, const void *row, const void *act);
+void ei_deq_q2_k_scalar(const void *src, float *dst, int64_t n);
+void ei_deq_q3_k_scalar(const void *src, float *dst, int64_t n);
+void ei_deq_iq4_nl_scalar(const void *src, float *dst, int64_t n);
+void ei_deq_iq4_xs_scalar(const void *src, float *dst, int64_t n);
+EI_GGUF_LAYOUT_DOT_DECL(scalar)
+
 #if defined(__x86_64__)
+EI_GGUF_LAYOUT_DOT_DECL(avx2)
 EI_DEQ_DECL(avx2)
 EI_DOT_DECL(avx2)
 void ei_quantize_act_avx2(const float *x, int64_t n, ei_q8a *out);

@@ -7,6 +7,12 @@
  *   Q4_1/Q5_1:      sum_b (d_w * d_a) * isum_b + m_w * s_a
  *   Q4_K/Q5_K:      sum_j ((d * sc_j) * d_a) * isum_j - (dmin * m_j) * s_a
  *   Q6_K:           sum_b (d * d_a) * (sc_lo * isum_lo + sc_hi * isum_hi)
+ *   Q3_K:           the same, sc the 6-bit scales minus 32
+ *   Q2_K:           sum_b (d * d_a) * (sc_lo * isum_lo + sc_hi * isum_hi)
+ *                         - (dmin * d_a) * (m_lo * asum_lo + m_hi * asum_hi)
+ *                   (asum: the sum of the activation quants of a 16-element half)
+ *   IQ4_NL:         sum_b (d_w * d_a) * isum_b (isum over the table's values)
+ *   IQ4_XS:         sum_b (d * d_a) * (sc_b * isum_b)
  */
 #include <math.h>
 
@@ -141,6 +147,59 @@ EI_NO_CONTRACT void ei_deq_q6_k_scalar(const void *src, float *dst, int64_t n) {
             for (int l = 0; l < 16; l++) {
                 int e = 16 * s + l;
                 dst[e] = dl * (float)(q6k_u(b->ql, b->qh, e) - 32);
+            }
+        }
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_q2_k_scalar(const void *src, float *dst, int64_t n) {
+    const block_q2_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++, dst += QKK) {
+        const float d = ei_h2f(b->d), dmin = ei_h2f(b->dmin);
+        for (int e = 0; e < QKK; e++) {
+            const int s = e / 16, q = (b->qs[32 * (e / 128) + e % 32] >> (2 * (e / 32 % 4))) & 3;
+            const float dl = d * (float)(b->scales[s] & 15), ml = dmin * (float)(b->scales[s] >> 4);
+            dst[e] = dl * (float)q - ml;
+        }
+    }
+}
+
+/* Q3_K quant of element e (-4..3) */
+static inline int q3k_q(const block_q3_K *b, int e) {
+    const int h = e / 128, k = e / 32 % 4, l = e % 32;
+    const int lo = (b->qs[32 * h + l] >> (2 * k)) & 3;
+    return lo - ((b->hmask[l] >> (4 * h + k)) & 1 ? 0 : 4);
+}
+
+EI_NO_CONTRACT void ei_deq_q3_k_scalar(const void *src, float *dst, int64_t n) {
+    const block_q3_K *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++, dst += QKK) {
+        const float d = ei_h2f(b->d);
+        for (int e = 0; e < QKK; e++) dst[e] = (d * (float)ei_q3k_scale(b->scales, e / 16)) * (float)q3k_q(b, e);
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_iq4_nl_scalar(const void *src, float *dst, int64_t n) {
+    const block_iq4_nl *b = src;
+    for (int64_t i = 0; i < n / QK; i++, b++, dst += QK) {
+        const float d = ei_h2f(b->d);
+        for (int j = 0; j < 16; j++) {
+            dst[j] = d * (float)ei_iq4nl_values[b->qs[j] & 15];
+            dst[j + 16] = d * (float)ei_iq4nl_values[b->qs[j] >> 4];
+        }
+    }
+}
+
+EI_NO_CONTRACT void ei_deq_iq4_xs_scalar(const void *src, float *dst, int64_t n) {
+    const block_iq4_xs *b = src;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d);
+        for (int s = 0; s < 8; s++, dst += 32) {
+            const float dl = d * (float)ei_iq4xs_scale(b->scales_l, b->scales_h, s);
+            const uint8_t *qs = b->qs + 16 * s;
+            for (int j = 0; j < 16; j++) {
+                dst[j] = dl * (float)ei_iq4nl_values[qs[j] & 15];
+                dst[j + 16] = dl * (float)ei_iq4nl_values[qs[j] >> 4];
             }
         }
     }
@@ -333,6 +392,73 @@ float ei_dot_q6_k_scalar(int64_t n, const void *row, const void *act) {
                 hi += ((((L[l + 16] >> sl) & 15) | (((H[l + 16] >> sh) & 3) << 4)) - 32) * a->q[l + 16];
             }
             acc += (d * a->d) * (float)(sc[2 * j] * lo + sc[2 * j + 1] * hi);
+        }
+    }
+    return acc;
+}
+
+float ei_dot_q2_k_scalar(int64_t n, const void *row, const void *act) {
+    const block_q2_K *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d), dmin = ei_h2f(b->dmin);
+        for (int j = 0; j < 8; j++, a++) {
+            const uint8_t *q = b->qs + 32 * (j >> 2), *sc = b->scales + 2 * j;
+            const int shift = 2 * (j & 3);
+            int isum[2] = {0, 0}, asum[2] = {0, 0};
+            for (int l = 0; l < 32; l++) {
+                isum[l / 16] += ((q[l] >> shift) & 3) * a->q[l];
+                asum[l / 16] += a->q[l];
+            }
+            acc += (d * a->d) * (float)((sc[0] & 15) * isum[0] + (sc[1] & 15) * isum[1]) -
+                   (dmin * a->d) * (float)((sc[0] >> 4) * asum[0] + (sc[1] >> 4) * asum[1]);
+        }
+    }
+    return acc;
+}
+
+float ei_dot_q3_k_scalar(int64_t n, const void *row, const void *act) {
+    const block_q3_K *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d);
+        for (int j = 0; j < 8; j++, a++) {
+            int isum[2] = {0, 0};
+            for (int l = 0; l < 32; l++) isum[l / 16] += q3k_q(b, 32 * j + l) * a->q[l];
+            acc += (d * a->d) * (float)(ei_q3k_scale(b->scales, 2 * j) * isum[0] +
+                                        ei_q3k_scale(b->scales, 2 * j + 1) * isum[1]);
+        }
+    }
+    return acc;
+}
+
+float ei_dot_iq4_nl_scalar(int64_t n, const void *row, const void *act) {
+    const block_iq4_nl *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += ei_iq4nl_values[b->qs[j] & 15] * a->q[j] + ei_iq4nl_values[b->qs[j] >> 4] * a->q[j + 16];
+        acc += (ei_h2f(b->d) * a->d) * (float)isum;
+    }
+    return acc;
+}
+
+float ei_dot_iq4_xs_scalar(int64_t n, const void *row, const void *act) {
+    const block_iq4_xs *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = ei_h2f(b->d);
+        for (int s = 0; s < 8; s++, a++) {
+            const uint8_t *qs = b->qs + 16 * s;
+            int isum = 0;
+            for (int j = 0; j < 16; j++)
+                isum += ei_iq4nl_values[qs[j] & 15] * a->q[j] + ei_iq4nl_values[qs[j] >> 4] * a->q[j + 16];
+            acc += (d * a->d) * (float)(ei_iq4xs_scale(b->scales_l, b->scales_h, s) * isum);
         }
     }
     return acc;
