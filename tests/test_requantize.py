@@ -120,11 +120,18 @@ def test_metadata_keeps_its_place_and_old_imatrix_keys_are_replaced(llama256, tm
         assert f.get("quantize.imatrix.chunks_count") == Imatrix.load(str(tmp_path / "b.gguf")).chunk_count
 
 
-@pytest.mark.parametrize("source, ftype", [("q4_k_m", "q4_0"), ("q5_k_m", "q4_0"), ("q8_0", "q4_k_m")])
+# llama.cpp's file types of the sources: ours, and the smaller ones edgeinfer reads but does not write
+_SOURCE_FTYPES = {"q4_k_m": FILE_TYPES["q4_k_m"].llama_ftype, "q5_k_m": FILE_TYPES["q5_k_m"].llama_ftype,
+                  "q8_0": FILE_TYPES["q8_0"].llama_ftype, "q2_k": 10, "q3_k_m": 12, "iq4_nl": 25, "iq4_xs": 30}
+
+
+@pytest.mark.parametrize("source, ftype", [("q4_k_m", "q4_0"), ("q5_k_m", "q4_0"), ("q8_0", "q4_k_m"),
+                                           ("q2_k", "q4_0"), ("q3_k_m", "q4_0"), ("iq4_nl", "q4_k_m"),
+                                           ("iq4_xs", "q4_k_m")])
 def test_requantizing_is_refused_unless_allowed_then_llama_quantize_byte_for_byte(llama256, tmp_path,
                                                                                  source, ftype):
     quantized = tmp_path / f"{source}.gguf"
-    llama_quantize(llama256[1], quantized, FILE_TYPES[source].llama_ftype)
+    llama_quantize(llama256[1], quantized, _SOURCE_FTYPES[source])
     with pytest.raises(ConversionError, match="already quantized.*--allow-requantize"):
         quantize_gguf(str(quantized), str(tmp_path / "x.gguf"), ftype)
     assert not (tmp_path / "x.gguf").exists()
@@ -193,9 +200,9 @@ def test_bad_inputs_are_clear_errors(llama256, tmp_path):
         quantize_gguf(str(src), str(out), "q3_k")
     with pytest.raises(ConversionError, match=r"--keep pattern\(s\) blk.99.\* match no tensor"):
         quantize_gguf(str(src), str(out), keep=["blk.99.*=q8_0"])
-    llama_quantize(src, tmp_path / "q3_k_m.gguf", 12)      # LLAMA_FTYPE_MOSTLY_Q3_K_M
-    with pytest.raises(ConversionError, match="is Q3_K, which edgeinfer cannot read"):
-        quantize_gguf(str(tmp_path / "q3_k_m.gguf"), str(out), "q4_0", allow_requantize=True)
+    llama_quantize(src, tmp_path / "iq3_s.gguf", 26)      # LLAMA_FTYPE_MOSTLY_IQ3_S
+    with pytest.raises(ConversionError, match="is IQ3_S, which edgeinfer cannot read"):
+        quantize_gguf(str(tmp_path / "iq3_s.gguf"), str(out), "q4_0", allow_requantize=True)
     with GGUFFile(src) as f:
         t = f.tensors["blk.3.ffn_up.weight"]
         offset = t.offset

@@ -16,12 +16,12 @@ import numpy as np
 from ..arch import get_arch
 from ..errors import ConversionError
 from ..gguf import GGUFFile
-from ..gguf.types import GGMLType, GGUFValueType
+from ..gguf.types import COMPUTE_TYPES, GGMLType, GGUFValueType
 from ..gguf.writer import DEFAULT_ALIGNMENT, GGUFWriter
 from ..progress import bar
 from .converter import ConvertResult, tensor_written
 from .imatrix import Imatrix, ImportanceUse
-from .quantize import QUANTIZABLE_TYPES, quantize, row_nbytes
+from .quantize import quantize, row_nbytes
 from .recipe import (AUTO, FLOAT_TYPES, Recipe, allows_quantization, block_index, is_70b_class,
                      parse_file_type, parse_keep)
 
@@ -140,12 +140,12 @@ def _check_sources(src: GGUFFile, plan: list[tuple], allow_requantize: bool) -> 
             f"{src.path} is already quantized ({t.name} is {t.type_name}): quantizing it again "
             f"adds a second rounding error to the first; start from the F16/BF16 file, or pass "
             f"--allow-requantize to do it anyway")
-    unreadable = [t for t in requantized if t.ggml_type not in QUANTIZABLE_TYPES]
+    unreadable = [t for t in requantized if t.ggml_type not in COMPUTE_TYPES]
     if unreadable:
         t = unreadable[0]
         raise ConversionError(
             f"{src.path}: tensor {t.name} is {t.type_name}, which edgeinfer cannot read to quantize "
-            f"again (it reads {', '.join(GGMLType(x).name for x in sorted(QUANTIZABLE_TYPES))})")
+            f"again (it reads {', '.join(GGMLType(x).name for x in sorted(COMPUTE_TYPES))})")
     return len(requantized)
 
 

@@ -39,6 +39,7 @@ COMPUTE_TYPES: frozenset[GGMLType] = frozenset({
     GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0,
     GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
     GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
 })
 
 _REMOVED = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8",

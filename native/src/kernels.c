@@ -301,9 +301,9 @@ static void fill_neon(ei_kernels *k, int dotprod) {
     FLOAT_TYPES(DEQ_NEON) QUANT_TYPES(DEQ_NEON)
     FLOAT_TYPES(DOT_NEON)
     if (dotprod) {
-        QUANT_TYPES(DOT_NEONDOT)
+        QUANT_TYPES(DOT_NEONDOT) GGUF_LAYOUT_TYPES(DOT_NEONDOT)
     } else {
-        QUANT_TYPES(DOT_NEON)
+        QUANT_TYPES(DOT_NEON) GGUF_LAYOUT_TYPES(DOT_NEON)
     }
     k->quantize_act = ei_quantize_act_neon;
     /* the K-quants are packed (packed_k_neon.c); the 32-block types keep their GGUF layout here */

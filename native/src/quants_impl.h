@@ -146,6 +146,8 @@ void ei_dot4_q6_k_avx512(int64_t n, const void *row, const void *act, int64_t st
 EI_DEQ_DECL(neon)
 EI_DOT_DECL(neon)      /* plain ASIMD */
 EI_DOT_Q_DECL(neondot)   /* ARMv8.2 dotprod build of the integer dots */
+EI_GGUF_LAYOUT_DOT_DECL(neon)
+EI_GGUF_LAYOUT_DOT_DECL(neondot)
 void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
 #endif
 #endif

@@ -11,6 +11,9 @@
  * reference: products and sums are separate vector instructions and the file
  * is compiled with fp contraction off (no fused multiply-add sneaks in).
  *
+ * Q2_K, Q3_K, IQ4_NL and IQ4_XS keep their GGUF layout here too (no packed form, the scalar
+ * dequantizers): only their dots are NEON (IQ4: vqtbl1q_s8 on the 16 values).
+ *
  * The integer dot kernels are written once below (the EI_NEON_PASS section) and
  * instantiated twice by including this file into itself with a different DOT16
  * and function attribute. */
@@ -81,6 +84,22 @@ static inline void store_mul_sub(float *dst, int8x16_t q, float d, float m) {
 }
 
 #define S8(x) vreinterpretq_s8_u8(x)
+
+/* Q2_K / Q3_K: the 2-bit quants of activation block 4h + k, from the 32 bytes qs[32h ..] (v0, v1) */
+static inline void k2bits(uint8x16_t v0, uint8x16_t v1, int k, uint8x16_t *q0, uint8x16_t *q1) {
+    const int8x16_t sh = vdupq_n_s8((int8_t)(-2 * k));   /* a right shift by 2k */
+    const uint8x16_t m3 = vdupq_n_u8(3);
+    *q0 = vandq_u8(vshlq_u8(v0, sh), m3);
+    *q1 = vandq_u8(vshlq_u8(v1, sh), m3);
+}
+
+/* IQ4_NL / IQ4_XS: the table's values of 16 packed index bytes, elements 0..15 (v0) and 16..31 (v1) */
+static inline void iq4_values(int8x16_t table, const uint8_t *qs, int8x16_t *v0, int8x16_t *v1) {
+    uint8x16_t lo, hi;
+    nibbles(qs, &lo, &hi);
+    *v0 = vqtbl1q_s8(table, lo);
+    *v1 = vqtbl1q_s8(table, hi);
+}
 
 /* ---------------- dequantization ---------------- */
 
@@ -526,6 +545,94 @@ EI_DOTATTR float FN(q6_k)(int64_t n, const void *row, const void *act) {
             const int lo = vaddvq_s32(DOT16(vdupq_n_s32(0), w0, vld1q_s8(a->q)));
             const int hi = vaddvq_s32(DOT16(vdupq_n_s32(0), w1, vld1q_s8(a->q + 16)));
             acc += (d * a->d) * (float)(sc[2 * j] * lo + sc[2 * j + 1] * hi);
+        }
+    }
+    return acc;
+}
+
+/* ---- types in their GGUF layout (kernels.c's GGUF_LAYOUT_TYPES): the scalar formulas, integer
+ * parts exact, one float term (two for Q2_K) per activation block in the scalar order ---- */
+
+EI_DOTATTR float FN(q2_k)(int64_t n, const void *row, const void *act) {
+    const block_q2_K *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d), dmin = h2f(&b->dmin);
+        for (int h = 0; h < 2; h++) {
+            const uint8x16_t v0 = vld1q_u8(b->qs + 32 * h), v1 = vld1q_u8(b->qs + 32 * h + 16);
+            for (int k = 0; k < 4; k++, a++) {
+                const uint8_t *sc = b->scales + 8 * h + 2 * k;   /* the two halves of block 4h + k */
+                uint8x16_t q0, q1;
+                k2bits(v0, v1, k, &q0, &q1);
+                /* sc_lo * isum_lo + sc_hi * isum_hi as one inner product: q * sc <= 45 fits a byte */
+                const uint8x16_t w0 = vmulq_u8(q0, vdupq_n_u8(sc[0] & 15)), w1 = vmulq_u8(q1, vdupq_n_u8(sc[1] & 15));
+                const int isum = ISUM32(S8(w0), S8(w1), a);
+                /* m_lo * asum_lo + m_hi * asum_hi: the mins (<= 15) against the activations */
+                const int msum = ISUM32(vdupq_n_s8((int8_t)(sc[0] >> 4)), vdupq_n_s8((int8_t)(sc[1] >> 4)), a);
+                acc += (d * a->d) * (float)isum - (dmin * a->d) * (float)msum;
+            }
+        }
+    }
+    return acc;
+}
+
+EI_DOTATTR float FN(q3_k)(int64_t n, const void *row, const void *act) {
+    const block_q3_K *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const uint8x16_t four = vdupq_n_u8(4);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d);
+        int32_t sc[16];   /* -32..31: q * sc may reach 128, so the scales stay out of the bytes */
+        for (int s = 0; s < 16; s++) sc[s] = ei_q3k_scale(b->scales, s);
+        const uint8x16_t hm0 = vld1q_u8(b->hmask), hm1 = vld1q_u8(b->hmask + 16);
+        for (int h = 0; h < 2; h++) {
+            const uint8x16_t v0 = vld1q_u8(b->qs + 32 * h), v1 = vld1q_u8(b->qs + 32 * h + 16);
+            for (int k = 0; k < 4; k++, a++) {
+                const int j = 4 * h + k;
+                uint8x16_t q0, q1;
+                k2bits(v0, v1, k, &q0, &q1);
+                /* bit j of hmask[l] clear: q - 4 (-4..3) */
+                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << j));
+                const int8x16_t w0 = vsubq_s8(S8(q0), S8(vbicq_u8(four, vtstq_u8(hm0, bit))));
+                const int8x16_t w1 = vsubq_s8(S8(q1), S8(vbicq_u8(four, vtstq_u8(hm1, bit))));
+                const int32x4_t lo = DOT16(vdupq_n_s32(0), w0, vld1q_s8(a->q));
+                const int32x4_t hi = DOT16(vdupq_n_s32(0), w1, vld1q_s8(a->q + 16));
+                const int isum = vaddvq_s32(vmlaq_n_s32(vmulq_n_s32(lo, sc[2 * j]), hi, sc[2 * j + 1]));
+                acc += (d * a->d) * (float)isum;
+            }
+        }
+    }
+    return acc;
+}
+
+EI_DOTATTR float FN(iq4_nl)(int64_t n, const void *row, const void *act) {
+    const block_iq4_nl *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const int8x16_t table = vld1q_s8(ei_iq4nl_values);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++, b++, a++) {
+        int8x16_t v0, v1;
+        iq4_values(table, b->qs, &v0, &v1);
+        const int isum = ISUM32(v0, v1, a);
+        acc += (h2f(&b->d) * a->d) * (float)isum;
+    }
+    return acc;
+}
+
+EI_DOTATTR float FN(iq4_xs)(int64_t n, const void *row, const void *act) {
+    const block_iq4_xs *b = row;
+    const ei_q8a *a = (const ei_q8a *)act;
+    const int8x16_t table = vld1q_s8(ei_iq4nl_values);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d);
+        for (int s = 0; s < 8; s++, a++) {
+            int8x16_t v0, v1;
+            iq4_values(table, b->qs + 16 * s, &v0, &v1);
+            const int isum = ISUM32(v0, v1, a);
+            acc += (d * a->d) * (float)(ei_iq4xs_scale(b->scales_l, b->scales_h, s) * isum);
         }
     }
     return acc;
