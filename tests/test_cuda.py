@@ -58,8 +58,13 @@ TYPES = {
     "Q4_0": cpu_lib.EI_TYPE_Q4_0, "Q4_1": cpu_lib.EI_TYPE_Q4_1, "Q5_0": cpu_lib.EI_TYPE_Q5_0,
     "Q5_1": cpu_lib.EI_TYPE_Q5_1, "Q8_0": cpu_lib.EI_TYPE_Q8_0, "Q4_K": cpu_lib.EI_TYPE_Q4_K,
     "Q5_K": cpu_lib.EI_TYPE_Q5_K, "Q6_K": cpu_lib.EI_TYPE_Q6_K,
+    "Q2_K": cpu_lib.EI_TYPE_Q2_K, "Q3_K": cpu_lib.EI_TYPE_Q3_K, "IQ4_NL": cpu_lib.EI_TYPE_IQ4_NL,
+    "IQ4_XS": cpu_lib.EI_TYPE_IQ4_XS,
 }
-K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+K_TYPES = {"Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS"}   # 256-element blocks
+# types edgeinfer reads but does not write: (block bytes, offsets of the block's fp16 scales)
+READ_ONLY = {cpu_lib.EI_TYPE_Q2_K: (84, (80, 82)), cpu_lib.EI_TYPE_Q3_K: (110, (108,)),
+             cpu_lib.EI_TYPE_IQ4_NL: (18, (0,)), cpu_lib.EI_TYPE_IQ4_XS: (136, (0,))}
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 
 
@@ -160,14 +165,25 @@ def test_device_auto_falls_back_to_cpu_with_one_log_line(caplog, smollm2_path):
 
 # ------------------------------------------------------------------ per-op (GPU)
 def _quantize(type_id: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes, dequantized float32) of rows w through the CPU library (GGUF layouts)."""
+    """(bytes, dequantized float32) of rows w through the CPU library (GGUF layouts); the types it
+    cannot write get random blocks (seeded by w) with fp16 scales near w's magnitude."""
     rows, cols = w.shape
-    nb = cpu_ffi.new("int64_t *")
-    assert cpu_lib.ei_quantize_row_bytes(type_id, cols, nb) == 0
-    q = np.zeros(rows * nb[0], dtype=np.uint8)
-    w = np.ascontiguousarray(w, dtype=np.float32)
-    assert cpu_lib.ei_quantize_rows(type_id, cpu_ffi.from_buffer("float[]", w), cpu_ffi.from_buffer(q),
-                                    rows, cols, cpu_ffi.NULL, 1) == 0
+    if type_id in READ_ONLY:
+        block_bytes, scales = READ_ONLY[type_id]
+        rng = np.random.default_rng(zlib.crc32(w.tobytes()))
+        q = rng.integers(0, 256, (rows * cols // (32 if type_id == cpu_lib.EI_TYPE_IQ4_NL else 256), block_bytes),
+                         dtype=np.uint8)
+        for off in scales:
+            d = (rng.uniform(0.2, 1.0, len(q)) * float(np.abs(w).mean()) / 16).astype(np.float16)
+            q[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+        q = q.reshape(-1)
+    else:
+        nb = cpu_ffi.new("int64_t *")
+        assert cpu_lib.ei_quantize_row_bytes(type_id, cols, nb) == 0
+        q = np.zeros(rows * nb[0], dtype=np.uint8)
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        assert cpu_lib.ei_quantize_rows(type_id, cpu_ffi.from_buffer("float[]", w), cpu_ffi.from_buffer(q),
+                                        rows, cols, cpu_ffi.NULL, 1) == 0
     deq = np.zeros(rows * cols, dtype=np.float32)
     assert cpu_lib.ei_kernel_dequantize(type_id, 0, cpu_ffi.from_buffer(q), cpu_ffi.from_buffer("float[]", deq),
                                         rows * cols) == 0

@@ -30,6 +30,10 @@ int eic_type_block(int type, int *elems, int *bytes) {
     case EI_TYPE_Q4_K: e = 256; b = 144; break;
     case EI_TYPE_Q5_K: e = 256; b = 176; break;
     case EI_TYPE_Q6_K: e = 256; b = 210; break;
+    case EI_TYPE_Q2_K: e = 256; b = 84; break;
+    case EI_TYPE_Q3_K: e = 256; b = 110; break;
+    case EI_TYPE_IQ4_NL: e = 32; b = 18; break;
+    case EI_TYPE_IQ4_XS: e = 256; b = 136; break;
     default: return 0;
     }
     if (elems) *elems = e;
@@ -82,6 +86,17 @@ __device__ __forceinline__ void k_scale_min(int j, const uint8_t *q, int *sc, in
         *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+/* Q3_K: 6-bit scale s (0..15) of the 12 packed bytes, minus 32 (blocks.h) */
+__device__ __forceinline__ int q3k_scale(const uint8_t *sc, int s) {
+    const int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4;
+    return (lo | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4)) - 32;
+}
+/* IQ4_NL's 16 levels (blocks.h's ei_iq4nl_values), as bytes of two words: no table in memory */
+__device__ __forceinline__ float iq4nl_value(int i) {
+    const uint64_t lo = 0xf6eaddcfbfad9881ull, hi = 0x7159453526190d01ull;
+    return (float)(int8_t)(((i < 8 ? lo : hi) >> (8 * (i & 7))) & 0xff);
 }
 
 /* Unit u (elements [32u, 32u + 32)) of a row, dequantized into w[32]. For the
@@ -211,6 +226,58 @@ template <> struct Deq<EI_TYPE_Q6_K> {
         for (int l = 0; l < 32; l++) {
             const int q = ((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4);
             w[l] = (l < 16 ? d0 : d1) * (float)(q - 32);
+        }
+    }
+};
+
+template <> struct Deq<EI_TYPE_Q2_K> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 84 * (u / 8);
+        const int j = (int)(u % 8), shift = 2 * (j & 3);
+        const uint8_t *qs = b + 16 + 32 * (j >> 2);
+        const float d = ld_h(b + 80), dmin = ld_h(b + 82);
+        const float d0 = d * (float)(b[2 * j] & 15), m0 = dmin * (float)(b[2 * j] >> 4);
+        const float d1 = d * (float)(b[2 * j + 1] & 15), m1 = dmin * (float)(b[2 * j + 1] >> 4);
+#pragma unroll
+        for (int l = 0; l < 32; l++) w[l] = mul_sub_2r(l < 16 ? d0 : d1, (float)((qs[l] >> shift) & 3), l < 16 ? m0 : m1);
+    }
+};
+template <> struct Deq<EI_TYPE_Q3_K> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 110 * (u / 8);
+        const int j = (int)(u % 8), h = j >> 2, k = j & 3;
+        const uint8_t *hm = b, *qs = b + 32 + 32 * h;
+        const float d = ld_h(b + 108);
+        const float d0 = d * (float)q3k_scale(b + 96, 2 * j), d1 = d * (float)q3k_scale(b + 96, 2 * j + 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int q = ((qs[l] >> (2 * k)) & 3) - ((hm[l] >> (4 * h + k)) & 1 ? 0 : 4);
+            w[l] = (l < 16 ? d0 : d1) * (float)q;
+        }
+    }
+};
+template <> struct Deq<EI_TYPE_IQ4_NL> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 18 * u;
+        const float d = ld_h(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * iq4nl_value(b[2 + j] & 15);
+            w[j + 16] = d * iq4nl_value(b[2 + j] >> 4);
+        }
+    }
+};
+template <> struct Deq<EI_TYPE_IQ4_XS> {
+    static __device__ __forceinline__ void unit(const uint8_t *row, int64_t u, int64_t, float *w) {
+        const uint8_t *b = row + 136 * (u / 8);
+        const int s = (int)(u % 8);
+        const int sc = (((b[4 + s / 2] >> (4 * (s % 2))) & 15) | ((((b[2] | (b[3] << 8)) >> (2 * s)) & 3) << 4)) - 32;
+        const float dl = ld_h(b) * (float)sc;
+        const uint8_t *qs = b + 8 + 16 * s;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            w[j] = dl * iq4nl_value(qs[j] & 15);
+            w[j + 16] = dl * iq4nl_value(qs[j] >> 4);
         }
     }
 };
@@ -429,6 +496,10 @@ static cudaError_t mm_run(cudaStream_t s, int type, mm_args a, int64_t n_rows, i
         EIC_MM(EI_TYPE_Q4_K);
         EIC_MM(EI_TYPE_Q5_K);
         EIC_MM(EI_TYPE_Q6_K);
+        EIC_MM(EI_TYPE_Q2_K);
+        EIC_MM(EI_TYPE_Q3_K);
+        EIC_MM(EI_TYPE_IQ4_NL);
+        EIC_MM(EI_TYPE_IQ4_XS);
     default: return cudaErrorInvalidValue;
     }
 #undef EIC_MM
@@ -527,6 +598,10 @@ cudaError_t eic_embed(cudaStream_t s, int type, const void *table, int64_t ne0, 
         EIC_EM(EI_TYPE_Q4_K);
         EIC_EM(EI_TYPE_Q5_K);
         EIC_EM(EI_TYPE_Q6_K);
+        EIC_EM(EI_TYPE_Q2_K);
+        EIC_EM(EI_TYPE_Q3_K);
+        EIC_EM(EI_TYPE_IQ4_NL);
+        EIC_EM(EI_TYPE_IQ4_XS);
     default: return cudaErrorInvalidValue;
     }
 #undef EIC_EM
