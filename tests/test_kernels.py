@@ -377,7 +377,7 @@ def test_dot(name):
 
 # --------------------------------------------------------------------------- matmul
 
-MM_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "Q3_K", "IQ4_NL"]
+MM_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]
 
 
 @pytest.mark.parametrize("name", MM_TYPES)

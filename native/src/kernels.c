@@ -211,7 +211,7 @@ static void fill_scalar(ei_kernels *k) {
 
 static void fill_avx2(ei_kernels *k) {
     FLOAT_TYPES(DEQ_AVX2) QUANT_TYPES(DEQ_AVX2)
-    FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2) GGUF_LAYOUT_TYPES(DOT_AVX2)   /* AVX-512 keeps these */
+    FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2) GGUF_LAYOUT_TYPES(DOT_AVX2)
     k->quantize_act = ei_quantize_act_avx2;
     PACKED_WIDE(EI_TYPE_Q4_0, q4_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, avx2, 8)
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, avx2, 8)
@@ -246,8 +246,8 @@ static int amd_zen4(void) {
 static void fill_avx512(ei_kernels *k) {
     fill_avx2(k);
     for (int t = 0; t < EI_TYPE_IDS; t++) k->packed[t].x1_far = NULL;   /* other layouts here (row pairs) */
-    FLOAT_TYPES(DOT_AVX512) QUANT_TYPES(DOT_AVX512)
-    QUANT_TYPES(DOT4_AVX512)
+    FLOAT_TYPES(DOT_AVX512) QUANT_TYPES(DOT_AVX512) GGUF_LAYOUT_TYPES(DOT_AVX512)
+    QUANT_TYPES(DOT4_AVX512) GGUF_LAYOUT_TYPES(DOT4_AVX512)
     k->quantize_act = ei_quantize_act_avx512;
     PACKED_WIDE(EI_TYPE_Q4_0, q4_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, vnni, 16)

@@ -378,6 +378,169 @@ AX void ei_dot4_q4_k_avx512(int64_t n, const void *row, const void *act, int64_t
 AX void ei_dot4_q5_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q5k_body(n, row, act, stride, out, 4); }
 AX void ei_dot4_q6_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q6k_body(n, row, act, stride, out, 4); }
 
+/* ---------------- types in their GGUF layout (kernels.c's GGUF_LAYOUT_TYPES) ----------------
+ * The same one body for nt tokens each. A 64-element chunk is two activation blocks; the
+ * 16-element groups of Q2_K / Q3_K are its four 128-bit lanes. */
+
+/* lanes 0..7 = a[0].d, lanes 8..15 = a[1].d */
+static inline AX __m512 act_d2(const ei_q8a *a) {
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(a[0].d), 0xff00, _mm_load_ss(&a[1].d));
+}
+
+/* Q3_K's 16 scales minus 32, as int8 (blocks.h's packing) */
+static inline AX __m128i q3k_scales16(const uint8_t *s) {
+    const __m128i l = _mm_loadl_epi64((const __m128i *)s);
+    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(l, _mm_srli_epi16(l, 4)), _mm_set1_epi8(15));
+    const __m128i h = _mm_srlv_epi32(_mm_set1_epi32((int)ei_ld32(s + 8)), _mm_setr_epi32(0, 2, 4, 6));
+    const __m128i hi = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi8(3)), 4);
+    return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+}
+
+/* the four 16-byte lanes of a 64-element chunk each filled with one byte of v: v[g], .., v[g + 3] */
+static inline AX __m512i lanes4(__m128i v, int g) {
+    const __m512i idx = _mm512_add_epi8(_mm512_set1_epi8((char)g),
+                                        _mm512_set_epi32(0x03030303, 0x03030303, 0x03030303, 0x03030303,
+                                                         0x02020202, 0x02020202, 0x02020202, 0x02020202,
+                                                         0x01010101, 0x01010101, 0x01010101, 0x01010101, 0, 0, 0, 0));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(v), idx);
+}
+
+/* the 2-bit quants of activation blocks j, j + 1 (j even) of a Q2_K / Q3_K super-block */
+static inline AX __m512i k2bits2(const uint8_t *qs, int j) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j >> 2)));
+    const int k = j & 3;
+    return _mm512_and_si512(cat256(_mm256_srli_epi16(x, 2 * k), _mm256_srli_epi16(x, 2 * k + 2)), _mm512_set1_epi8(3));
+}
+
+INL void q2k_body(int64_t n, const void *row, const void *act, int64_t stride, float *out, const int nt) {
+    /* the scale is folded into the weights (q * sc <= 45) through a per-lane table 0, sc, 2sc, 3sc */
+    const __mmask64 b1 = 0x2222222222222222ull, b2 = 0x4444444444444444ull, b3 = 0x8888888888888888ull;
+    __m512 acc[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const block_q2_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const __m512 d = _mm512_set1_ps(h2f(&b->d)), dmin = _mm512_set1_ps(h2f(&b->dmin));
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m128i s16 = _mm_and_si128(sc, _mm_set1_epi8(15)), m16 = _mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15));
+        for (int j = 0; j < 8; j += 2) {
+            const __m512i s = lanes4(s16, 2 * j), m = lanes4(m16, 2 * j);
+            const __m512i s2 = _mm512_add_epi8(s, s);
+            __m512i tab = _mm512_maskz_mov_epi8(b1, s);
+            tab = _mm512_mask_mov_epi8(tab, b2, s2);
+            tab = _mm512_mask_mov_epi8(tab, b3, _mm512_add_epi8(s2, s));
+            const __m512i w = _mm512_shuffle_epi8(tab, k2bits2(b->qs, j));
+            for (int t = 0; t < nt; t++) {
+                const ei_q8a *a = ACT(t) + i * 8 + j;
+                const __m512i y = act_q2(a);
+                const __m512 ad = act_d2(a);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp(w, y)), _mm512_mul_ps(ad, d), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(dp(m, y)), _mm512_mul_ps(ad, dmin), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+INL void q3k_body(int64_t n, const void *row, const void *act, int64_t stride, float *out, const int nt) {
+    const __m512i k4 = _mm512_set1_epi8(4);
+    /* int8 scales s0..s3 -> int32 lanes s0 x4, s1 x4, s2 x4, s3 x4 */
+    const __m128i sidx = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const block_q3_K *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const __m512 d = _mm512_set1_ps(h2f(&b->d));
+        const __m128i sc = q3k_scales16(b->scales);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+        for (int j = 0; j < 8; j += 2) {
+            /* q + 4 = the two low bits, plus 4 where the block's hmask bit is set */
+            const int bit = 4 * (j >> 2) + (j & 3);
+            const uint64_t k0 = _mm256_test_epi8_mask(hm, _mm256_set1_epi8((char)(1 << bit)));
+            const uint64_t k1 = _mm256_test_epi8_mask(hm, _mm256_set1_epi8((char)(1 << (bit + 1))));
+            const __m512i lo = k2bits2(b->qs, j);
+            const __m512i u = _mm512_mask_add_epi8(lo, (__mmask64)(k0 | (k1 << 32)), lo, k4);
+            /* d * the scale of each lane's 16-element group (exact: 11 by 6 significant bits) */
+            const __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                   _mm_shuffle_epi8(sc, _mm_add_epi8(sidx, _mm_set1_epi8((char)(2 * j)))))));
+            for (int t = 0; t < nt; t++) {
+                const ei_q8a *a = ACT(t) + i * 8 + j;
+                const __m512i y = act_q2(a);
+                const __m512i v = _mm512_sub_epi32(dp(u, y), dp(k4, y)); /* 4-element sums of q * y */
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(act_d2(a), ds), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+/* IQ4 table values + 128 (unsigned, for vpdpbusd) of two 16-byte runs of indices, element order */
+static inline AX __m512i iq4_values2(const uint8_t *q0, const uint8_t *q1) {
+    const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values),
+                                                               _mm_set1_epi8((char)0x80)));
+    return _mm512_shuffle_epi8(table, cat256(nibbles32(q0), nibbles32(q1)));
+}
+
+INL void iq4nl_body(int64_t n, const void *row, const void *act, int64_t stride, float *out, const int nt) {
+    const __m512i k128 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4];
+    __m256 acc8[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps(), acc8[t] = _mm256_setzero_ps();
+    const block_iq4_nl *b = row;
+    int64_t i = 0;
+    for (; i + 2 <= n / QK; i += 2, b += 2) {
+        const __m512 dw = scale2(h2f(&b[0].d), h2f(&b[1].d));
+        const __m512i u = iq4_values2(b[0].qs, b[1].qs);
+        for (int t = 0; t < nt; t++) {
+            const ei_q8a *a = ACT(t) + i;
+            const __m512i y = act_q2(a);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dp(u, y), dp(k128, y))), _mm512_mul_ps(act_d2(a), dw),
+                                     acc[t]);
+        }
+    }
+    if (i < n / QK) {   /* an odd last block */
+        const float d0 = h2f(&b->d);
+        const __m256i u = _mm512_castsi512_si256(iq4_values2(b->qs, b->qs));
+        for (int t = 0; t < nt; t++) {
+            const ei_q8a *a = ACT(t) + i;
+            const __m256i y = act_q(a);
+            const __m256i v = _mm256_sub_epi32(dp256(u, y), dp256(_mm512_castsi512_si256(k128), y));
+            acc8[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * a->d), _mm256_cvtepi32_ps(v), acc8[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum(acc[t], acc8[t]);
+}
+
+INL void iq4xs_body(int64_t n, const void *row, const void *act, int64_t stride, float *out, const int nt) {
+    const __m512i k128 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const block_iq4_xs *b = row;
+    for (int64_t i = 0; i < n / QKK; i++, b++) {
+        const float d = h2f(&b->d);
+        for (int s = 0; s < 8; s += 2) {
+            const __m512 dw = scale2(d * (float)ei_iq4xs_scale(b->scales_l, b->scales_h, s),
+                                     d * (float)ei_iq4xs_scale(b->scales_l, b->scales_h, s + 1));
+            const __m512i u = iq4_values2(b->qs + 16 * s, b->qs + 16 * s + 16);
+            for (int t = 0; t < nt; t++) {
+                const ei_q8a *a = ACT(t) + i * 8 + s;
+                const __m512i y = act_q2(a);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dp(u, y), dp(k128, y))),
+                                         _mm512_mul_ps(act_d2(a), dw), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+AX float ei_dot_q2_k_avx512(int64_t n, const void *row, const void *act) { float r; q2k_body(n, row, act, 0, &r, 1); return r; }
+AX float ei_dot_q3_k_avx512(int64_t n, const void *row, const void *act) { float r; q3k_body(n, row, act, 0, &r, 1); return r; }
+AX float ei_dot_iq4_nl_avx512(int64_t n, const void *row, const void *act) { float r; iq4nl_body(n, row, act, 0, &r, 1); return r; }
+AX float ei_dot_iq4_xs_avx512(int64_t n, const void *row, const void *act) { float r; iq4xs_body(n, row, act, 0, &r, 1); return r; }
+AX void ei_dot4_q2_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q2k_body(n, row, act, stride, out, 4); }
+AX void ei_dot4_q3_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q3k_body(n, row, act, stride, out, 4); }
+AX void ei_dot4_iq4_nl_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { iq4nl_body(n, row, act, stride, out, 4); }
+AX void ei_dot4_iq4_xs_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { iq4xs_body(n, row, act, stride, out, 4); }
+
 /* Same rounding as the AVX2 version (which is identical to the scalar one). */
 AX void ei_quantize_act_avx512(const float *x, int64_t n, ei_q8a *out) { ei_quantize_act_avx2(x, n, out); }
 

@@ -127,6 +127,11 @@ EI_GGUF_LAYOUT_DOT_DECL(scalar)
 
 #if defined(__x86_64__)
 EI_GGUF_LAYOUT_DOT_DECL(avx2)
+EI_GGUF_LAYOUT_DOT_DECL(avx512)
+void ei_dot4_q2_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_q3_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_iq4_nl_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
+void ei_dot4_iq4_xs_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
 EI_DEQ_DECL(avx2)
 EI_DOT_DECL(avx2)
 void ei_quantize_act_avx2(const float *x, int64_t n, ei_q8a *out);
