@@ -168,8 +168,8 @@ int64_t ei_row_bytes(int type, int64_t n) {
 #define QUANT_TYPES(X)                                                                                  \
     X(EI_TYPE_Q4_0, q4_0) X(EI_TYPE_Q4_1, q4_1) X(EI_TYPE_Q5_0, q5_0) X(EI_TYPE_Q5_1, q5_1)             \
     X(EI_TYPE_Q8_0, q8_0) X(EI_TYPE_Q4_K, q4_k) X(EI_TYPE_Q5_K, q5_k) X(EI_TYPE_Q6_K, q6_k)
-/* Types read in their GGUF layout at every level (no packed form, no SIMD dequantizer): the
- * smaller files llama.cpp writes (Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS) */
+/* The smaller types llama.cpp writes (Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS): per-row dots on their
+ * GGUF layout at every level (scalar dequantizers); AVX-512 packs IQ4_NL */
 #define GGUF_LAYOUT_TYPES(X) \
     X(EI_TYPE_Q2_K, q2_k) X(EI_TYPE_Q3_K, q3_k) X(EI_TYPE_IQ4_NL, iq4_nl) X(EI_TYPE_IQ4_XS, iq4_xs)
 
@@ -253,9 +253,11 @@ static void fill_avx512(ei_kernels *k) {
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q8_0, q8_0, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q4_K, q4_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, vnni, 16)
+    PACKED_WIDE(EI_TYPE_IQ4_NL, iq4_nl, vnni, 16)   /* its values need VNNI (as Q8_0's) */
 #define XW2(T, name) k->packed[T].xw_2g = ei_packed_##name##_x16r16_vnni;
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)
+    XW2(EI_TYPE_IQ4_NL, iq4_nl)
 #undef XW2
     /* The 32-element-block types and Q4_K run every token count on 16-row kernels, their row
      * pairs packed unit by unit (packed.h): at one token 1.31-1.41x the 8-row kernels' rate on
@@ -264,7 +266,7 @@ static void fill_avx512(ei_kernels *k) {
      * 8-row ymm kernels (kq45k_1, kq6k_1), which were the faster there. */
 #define R16(T, name) k->packed[T].x1_2g = ei_packed_##name##_x1r16_vnni, k->packed[T].x4_2g = ei_packed_##name##_x4r16_vnni;
     R16(EI_TYPE_Q4_0, q4_0) R16(EI_TYPE_Q4_1, q4_1) R16(EI_TYPE_Q5_0, q5_0) R16(EI_TYPE_Q5_1, q5_1)
-    R16(EI_TYPE_Q8_0, q8_0) R16(EI_TYPE_Q4_K, q4_k)
+    R16(EI_TYPE_Q8_0, q8_0) R16(EI_TYPE_Q4_K, q4_k) R16(EI_TYPE_IQ4_NL, iq4_nl)
 #undef R16
     /* Decode reads two row pairs a thread side by side on Zen 4 (1B shape, against one pair:
      * Q8_0 1.47x at 1 thread, 1.59x at 2; Q4_0 1.13x, 1.03x; docs/performance.md). Not measured
@@ -274,6 +276,7 @@ static void fill_avx512(ei_kernels *k) {
         k->packed[EI_TYPE_Q4_0].x1_far = ei_packed_q4_0_farr16_vnni;
         k->packed[EI_TYPE_Q4_1].x1_far = ei_packed_q4_1_farr16_vnni;
         k->packed[EI_TYPE_Q8_0].x1_far = ei_packed_q8_0_farr16_vnni;
+        k->packed[EI_TYPE_IQ4_NL].x1_far = ei_packed_iq4_nl_farr16_vnni;   /* Q8_0's arithmetic */
         /* Q4_K's and Q6_K's one-token kernels leave the read-ahead of short rows to the hardware
          * prefetcher (packed.h, EI_HW_PF_MAX_NB): decode 1.07x / 1.05x at one thread, 1.03x /
          * 1.02x at two (1B / 3B shape Q4_K_M, the two forms by turns every 16 tokens in one

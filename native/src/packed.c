@@ -9,7 +9,8 @@
 static int quant_bytes(int type) {
     switch (type) {
     case EI_TYPE_Q4_0:
-    case EI_TYPE_Q4_1: return 128;
+    case EI_TYPE_Q4_1:
+    case EI_TYPE_IQ4_NL: return 128;   /* IQ4_NL: table indices, Q4_0's nibbles */
     case EI_TYPE_Q5_0:
     case EI_TYPE_Q5_1: return 160;   /* nibbles as Q4, then each row's qh word */
     case EI_TYPE_Q8_0: return 256;
@@ -26,6 +27,7 @@ typedef struct {
 static src_layout layout(int type) {
     switch (type) {
     case EI_TYPE_Q4_0: return (src_layout){sizeof(block_q4_0), offsetof(block_q4_0, qs), -1, -1};
+    case EI_TYPE_IQ4_NL: return (src_layout){sizeof(block_iq4_nl), offsetof(block_iq4_nl, qs), -1, -1};
     case EI_TYPE_Q4_1: return (src_layout){sizeof(block_q4_1), offsetof(block_q4_1, qs), offsetof(block_q4_1, m), -1};
     case EI_TYPE_Q5_0: return (src_layout){sizeof(block_q5_0), offsetof(block_q5_0, qs), -1, offsetof(block_q5_0, qh)};
     case EI_TYPE_Q5_1:
@@ -127,7 +129,15 @@ void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_
 #define DOT_VNNI(w, q, bits) ei_dot_vnni(w, q, 8)
 #define DOT_AVX2_Q8(w, q, bits) ei_dot_avx2_q8(w, q, 8)
 
-/* One block's scales (dv, mv) and weights w[8] unpacked at p (PACKED_BODY's and PACKED_FAR_FN's). */
+/* IQ4_NL's 16 values + 128 (unsigned, as Q8_0's packed bytes), in both 128-bit lanes */
+static inline __attribute__((always_inline)) T_AVX2 __m256i iq4_table256(void) {
+    return _mm256_broadcastsi128_si256(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values), _mm_set1_epi8((char)0x80)));
+}
+
+/* One block's scales (dv, mv) and weights w[8] unpacked at p (PACKED_BODY's and PACKED_FAR_FN's).
+ * FOUR_BIT: 0 bytes (Q8_0's, + 128), 1 nibbles, 2 nibbles indexing IQ4_NL's table (its values
+ * + 128, then Q8_0's). */
 #define PACKED_UNPACK(p, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)                          \
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)));                         \
     const __m256 mv = HAS_MIN ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((p) + 16)))         \
@@ -141,6 +151,8 @@ void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_
             w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                                  \
         }                                                                                              \
         if (FIVE_BIT) add_high_bits(w, (p) + hdr + 128);                                               \
+        if (FOUR_BIT == 2)                                                                             \
+            for (int k = 0; k < 8; k++) w[k] = _mm256_shuffle_epi8(iq4_table256(), w[k]);              \
     } else {                                                                                           \
         for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)((p) + hdr + 32 * k));  \
     }
@@ -363,6 +375,8 @@ PACKED_FN(q8_0_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 0, 0, 0, 0.0f)
 PACKED_FN(q8_0_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 0, 0, 0, 0.0f)
 PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
+PACKED_FN(iq4_nl_x1_vnni, T_VNNI, DOT_VNNI, 1, 2, 0, 0, 128.0f)
+PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
 /* one token over two row groups far apart (kernels.c says where they run) */
 PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)
 PACKED_FAR_FN(q8_0, DOT_AVX2_Q8, 0, 0, 0, 0.0f)
@@ -373,6 +387,7 @@ PACKED_FN(q4_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 0, 1, 0.0f)
 PACKED_FN(q5_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 0, 16.0f)
 PACKED_FN(q5_1_x16_vnni, T_VNNI, DOT_VNNI, 16, 1, 1, 1, 0.0f)
 PACKED_FN(q8_0_x16_vnni, T_VNNI, DOT_VNNI, 16, 0, 0, 0, 128.0f)
+PACKED_FN(iq4_nl_x16_vnni, T_VNNI, DOT_VNNI, 16, 2, 0, 0, 128.0f)
 
 /* AVX-512: NT tokens (16, 4 or 1) over a row pair (16 rows) in zmm registers, where
  * vpdpbusd does twice the ymm form's work at the same rate. The pair's blocks
@@ -408,6 +423,11 @@ ZINL void zunpack(const uint8_t *p, size_t gs, int hdr, int four_bit, int five_b
             w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         }
         if (five_bit) zadd_high_bits(w, p + hdr + 128, gs);
+        if (four_bit == 2) {
+            const __m512i table = _mm512_broadcast_i32x4(
+                _mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values), _mm_set1_epi8((char)0x80)));
+            for (int k = 0; k < 8; k++) w[k] = _mm512_shuffle_epi8(table, w[k]);
+        }
     } else {
         for (int k = 0; k < 8; k++) w[k] = zld2(p + hdr + 32 * k, gs);
     }
@@ -480,9 +500,11 @@ ZPACKED_TYPE(q4_1, 1, 0, 1, 0.0f)
 ZPACKED_TYPE(q5_0, 1, 1, 0, 16.0f)
 ZPACKED_TYPE(q5_1, 1, 1, 1, 0.0f)
 ZPACKED_TYPE(q8_0, 0, 0, 0, 128.0f)
+ZPACKED_TYPE(iq4_nl, 2, 0, 0, 128.0f)
 ZPACKED_FAR_FN(q4_0, 1, 0, 0, 8.0f)
 ZPACKED_FAR_FN(q4_1, 1, 0, 1, 0.0f)
 ZPACKED_FAR_FN(q8_0, 0, 0, 0, 128.0f)
+ZPACKED_FAR_FN(iq4_nl, 2, 0, 0, 128.0f)
 
 #endif
 

@@ -17,6 +17,8 @@
  * 5-bit (Q5_0, Q5_1): the 4-bit part as above, then each row's 32-bit qh word.
  * Q8_0: 256 bytes, group k < 8 holds q[4k..4k+3] + 128 of each row (unsigned).
  *   Needs VNNI (maddubs would saturate).
+ * IQ4_NL: Q4_0's bytes (its nibbles index the type's table); the kernels look the values up
+ *   and run Q8_0's arithmetic on them (VNNI only).
  * K-quants (packed_k.c) pack per 256-element super-block, scales and mins
  * unpacked from their 6-bit form once, at load (u8 / i8, [sub-block][row]):
  *   Q4_K: f16 d[8] | f16 dmin[8] | u8 sc[8][8] | u8 m[8][8] | 1024 quant bytes
@@ -165,11 +167,13 @@ EI_PACKED_DECL(q4_1, vnni)
 EI_PACKED_DECL(q5_0, vnni)
 EI_PACKED_DECL(q5_1, vnni)
 EI_PACKED_DECL(q8_0, vnni)
+EI_PACKED_DECL(iq4_nl, vnni)
 void ei_packed_q4_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q4_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q8_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_iq4_nl_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
     EI_PACKED_DECL8(name, sfx)                                                                              \
     void ei_packed_##name##_x16_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);
@@ -187,6 +191,7 @@ void ei_packed_q4_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_q5_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_iq4_nl_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_R16_DECL(name)                                                                            \
     void ei_packed_##name##_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);    \
     void ei_packed_##name##_x4r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
@@ -195,12 +200,14 @@ EI_PACKED_R16_DECL(q4_1)
 EI_PACKED_R16_DECL(q5_0)
 EI_PACKED_R16_DECL(q5_1)
 EI_PACKED_R16_DECL(q8_0)
+EI_PACKED_R16_DECL(iq4_nl)
 /* one token over two row pairs far apart (16 rows each) */
 #define EI_PACKED_FAR_R16_DECL(name) \
     void ei_packed_##name##_farr16_vnni(const void *, const void *, int64_t, const void *, float *, float *);
 EI_PACKED_FAR_R16_DECL(q4_0)
 EI_PACKED_FAR_R16_DECL(q4_1)
 EI_PACKED_FAR_R16_DECL(q8_0)
+EI_PACKED_FAR_R16_DECL(iq4_nl)
 void ei_packed_q4_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q5_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
