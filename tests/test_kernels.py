@@ -463,7 +463,8 @@ def test_k_quants_take_the_packed_path(internal):
             assert ilib.ei_packed_bytes(k, tid, 40, 800) == 0, (name, isa)   # not whole super-blocks
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                                  "IQ4_XS"])
 def test_kernel_matmul_packed_rows(name):
     """Row counts that are multiples of 8 go through the row-interleaved kernels:
     close to the per-row dot (a different float order) at 1-4 threads, and a
@@ -471,7 +472,7 @@ def test_kernel_matmul_packed_rows(name):
     wide (8 or 16), 4- and 1-token kernels all run; at one thread AVX-512 runs the row
     pairs on its 16-row kernels and a last, unpaired group on the 8-row ones)."""
     rng = np.random.default_rng(5)
-    n, n_rows = (768, 40) if name in K_TYPES else (576, 56)   # K: 3 super-blocks; 5 or 7 row groups
+    n, n_rows = (768, 40) if block(name)[0] == 256 else (576, 56)   # K: 3 super-blocks; 5 or 7 row groups
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     tid = TYPES[name][0]
     n_tok = 21
@@ -491,7 +492,8 @@ def test_kernel_matmul_packed_rows(name):
             assert np.array_equal(y1[0], y[t]), (name, isa, t)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                                  "IQ4_XS"])
 def test_unpack_row_gives_back_the_gguf_row(internal, name):
     """ei_unpack_row reads each row's GGUF bytes back out of its packed copy (a tied embedding's
     lookup does): every byte of random rows, through each SIMD level's layout (AVX-512's row pairs
@@ -517,7 +519,7 @@ def test_unpack_row_gives_back_the_gguf_row(internal, name):
 
 # byte offsets of the fp16 fields of each packed type's block (all other bytes are quants or scales)
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,),
-              **K_SCALE_FIELDS}
+              "IQ4_XS": (0,), **K_SCALE_FIELDS}
 
 
 @pytest.mark.parametrize("name", list(F16_FIELDS))
@@ -528,7 +530,7 @@ def test_kernel_matmul_packed_at_the_largest_quants(name):
     maddubs products as int16 before widening, and moves Q8_0's sign onto the activation,
     packed_dot.h) still match the scalar per-row dot."""
     rng = np.random.default_rng(11)
-    n, n_rows = (768, 40) if name in K_TYPES else (576, 56)
+    n, n_rows = (768, 40) if block(name)[0] == 256 else (576, 56)
     raw = make_rows(name, n, rng, scales=[1.0] * n_rows)
     be, bb = block(name)
     blocks = raw.reshape(n_rows, n // be, bb)

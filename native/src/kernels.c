@@ -253,7 +253,7 @@ static void fill_avx512(ei_kernels *k) {
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q8_0, q8_0, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q4_K, q4_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, vnni, 16)
-    PACKED_WIDE(EI_TYPE_IQ4_NL, iq4_nl, vnni, 16)   /* its values need VNNI (as Q8_0's) */
+    PACKED_WIDE(EI_TYPE_IQ4_NL, iq4_nl, vnni, 16) PACKED_WIDE(EI_TYPE_IQ4_XS, iq4_xs, vnni, 16)   /* VNNI: Q8_0's arithmetic */
 #define XW2(T, name) k->packed[T].xw_2g = ei_packed_##name##_x16r16_vnni;
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)

@@ -377,6 +377,42 @@ PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x1_vnni, T_VNNI, DOT_VNNI, 1, 2, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
+/* IQ4_XS (packed.h): per super-block the 8 rows' d, then per sub-block d * sc and IQ4_NL's
+ * block step. Each token's operations are the same for every NT. */
+#define PACKED_IQ4XS_FN(NAME, NT)                                                                          \
+    T_VNNI void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,    \
+                                 float *y, int64_t ldy) {                                                 \
+        const uint8_t *p = packed;                                                                        \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                        \
+        __m256 acc[NT];                                                                                   \
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                        \
+        for (int64_t b = 0; b < nsb; b++, p += EI_PK_IQ4XS_BYTES) {                                       \
+            if (NT == 1) ei_prefetch_ahead(p, EI_PK_IQ4XS_BYTES);                                         \
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                        \
+            for (int s = 0; s < 8; s++) {                                                                 \
+                const __m256 dv = _mm256_mul_ps(                                                          \
+                    d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16 + 8 * s))))); \
+                const __m256 mv = _mm256_mul_ps(dv, _mm256_set1_ps(-128.0f));                             \
+                const uint8_t *q = p + EI_PK_HDR_IQ4XS + 128 * s;                                         \
+                __m256i w[8];                                                                             \
+                for (int k = 0; k < 4; k++) {                                                             \
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * k));                  \
+                    w[k] = _mm256_shuffle_epi8(iq4_table256(), _mm256_and_si256(v, m4));                  \
+                    w[k + 4] = _mm256_shuffle_epi8(iq4_table256(), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)); \
+                }                                                                                         \
+                _Pragma("GCC unroll 16")                                                                  \
+                for (int t = 0; t < NT; t++) {                                                            \
+                    const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + s; \
+                    PACKED_TOKEN(DOT_VNNI, 2, 0, 0, 128.0f, a, dv, mv, w, acc[t])                          \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);                               \
+    }
+PACKED_IQ4XS_FN(iq4_xs_x1_vnni, 1)
+PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4)
+PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16)
+
 /* one token over two row groups far apart (kernels.c says where they run) */
 PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)
 PACKED_FAR_FN(q8_0, DOT_AVX2_Q8, 0, 0, 0, 0.0f)

@@ -33,6 +33,9 @@
  *     each row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32). The three
  *     runs of quad h (ql pairs 2h, 2h + 1, qh quad h) alternate in 64-byte pieces
  *     (ei_q6k_ql, ei_q6k_qh), the order in which the one-token kernel reads them.
+ *   IQ4_XS (AVX-512 VNNI): f16 d[8] | i8 sc[8][8] (the 6-bit scales minus 32) | sub-block s < 8:
+ *     IQ4_NL's 128 bytes from GGUF qs[16s ..]. x = (d * sc) * values[idx]; 1,104 bytes for the
+ *     1,088 of GGUF. Never in row pairs.
  * Row pairs (AVX-512): where the table has 16-row kernels for a type (x1_2g), each pair of
  * groups 2p, 2p+1 alternates block by block (group 2p's block b, then group 2p+1's), so the
  * 16-row kernels stream one run of bytes: reading the two groups as two runs 8 rows' blocks
@@ -59,6 +62,8 @@
 #define EI_PK_Q5K_BYTES (EI_PK_Q4K_BYTES + 256)
 #define EI_PK_HDR_Q6K 144
 #define EI_PK_Q6K_BYTES (EI_PK_HDR_Q6K + 1024 + 512)
+#define EI_PK_HDR_IQ4XS 80
+#define EI_PK_IQ4XS_BYTES (EI_PK_HDR_IQ4XS + 1024)
 
 /* Offsets in a packed Q6_K super-block of byte o (< 256) of ql pair `pair` and of qh quad h:
  * quad h's three runs alternate in 64-byte pieces, so that a decode's reads ascend. The hardware
@@ -174,6 +179,8 @@ void ei_packed_q5_0_x16_vnni(const void *, int64_t, const void *, int64_t, float
 void ei_packed_q5_1_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q8_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_nl_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+EI_PACKED_DECL(iq4_xs, vnni)
+void ei_packed_iq4_xs_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
     EI_PACKED_DECL8(name, sfx)                                                                              \
     void ei_packed_##name##_x16_##sfx(const void *, int64_t, const void *, int64_t, float *, int64_t);

@@ -1,5 +1,5 @@
-/* Row-interleaved ("packed") K-quant weights: Q4_K, Q5_K, Q6_K (layouts in
- * packed.h). Packing unpacks each super-block's 6-bit scales and mins once, at
+/* Row-interleaved ("packed") K-quant weights: Q4_K, Q5_K, Q6_K, and IQ4_XS's super-blocks
+ * (layouts in packed.h). Packing unpacks each super-block's 6-bit scales and mins once, at
  * load; the kernels then run the same 8-rows-per-vector integer dots as the
  * 32-block types, one activation block (32 elements) at a time. The scalar
  * functions here are the packed kernels' oracle: they read the packed bytes and
@@ -15,6 +15,7 @@ size_t ei_packed_k_unit_bytes(int type) {
     case EI_TYPE_Q4_K: return EI_PK_Q4K_BYTES;
     case EI_TYPE_Q5_K: return EI_PK_Q5K_BYTES;
     case EI_TYPE_Q6_K: return EI_PK_Q6K_BYTES;
+    case EI_TYPE_IQ4_XS: return EI_PK_IQ4XS_BYTES;
     default: return 0;
     }
 }
@@ -67,8 +68,22 @@ static void pack_q6k(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint
     }
 }
 
+static void pack_iq4xs(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
+    int8_t *sc = (int8_t *)(out + 16);
+    for (int r = 0; r < EI_PACK_ROWS; r++) {
+        const block_iq4_xs *blk = (const block_iq4_xs *)src + (g * EI_PACK_ROWS + r) * nsb + b;
+        memcpy(out + 2 * r, &blk->d, 2);
+        for (int s = 0; s < 8; s++) {
+            sc[8 * s + r] = (int8_t)ei_iq4xs_scale(blk->scales_l, blk->scales_h, s);
+            for (int k = 0; k < 4; k++)
+                memcpy(out + EI_PK_HDR_IQ4XS + 128 * s + 32 * k + 4 * r, blk->qs + 16 * s + 4 * k, 4);
+        }
+    }
+}
+
 static void pack_unit(int type, const uint8_t *w, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
     if (type == EI_TYPE_Q6_K) pack_q6k(w, nsb, g, b, out);
+    else if (type == EI_TYPE_IQ4_XS) pack_iq4xs(w, nsb, g, b, out);
     else pack_q45k(type, w, nsb, g, b, out);
 }
 
@@ -141,6 +156,21 @@ static void unpack_q6k(const uint8_t *p, int r, uint8_t *out) {
     }
 }
 
+static void unpack_iq4xs(const uint8_t *p, int r, uint8_t *out) {
+    block_iq4_xs *blk = (block_iq4_xs *)out;
+    const int8_t *sc = (const int8_t *)(p + 16);
+    memcpy(&blk->d, p + 2 * r, 2);
+    uint16_t h = 0;
+    memset(blk->scales_l, 0, sizeof blk->scales_l);
+    for (int s = 0; s < 8; s++) {
+        const int ls = sc[8 * s + r] + 32;
+        blk->scales_l[s / 2] |= (uint8_t)((ls & 15) << (4 * (s % 2)));
+        h |= (uint16_t)((ls >> 4) << (2 * s));
+        for (int k = 0; k < 4; k++) memcpy(blk->qs + 16 * s + 4 * k, p + EI_PK_HDR_IQ4XS + 128 * s + 32 * k + 4 * r, 4);
+    }
+    memcpy(&blk->scales_h, &h, 2);
+}
+
 void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, int64_t paired, void *dst) {
     const int64_t nsb = n_cols / QKK;
     const size_t ub = ei_packed_k_unit_bytes(type), bs = (size_t)ei_row_bytes(type, QKK);
@@ -154,6 +184,7 @@ void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, 
         }
         uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;
         if (type == EI_TYPE_Q6_K) unpack_q6k(p, (int)(row % EI_PACK_ROWS), blk);
+        else if (type == EI_TYPE_IQ4_XS) unpack_iq4xs(p, (int)(row % EI_PACK_ROWS), blk);
         else unpack_q45k(type, p, (int)(row % EI_PACK_ROWS), blk);
     }
 }
