@@ -257,7 +257,7 @@ static void fill_avx512(ei_kernels *k) {
 #define XW2(T, name) k->packed[T].xw_2g = ei_packed_##name##_x16r16_vnni;
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)
-    XW2(EI_TYPE_IQ4_NL, iq4_nl)
+    XW2(EI_TYPE_IQ4_NL, iq4_nl) XW2(EI_TYPE_IQ4_XS, iq4_xs)
 #undef XW2
     /* The 32-element-block types and Q4_K run every token count on 16-row kernels, their row
      * pairs packed unit by unit (packed.h): at one token 1.31-1.41x the 8-row kernels' rate on

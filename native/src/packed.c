@@ -542,6 +542,37 @@ ZPACKED_FAR_FN(q4_1, 1, 0, 1, 0.0f)
 ZPACKED_FAR_FN(q8_0, 0, 0, 0, 128.0f)
 ZPACKED_FAR_FN(iq4_nl, 2, 0, 0, 128.0f)
 
+/* IQ4_XS's 16 tokens over two consecutive row groups (16 rows; IQ4_XS never packs in row pairs):
+ * PACKED_IQ4XS_FN's operations per lane, so every result is the 8-row kernels' bit for bit. */
+T_ZMM void ei_packed_iq4_xs_x16r16_vnni(const void *packed, int64_t nsb, const void *act, int64_t act_stride,
+                                        float *y, int64_t ldy) {
+    enum { NT = 16 };
+    const size_t gs = (size_t)nsb * EI_PK_IQ4XS_BYTES;   /* the second group's super-blocks */
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values), _mm_set1_epi8((char)0x80)));
+    const uint8_t *p = packed;
+    __m512 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++, p += EI_PK_IQ4XS_BYTES) {
+        const __m512 d = zh2f(p, gs);
+        for (int s = 0; s < 8; s++) {
+            const __m512 dv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(zld8x2(p + 16 + 8 * s, gs))));
+            const __m512 mv = _mm512_mul_ps(dv, _mm512_set1_ps(-128.0f));
+            const uint8_t *q = p + EI_PK_HDR_IQ4XS + 128 * s;
+            __m512i w[8];
+            for (int k = 0; k < 4; k++) {
+                const __m512i v = zld2(q + 32 * k, gs);
+                w[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, m4));
+                w[k + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+            for (int t = 0; t < NT; t++)
+                acc[t] = ztoken(w, (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + s, dv, mv, acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
 #endif
 
 /* One call's tokens over rows [r0, r1): two row groups a call where fn2 exists, then one. */

@@ -199,6 +199,7 @@ void ei_packed_q5_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_q5_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_nl_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_iq4_xs_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_R16_DECL(name)                                                                            \
     void ei_packed_##name##_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);    \
     void ei_packed_##name##_x4r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
