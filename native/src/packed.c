@@ -413,6 +413,56 @@ PACKED_IQ4XS_FN(iq4_xs_x1_vnni, 1)
 PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4)
 PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16)
 
+/* Q3_K (packed.h) over 8 rows, NT tokens. Per activation block j (elements 32j.., half h = j / 4,
+ * shift k = j % 4 of the low bits, hmask bit 4h + k) and token:
+ *   acc += (sc_2j * sum_lo q a + sc_2j+1 * sum_hi q a) * (d * a_j.d)
+ * with q + 4 (0..7) in the dot and each chain started at -4 * (sum of its half's quants), the
+ * activation row's half sums (ei_act_half_sums, -32 * the sum) shifted by 3: exact. */
+static inline __attribute__((always_inline)) T_VNNI __m256i q3k_u(const uint8_t *p, int j, int m) {
+    const int h = j >> 2, k = j & 3, bit = 4 * h + k;
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)(p + EI_PK_HDR_Q3K + 256 * h + 32 * m));
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)(p + EI_PK_HDR_Q3K + 512 + 32 * m));
+    const __m256i hb = bit >= 2 ? _mm256_srl_epi16(hm, _mm_cvtsi32_si128(bit - 2)) : _mm256_sll_epi16(hm, _mm_cvtsi32_si128(2 - bit));
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)),
+                           _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+}
+
+#define PACKED_Q3K_FN(NAME, NT)                                                                           \
+    T_VNNI void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,   \
+                                 float *y, int64_t ldy) {                                                \
+        const uint8_t *p = packed;                                                                       \
+        __m256 acc[NT];                                                                                  \
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                       \
+        for (int64_t b = 0; b < nsb; b++, p += EI_PK_Q3K_BYTES) {                                        \
+            if (NT == 1) ei_prefetch_ahead(p, EI_PK_Q3K_BYTES);                                          \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                      \
+            for (int j = 0; j < 8; j++) {                                                                \
+                const __m256 sclo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16 + 16 * j)))); \
+                const __m256 schi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 24 + 16 * j)))); \
+                __m256i w[8];                                                                            \
+                for (int m = 0; m < 8; m++) w[m] = q3k_u(p, j, m);                                       \
+                _Pragma("GCC unroll 16")                                                                 \
+                for (int t = 0; t < NT; t++) {                                                           \
+                    const uint8_t *row = (const uint8_t *)act + t * act_stride;                          \
+                    const ei_q8a *a = (const ei_q8a *)row + 8 * b + j;                                   \
+                    const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + j);                \
+                    __m256i s0 = _mm256_set1_epi32(hs[0] >> 3), s1 = _mm256_set1_epi32(hs[1] >> 3);      \
+                    for (int m = 0; m < 4; m++) {                                                        \
+                        s0 = _mm256_dpbusd_epi32(s0, w[m], ei_bcast4(a->q + 4 * m));                     \
+                        s1 = _mm256_dpbusd_epi32(s1, w[m + 4], ei_bcast4(a->q + 16 + 4 * m));            \
+                    }                                                                                    \
+                    const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), schi,                    \
+                                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s0), sclo));    \
+                    acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);     \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+        for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);                              \
+    }
+PACKED_Q3K_FN(q3_k_x1_vnni, 1)
+PACKED_Q3K_FN(q3_k_x4_vnni, 4)
+PACKED_Q3K_FN(q3_k_x16_vnni, 16)
+
 /* one token over two row groups far apart (kernels.c says where they run) */
 PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)
 PACKED_FAR_FN(q8_0, DOT_AVX2_Q8, 0, 0, 0, 0.0f)
@@ -541,6 +591,48 @@ ZPACKED_FAR_FN(q4_0, 1, 0, 0, 8.0f)
 ZPACKED_FAR_FN(q4_1, 1, 0, 1, 0.0f)
 ZPACKED_FAR_FN(q8_0, 0, 0, 0, 128.0f)
 ZPACKED_FAR_FN(iq4_nl, 2, 0, 0, 128.0f)
+
+/* Q3_K's 16 tokens over two consecutive row groups (never in row pairs): PACKED_Q3K_FN's
+ * operations per lane, bit for bit. */
+ZINL __m512i zq3k_u(const uint8_t *p, size_t gs, int j, int m) {
+    const int h = j >> 2, k = j & 3, bit = 4 * h + k;
+    const __m512i lo = zld2(p + EI_PK_HDR_Q3K + 256 * h + 32 * m, gs);
+    const __m512i hm = zld2(p + EI_PK_HDR_Q3K + 512 + 32 * m, gs);
+    const __m512i hb = bit >= 2 ? _mm512_srl_epi16(hm, _mm_cvtsi32_si128(bit - 2)) : _mm512_sll_epi16(hm, _mm_cvtsi32_si128(2 - bit));
+    return _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(lo, _mm_cvtsi32_si128(2 * k)), _mm512_set1_epi8(3)),
+                           _mm512_and_si512(hb, _mm512_set1_epi8(4)));
+}
+
+T_ZMM void ei_packed_q3_k_x16r16_vnni(const void *packed, int64_t nsb, const void *act, int64_t act_stride, float *y,
+                                      int64_t ldy) {
+    enum { NT = 16 };
+    const size_t gs = (size_t)nsb * EI_PK_Q3K_BYTES;
+    const uint8_t *p = packed;
+    __m512 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++, p += EI_PK_Q3K_BYTES) {
+        const __m512 dv = zh2f(p, gs);
+        for (int j = 0; j < 8; j++) {
+            const __m512 sclo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(zld8x2(p + 16 + 16 * j, gs)));
+            const __m512 schi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(zld8x2(p + 24 + 16 * j, gs)));
+            __m512i w[8];
+            for (int m = 0; m < 8; m++) w[m] = zq3k_u(p, gs, j, m);
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *row = (const uint8_t *)act + t * act_stride;
+                const ei_q8a *a = (const ei_q8a *)row + 8 * b + j;
+                const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + j);
+                __m512i s0 = _mm512_set1_epi32(hs[0] >> 3), s1 = _mm512_set1_epi32(hs[1] >> 3);
+                for (int m = 0; m < 4; m++) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[m], zbcast4(a->q + 4 * m));
+                    s1 = _mm512_dpbusd_epi32(s1, w[m + 4], zbcast4(a->q + 16 + 4 * m));
+                }
+                const __m512 isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), schi, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), sclo));
+                acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
 
 /* IQ4_XS's 16 tokens over two consecutive row groups (16 rows; IQ4_XS never packs in row pairs):
  * PACKED_IQ4XS_FN's operations per lane, so every result is the 8-row kernels' bit for bit. */

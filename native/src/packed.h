@@ -33,6 +33,10 @@
  *     each row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32). The three
  *     runs of quad h (ql pairs 2h, 2h + 1, qh quad h) alternate in 64-byte pieces
  *     (ei_q6k_ql, ei_q6k_qh), the order in which the one-token kernel reads them.
+ *   Q3_K (AVX-512 VNNI): f16 d[8] | i8 sc[16][8] (the 6-bit scales minus 32) | low bits: half h < 2,
+ *     group k < 8 holds GGUF qs[32h + 4k ..+3] of each row | hmask: group k holds hmask[4k ..+3]
+ *     of each row. x = (d * sc) * q, q = the two low bits - 4 + 4 * the hmask bit; 912 bytes for
+ *     the 880 of GGUF. Never in row pairs.
  *   IQ4_XS (AVX-512 VNNI): f16 d[8] | i8 sc[8][8] (the 6-bit scales minus 32) | sub-block s < 8:
  *     IQ4_NL's 128 bytes from GGUF qs[16s ..]. x = (d * sc) * values[idx]; 1,104 bytes for the
  *     1,088 of GGUF. Never in row pairs.
@@ -62,6 +66,8 @@
 #define EI_PK_Q5K_BYTES (EI_PK_Q4K_BYTES + 256)
 #define EI_PK_HDR_Q6K 144
 #define EI_PK_Q6K_BYTES (EI_PK_HDR_Q6K + 1024 + 512)
+#define EI_PK_HDR_Q3K 144
+#define EI_PK_Q3K_BYTES (EI_PK_HDR_Q3K + 512 + 256)
 #define EI_PK_HDR_IQ4XS 80
 #define EI_PK_IQ4XS_BYTES (EI_PK_HDR_IQ4XS + 1024)
 
@@ -180,6 +186,8 @@ void ei_packed_q5_1_x16_vnni(const void *, int64_t, const void *, int64_t, float
 void ei_packed_q8_0_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_nl_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 EI_PACKED_DECL(iq4_xs, vnni)
+EI_PACKED_DECL(q3_k, vnni)
+void ei_packed_q3_k_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_xs_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
     EI_PACKED_DECL8(name, sfx)                                                                              \
@@ -200,6 +208,7 @@ void ei_packed_q5_1_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_nl_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_xs_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q3_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_R16_DECL(name)                                                                            \
     void ei_packed_##name##_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);    \
     void ei_packed_##name##_x4r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);

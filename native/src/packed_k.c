@@ -1,4 +1,4 @@
-/* Row-interleaved ("packed") K-quant weights: Q4_K, Q5_K, Q6_K, and IQ4_XS's super-blocks
+/* Row-interleaved ("packed") K-quant weights: Q3_K, Q4_K, Q5_K, Q6_K, and IQ4_XS's super-blocks
  * (layouts in packed.h). Packing unpacks each super-block's 6-bit scales and mins once, at
  * load; the kernels then run the same 8-rows-per-vector integer dots as the
  * 32-block types, one activation block (32 elements) at a time. The scalar
@@ -16,6 +16,7 @@ size_t ei_packed_k_unit_bytes(int type) {
     case EI_TYPE_Q5_K: return EI_PK_Q5K_BYTES;
     case EI_TYPE_Q6_K: return EI_PK_Q6K_BYTES;
     case EI_TYPE_IQ4_XS: return EI_PK_IQ4XS_BYTES;
+    case EI_TYPE_Q3_K: return EI_PK_Q3K_BYTES;
     default: return 0;
     }
 }
@@ -81,9 +82,24 @@ static void pack_iq4xs(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, ui
     }
 }
 
+static void pack_q3k(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
+    int8_t *sc = (int8_t *)(out + 16);
+    for (int r = 0; r < EI_PACK_ROWS; r++) {
+        const block_q3_K *blk = (const block_q3_K *)src + (g * EI_PACK_ROWS + r) * nsb + b;
+        memcpy(out + 2 * r, &blk->d, 2);
+        for (int s = 0; s < 16; s++) sc[8 * s + r] = (int8_t)ei_q3k_scale(blk->scales, s);
+        for (int k = 0; k < 8; k++) {
+            for (int h = 0; h < 2; h++)
+                memcpy(out + EI_PK_HDR_Q3K + 256 * h + 32 * k + 4 * r, blk->qs + 32 * h + 4 * k, 4);
+            memcpy(out + EI_PK_HDR_Q3K + 512 + 32 * k + 4 * r, blk->hmask + 4 * k, 4);
+        }
+    }
+}
+
 static void pack_unit(int type, const uint8_t *w, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
     if (type == EI_TYPE_Q6_K) pack_q6k(w, nsb, g, b, out);
     else if (type == EI_TYPE_IQ4_XS) pack_iq4xs(w, nsb, g, b, out);
+    else if (type == EI_TYPE_Q3_K) pack_q3k(w, nsb, g, b, out);
     else pack_q45k(type, w, nsb, g, b, out);
 }
 
@@ -171,6 +187,22 @@ static void unpack_iq4xs(const uint8_t *p, int r, uint8_t *out) {
     memcpy(&blk->scales_h, &h, 2);
 }
 
+static void unpack_q3k(const uint8_t *p, int r, uint8_t *out) {
+    block_q3_K *blk = (block_q3_K *)out;
+    const int8_t *sc = (const int8_t *)(p + 16);
+    memcpy(&blk->d, p + 2 * r, 2);
+    memset(blk->scales, 0, sizeof blk->scales);
+    for (int s = 0; s < 16; s++) {   /* blocks.h's 6-bit packing */
+        const int v = sc[8 * s + r] + 32;
+        blk->scales[s % 8] |= (uint8_t)((v & 15) << (s < 8 ? 0 : 4));
+        blk->scales[8 + s % 4] |= (uint8_t)((v >> 4) << (2 * (s / 4)));
+    }
+    for (int k = 0; k < 8; k++) {
+        for (int h = 0; h < 2; h++) memcpy(blk->qs + 32 * h + 4 * k, p + EI_PK_HDR_Q3K + 256 * h + 32 * k + 4 * r, 4);
+        memcpy(blk->hmask + 4 * k, p + EI_PK_HDR_Q3K + 512 + 32 * k + 4 * r, 4);
+    }
+}
+
 void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, int64_t paired, void *dst) {
     const int64_t nsb = n_cols / QKK;
     const size_t ub = ei_packed_k_unit_bytes(type), bs = (size_t)ei_row_bytes(type, QKK);
@@ -185,6 +217,7 @@ void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, 
         uint8_t *blk = (uint8_t *)dst + (size_t)b * bs;
         if (type == EI_TYPE_Q6_K) unpack_q6k(p, (int)(row % EI_PACK_ROWS), blk);
         else if (type == EI_TYPE_IQ4_XS) unpack_iq4xs(p, (int)(row % EI_PACK_ROWS), blk);
+        else if (type == EI_TYPE_Q3_K) unpack_q3k(p, (int)(row % EI_PACK_ROWS), blk);
         else unpack_q45k(type, p, (int)(row % EI_PACK_ROWS), blk);
     }
 }
