@@ -464,7 +464,7 @@ def test_k_quants_take_the_packed_path(internal):
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-                                  "IQ4_XS", "Q3_K"])
+                                  "IQ4_XS", "Q3_K", "Q2_K"])
 def test_kernel_matmul_packed_rows(name):
     """Row counts that are multiples of 8 go through the row-interleaved kernels:
     close to the per-row dot (a different float order) at 1-4 threads, and a
@@ -493,7 +493,7 @@ def test_kernel_matmul_packed_rows(name):
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-                                  "IQ4_XS", "Q3_K"])
+                                  "IQ4_XS", "Q3_K", "Q2_K"])
 def test_unpack_row_gives_back_the_gguf_row(internal, name):
     """ei_unpack_row reads each row's GGUF bytes back out of its packed copy (a tied embedding's
     lookup does): every byte of random rows, through each SIMD level's layout (AVX-512's row pairs
@@ -519,7 +519,8 @@ def test_unpack_row_gives_back_the_gguf_row(internal, name):
 
 # byte offsets of the fp16 fields of each packed type's block (all other bytes are quants or scales)
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,),
-              "IQ4_XS": (0,), "Q3_K": (108,), **K_SCALE_FIELDS}
+              "IQ4_XS": (0,), "Q3_K": (108,), "Q2_K": (80, 82),
+              **K_SCALE_FIELDS}
 
 
 @pytest.mark.parametrize("name", list(F16_FIELDS))

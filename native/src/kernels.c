@@ -169,7 +169,7 @@ int64_t ei_row_bytes(int type, int64_t n) {
     X(EI_TYPE_Q4_0, q4_0) X(EI_TYPE_Q4_1, q4_1) X(EI_TYPE_Q5_0, q5_0) X(EI_TYPE_Q5_1, q5_1)             \
     X(EI_TYPE_Q8_0, q8_0) X(EI_TYPE_Q4_K, q4_k) X(EI_TYPE_Q5_K, q5_k) X(EI_TYPE_Q6_K, q6_k)
 /* The smaller types llama.cpp writes (Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS): per-row dots on their
- * GGUF layout (scalar dequantizers); AVX-512 packs all but Q2_K */
+ * GGUF layout (scalar dequantizers); AVX-512 VNNI packs them */
 #define GGUF_LAYOUT_TYPES(X) \
     X(EI_TYPE_Q2_K, q2_k) X(EI_TYPE_Q3_K, q3_k) X(EI_TYPE_IQ4_NL, iq4_nl) X(EI_TYPE_IQ4_XS, iq4_xs)
 
@@ -253,13 +253,14 @@ static void fill_avx512(ei_kernels *k) {
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q8_0, q8_0, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q4_K, q4_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, vnni, 16)
-    /* VNNI only: IQ4's values + 128 and Q3_K's scaled sums would overflow maddubs's int16 pairs */
+    /* VNNI only: IQ4's values + 128 would overflow maddubs's int16 pairs; Q2_K's and Q3_K's
+     * kernels are written for vpdpbusd only */
     PACKED_WIDE(EI_TYPE_IQ4_NL, iq4_nl, vnni, 16) PACKED_WIDE(EI_TYPE_IQ4_XS, iq4_xs, vnni, 16)
-    PACKED_WIDE(EI_TYPE_Q3_K, q3_k, vnni, 16)
+    PACKED_WIDE(EI_TYPE_Q2_K, q2_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q3_K, q3_k, vnni, 16)
 #define XW2(T, name) k->packed[T].xw_2g = ei_packed_##name##_x16r16_vnni;
     XW2(EI_TYPE_Q4_0, q4_0) XW2(EI_TYPE_Q4_1, q4_1) XW2(EI_TYPE_Q5_0, q5_0) XW2(EI_TYPE_Q5_1, q5_1)
     XW2(EI_TYPE_Q8_0, q8_0) XW2(EI_TYPE_Q4_K, q4_k) XW2(EI_TYPE_Q5_K, q5_k) XW2(EI_TYPE_Q6_K, q6_k)
-    XW2(EI_TYPE_IQ4_NL, iq4_nl) XW2(EI_TYPE_IQ4_XS, iq4_xs) XW2(EI_TYPE_Q3_K, q3_k)
+    XW2(EI_TYPE_IQ4_NL, iq4_nl) XW2(EI_TYPE_IQ4_XS, iq4_xs) XW2(EI_TYPE_Q2_K, q2_k) XW2(EI_TYPE_Q3_K, q3_k)
 #undef XW2
     /* The 32-element-block types and Q4_K run every token count on 16-row kernels, their row
      * pairs packed unit by unit (packed.h): at one token 1.31-1.41x the 8-row kernels' rate on

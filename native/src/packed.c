@@ -463,6 +463,61 @@ PACKED_Q3K_FN(q3_k_x1_vnni, 1)
 PACKED_Q3K_FN(q3_k_x4_vnni, 4)
 PACKED_Q3K_FN(q3_k_x16_vnni, 16)
 
+/* Q2_K (packed.h) over 8 rows, NT tokens. Per activation block j and token:
+ *   acc += (sc_2j * sum_lo q a + sc_2j+1 * sum_hi q a) * (d * a_j.d)
+ *          - (m_2j * sum_lo a + m_2j+1 * sum_hi a) * (dmin * a_j.d)
+ * the halves' activation sums from the row's half sums (-32 * the sum, so dmin / 32 stands for -dmin; exact as
+ * every product and sum here is below 2^24). */
+#define PACKED_Q2K_FN(NAME, NT)                                                                           \
+    T_VNNI void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,   \
+                                 float *y, int64_t ldy) {                                                \
+        const uint8_t *p = packed;                                                                       \
+        const __m256i m3 = _mm256_set1_epi8(3);                                                          \
+        __m256 acc[NT];                                                                                  \
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                       \
+        for (int64_t b = 0; b < nsb; b++, p += EI_PK_Q2K_BYTES) {                                        \
+            if (NT == 1) ei_prefetch_ahead(p, EI_PK_Q2K_BYTES);                                          \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                      \
+            const __m256 mv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))), \
+                                            _mm256_set1_ps(1.0f / 32));                                 \
+            for (int j = 0; j < 8; j++) {                                                                \
+                const __m256i sm = _mm256_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * j))); \
+                const __m256i smh = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 40 + 16 * j))); \
+                const __m256 sclo = _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15)));      \
+                const __m256 schi = _mm256_cvtepi32_ps(_mm256_and_si256(smh, _mm256_set1_epi32(15)));     \
+                const __m256 mlo = _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4));                          \
+                const __m256 mhi = _mm256_cvtepi32_ps(_mm256_srli_epi32(smh, 4));                         \
+                const uint8_t *q = p + EI_PK_HDR_Q2K + 256 * (j >> 2);                                   \
+                const __m128i sh = _mm_cvtsi32_si128(2 * (j & 3));                                       \
+                __m256i w[8];                                                                            \
+                for (int m = 0; m < 8; m++)                                                              \
+                    w[m] = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * m)), sh), m3); \
+                _Pragma("GCC unroll 16")                                                                 \
+                for (int t = 0; t < NT; t++) {                                                           \
+                    const uint8_t *row = (const uint8_t *)act + t * act_stride;                          \
+                    const ei_q8a *a = (const ei_q8a *)row + 8 * b + j;                                   \
+                    const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + j);                \
+                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                    \
+                    for (int m = 0; m < 4; m++) {                                                        \
+                        s0 = _mm256_dpbusd_epi32(s0, w[m], ei_bcast4(a->q + 4 * m));                     \
+                        s1 = _mm256_dpbusd_epi32(s1, w[m + 4], ei_bcast4(a->q + 16 + 4 * m));            \
+                    }                                                                                    \
+                    const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), schi,                    \
+                                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s0), sclo));    \
+                    const __m256 msum = _mm256_fmadd_ps(mhi, _mm256_set1_ps((float)hs[1]),               \
+                                                        _mm256_mul_ps(mlo, _mm256_set1_ps((float)hs[0])));\
+                    const __m256 ad = _mm256_set1_ps(a->d);                                              \
+                    acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, ad), acc[t]);                       \
+                    acc[t] = _mm256_fmadd_ps(msum, _mm256_mul_ps(mv, ad), acc[t]);                       \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+        for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);                              \
+    }
+PACKED_Q2K_FN(q2_k_x1_vnni, 1)
+PACKED_Q2K_FN(q2_k_x4_vnni, 4)
+PACKED_Q2K_FN(q2_k_x16_vnni, 16)
+
 /* one token over two row groups far apart (kernels.c says where they run) */
 PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)
 PACKED_FAR_FN(q8_0, DOT_AVX2_Q8, 0, 0, 0, 0.0f)
@@ -628,6 +683,50 @@ T_ZMM void ei_packed_q3_k_x16r16_vnni(const void *packed, int64_t nsb, const voi
                 }
                 const __m512 isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), schi, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), sclo));
                 acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* Q2_K's 16 tokens over two consecutive row groups (never in row pairs): PACKED_Q2K_FN's
+ * operations per lane, bit for bit. */
+T_ZMM void ei_packed_q2_k_x16r16_vnni(const void *packed, int64_t nsb, const void *act, int64_t act_stride, float *y,
+                                      int64_t ldy) {
+    enum { NT = 16 };
+    const size_t gs = (size_t)nsb * EI_PK_Q2K_BYTES;
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const uint8_t *p = packed;
+    __m512 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++, p += EI_PK_Q2K_BYTES) {
+        const __m512 dv = zh2f(p, gs);
+        const __m512 mv = _mm512_mul_ps(zh2f(p + 16, gs), _mm512_set1_ps(1.0f / 32));
+        for (int j = 0; j < 8; j++) {
+            const __m512i sm = _mm512_cvtepu8_epi32(zld8x2(p + 32 + 16 * j, gs));
+            const __m512i smh = _mm512_cvtepu8_epi32(zld8x2(p + 40 + 16 * j, gs));
+            const __m512 sclo = _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15)));
+            const __m512 schi = _mm512_cvtepi32_ps(_mm512_and_si512(smh, _mm512_set1_epi32(15)));
+            const __m512 mlo = _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4));
+            const __m512 mhi = _mm512_cvtepi32_ps(_mm512_srli_epi32(smh, 4));
+            const uint8_t *q = p + EI_PK_HDR_Q2K + 256 * (j >> 2);
+            const __m128i sh = _mm_cvtsi32_si128(2 * (j & 3));
+            __m512i w[8];
+            for (int m = 0; m < 8; m++) w[m] = _mm512_and_si512(_mm512_srl_epi16(zld2(q + 32 * m, gs), sh), m3);
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *row = (const uint8_t *)act + t * act_stride;
+                const ei_q8a *a = (const ei_q8a *)row + 8 * b + j;
+                const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + j);
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int m = 0; m < 4; m++) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[m], zbcast4(a->q + 4 * m));
+                    s1 = _mm512_dpbusd_epi32(s1, w[m + 4], zbcast4(a->q + 16 + 4 * m));
+                }
+                const __m512 isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), schi, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), sclo));
+                const __m512 msum = _mm512_fmadd_ps(mhi, _mm512_set1_ps((float)hs[1]), _mm512_mul_ps(mlo, _mm512_set1_ps((float)hs[0])));
+                const __m512 ad = _mm512_set1_ps(a->d);
+                acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, ad), acc[t]);
+                acc[t] = _mm512_fmadd_ps(msum, _mm512_mul_ps(mv, ad), acc[t]);
             }
         }
     }

@@ -37,6 +37,9 @@
  *     group k < 8 holds GGUF qs[32h + 4k ..+3] of each row | hmask: group k holds hmask[4k ..+3]
  *     of each row. x = (d * sc) * q, q = the two low bits - 4 + 4 * the hmask bit; 912 bytes for
  *     the 880 of GGUF. Never in row pairs.
+ *   Q2_K (AVX-512 VNNI): f16 d[8] | f16 dmin[8] | u8 scale and min of each 16-element group [16][8]
+ *     (GGUF's byte: the scale in the low nibble) | the two low bits as Q3_K's. x = (d * sc) * q -
+ *     (dmin * m); 672 bytes, GGUF's. Never in row pairs.
  *   IQ4_XS (AVX-512 VNNI): f16 d[8] | i8 sc[8][8] (the 6-bit scales minus 32) | sub-block s < 8:
  *     IQ4_NL's 128 bytes from GGUF qs[16s ..]. x = (d * sc) * values[idx]; 1,104 bytes for the
  *     1,088 of GGUF. Never in row pairs.
@@ -68,6 +71,8 @@
 #define EI_PK_Q6K_BYTES (EI_PK_HDR_Q6K + 1024 + 512)
 #define EI_PK_HDR_Q3K 144
 #define EI_PK_Q3K_BYTES (EI_PK_HDR_Q3K + 512 + 256)
+#define EI_PK_HDR_Q2K 160
+#define EI_PK_Q2K_BYTES (EI_PK_HDR_Q2K + 512)
 #define EI_PK_HDR_IQ4XS 80
 #define EI_PK_IQ4XS_BYTES (EI_PK_HDR_IQ4XS + 1024)
 
@@ -187,6 +192,8 @@ void ei_packed_q8_0_x16_vnni(const void *, int64_t, const void *, int64_t, float
 void ei_packed_iq4_nl_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 EI_PACKED_DECL(iq4_xs, vnni)
 EI_PACKED_DECL(q3_k, vnni)
+EI_PACKED_DECL(q2_k, vnni)
+void ei_packed_q2_k_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q3_k_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_xs_x16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_DECL_K(name, sfx)                                                                         \
@@ -209,6 +216,7 @@ void ei_packed_q8_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, fl
 void ei_packed_iq4_nl_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_iq4_xs_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q3_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
+void ei_packed_q2_k_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
 #define EI_PACKED_R16_DECL(name)                                                                            \
     void ei_packed_##name##_x1r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);    \
     void ei_packed_##name##_x4r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);

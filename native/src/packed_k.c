@@ -1,4 +1,4 @@
-/* Row-interleaved ("packed") K-quant weights: Q3_K, Q4_K, Q5_K, Q6_K, and IQ4_XS's super-blocks
+/* Row-interleaved ("packed") K-quant weights: Q2_K to Q6_K, and IQ4_XS's super-blocks
  * (layouts in packed.h). Packing unpacks each super-block's 6-bit scales and mins once, at
  * load; the kernels then run the same 8-rows-per-vector integer dots as the
  * 32-block types, one activation block (32 elements) at a time. The scalar
@@ -17,6 +17,7 @@ size_t ei_packed_k_unit_bytes(int type) {
     case EI_TYPE_Q6_K: return EI_PK_Q6K_BYTES;
     case EI_TYPE_IQ4_XS: return EI_PK_IQ4XS_BYTES;
     case EI_TYPE_Q3_K: return EI_PK_Q3K_BYTES;
+    case EI_TYPE_Q2_K: return EI_PK_Q2K_BYTES;
     default: return 0;
     }
 }
@@ -96,10 +97,22 @@ static void pack_q3k(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint
     }
 }
 
+static void pack_q2k(const uint8_t *src, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
+    for (int r = 0; r < EI_PACK_ROWS; r++) {
+        const block_q2_K *blk = (const block_q2_K *)src + (g * EI_PACK_ROWS + r) * nsb + b;
+        memcpy(out + 2 * r, &blk->d, 2);
+        memcpy(out + 16 + 2 * r, &blk->dmin, 2);
+        for (int s = 0; s < 16; s++) out[32 + 8 * s + r] = blk->scales[s];
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 8; k++) memcpy(out + EI_PK_HDR_Q2K + 256 * h + 32 * k + 4 * r, blk->qs + 32 * h + 4 * k, 4);
+    }
+}
+
 static void pack_unit(int type, const uint8_t *w, int64_t nsb, int64_t g, int64_t b, uint8_t *out) {
     if (type == EI_TYPE_Q6_K) pack_q6k(w, nsb, g, b, out);
     else if (type == EI_TYPE_IQ4_XS) pack_iq4xs(w, nsb, g, b, out);
     else if (type == EI_TYPE_Q3_K) pack_q3k(w, nsb, g, b, out);
+    else if (type == EI_TYPE_Q2_K) pack_q2k(w, nsb, g, b, out);
     else pack_q45k(type, w, nsb, g, b, out);
 }
 
@@ -203,6 +216,15 @@ static void unpack_q3k(const uint8_t *p, int r, uint8_t *out) {
     }
 }
 
+static void unpack_q2k(const uint8_t *p, int r, uint8_t *out) {
+    block_q2_K *blk = (block_q2_K *)out;
+    memcpy(&blk->d, p + 2 * r, 2);
+    memcpy(&blk->dmin, p + 16 + 2 * r, 2);
+    for (int s = 0; s < 16; s++) blk->scales[s] = p[32 + 8 * s + r];
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 8; k++) memcpy(blk->qs + 32 * h + 4 * k, p + EI_PK_HDR_Q2K + 256 * h + 32 * k + 4 * r, 4);
+}
+
 void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, int64_t paired, void *dst) {
     const int64_t nsb = n_cols / QKK;
     const size_t ub = ei_packed_k_unit_bytes(type), bs = (size_t)ei_row_bytes(type, QKK);
@@ -218,6 +240,7 @@ void ei_unpack_k_row(int type, const void *packed, int64_t n_cols, int64_t row, 
         if (type == EI_TYPE_Q6_K) unpack_q6k(p, (int)(row % EI_PACK_ROWS), blk);
         else if (type == EI_TYPE_IQ4_XS) unpack_iq4xs(p, (int)(row % EI_PACK_ROWS), blk);
         else if (type == EI_TYPE_Q3_K) unpack_q3k(p, (int)(row % EI_PACK_ROWS), blk);
+        else if (type == EI_TYPE_Q2_K) unpack_q2k(p, (int)(row % EI_PACK_ROWS), blk);
         else unpack_q45k(type, p, (int)(row % EI_PACK_ROWS), blk);
     }
 }
