@@ -170,7 +170,7 @@ int64_t ei_row_bytes(int type, int64_t n) {
     X(EI_TYPE_Q8_0, q8_0) X(EI_TYPE_Q4_K, q4_k) X(EI_TYPE_Q5_K, q5_k) X(EI_TYPE_Q6_K, q6_k)
 /* The smaller types llama.cpp writes (Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS): per-row dots on their
  * GGUF layout (scalar dequantizers); AVX-512 VNNI packs them */
-#define GGUF_LAYOUT_TYPES(X) \
+#define SMALL_TYPES(X) \
     X(EI_TYPE_Q2_K, q2_k) X(EI_TYPE_Q3_K, q3_k) X(EI_TYPE_IQ4_NL, iq4_nl) X(EI_TYPE_IQ4_XS, iq4_xs)
 
 #define SET_DEQ(T, name, sfx) k->dequant[T] = ei_deq_##name##_##sfx;
@@ -185,8 +185,8 @@ int64_t ei_row_bytes(int type, int64_t n) {
 
 /* The references: every type, F16 and Q8_0 attention through ei_attn_pick's fallback. */
 static void fill_scalar(ei_kernels *k) {
-    FLOAT_TYPES(DEQ_SCALAR) QUANT_TYPES(DEQ_SCALAR) GGUF_LAYOUT_TYPES(DEQ_SCALAR)
-    FLOAT_TYPES(DOT_SCALAR) QUANT_TYPES(DOT_SCALAR) GGUF_LAYOUT_TYPES(DOT_SCALAR)
+    FLOAT_TYPES(DEQ_SCALAR) QUANT_TYPES(DEQ_SCALAR) SMALL_TYPES(DEQ_SCALAR)
+    FLOAT_TYPES(DOT_SCALAR) QUANT_TYPES(DOT_SCALAR) SMALL_TYPES(DOT_SCALAR)
     k->quantize_act = ei_quantize_act_scalar;
     k->swiglu = ei_swiglu_scalar;
     k->geglu = ei_geglu_scalar;
@@ -211,7 +211,7 @@ static void fill_scalar(ei_kernels *k) {
 
 static void fill_avx2(ei_kernels *k) {
     FLOAT_TYPES(DEQ_AVX2) QUANT_TYPES(DEQ_AVX2)
-    FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2) GGUF_LAYOUT_TYPES(DOT_AVX2)
+    FLOAT_TYPES(DOT_AVX2) QUANT_TYPES(DOT_AVX2) SMALL_TYPES(DOT_AVX2)
     k->quantize_act = ei_quantize_act_avx2;
     PACKED_WIDE(EI_TYPE_Q4_0, q4_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, avx2, 8)
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, avx2, 8) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, avx2, 8)
@@ -246,8 +246,8 @@ static int amd_zen4(void) {
 static void fill_avx512(ei_kernels *k) {
     fill_avx2(k);
     for (int t = 0; t < EI_TYPE_IDS; t++) k->packed[t].x1_far = NULL;   /* other layouts here (row pairs) */
-    FLOAT_TYPES(DOT_AVX512) QUANT_TYPES(DOT_AVX512) GGUF_LAYOUT_TYPES(DOT_AVX512)
-    QUANT_TYPES(DOT4_AVX512) GGUF_LAYOUT_TYPES(DOT4_AVX512)
+    FLOAT_TYPES(DOT_AVX512) QUANT_TYPES(DOT_AVX512) SMALL_TYPES(DOT_AVX512)
+    QUANT_TYPES(DOT4_AVX512) SMALL_TYPES(DOT4_AVX512)
     k->quantize_act = ei_quantize_act_avx512;
     PACKED_WIDE(EI_TYPE_Q4_0, q4_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q4_1, q4_1, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, vnni, 16)
@@ -307,9 +307,9 @@ static void fill_neon(ei_kernels *k, int dotprod) {
     FLOAT_TYPES(DEQ_NEON) QUANT_TYPES(DEQ_NEON)
     FLOAT_TYPES(DOT_NEON)
     if (dotprod) {
-        QUANT_TYPES(DOT_NEONDOT) GGUF_LAYOUT_TYPES(DOT_NEONDOT)
+        QUANT_TYPES(DOT_NEONDOT) SMALL_TYPES(DOT_NEONDOT)
     } else {
-        QUANT_TYPES(DOT_NEON) GGUF_LAYOUT_TYPES(DOT_NEON)
+        QUANT_TYPES(DOT_NEON) SMALL_TYPES(DOT_NEON)
     }
     k->quantize_act = ei_quantize_act_neon;
     /* the K-quants are packed (packed_k_neon.c); the 32-block types keep their GGUF layout here */

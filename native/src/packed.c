@@ -422,7 +422,8 @@ static inline __attribute__((always_inline)) T_VNNI __m256i q3k_u(const uint8_t 
     const int h = j >> 2, k = j & 3, bit = 4 * h + k;
     const __m256i lo = _mm256_loadu_si256((const __m256i *)(p + EI_PK_HDR_Q3K + 256 * h + 32 * m));
     const __m256i hm = _mm256_loadu_si256((const __m256i *)(p + EI_PK_HDR_Q3K + 512 + 32 * m));
-    const __m256i hb = bit >= 2 ? _mm256_srl_epi16(hm, _mm_cvtsi32_si128(bit - 2)) : _mm256_sll_epi16(hm, _mm_cvtsi32_si128(2 - bit));
+    const __m256i hb = bit >= 2 ? _mm256_srl_epi16(hm, _mm_cvtsi32_si128(bit - 2))
+                                : _mm256_sll_epi16(hm, _mm_cvtsi32_si128(2 - bit));   /* the bit to 4 */
     return _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)),
                            _mm256_and_si256(hb, _mm256_set1_epi8(4)));
 }
@@ -437,8 +438,9 @@ static inline __attribute__((always_inline)) T_VNNI __m256i q3k_u(const uint8_t 
             if (NT == 1) ei_prefetch_ahead(p, EI_PK_Q3K_BYTES);                                          \
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                      \
             for (int j = 0; j < 8; j++) {                                                                \
-                const __m256 sclo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16 + 16 * j)))); \
-                const __m256 schi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 24 + 16 * j)))); \
+                const __m128i scb = _mm_loadu_si128((const __m128i *)(p + 16 + 16 * j));                \
+                const __m256 sclo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb));                       \
+                const __m256 schi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scb, 8)));    \
                 __m256i w[8];                                                                            \
                 for (int m = 0; m < 8; m++) w[m] = q3k_u(p, j, m);                                       \
                 _Pragma("GCC unroll 16")                                                                 \
@@ -466,8 +468,8 @@ PACKED_Q3K_FN(q3_k_x16_vnni, 16)
 /* Q2_K (packed.h) over 8 rows, NT tokens. Per activation block j and token:
  *   acc += (sc_2j * sum_lo q a + sc_2j+1 * sum_hi q a) * (d * a_j.d)
  *          - (m_2j * sum_lo a + m_2j+1 * sum_hi a) * (dmin * a_j.d)
- * the halves' activation sums from the row's half sums (-32 * the sum, so dmin / 32 stands for -dmin; exact as
- * every product and sum here is below 2^24). */
+ * the halves' activation sums from the row's half sums (-32 * the sum, so dmin / 32 stands for
+ * -dmin; exact as every product and sum here is below 2^24). */
 #define PACKED_Q2K_FN(NAME, NT)                                                                           \
     T_VNNI void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,   \
                                  float *y, int64_t ldy) {                                                \
@@ -491,7 +493,8 @@ PACKED_Q3K_FN(q3_k_x16_vnni, 16)
                 const __m128i sh = _mm_cvtsi32_si128(2 * (j & 3));                                       \
                 __m256i w[8];                                                                            \
                 for (int m = 0; m < 8; m++)                                                              \
-                    w[m] = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * m)), sh), m3); \
+                    w[m] = _mm256_and_si256(                                                             \
+                        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(q + 32 * m)), sh), m3);    \
                 _Pragma("GCC unroll 16")                                                                 \
                 for (int t = 0; t < NT; t++) {                                                           \
                     const uint8_t *row = (const uint8_t *)act + t * act_stride;                          \
@@ -653,7 +656,8 @@ ZINL __m512i zq3k_u(const uint8_t *p, size_t gs, int j, int m) {
     const int h = j >> 2, k = j & 3, bit = 4 * h + k;
     const __m512i lo = zld2(p + EI_PK_HDR_Q3K + 256 * h + 32 * m, gs);
     const __m512i hm = zld2(p + EI_PK_HDR_Q3K + 512 + 32 * m, gs);
-    const __m512i hb = bit >= 2 ? _mm512_srl_epi16(hm, _mm_cvtsi32_si128(bit - 2)) : _mm512_sll_epi16(hm, _mm_cvtsi32_si128(2 - bit));
+    const __m512i hb = bit >= 2 ? _mm512_srl_epi16(hm, _mm_cvtsi32_si128(bit - 2))
+                                : _mm512_sll_epi16(hm, _mm_cvtsi32_si128(2 - bit));
     return _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(lo, _mm_cvtsi32_si128(2 * k)), _mm512_set1_epi8(3)),
                            _mm512_and_si512(hb, _mm512_set1_epi8(4)));
 }
@@ -681,7 +685,8 @@ T_ZMM void ei_packed_q3_k_x16r16_vnni(const void *packed, int64_t nsb, const voi
                     s0 = _mm512_dpbusd_epi32(s0, w[m], zbcast4(a->q + 4 * m));
                     s1 = _mm512_dpbusd_epi32(s1, w[m + 4], zbcast4(a->q + 16 + 4 * m));
                 }
-                const __m512 isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), schi, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), sclo));
+                const __m512 isum =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), schi, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), sclo));
                 acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
             }
         }
@@ -722,8 +727,10 @@ T_ZMM void ei_packed_q2_k_x16r16_vnni(const void *packed, int64_t nsb, const voi
                     s0 = _mm512_dpbusd_epi32(s0, w[m], zbcast4(a->q + 4 * m));
                     s1 = _mm512_dpbusd_epi32(s1, w[m + 4], zbcast4(a->q + 16 + 4 * m));
                 }
-                const __m512 isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), schi, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), sclo));
-                const __m512 msum = _mm512_fmadd_ps(mhi, _mm512_set1_ps((float)hs[1]), _mm512_mul_ps(mlo, _mm512_set1_ps((float)hs[0])));
+                const __m512 isum =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), schi, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), sclo));
+                const __m512 msum =
+                    _mm512_fmadd_ps(mhi, _mm512_set1_ps((float)hs[1]), _mm512_mul_ps(mlo, _mm512_set1_ps((float)hs[0])));
                 const __m512 ad = _mm512_set1_ps(a->d);
                 acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, ad), acc[t]);
                 acc[t] = _mm512_fmadd_ps(msum, _mm512_mul_ps(mv, ad), acc[t]);

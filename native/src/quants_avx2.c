@@ -424,7 +424,7 @@ AV float ei_dot_q6_k_avx2(int64_t n, const void *row, const void *act) {
     return hsum8(acc);
 }
 
-/* ---------------- types in their GGUF layout (kernels.c's GGUF_LAYOUT_TYPES) ---------------- */
+/* ---------------- the smaller types (kernels.c's SMALL_TYPES) ---------------- */
 
 /* 32 bytes of the two-bit quants of activation block j of a Q2_K / Q3_K super-block */
 static inline AV __m256i k2bits(const uint8_t *qs, int j) {

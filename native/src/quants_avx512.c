@@ -378,8 +378,8 @@ AX void ei_dot4_q4_k_avx512(int64_t n, const void *row, const void *act, int64_t
 AX void ei_dot4_q5_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q5k_body(n, row, act, stride, out, 4); }
 AX void ei_dot4_q6_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out) { q6k_body(n, row, act, stride, out, 4); }
 
-/* ---------------- types in their GGUF layout (kernels.c's GGUF_LAYOUT_TYPES) ----------------
- * The same one body for nt tokens each. A 64-element chunk is two activation blocks; the
+/* ---------------- the smaller types (kernels.c's SMALL_TYPES) on their GGUF layout ----------------
+ * (the reference for the packed kernels of packed.c, which the runtime runs). The same one body for nt tokens each. A 64-element chunk is two activation blocks; the
  * 16-element groups of Q2_K / Q3_K are its four 128-bit lanes. */
 
 /* lanes 0..7 = a[0].d, lanes 8..15 = a[1].d */

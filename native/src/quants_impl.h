@@ -112,9 +112,9 @@ EI_DEQ_DECL(scalar)
 EI_DOT_DECL(scalar)
 void ei_quantize_act_scalar(const float *x, int64_t n, ei_q8a *out);
 
-/* The types that keep their GGUF layout at every level (no packed form): a scalar dequantizer
- * and dot everywhere, SIMD dots where written. */
-#define EI_GGUF_LAYOUT_DOT_DECL(isa)                                          \
+/* The smaller types llama.cpp writes (kernels.c's SMALL_TYPES): a scalar dequantizer and dot
+ * everywhere, SIMD dots on their GGUF layout where written (packed.h packs them for VNNI). */
+#define EI_SMALL_TYPES_DOT_DECL(isa)                                          \
     float ei_dot_q2_k_##isa(int64_t n, const void *row, const void *act);     \
     float ei_dot_q3_k_##isa(int64_t n, const void *row, const void *act);     \
     float ei_dot_iq4_nl_##isa(int64_t n, const void *row, const void *act);   \
@@ -123,11 +123,11 @@ void ei_deq_q2_k_scalar(const void *src, float *dst, int64_t n);
 void ei_deq_q3_k_scalar(const void *src, float *dst, int64_t n);
 void ei_deq_iq4_nl_scalar(const void *src, float *dst, int64_t n);
 void ei_deq_iq4_xs_scalar(const void *src, float *dst, int64_t n);
-EI_GGUF_LAYOUT_DOT_DECL(scalar)
+EI_SMALL_TYPES_DOT_DECL(scalar)
 
 #if defined(__x86_64__)
-EI_GGUF_LAYOUT_DOT_DECL(avx2)
-EI_GGUF_LAYOUT_DOT_DECL(avx512)
+EI_SMALL_TYPES_DOT_DECL(avx2)
+EI_SMALL_TYPES_DOT_DECL(avx512)
 void ei_dot4_q2_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
 void ei_dot4_q3_k_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
 void ei_dot4_iq4_nl_avx512(int64_t n, const void *row, const void *act, int64_t stride, float *out);
@@ -151,8 +151,8 @@ void ei_dot4_q6_k_avx512(int64_t n, const void *row, const void *act, int64_t st
 EI_DEQ_DECL(neon)
 EI_DOT_DECL(neon)      /* plain ASIMD */
 EI_DOT_Q_DECL(neondot)   /* ARMv8.2 dotprod build of the integer dots */
-EI_GGUF_LAYOUT_DOT_DECL(neon)
-EI_GGUF_LAYOUT_DOT_DECL(neondot)
+EI_SMALL_TYPES_DOT_DECL(neon)
+EI_SMALL_TYPES_DOT_DECL(neondot)
 void ei_quantize_act_neon(const float *x, int64_t n, ei_q8a *out);
 #endif
 #endif

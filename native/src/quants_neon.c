@@ -550,7 +550,7 @@ EI_DOTATTR float FN(q6_k)(int64_t n, const void *row, const void *act) {
     return acc;
 }
 
-/* ---- types in their GGUF layout (kernels.c's GGUF_LAYOUT_TYPES): the scalar formulas, integer
+/* ---- the smaller types (kernels.c's SMALL_TYPES), in their GGUF layout: the scalar formulas, integer
  * parts exact, one float term (two for Q2_K) per activation block in the scalar order ---- */
 
 EI_DOTATTR float FN(q2_k)(int64_t n, const void *row, const void *act) {
