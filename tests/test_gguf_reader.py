@@ -78,8 +78,12 @@ def test_type_table_matches_gguf_package():
         info = GGML_TYPES[int(t)]
         assert (info.name, info.block_size, info.type_size) == (t.name, bs, ts)
     assert set(GGML_TYPES) == {int(t) for t in GGML_QUANT_SIZES}
-    assert {t.name for t in COMPUTE_TYPES} == {
-        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
+    # the types the reader lets through to the kernels are the native type table's, no more
+    from edgeinfer._native import ffi, lib
+    be, bb = ffi.new("int32_t *"), ffi.new("int32_t *")
+    native = {t for t in GGML_TYPES if lib.ei_type_block(t, be, bb) == 0}
+    assert {int(t) for t in COMPUTE_TYPES} == native
+    assert {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"} <= {t.name for t in COMPUTE_TYPES}
     assert GGMLType.Q4_K == 12 and GGMLType.BF16 == 30
     with pytest.raises(GGUFError, match="removed"):
         ggml_type_info(4)
