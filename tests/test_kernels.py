@@ -449,11 +449,11 @@ def test_kernel_matmul(matmul_terminates, name):
 
 
 def test_k_quants_take_the_packed_path(internal):
-    """Every SIMD level packs Q4_K, Q5_K and Q6_K matrices of 8k rows (so the kernels that
+    """Every x86 SIMD level packs Q2_K to Q6_K and IQ4_XS matrices of 8k rows (so the kernels that
     test_kernel_matmul_packed_rows checks are the ones the runtime uses); the scalar
     reference packs nothing, and shapes the layout cannot hold stay unpacked."""
     _, ilib = internal
-    for name in sorted(K_TYPES):
+    for name in sorted(K_TYPES | {"Q2_K", "Q3_K", "IQ4_XS"}):
         tid = TYPES[name][0]
         for isa in each_level(ISAS):
             k = ilib.ei_kernels_get(isa)

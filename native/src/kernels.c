@@ -169,7 +169,7 @@ int64_t ei_row_bytes(int type, int64_t n) {
     X(EI_TYPE_Q4_0, q4_0) X(EI_TYPE_Q4_1, q4_1) X(EI_TYPE_Q5_0, q5_0) X(EI_TYPE_Q5_1, q5_1)             \
     X(EI_TYPE_Q8_0, q8_0) X(EI_TYPE_Q4_K, q4_k) X(EI_TYPE_Q5_K, q5_k) X(EI_TYPE_Q6_K, q6_k)
 /* The smaller types llama.cpp writes (Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS): per-row dots on their
- * GGUF layout (scalar dequantizers); AVX-512 VNNI packs them */
+ * GGUF layout (scalar dequantizers); AVX2 and AVX-512 pack them */
 #define SMALL_TYPES(X) \
     X(EI_TYPE_Q2_K, q2_k) X(EI_TYPE_Q3_K, q3_k) X(EI_TYPE_IQ4_NL, iq4_nl) X(EI_TYPE_IQ4_XS, iq4_xs)
 
@@ -224,6 +224,9 @@ static void fill_avx2(ei_kernels *k) {
     k->packed[EI_TYPE_Q4_0].x1_far = ei_packed_q4_0_far_avx2;
     k->packed[EI_TYPE_Q4_1].x1_far = ei_packed_q4_1_far_avx2;
     k->packed[EI_TYPE_Q8_0].x1_far = ei_packed_q8_0_far_avx2;
+    /* the smaller types: 1 and 4 tokens a weight pass (IQ4's on Q8_0's signed path) */
+    PACKED(EI_TYPE_Q2_K, q2_k, avx2) PACKED(EI_TYPE_Q3_K, q3_k, avx2)
+    PACKED(EI_TYPE_IQ4_NL, iq4_nl, avx2) PACKED(EI_TYPE_IQ4_XS, iq4_xs, avx2)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
     k->attend[1][0] = (ei_attn_kernel){ei_attend_chunk_q8_avx2, 32, EI_ATTN_MAX_HD, EI_ATTN_MAX_GROUP};
     k->swiglu = ei_swiglu_avx2;
@@ -253,8 +256,6 @@ static void fill_avx512(ei_kernels *k) {
     PACKED_WIDE(EI_TYPE_Q5_0, q5_0, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_1, q5_1, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q8_0, q8_0, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q4_K, q4_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q5_K, q5_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q6_K, q6_k, vnni, 16)
-    /* VNNI only: IQ4's values + 128 would overflow maddubs's int16 pairs; Q2_K's and Q3_K's
-     * kernels are written for vpdpbusd only */
     PACKED_WIDE(EI_TYPE_IQ4_NL, iq4_nl, vnni, 16) PACKED_WIDE(EI_TYPE_IQ4_XS, iq4_xs, vnni, 16)
     PACKED_WIDE(EI_TYPE_Q2_K, q2_k, vnni, 16) PACKED_WIDE(EI_TYPE_Q3_K, q3_k, vnni, 16)
 #define XW2(T, name) k->packed[T].xw_2g = ei_packed_##name##_x16r16_vnni;

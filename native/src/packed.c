@@ -375,12 +375,15 @@ PACKED_FN(q8_0_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 0, 0, 0, 0.0f)
 PACKED_FN(q8_0_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 0, 0, 0, 0.0f)
 PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
+PACKED_FN(iq4_nl_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 2, 0, 0, 0.0f)
+PACKED_FN(iq4_nl_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 2, 0, 0, 0.0f)
 PACKED_FN(iq4_nl_x1_vnni, T_VNNI, DOT_VNNI, 1, 2, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
 /* IQ4_XS (packed.h): per super-block the 8 rows' d, then per sub-block d * sc and IQ4_NL's
- * block step. Each token's operations are the same for every NT. */
-#define PACKED_IQ4XS_FN(NAME, NT)                                                                          \
-    T_VNNI void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,    \
+ * block step (AVX2: Q8_0's signed one, no offset term). Each token's operations are the same for
+ * every NT. */
+#define PACKED_IQ4XS_FN(NAME, NT, TARGET, DOT, OFFSET)                                                   \
+    TARGET void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,    \
                                  float *y, int64_t ldy) {                                                 \
         const uint8_t *p = packed;                                                                        \
         const __m256i m4 = _mm256_set1_epi8(0x0f);                                                        \
@@ -392,7 +395,7 @@ PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
             for (int s = 0; s < 8; s++) {                                                                 \
                 const __m256 dv = _mm256_mul_ps(                                                          \
                     d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16 + 8 * s))))); \
-                const __m256 mv = _mm256_mul_ps(dv, _mm256_set1_ps(-128.0f));                             \
+                const __m256 mv = _mm256_mul_ps(dv, _mm256_set1_ps(-(OFFSET)));                           \
                 const uint8_t *q = p + EI_PK_HDR_IQ4XS + 128 * s;                                         \
                 __m256i w[8];                                                                             \
                 for (int k = 0; k < 4; k++) {                                                             \
@@ -403,22 +406,24 @@ PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
                 _Pragma("GCC unroll 16")                                                                  \
                 for (int t = 0; t < NT; t++) {                                                            \
                     const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + 8 * b + s; \
-                    PACKED_TOKEN(DOT_VNNI, 2, 0, 0, 128.0f, a, dv, mv, w, acc[t])                          \
+                    PACKED_TOKEN(DOT, 2, 0, 0, OFFSET, a, dv, mv, w, acc[t])                               \
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
         for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);                               \
     }
-PACKED_IQ4XS_FN(iq4_xs_x1_vnni, 1)
-PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4)
-PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16)
+PACKED_IQ4XS_FN(iq4_xs_x1_vnni, 1, T_VNNI, DOT_VNNI, 128.0f)
+PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4, T_VNNI, DOT_VNNI, 128.0f)
+PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16, T_VNNI, DOT_VNNI, 128.0f)
+PACKED_IQ4XS_FN(iq4_xs_x1_avx2, 1, T_AVX2, DOT_AVX2_Q8, 0.0f)
+PACKED_IQ4XS_FN(iq4_xs_x4_avx2, 4, T_AVX2, DOT_AVX2_Q8, 0.0f)
 
 /* Q3_K (packed.h) over 8 rows, NT tokens. Per activation block j (elements 32j.., half h = j / 4,
  * shift k = j % 4 of the low bits, hmask bit 4h + k) and token:
  *   acc += (sc_2j * sum_lo q a + sc_2j+1 * sum_hi q a) * (d * a_j.d)
  * with q + 4 (0..7) in the dot and each chain started at -4 * (sum of its half's quants), the
  * activation row's half sums (ei_act_half_sums, -32 * the sum) shifted by 3: exact. */
-static inline __attribute__((always_inline)) T_VNNI __m256i q3k_u(const uint8_t *p, int j, int m) {
+static inline __attribute__((always_inline)) T_AVX2 __m256i q3k_u(const uint8_t *p, int j, int m) {
     const int h = j >> 2, k = j & 3, bit = 4 * h + k;
     const __m256i lo = _mm256_loadu_si256((const __m256i *)(p + EI_PK_HDR_Q3K + 256 * h + 32 * m));
     const __m256i hm = _mm256_loadu_si256((const __m256i *)(p + EI_PK_HDR_Q3K + 512 + 32 * m));
@@ -428,8 +433,18 @@ static inline __attribute__((always_inline)) T_VNNI __m256i q3k_u(const uint8_t 
                            _mm256_and_si256(hb, _mm256_set1_epi8(4)));
 }
 
-#define PACKED_Q3K_FN(NAME, NT)                                                                           \
-    T_VNNI void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,   \
+/* The 4 groups of one 16-element half of a block (weights <= 7) added to s: vpdpbusd, or AVX2's
+ * maddubs run of 4 (|.| <= 4 * 2 * 7 * 127 in int16, exact) and one madd. The same integers. */
+static inline __attribute__((always_inline)) T_VNNI __m256i half_dot_vnni(__m256i s, const __m256i *w, const int8_t *q) {
+    for (int m = 0; m < 4; m++) s = _mm256_dpbusd_epi32(s, w[m], ei_bcast4(q + 4 * m));
+    return s;
+}
+static inline __attribute__((always_inline)) T_AVX2 __m256i half_dot_avx2(__m256i s, const __m256i *w, const int8_t *q) {
+    return _mm256_add_epi32(s, ei_dot_avx2(w, q, 4, 4));
+}
+
+#define PACKED_Q3K_FN(NAME, NT, TARGET, HALF)                                                             \
+    TARGET void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,   \
                                  float *y, int64_t ldy) {                                                \
         const uint8_t *p = packed;                                                                       \
         __m256 acc[NT];                                                                                  \
@@ -448,11 +463,8 @@ static inline __attribute__((always_inline)) T_VNNI __m256i q3k_u(const uint8_t 
                     const uint8_t *row = (const uint8_t *)act + t * act_stride;                          \
                     const ei_q8a *a = (const ei_q8a *)row + 8 * b + j;                                   \
                     const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + j);                \
-                    __m256i s0 = _mm256_set1_epi32(hs[0] >> 3), s1 = _mm256_set1_epi32(hs[1] >> 3);      \
-                    for (int m = 0; m < 4; m++) {                                                        \
-                        s0 = _mm256_dpbusd_epi32(s0, w[m], ei_bcast4(a->q + 4 * m));                     \
-                        s1 = _mm256_dpbusd_epi32(s1, w[m + 4], ei_bcast4(a->q + 16 + 4 * m));            \
-                    }                                                                                    \
+                    const __m256i s0 = HALF(_mm256_set1_epi32(hs[0] >> 3), w, a->q);                     \
+                    const __m256i s1 = HALF(_mm256_set1_epi32(hs[1] >> 3), w + 4, a->q + 16);            \
                     const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), schi,                    \
                                                         _mm256_mul_ps(_mm256_cvtepi32_ps(s0), sclo));    \
                     acc[t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]);     \
@@ -461,17 +473,19 @@ static inline __attribute__((always_inline)) T_VNNI __m256i q3k_u(const uint8_t 
         }                                                                                                \
         for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);                              \
     }
-PACKED_Q3K_FN(q3_k_x1_vnni, 1)
-PACKED_Q3K_FN(q3_k_x4_vnni, 4)
-PACKED_Q3K_FN(q3_k_x16_vnni, 16)
+PACKED_Q3K_FN(q3_k_x1_vnni, 1, T_VNNI, half_dot_vnni)
+PACKED_Q3K_FN(q3_k_x4_vnni, 4, T_VNNI, half_dot_vnni)
+PACKED_Q3K_FN(q3_k_x16_vnni, 16, T_VNNI, half_dot_vnni)
+PACKED_Q3K_FN(q3_k_x1_avx2, 1, T_AVX2, half_dot_avx2)
+PACKED_Q3K_FN(q3_k_x4_avx2, 4, T_AVX2, half_dot_avx2)
 
 /* Q2_K (packed.h) over 8 rows, NT tokens. Per activation block j and token:
  *   acc += (sc_2j * sum_lo q a + sc_2j+1 * sum_hi q a) * (d * a_j.d)
  *          - (m_2j * sum_lo a + m_2j+1 * sum_hi a) * (dmin * a_j.d)
  * the halves' activation sums from the row's half sums (-32 * the sum, so dmin / 32 stands for
  * -dmin; exact as every product and sum here is below 2^24). */
-#define PACKED_Q2K_FN(NAME, NT)                                                                           \
-    T_VNNI void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,   \
+#define PACKED_Q2K_FN(NAME, NT, TARGET, HALF)                                                             \
+    TARGET void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,   \
                                  float *y, int64_t ldy) {                                                \
         const uint8_t *p = packed;                                                                       \
         const __m256i m3 = _mm256_set1_epi8(3);                                                          \
@@ -500,11 +514,8 @@ PACKED_Q3K_FN(q3_k_x16_vnni, 16)
                     const uint8_t *row = (const uint8_t *)act + t * act_stride;                          \
                     const ei_q8a *a = (const ei_q8a *)row + 8 * b + j;                                   \
                     const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + j);                \
-                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                    \
-                    for (int m = 0; m < 4; m++) {                                                        \
-                        s0 = _mm256_dpbusd_epi32(s0, w[m], ei_bcast4(a->q + 4 * m));                     \
-                        s1 = _mm256_dpbusd_epi32(s1, w[m + 4], ei_bcast4(a->q + 16 + 4 * m));            \
-                    }                                                                                    \
+                    const __m256i s0 = HALF(_mm256_setzero_si256(), w, a->q);                            \
+                    const __m256i s1 = HALF(_mm256_setzero_si256(), w + 4, a->q + 16);                   \
                     const __m256 isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), schi,                    \
                                                         _mm256_mul_ps(_mm256_cvtepi32_ps(s0), sclo));    \
                     const __m256 msum = _mm256_fmadd_ps(mhi, _mm256_set1_ps((float)hs[1]),               \
@@ -517,9 +528,11 @@ PACKED_Q3K_FN(q3_k_x16_vnni, 16)
         }                                                                                                \
         for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);                              \
     }
-PACKED_Q2K_FN(q2_k_x1_vnni, 1)
-PACKED_Q2K_FN(q2_k_x4_vnni, 4)
-PACKED_Q2K_FN(q2_k_x16_vnni, 16)
+PACKED_Q2K_FN(q2_k_x1_vnni, 1, T_VNNI, half_dot_vnni)
+PACKED_Q2K_FN(q2_k_x4_vnni, 4, T_VNNI, half_dot_vnni)
+PACKED_Q2K_FN(q2_k_x16_vnni, 16, T_VNNI, half_dot_vnni)
+PACKED_Q2K_FN(q2_k_x1_avx2, 1, T_AVX2, half_dot_avx2)
+PACKED_Q2K_FN(q2_k_x4_avx2, 4, T_AVX2, half_dot_avx2)
 
 /* one token over two row groups far apart (kernels.c says where they run) */
 PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)

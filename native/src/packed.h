@@ -33,14 +33,14 @@
  *     each row (bits 2s..2s+1: block 4h + s). x = (d * sc) * (q - 32). The three
  *     runs of quad h (ql pairs 2h, 2h + 1, qh quad h) alternate in 64-byte pieces
  *     (ei_q6k_ql, ei_q6k_qh), the order in which the one-token kernel reads them.
- *   Q3_K (AVX-512 VNNI): f16 d[8] | i8 sc[16][8] (the 6-bit scales minus 32) | low bits: half h < 2,
+ *   Q3_K: f16 d[8] | i8 sc[16][8] (the 6-bit scales minus 32) | low bits: half h < 2,
  *     group k < 8 holds GGUF qs[32h + 4k ..+3] of each row | hmask: group k holds hmask[4k ..+3]
  *     of each row. x = (d * sc) * q, q = the two low bits - 4 + 4 * the hmask bit; 912 bytes for
  *     the 880 of GGUF. Never in row pairs.
- *   Q2_K (AVX-512 VNNI): f16 d[8] | f16 dmin[8] | u8 scale and min of each 16-element group [16][8]
+ *   Q2_K: f16 d[8] | f16 dmin[8] | u8 scale and min of each 16-element group [16][8]
  *     (GGUF's byte: the scale in the low nibble) | the two low bits as Q3_K's. x = (d * sc) * q -
  *     (dmin * m); 672 bytes, GGUF's. Never in row pairs.
- *   IQ4_XS (AVX-512 VNNI): f16 d[8] | i8 sc[8][8] (the 6-bit scales minus 32) | sub-block s < 8:
+ *   IQ4_XS: f16 d[8] | i8 sc[8][8] (the 6-bit scales minus 32) | sub-block s < 8:
  *     IQ4_NL's 128 bytes from GGUF qs[16s ..]. x = (d * sc) * values[idx]; 1,104 bytes for the
  *     1,088 of GGUF. Never in row pairs.
  * Row pairs (AVX-512): where the table has 16-row kernels for a type (x1_2g), each pair of
@@ -175,6 +175,10 @@ EI_PACKED_DECL8(q5_1, avx2)
 EI_PACKED_DECL8(q8_0, avx2)
 #define EI_PACKED_FAR_DECL(name) \
     void ei_packed_##name##_far_avx2(const void *, const void *, int64_t, const void *, float *, float *);
+EI_PACKED_DECL(iq4_nl, avx2)
+EI_PACKED_DECL(iq4_xs, avx2)
+EI_PACKED_DECL(q3_k, avx2)
+EI_PACKED_DECL(q2_k, avx2)
 EI_PACKED_FAR_DECL(q4_0)
 EI_PACKED_FAR_DECL(q8_0)
 EI_PACKED_FAR_DECL(q4_1)
