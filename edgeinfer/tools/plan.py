@@ -6,7 +6,9 @@ The prediction is the process's peak resident memory (RSS) under load, counted a
 
 * weights: the GGUF file's tensor bytes, less an MTP block's (Qwen3.5's NextN layer after the
   trunk: the trunk never reads it; see "MTP draft" below). The runtime packs every matrix into an arena of its
-  own (``packed_weight_bytes`` in ``Engine.info()``, within 0.1% of the tensor bytes) and drops
+  own (``packed_weight_bytes`` in ``Engine.info()``: the tensor bytes, or up to a few percent more
+  where a type's scales are unpacked at load: 1B-shape files Q4_K_M +1.6%, Q3_K_M +2.2%, IQ4_XS
+  +1.0%; priced here at the tensor bytes) and drops
   the packed tensors' pages of the file mapping; what it does not pack (norms, an untied token
   embedding) it reads from the mapping, and a token embedding tied to the packed head is looked
   up in the packed copy. Each weight byte is resident once;

@@ -75,7 +75,8 @@ static const tinfo TYPES[] = {
     {EI_TYPE_Q4_0, "q4_0", 32, 18},    {EI_TYPE_Q4_1, "q4_1", 32, 20},    {EI_TYPE_Q5_0, "q5_0", 32, 22},
     {EI_TYPE_Q5_1, "q5_1", 32, 24},    {EI_TYPE_Q8_0, "q8_0", 32, 34},    {EI_TYPE_Q4_K, "q4_k", 256, 144},
     {EI_TYPE_Q5_K, "q5_k", 256, 176}, {EI_TYPE_Q6_K, "q6_k", 256, 210},
-    /* GGUF layout at every level (no packed form; SIMD dots, the scalar dequantizers) */
+    /* the smaller types: SIMD dots on the GGUF layout, scalar dequantizers (their packed x86
+     * kernels are checked through ei_kernel_matmul here and in tests/test_kernels.py) */
     {EI_TYPE_Q2_K, "q2_k", 256, 84},   {EI_TYPE_Q3_K, "q3_k", 256, 110},  {EI_TYPE_IQ4_NL, "iq4_nl", 32, 18},
     {EI_TYPE_IQ4_XS, "iq4_xs", 256, 136},
 };
