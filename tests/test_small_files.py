@@ -25,7 +25,7 @@ from tests.support.reference_forward import reference_logits  # noqa: E402
 import edgeinfer  # noqa: E402
 from edgeinfer.gguf import GGUFFile  # noqa: E402
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
 # llama.cpp's file type ids, and the tensor type each must hold in the 256-wide model
 FILE_TYPES = {"Q2_K": (10, "Q2_K"), "Q3_K_S": (11, "Q3_K"), "Q3_K_M": (12, "Q3_K"), "Q3_K_L": (13, "Q3_K"),
