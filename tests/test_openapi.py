@@ -23,6 +23,8 @@ schemathesis = require("schemathesis", "schemathesis checks the server against i
 jsonschema = require("jsonschema", "jsonschema validates the stream events")
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.config import SchemathesisConfig  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
 from tests.test_server import request  # noqa: E402
 
@@ -102,6 +104,16 @@ def test_every_answer_matches_the_document(case):
         cap_generation(case.body, default=length[case.operation.path])
     if case.operation.path in ("/api/chat", "/api/generate"):
         cap_ollama(case.body)
+    if case.operation.path == "/infill":
+        response = case.call(timeout=120)
+        if response.status_code == 501:
+            # SmolLM2 has no fill-in-the-middle tokens: a request valid in every other way gets
+            # llama-server's 501 naming them (documented), not a server fault
+            assert "fill-in-the-middle tokens" in response.json()["error"]["message"], response.text
+            case.validate_response(response, excluded_checks=[not_a_server_error, positive_data_acceptance])
+        else:
+            case.validate_response(response)
+        return
     case.call_and_validate(timeout=120)
 
 
