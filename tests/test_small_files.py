@@ -5,7 +5,8 @@ against llama.cpp running the same file.
 
 Two sources: a random-weight Llama whose rows are all multiples of 256 (so llama.cpp stores the
 K-quant and IQ4_XS types proper, not its fallbacks), and the real SmolLM2 weights (576-wide rows:
-llama.cpp falls back to IQ4_NL there, and stores Q3_K where rows are 1,536 wide)."""
+llama.cpp falls back there, to IQ4_NL in its IQ4_XS file and Q4_0 in its Q2_K file, and stores
+IQ4_XS or Q3_K where rows are 1,536 wide)."""
 from __future__ import annotations
 
 import numpy as np
