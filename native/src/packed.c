@@ -129,10 +129,13 @@ void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_
 #define DOT_VNNI(w, q, bits) ei_dot_vnni(w, q, 8)
 #define DOT_AVX2_Q8(w, q, bits) ei_dot_avx2_q8(w, q, 8)
 
-/* IQ4_NL's 16 values + 128 (unsigned, as Q8_0's packed bytes), in both 128-bit lanes */
+/* IQ4_NL's 16 values + 128 (unsigned, as Q8_0's packed bytes); iq4_table256 in both 128-bit
+ * lanes (the zmm kernels broadcast it to four) */
+static inline __attribute__((always_inline)) T_AVX2 __m128i iq4_table128(void) {
+    return _mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values), _mm_set1_epi8((char)0x80));
+}
 static inline __attribute__((always_inline)) T_AVX2 __m256i iq4_table256(void) {
-    return _mm256_broadcastsi128_si256(
-        _mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values), _mm_set1_epi8((char)0x80)));
+    return _mm256_broadcastsi128_si256(iq4_table128());
 }
 
 /* One block's scales (dv, mv) and weights w[8] unpacked at p (PACKED_BODY's and PACKED_FAR_FN's).
@@ -581,8 +584,7 @@ ZINL void zunpack(const uint8_t *p, size_t gs, int hdr, int four_bit, int five_b
         }
         if (five_bit) zadd_high_bits(w, p + hdr + 128, gs);
         if (four_bit == 2) {
-            const __m512i table = _mm512_broadcast_i32x4(
-                _mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values), _mm_set1_epi8((char)0x80)));
+            const __m512i table = _mm512_broadcast_i32x4(iq4_table128());
             for (int k = 0; k < 8; k++) w[k] = _mm512_shuffle_epi8(table, w[k]);
         }
     } else {
@@ -760,8 +762,7 @@ T_ZMM void ei_packed_iq4_xs_x16r16_vnni(const void *packed, int64_t nsb, const v
     enum { NT = 16 };
     const size_t gs = (size_t)nsb * EI_PK_IQ4XS_BYTES;   /* the second group's super-blocks */
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i table = _mm512_broadcast_i32x4(
-        _mm_xor_si128(_mm_loadu_si128((const __m128i *)ei_iq4nl_values), _mm_set1_epi8((char)0x80)));
+    const __m512i table = _mm512_broadcast_i32x4(iq4_table128());
     const uint8_t *p = packed;
     __m512 acc[NT];
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
