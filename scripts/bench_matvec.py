@@ -41,7 +41,9 @@ void ei_matmul_packed(const ei_kernels *k, int type, const void *packed, int64_t
 
 # name -> (edgeinfer type id, block elements, block bytes, offsets of the block's f16 scales)
 TYPES = {"Q4_0": (2, 32, 18, (0,)), "Q4_1": (3, 32, 20, (0, 2)), "Q5_0": (6, 32, 22, (0,)), "Q8_0": (8, 32, 34, (0,)),
-         "Q4_K": (12, 256, 144, (0, 2)), "Q5_K": (13, 256, 176, (0, 2)), "Q6_K": (14, 256, 210, (208,))}
+         "Q4_K": (12, 256, 144, (0, 2)), "Q5_K": (13, 256, 176, (0, 2)), "Q6_K": (14, 256, 210, (208,)),
+         "Q2_K": (10, 256, 84, (80, 82)), "Q3_K": (11, 256, 110, (108,)), "IQ4_NL": (20, 32, 18, (0,)),
+         "IQ4_XS": (23, 256, 136, (0,))}
 ISA_AVX512, ISA_AVX2 = 2, 1
 
 

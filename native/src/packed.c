@@ -380,6 +380,7 @@ PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 2, 0, 0, 0.0f)
 PACKED_FN(iq4_nl_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 2, 0, 0, 0.0f)
+PACKED_FN(iq4_nl_x8_avx2, T_AVX2, DOT_AVX2_Q8, 8, 2, 0, 0, 0.0f)
 PACKED_FN(iq4_nl_x1_vnni, T_VNNI, DOT_VNNI, 1, 2, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
 /* IQ4_XS (packed.h): per super-block the 8 rows' d, then per sub-block d * sc and IQ4_NL's
@@ -420,6 +421,7 @@ PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4, T_VNNI, DOT_VNNI, 128.0f)
 PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16, T_VNNI, DOT_VNNI, 128.0f)
 PACKED_IQ4XS_FN(iq4_xs_x1_avx2, 1, T_AVX2, DOT_AVX2_Q8, 0.0f)
 PACKED_IQ4XS_FN(iq4_xs_x4_avx2, 4, T_AVX2, DOT_AVX2_Q8, 0.0f)
+PACKED_IQ4XS_FN(iq4_xs_x8_avx2, 8, T_AVX2, DOT_AVX2_Q8, 0.0f)
 
 /* Q3_K (packed.h) over 8 rows, NT tokens. Per activation block j (elements 32j.., half h = j / 4,
  * shift k = j % 4 of the low bits, hmask bit 4h + k) and token:
@@ -481,6 +483,7 @@ PACKED_Q3K_FN(q3_k_x4_vnni, 4, T_VNNI, half_dot_vnni)
 PACKED_Q3K_FN(q3_k_x16_vnni, 16, T_VNNI, half_dot_vnni)
 PACKED_Q3K_FN(q3_k_x1_avx2, 1, T_AVX2, half_dot_avx2)
 PACKED_Q3K_FN(q3_k_x4_avx2, 4, T_AVX2, half_dot_avx2)
+PACKED_Q3K_FN(q3_k_x8_avx2, 8, T_AVX2, half_dot_avx2)
 
 /* Q2_K (packed.h) over 8 rows, NT tokens. Per activation block j and token:
  *   acc += (sc_2j * sum_lo q a + sc_2j+1 * sum_hi q a) * (d * a_j.d)
@@ -536,6 +539,7 @@ PACKED_Q2K_FN(q2_k_x4_vnni, 4, T_VNNI, half_dot_vnni)
 PACKED_Q2K_FN(q2_k_x16_vnni, 16, T_VNNI, half_dot_vnni)
 PACKED_Q2K_FN(q2_k_x1_avx2, 1, T_AVX2, half_dot_avx2)
 PACKED_Q2K_FN(q2_k_x4_avx2, 4, T_AVX2, half_dot_avx2)
+PACKED_Q2K_FN(q2_k_x8_avx2, 8, T_AVX2, half_dot_avx2)
 
 /* one token over two row groups far apart (kernels.c says where they run) */
 PACKED_FAR_FN(q4_0, DOT_AVX2, 1, 0, 0, 8.0f)
