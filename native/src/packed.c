@@ -493,7 +493,9 @@ PACKED_Q3K_FN(q3_k_x8_avx2, 8, T_AVX2, half_dot_avx2)
  * the float steps (three multiplies) give the same bits everywhere. On AVX2 a half's int16 sums
  * are widened by a madd with the scale in place of ones, so the scale costs nothing; with VNNI a
  * vpmulld. Against the float form (a multiply for each scale and min, then two for d and dmin):
- * 1.2x the AVX2 8-token kernel's rate (cache-resident, Zen 4 capped at AVX2). */
+ * 1.17x the AVX2 8-token kernel's rate, 1.12x the AVX-512 16-token one's (64 tokens, one thread,
+ * cache-resident, Zen 4; scripts/bench_matvec.py --tokens 64 --sizes small). Q3_K's scales done
+ * so gained nothing there (1.00x, 1.01x): its kernels spend their time unpacking the 3-bit quants. */
 static inline __attribute__((always_inline)) T_VNNI __m256i q2k_half_vnni(const __m256i *w, const int8_t *q,
                                                                          __m256i sc, __m256i sc2) {
     (void)sc2;
