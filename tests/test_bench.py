@@ -6,6 +6,7 @@ documented field is present and sane, and that the peer paths work (or skip clea
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -269,6 +270,40 @@ def test_llama_cpp_peer_runs_flash_attention_as_its_tools_do(smollm2_path):
             assert r.label.endswith("no-fa") == (arg == "no-fa")
         finally:
             r.close()
+
+
+# llama.cpp's system info lines of two real builds of llama-cpp-python 0.3.36 on an AVX-512 host:
+# scripts/install_oracles.sh's (every set but AMX) and an AVX2-only one (-DGGML_AVX2=ON alone)
+_INFO_FULL = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | "
+              "AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ")
+_INFO_AVX2 = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | "
+              "OPENMP = 1 | REPACK = 1 | ")
+
+
+@pytest.mark.parametrize("info, want", [(_INFO_FULL, "avx512"), (_INFO_AVX2, "avx2"),
+                                        ("CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 | ", "neon"),
+                                        ("CPU : SSE3 = 1 | ", "")])
+def test_peer_label_names_the_widest_vector_set_ggml_was_built_with(info, want):
+    from edgeinfer.tools.peers import ggml_vector_isa
+    assert ggml_vector_isa(info) == want
+
+
+@pytest.mark.oracle
+def test_llama_cpp_peer_is_built_for_this_host(smollm2_path):
+    """The installed peer uses the host's widest vector set, as a user's build of llama-cpp-python
+    would (scripts/install_oracles.sh): a peer built for less would make every ratio look better
+    than users see. Its label says which."""
+    require("llama_cpp")
+    from edgeinfer.tools.peers import make_runner
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    want = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else None
+    if want is None:
+        pytest.skip("not an x86 host with AVX2")
+    r = make_runner("llama.cpp", None, str(smollm2_path), 1, 256, 64)
+    try:
+        assert f"({want})" in r.label, r.label
+    finally:
+        r.close()
 
 
 @pytest.mark.parametrize("vendor, family, model, name, core", [

@@ -98,6 +98,17 @@ class EdgeinferRunner(Runner):
             self.eng = None
 
 
+def ggml_vector_isa(system_info: str) -> str:
+    """The widest vector instruction set a ggml build was compiled for, from llama.cpp's system
+    info line ("CPU : SSE3 = 1 | ... | AVX2 = 1 | ... | AVX512 = 1 | ..."): 'avx512', 'avx2',
+    'neon', or '' when it names none of them. A build's sets are fixed at compile time (a
+    generic wheel runs AVX2 on an AVX-512 host), so a ratio says which peer it was against."""
+    for name in ("AVX512", "AVX2", "NEON"):
+        if f"{name} = 1" in system_info:
+            return name.lower()
+    return ""
+
+
 class LlamaCppRunner(Runner):
     """llama-cpp-python on the same file: greedy decode through its Python API."""
 
@@ -120,7 +131,8 @@ class LlamaCppRunner(Runner):
                                    logits_all=False, verbose=False, **kv_args)
         self.n_vocab = int(self.llm.n_vocab())
         fa = "" if flash_attn else " no-fa"
-        self.label = f"llama.cpp {getattr(llama_cpp, '__version__', '')}{fa}".strip()
+        isa = ggml_vector_isa(llama_cpp.llama_print_system_info().decode(errors="replace"))
+        self.label = f"llama.cpp {getattr(llama_cpp, '__version__', '')}{f' ({isa})' if isa else ''}{fa}"
         self.kv_bytes = self._kv_bytes(KV_TYPES[kv])
 
     def _kv_bytes(self, bytes_per_value: float) -> Optional[int]:

@@ -345,6 +345,65 @@ T_AVX2 void ei_packed_q8_0_x8_avx2(const void *packed, int64_t nb, const void *a
     ei_sums_store(1, NT, NULL, sums, y, ldy);
 }
 
+/* IQ4_NL's nibbles over 8 rows, one 32-element block, 8 tokens, tokens inner: Q8_0's order
+ * (ei_packed_q8_0_x8_avx2) with each chunk's low and high nibbles (groups k and k + 4) looked up
+ * as signed values, so the integer sums are the one-token kernels' (DOT_AVX2_Q8) and each token's
+ * float step theirs (no offset term): 1.09-1.10x the 8-token loop of PACKED_BODY's order (see
+ * kernels.c). */
+static inline __attribute__((always_inline)) T_AVX2 void iq4_x8_block(const uint8_t *q, __m256 dv, const void *act,
+                                                                       int64_t act_stride, int64_t blk, float *sums) {
+    enum { NT = 8 };
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ei_iq4nl_values));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i is[NT];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * k));
+        const __m256i w0 = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+        const __m256i w1 = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const int8_t *x = ((const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk)->q;
+            const __m256i s = _mm256_add_epi32(ei_dot_q8_group(a0, w0, x + 4 * k), ei_dot_q8_group(a1, w1, x + 16 + 4 * k));
+            is[t] = k == 0 ? s : _mm256_add_epi32(is[t], s);
+            EI_PIN(is[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++)
+        x8_block_sum(sums, t, _mm256_cvtepi32_ps(is[t]), dv, dv, (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk, 0);
+}
+
+T_AVX2 void ei_packed_iq4_nl_x8_avx2(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
+                                    int64_t ldy) {
+    const uint8_t *p = packed;
+    float sums[8 * 8] __attribute__((aligned(32)));
+    EI_IN_MEMORY(sums);
+    ei_sums_zero(1, 8, NULL, sums);
+    for (int64_t b = 0; b < nb; b++, p += 16 + 128)
+        iq4_x8_block(p + 16, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), act, act_stride, b, sums);
+    ei_sums_store(1, 8, NULL, sums, y, ldy);
+}
+
+/* IQ4_XS: per super-block the rows' d, per sub-block d * sc (PACKED_IQ4XS_FN's), then IQ4_NL's step */
+T_AVX2 void ei_packed_iq4_xs_x8_avx2(const void *packed, int64_t nsb, const void *act, int64_t act_stride, float *y,
+                                    int64_t ldy) {
+    const uint8_t *p = packed;
+    float sums[8 * 8] __attribute__((aligned(32)));
+    EI_IN_MEMORY(sums);
+    ei_sums_zero(1, 8, NULL, sums);
+    for (int64_t b = 0; b < nsb; b++, p += EI_PK_IQ4XS_BYTES) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        for (int s = 0; s < 8; s++) {
+            const __m256 dv = _mm256_mul_ps(
+                d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16 + 8 * s)))));
+            iq4_x8_block(p + EI_PK_HDR_IQ4XS + 128 * s, dv, act, act_stride, 8 * b + s, sums);
+        }
+    }
+    ei_sums_store(1, 8, NULL, sums, y, ldy);
+}
+
 /* AVX2 prefill: 8 tokens a weight pass (Q4_0, one thread, cache-resident: 1.14x the 4-token
  * kernel's rate in PACKED_BODY's order, AMD Zen 3) */
 #define PACKED_X8_TI(NAME, FIVE, HAS_MIN, OFFSET)                                                            \
@@ -380,7 +439,6 @@ PACKED_FN(q8_0_x1_vnni, T_VNNI, DOT_VNNI, 1, 0, 0, 0, 128.0f)
 PACKED_FN(q8_0_x4_vnni, T_VNNI, DOT_VNNI, 4, 0, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 2, 0, 0, 0.0f)
 PACKED_FN(iq4_nl_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 2, 0, 0, 0.0f)
-PACKED_FN(iq4_nl_x8_avx2, T_AVX2, DOT_AVX2_Q8, 8, 2, 0, 0, 0.0f)
 PACKED_FN(iq4_nl_x1_vnni, T_VNNI, DOT_VNNI, 1, 2, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
 /* IQ4_XS (packed.h): per super-block the 8 rows' d, then per sub-block d * sc and IQ4_NL's
@@ -421,7 +479,6 @@ PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4, T_VNNI, DOT_VNNI, 128.0f)
 PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16, T_VNNI, DOT_VNNI, 128.0f)
 PACKED_IQ4XS_FN(iq4_xs_x1_avx2, 1, T_AVX2, DOT_AVX2_Q8, 0.0f)
 PACKED_IQ4XS_FN(iq4_xs_x4_avx2, 4, T_AVX2, DOT_AVX2_Q8, 0.0f)
-PACKED_IQ4XS_FN(iq4_xs_x8_avx2, 8, T_AVX2, DOT_AVX2_Q8, 0.0f)
 
 /* Q3_K (packed.h) over 8 rows, NT tokens. Per activation block j (elements 32j.., half h = j / 4,
  * shift k = j % 4 of the low bits, hmask bit 4h + k) and token:
