@@ -496,13 +496,19 @@ static inline __attribute__((always_inline)) T_AVX2 __m256i q3k_u(const uint8_t 
 }
 
 /* The 4 groups of one 16-element half of a block (weights <= 7) added to s: vpdpbusd, or AVX2's
- * maddubs run of 4 (|.| <= 4 * 2 * 7 * 127 in int16, exact) and one madd. The same integers. */
+ * maddubs run of 4 (|.| <= 4 * 2 * 7 * 127 in int16, exact: half_int16_avx2) and one madd. The
+ * same integers. */
 static inline __attribute__((always_inline)) T_VNNI __m256i half_dot_vnni(__m256i s, const __m256i *w, const int8_t *q) {
     for (int m = 0; m < 4; m++) s = _mm256_dpbusd_epi32(s, w[m], ei_bcast4(q + 4 * m));
     return s;
 }
+static inline __attribute__((always_inline)) T_AVX2 __m256i half_int16_avx2(const __m256i *w, const int8_t *q) {
+    const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], ei_bcast4(q)), _mm256_maddubs_epi16(w[2], ei_bcast4(q + 8)));
+    const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[1], ei_bcast4(q + 4)), _mm256_maddubs_epi16(w[3], ei_bcast4(q + 12)));
+    return _mm256_add_epi16(p0, p1);
+}
 static inline __attribute__((always_inline)) T_AVX2 __m256i half_dot_avx2(__m256i s, const __m256i *w, const int8_t *q) {
-    return _mm256_add_epi32(s, ei_dot_avx2(w, q, 4, 4));
+    return _mm256_add_epi32(s, _mm256_madd_epi16(half_int16_avx2(w, q), _mm256_set1_epi16(1)));
 }
 
 #define PACKED_Q3K_FN(NAME, NT, TARGET, HALF)                                                             \
@@ -560,10 +566,8 @@ static inline __attribute__((always_inline)) T_VNNI __m256i q2k_half_vnni(const 
 }
 static inline __attribute__((always_inline)) T_AVX2 __m256i q2k_half_avx2(const __m256i *w, const int8_t *q,
                                                                          __m256i sc, __m256i sc2) {
-    (void)sc;   /* the run of 4 maddubs as in half_dot_avx2, widened by sc2: (sc, sc) a row */
-    const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], ei_bcast4(q)), _mm256_maddubs_epi16(w[2], ei_bcast4(q + 8)));
-    const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[1], ei_bcast4(q + 4)), _mm256_maddubs_epi16(w[3], ei_bcast4(q + 12)));
-    return _mm256_madd_epi16(_mm256_add_epi16(p0, p1), sc2);
+    (void)sc;   /* half_dot_avx2's int16 run widened by sc2, (sc, sc) a row, in place of ones */
+    return _mm256_madd_epi16(half_int16_avx2(w, q), sc2);
 }
 /* the two halves' activation sums (-sum each) as int16 pairs, for madd with (m_lo, m_hi) */
 static inline int32_t q2k_sums(const int32_t *hs) {
