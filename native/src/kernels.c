@@ -225,10 +225,11 @@ static void fill_avx2(ei_kernels *k) {
     k->packed[EI_TYPE_Q4_1].x1_far = ei_packed_q4_1_far_avx2;
     k->packed[EI_TYPE_Q8_0].x1_far = ei_packed_q8_0_far_avx2;
     /* the smaller types: 1, 4 and 8 tokens a weight pass (IQ4's on Q8_0's signed path). Over 4
-     * tokens a pass, Q2_K's and Q3_K's 8-token loops ran 1.07x and 1.15x; IQ4_NL's and IQ4_XS's
-     * the same loops 1.11x and 1.09x, and with the tokens inner as Q8_0's (iq4_x8_block) 1.21x
-     * and 1.20x (one thread, cache-resident, 64 tokens, Zen 4 capped at AVX2:
-     * scripts/bench_matvec.py --isa 1 --tokens 64 --sizes small) */
+     * tokens a pass, the 4-token loops run at 8 tokens made Q2_K 1.07x, Q3_K 1.15x, IQ4_NL 1.11x
+     * and IQ4_XS 1.09x; with the tokens inner (ei_packed_q3_k_x8_avx2, iq4_x8_block) Q3_K
+     * 1.27x, IQ4_NL 1.21x, IQ4_XS 1.20x (Q2_K's so ran slower than its loop), one thread,
+     * cache-resident, 64 tokens, Zen 4 capped at AVX2: scripts/bench_matvec.py --isa 1
+     * --tokens 64 --sizes small */
     PACKED_WIDE(EI_TYPE_Q2_K, q2_k, avx2, 8) PACKED_WIDE(EI_TYPE_Q3_K, q3_k, avx2, 8)
     PACKED_WIDE(EI_TYPE_IQ4_NL, iq4_nl, avx2, 8) PACKED_WIDE(EI_TYPE_IQ4_XS, iq4_xs, avx2, 8)
     k->attend[0][0] = (ei_attn_kernel){ei_attend_chunk_avx2, 8, EI_ATTN_MAX_HD, 0};
