@@ -244,6 +244,12 @@ static inline T_AVX2 void add_high_bits(__m256i w[8], const uint8_t *qh_words) {
     for (int k = 0; k < 8; k++) w[k] = _mm256_or_si256(w[k], high_bits(qh, k));
 }
 
+/* The 8-token kernels' float sums: 8 rows a token, in memory (EI_IN_MEMORY), zeroed */
+#define X8_SUMS(sums)                                   \
+    float sums[8 * 8] __attribute__((aligned(32)));     \
+    EI_IN_MEMORY(sums);                                 \
+    ei_sums_zero(1, 8, NULL, sums)
+
 /* One block's float step for token t of the 8-token kernels, PACKED_BODY's operations in its
  * order (the sums wait in memory); the min or offset term only where the type has one. */
 static inline __attribute__((always_inline)) T_AVX2 void x8_block_sum(float *sums, int t, __m256 isum, __m256 dv,
@@ -268,9 +274,7 @@ static inline __attribute__((always_inline)) T_AVX2 void packed_x8_ti(const void
     enum { NT = 8 };
     const int hdr = has_min ? 32 : 16, qb = five ? 160 : 128;
     const uint8_t *p = packed;
-    float sums[NT * 8] __attribute__((aligned(32)));
-    EI_IN_MEMORY(sums);
-    ei_sums_zero(1, NT, NULL, sums);
+    X8_SUMS(sums);
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; b++, p += hdr + qb) {
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -316,9 +320,7 @@ T_AVX2 void ei_packed_q8_0_x8_avx2(const void *packed, int64_t nb, const void *a
                                    int64_t ldy) {
     enum { NT = 8 };
     const uint8_t *p = packed;
-    float sums[NT * 8] __attribute__((aligned(32)));
-    EI_IN_MEMORY(sums);
-    ei_sums_zero(1, NT, NULL, sums);
+    X8_SUMS(sums);
     for (int64_t b = 0; b < nb; b++, p += 16 + 256) {
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
         __m256i is[NT];
@@ -378,9 +380,7 @@ static inline __attribute__((always_inline)) T_AVX2 void iq4_x8_block(const uint
 T_AVX2 void ei_packed_iq4_nl_x8_avx2(const void *packed, int64_t nb, const void *act, int64_t act_stride, float *y,
                                     int64_t ldy) {
     const uint8_t *p = packed;
-    float sums[8 * 8] __attribute__((aligned(32)));
-    EI_IN_MEMORY(sums);
-    ei_sums_zero(1, 8, NULL, sums);
+    X8_SUMS(sums);
     for (int64_t b = 0; b < nb; b++, p += 16 + 128)
         iq4_x8_block(p + 16, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), act, act_stride, b, sums);
     ei_sums_store(1, 8, NULL, sums, y, ldy);
@@ -390,9 +390,7 @@ T_AVX2 void ei_packed_iq4_nl_x8_avx2(const void *packed, int64_t nb, const void 
 T_AVX2 void ei_packed_iq4_xs_x8_avx2(const void *packed, int64_t nsb, const void *act, int64_t act_stride, float *y,
                                     int64_t ldy) {
     const uint8_t *p = packed;
-    float sums[8 * 8] __attribute__((aligned(32)));
-    EI_IN_MEMORY(sums);
-    ei_sums_zero(1, 8, NULL, sums);
+    X8_SUMS(sums);
     for (int64_t b = 0; b < nsb; b++, p += EI_PK_IQ4XS_BYTES) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
         for (int s = 0; s < 8; s++) {
@@ -629,16 +627,14 @@ PACKED_Q2K_FN(q2_k_x8_avx2, 8, T_AVX2, q2k_half_avx2)
  * int16 of a row, |.| <= 8 * 7 * 127 + 2 * 2048), the scales taken by the widening madd, so one
  * int32 a token is held; the float sums wait in memory. The conversion of the exact I (|I| < 2^21)
  * equals PACKED_Q3K_FN's fmadd of the two scaled halves, so the results are the one-token kernel's
- * bit for bit. 1.10x PACKED_Q3K_FN's loop at 8 tokens, which holds every weight vector and token
+ * bit for bit. 1.11x PACKED_Q3K_FN's loop at 8 tokens, which holds every weight vector and token
  * sum (Q2_K's the same way ran 0.96x its loop; 64 tokens, one thread, cache-resident, Zen 4 at
  * AVX2). */
 T_AVX2 void ei_packed_q3_k_x8_avx2(const void *packed, int64_t nsb, const void *act, int64_t act_stride, float *y,
                                    int64_t ldy) {
     enum { NT = 8 };
     const uint8_t *p = packed;
-    float sums[NT * 8] __attribute__((aligned(32)));
-    EI_IN_MEMORY(sums);
-    ei_sums_zero(1, NT, NULL, sums);
+    X8_SUMS(sums);
     for (int64_t b = 0; b < nsb; b++, p += EI_PK_Q3K_BYTES) {
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
         for (int j = 0; j < 8; j++) {
@@ -662,12 +658,8 @@ T_AVX2 void ei_packed_q3_k_x8_avx2(const void *packed, int64_t nsb, const void *
                 }
             }
 #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) {
-                const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk;
-                ei_sum_put(1, NULL, sums, t,
-                           _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)),
-                                           ei_sum_get(1, NULL, sums, t)));
-            }
+            for (int t = 0; t < NT; t++)
+                x8_block_sum(sums, t, _mm256_cvtepi32_ps(is[t]), dv, dv, (const ei_q8a *)((const uint8_t *)act + t * act_stride) + blk, 0);
         }
     }
     ei_sums_store(1, NT, NULL, sums, y, ldy);
