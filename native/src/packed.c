@@ -449,12 +449,7 @@ PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
  * bits, and each token's operations are the same for every NT. */
 static inline __attribute__((always_inline)) T_VNNI __m256i iq4xs_dot_vnni(const __m256i *w, const int8_t *q,
                                                                           const int32_t *hs) {
-    __m256i s0 = _mm256_set1_epi32(4 * (hs[0] + hs[1])), s1 = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k += 2) {
-        s0 = _mm256_dpbusd_epi32(s0, w[k], ei_bcast4(q + 4 * k));
-        s1 = _mm256_dpbusd_epi32(s1, w[k + 1], ei_bcast4(q + 4 * k + 4));
-    }
-    return _mm256_add_epi32(s0, s1);
+    return ei_dot_vnni_from(_mm256_set1_epi32(4 * (hs[0] + hs[1])), w, q, 8);
 }
 static inline __attribute__((always_inline)) T_AVX2 __m256i iq4xs_dot_avx2(const __m256i *w, const int8_t *q,
                                                                           const int32_t *hs) {
@@ -741,14 +736,19 @@ ZINL void zunpack(const uint8_t *p, size_t gs, int hdr, int four_bit, int five_b
     }
 }
 
+/* s plus one token's integer sum over an unpacked block (ei_dot_vnni_from over 16 rows) */
+ZINL __m512i zdot8(__m512i s, const __m512i w[8], const int8_t *q) {
+    __m512i s0 = s, s1 = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[k], zbcast4(q + 4 * k));
+        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], zbcast4(q + 4 * k + 4));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
 /* acc plus one token's sum over an unpacked block */
 ZINL __m512 ztoken(const __m512i w[8], const ei_q8a *a, __m512 dv, __m512 mv, __m512 acc) {
-    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[k], zbcast4(a->q + 4 * k));
-        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], zbcast4(a->q + 4 * k + 4));
-    }
-    const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+    const __m512 isum = _mm512_cvtepi32_ps(zdot8(_mm512_setzero_si512(), w, a->q));
     acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc);
     return _mm512_fmadd_ps(mv, _mm512_set1_ps(a->s), acc);
 }
@@ -920,16 +920,12 @@ T_ZMM void ei_packed_iq4_xs_x16r16_vnni(const void *packed, int64_t nsb, const v
                 w[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, m4));
                 w[k + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
             }
-            for (int t = 0; t < NT; t++) {   /* iq4xs_dot_vnni's chains, per lane */
+            for (int t = 0; t < NT; t++) {   /* iq4xs_dot_vnni's sum, per lane */
                 const uint8_t *row = (const uint8_t *)act + t * act_stride;
                 const ei_q8a *a = (const ei_q8a *)row + 8 * b + s;
                 const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + s);
-                __m512i s0 = _mm512_set1_epi32(4 * (hs[0] + hs[1])), s1 = _mm512_setzero_si512();
-                for (int k = 0; k < 8; k += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, w[k], zbcast4(a->q + 4 * k));
-                    s1 = _mm512_dpbusd_epi32(s1, w[k + 1], zbcast4(a->q + 4 * k + 4));
-                }
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
+                const __m512i is = zdot8(_mm512_set1_epi32(4 * (hs[0] + hs[1])), w, a->q);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
             }
         }
     }

@@ -97,13 +97,18 @@ static inline __attribute__((target("avx2"), always_inline)) __m256i ei_dot_avx2
     return s;
 }
 
+/* VNNI: two vpdpbusd chains, the first started at s (an integer to add, at no cost) */
 static inline __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"), always_inline)) __m256i
-ei_dot_vnni(const __m256i *w, const int8_t *q, int n) {
-    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+ei_dot_vnni_from(__m256i s, const __m256i *w, const int8_t *q, int n) {
+    __m256i s0 = s, s1 = _mm256_setzero_si256();
     for (int k = 0; k < n; k += 2) {
         s0 = _mm256_dpbusd_epi32(s0, w[k], ei_bcast4(q + 4 * k));
         s1 = _mm256_dpbusd_epi32(s1, w[k + 1], ei_bcast4(q + 4 * k + 4));
     }
     return _mm256_add_epi32(s0, s1);
+}
+static inline __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"), always_inline)) __m256i
+ei_dot_vnni(const __m256i *w, const int8_t *q, int n) {
+    return ei_dot_vnni_from(_mm256_setzero_si256(), w, q, n);
 }
 #endif
