@@ -288,20 +288,31 @@ def test_peer_label_names_the_widest_vector_set_ggml_was_built_with(info, want):
     assert ggml_vector_isa(info) == want
 
 
+# /proc/cpuinfo's flag -> the name in llama.cpp's system info line
+_PEER_SETS = {"avx2": "AVX2", "avx512f": "AVX512", "avx512_vnni": "AVX512_VNNI", "avx512vbmi": "AVX512_VBMI",
+              "avx512_bf16": "AVX512_BF16"}
+
+
 @pytest.mark.oracle
 def test_llama_cpp_peer_is_built_for_this_host(smollm2_path):
-    """The installed peer uses the host's widest vector set, as a user's build of llama-cpp-python
-    would (scripts/install_oracles.sh): a peer built for less would make every ratio look better
-    than users see. Its label says which."""
+    """The installed peer is built with every vector set of the host that a user's build of
+    llama-cpp-python takes (AVX2, AVX-512 with VNNI, VBMI and BF16) and without AMX
+    (scripts/install_oracles.sh): a peer built for less would make every ratio look better than
+    users see. The bench's label names its widest set."""
     require("llama_cpp")
+    import llama_cpp
+
     from edgeinfer.tools.peers import make_runner
-    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
-    want = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else None
-    if want is None:
+    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+    if "avx2" not in flags:
         pytest.skip("not an x86 host with AVX2")
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    missing = [name for flag, name in _PEER_SETS.items() if flag in flags and f"{name} = 1" not in info]
+    assert not missing, f"llama.cpp built without {missing}: {info}"
+    assert "AMX_INT8 = 1" not in info, info
     r = make_runner("llama.cpp", None, str(smollm2_path), 1, 256, 64)
     try:
-        assert f"({want})" in r.label, r.label
+        assert f"({'avx512' if 'avx512f' in flags else 'avx2'})" in r.label, r.label
     finally:
         r.close()
 
