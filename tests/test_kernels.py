@@ -494,12 +494,12 @@ def test_kernel_matmul_packed_rows(name):
             assert np.array_equal(y1[0], y[t]), (name, isa, t)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                                  "IQ4_XS", "Q3_K", "Q2_K"])
 def test_packed_kernels_give_the_same_bits_with_avx2_and_avx512(name):
     """A packed type's integer sums are exact and its float steps the same on both x86 levels, so a
     model's logits do not depend on whether the host has AVX-512 (one token and 21: every kernel
-    width). Q8_0 and IQ4_NL are the exceptions: with VNNI their values + 128 take a float offset
-    step that AVX2's signed path does not."""
+    width; with VNNI, Q8_0's and IQ4_NL's values + 128 carry their offset in the integer chain)."""
     if not {AVX2, AVX512} <= set(ISAS):
         pytest.skip("needs a CPU with both AVX2 and AVX-512 VNNI")
     rng = np.random.default_rng(9)

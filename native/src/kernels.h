@@ -184,7 +184,7 @@ static inline const int32_t *ei_act_half_sums(const void *row, int64_t n_blocks)
 int64_t ei_act_stride(int64_t n_cols);
 
 /* Quantizes n_tok rows of n_cols floats into activation rows (ei_act_row_bytes apart), with
- * their half sums if half_sums (only the packed Q2_K, Q3_K, Q6_K and IQ4_XS kernels read them). */
+ * their half sums if half_sums (the packed kernels of ei_packed_reads_half_sums's types read them). */
 void ei_quantize_act_rows(const ei_kernels *k, const float *x, int64_t n_tok, int64_t n_cols, void *out,
                           int half_sums);
 

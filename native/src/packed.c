@@ -125,9 +125,24 @@ void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_
 #define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
 /* The packed dot of one activation block (packed_dot.h); bits: the weights' width. */
-#define DOT_AVX2(w, q, bits) ei_dot_avx2(w, q, 8, EI_DOT_RUN(bits))
-#define DOT_VNNI(w, q, bits) ei_dot_vnni(w, q, 8)
-#define DOT_AVX2_Q8(w, q, bits) ei_dot_avx2_q8(w, q, 8)
+/* A block's integer sum plus s (the start of its chain) */
+#define DOT_AVX2(s, w, q, bits) _mm256_add_epi32(s, ei_dot_avx2(w, q, 8, EI_DOT_RUN(bits)))
+#define DOT_VNNI(s, w, q, bits) ei_dot_vnni_from(s, w, q, 8)
+#define DOT_AVX2_Q8(s, w, q, bits) _mm256_add_epi32(s, ei_dot_avx2_q8(w, q, 8))
+
+/* A type's values are stored plus an offset: its own (Q4_0's 8, Q5_0's 16: the nibbles), or with
+ * VNNI, whose vpdpbusd takes unsigned weights, Q8_0's and IQ4_NL's 128. The latter is carried in
+ * the integer chain, started at -128 times the sum of the activation block's quants (from its half
+ * sums hs, ei_act_half_sums: -32 times each half's sum), so that the chain ends at the signed sum,
+ * exact, as AVX2's signed path does: both give the same bits, and no float step takes the offset
+ * (the AVX-512 16-token Q8_0 and IQ4_NL kernels 1.07x; one thread, 64 tokens, cache-resident, Zen
+ * 4). The types' own offsets stay a float step (offset * d times the activation's a.s) on every
+ * instruction set: in the chain, AVX2's 8-token Q4_0 kernel ran 0.89-0.91x, its per-token start
+ * costing more than the FMA it saves (AVX-512's 16-token one 1.08x). */
+#define IN_CHAIN(offset) ((offset) == 128.0f)
+static inline int32_t offset_start(const int32_t *hs, float offset) {
+    return ((hs[0] + hs[1]) >> 5) * (int32_t)offset;   /* exact: multiples of 32 */
+}
 
 /* IQ4_NL's 16 values + 128 (unsigned, as Q8_0's packed bytes); iq4_table256 in both 128-bit
  * lanes (the zmm kernels broadcast it to four) */
@@ -160,12 +175,15 @@ static inline __attribute__((always_inline)) T_AVX2 __m256i iq4_table256(void) {
         for (int k = 0; k < 8; k++) w[k] = _mm256_loadu_si256((const __m256i *)((p) + hdr + 32 * k));  \
     }
 
-/* One token's float step for one block: acc += isum * (d * a.d) (+ min or offset * a.s). */
-#define PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, acc)                     \
+/* One token's float step for one block: acc += isum * (d * a.d) (+ min or offset * a.s); hs: the
+ * block's two half sums in the token's activation row (offset_start). */
+#define PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, hs, dv, mv, w, acc)                 \
     {                                                                                                  \
-        const __m256 isum = _mm256_cvtepi32_ps(DOT(w, (a)->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));       \
+        const __m256i s0 = _mm256_set1_epi32(IN_CHAIN(OFFSET) ? offset_start(hs, OFFSET) : 0);        \
+        const __m256 isum = _mm256_cvtepi32_ps(DOT(s0, w, (a)->q, FIVE_BIT ? 5 : FOUR_BIT ? 4 : 8));   \
         acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps((a)->d)), acc);                   \
-        if (HAS_MIN || (OFFSET) != 0) acc = _mm256_fmadd_ps(mv, _mm256_set1_ps((a)->s), acc);          \
+        if (HAS_MIN || ((OFFSET) != 0 && !IN_CHAIN(OFFSET)))                                          \
+            acc = _mm256_fmadd_ps(mv, _mm256_set1_ps((a)->s), acc);                                    \
     }
 
 /* Rows 8g..8g+7 times NT tokens. The integer part is exact (packed_dot.h), so
@@ -183,8 +201,10 @@ static inline __attribute__((always_inline)) T_AVX2 __m256i iq4_table256(void) {
          * weight vectors (the 8-token Q4_0 kernel then gained nothing in the model) */            \
         _Pragma("GCC unroll 16")                                                                   \
         for (int t = 0; t < NT; t++) {                                                             \
-            const ei_q8a *a = (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b;         \
-            PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, acc[t])           \
+            const uint8_t *row = (const uint8_t *)act + t * act_stride;                            \
+            const ei_q8a *a = (const ei_q8a *)row + b;                                             \
+            const int32_t *hs = ei_act_half_sums(row, nb) + 2 * b;                                 \
+            PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, hs, dv, mv, w, acc[t])       \
         }                                                                                          \
     }                                                                                              \
     for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
@@ -197,20 +217,21 @@ static inline __attribute__((always_inline)) T_AVX2 __m256i iq4_table256(void) {
         const int qb = FIVE_BIT ? 160 : FOUR_BIT ? 128 : 256, hdr = HAS_MIN ? 32 : 16;             \
         const uint8_t *p = pa, *q = pb;                                                            \
         const ei_q8a *a = act;                                                                     \
+        const int32_t *hs = ei_act_half_sums(act, nb);                                             \
         __m256 acc = _mm256_setzero_ps(), accb = _mm256_setzero_ps();                              \
         for (int64_t b = 0; b < nb; b++, p += hdr + qb, q += hdr + qb, a++) {                      \
             ei_prefetch_ahead(p, hdr + qb);                                                        \
             ei_prefetch_ahead(q, hdr + qb);                                                        \
             {                                                                                      \
                 PACKED_UNPACK(p, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)              \
-                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, dv, mv, w, acc)          \
+                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, a, hs + 2 * b, dv, mv, w, acc) \
             }                                                                                      \
             {                                                                                      \
                 const ei_q8a *ab = a; /* opaque: GCC would keep one group's activation loads for   \
                                        * the other, in registers it then spills */                \
                 __asm__("" : "+r"(ab));                                                            \
                 PACKED_UNPACK(q, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, hdr, dv, mv, w)              \
-                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, ab, dv, mv, w, accb)        \
+                PACKED_TOKEN(DOT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, ab, hs + 2 * b, dv, mv, w, accb) \
             }                                                                                      \
         }                                                                                          \
         _mm256_storeu_ps(ya, acc);                                                                 \
@@ -442,14 +463,12 @@ PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
 /* IQ4_XS (packed.h): per super-block the 8 rows' d, then per sub-block d * sc and, per token,
  *   acc += (sum of values * a) * (d * sc * a.d)
  * The sum is exact on every instruction set: AVX2 takes the signed values on Q8_0's path; VNNI the
- * values + 128 (vpdpbusd's unsigned operand) with the chain started at -128 * (the sum of the
- * block's quants), from the activation row's half sums (ei_act_half_sums: -32 * each half's sum),
- * so no float step for the offset (against one: the AVX-512 16-token kernel 1.07x, one thread, 64
- * tokens, cache-resident; the 1B-shape IQ4_XS file's prefill 1.05x; Zen 4). So both give the same
- * bits, and each token's operations are the same for every NT. */
+ * values + 128 with the chain started at offset_start (the 1B-shape IQ4_XS file's prefill 1.05x
+ * against a float offset step; Zen 4). So both give the same bits, and each token's operations
+ * are the same for every NT. */
 static inline __attribute__((always_inline)) T_VNNI __m256i iq4xs_dot_vnni(const __m256i *w, const int8_t *q,
                                                                           const int32_t *hs) {
-    return ei_dot_vnni_from(_mm256_set1_epi32(4 * (hs[0] + hs[1])), w, q, 8);
+    return DOT_VNNI(_mm256_set1_epi32(offset_start(hs, 128.0f)), w, q, 8);
 }
 static inline __attribute__((always_inline)) T_AVX2 __m256i iq4xs_dot_avx2(const __m256i *w, const int8_t *q,
                                                                           const int32_t *hs) {
@@ -746,11 +765,13 @@ ZINL __m512i zdot8(__m512i s, const __m512i w[8], const int8_t *q) {
     return _mm512_add_epi32(s0, s1);
 }
 
-/* acc plus one token's sum over an unpacked block */
-ZINL __m512 ztoken(const __m512i w[8], const ei_q8a *a, __m512 dv, __m512 mv, __m512 acc) {
-    const __m512 isum = _mm512_cvtepi32_ps(zdot8(_mm512_setzero_si512(), w, a->q));
-    acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc);
-    return _mm512_fmadd_ps(mv, _mm512_set1_ps(a->s), acc);
+/* acc plus one token's sum over an unpacked block (PACKED_TOKEN's operations; hs: the block's
+ * half sums) */
+ZINL __m512 ztoken(const __m512i w[8], const ei_q8a *a, const int32_t *hs, __m512 dv, __m512 mv, int has_min,
+                   float offset, __m512 acc) {
+    const __m512i s = _mm512_set1_epi32(IN_CHAIN(offset) ? offset_start(hs, offset) : 0);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(zdot8(s, w, a->q)), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc);
+    return has_min || (offset != 0 && !IN_CHAIN(offset)) ? _mm512_fmadd_ps(mv, _mm512_set1_ps(a->s), acc) : acc;
 }
 
 #define ZPACKED_FN(NAME, NT, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET)                                          \
@@ -766,8 +787,11 @@ ZINL __m512 ztoken(const __m512i w[8], const ei_q8a *a, __m512 dv, __m512 mv, __
             __m512 dv, mv;                                                                                 \
             __m512i w[8];                                                                                  \
             zunpack(p, gs, hdr, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, &dv, &mv, w);                         \
-            for (int t = 0; t < NT; t++)                                                                   \
-                acc[t] = ztoken(w, (const ei_q8a *)((const uint8_t *)act + t * act_stride) + b, dv, mv, acc[t]); \
+            for (int t = 0; t < NT; t++) {                                                                 \
+                const uint8_t *row = (const uint8_t *)act + t * act_stride;                                \
+                const int32_t *hs = ei_act_half_sums(row, nb) + 2 * b;                                     \
+                acc[t] = ztoken(w, (const ei_q8a *)row + b, hs, dv, mv, HAS_MIN, OFFSET, acc[t]);          \
+            }                                                                                              \
         }                                                                                                  \
         for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);                                \
     }
@@ -783,16 +807,17 @@ ZINL __m512 ztoken(const __m512i w[8], const ei_q8a *a, __m512 dv, __m512 mv, __
         const size_t gs = (size_t)(hdr + qb);                                                                 \
         const uint8_t *p = pa, *q = pb;                                                                       \
         const ei_q8a *a = act;                                                                                \
+        const int32_t *hs = ei_act_half_sums(act, nb);                                                        \
         __m512 acc = _mm512_setzero_ps(), accb = _mm512_setzero_ps();                                         \
         for (int64_t b = 0; b < nb; b++, p += 2 * gs, q += 2 * gs, a++) {                                     \
             __m512 dv, mv;                                                                                    \
             __m512i w[8];                                                                                     \
             zunpack(p, gs, hdr, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, &dv, &mv, w);                            \
-            acc = ztoken(w, a, dv, mv, acc);                                                                  \
+            acc = ztoken(w, a, hs + 2 * b, dv, mv, HAS_MIN, OFFSET, acc);                                     \
             const ei_q8a *ab = a;   /* opaque, as in PACKED_FAR_FN */                                         \
             __asm__("" : "+r"(ab));                                                                           \
             zunpack(q, gs, hdr, FOUR_BIT, FIVE_BIT, HAS_MIN, OFFSET, &dv, &mv, w);                            \
-            accb = ztoken(w, ab, dv, mv, accb);                                                               \
+            accb = ztoken(w, ab, hs + 2 * b, dv, mv, HAS_MIN, OFFSET, accb);                                  \
         }                                                                                                     \
         _mm512_storeu_ps(ya, acc);                                                                            \
         _mm512_storeu_ps(yb, accb);                                                                           \
@@ -924,7 +949,7 @@ T_ZMM void ei_packed_iq4_xs_x16r16_vnni(const void *packed, int64_t nsb, const v
                 const uint8_t *row = (const uint8_t *)act + t * act_stride;
                 const ei_q8a *a = (const ei_q8a *)row + 8 * b + s;
                 const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + s);
-                const __m512i is = zdot8(_mm512_set1_epi32(4 * (hs[0] + hs[1])), w, a->q);
+                const __m512i is = zdot8(_mm512_set1_epi32(offset_start(hs, 128.0f)), w, a->q);
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
             }
         }

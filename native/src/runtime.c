@@ -557,8 +557,7 @@ void ei_matmul_base(ei_runtime *rt, const ei_mm_job *jobs, int n_jobs, const flo
     for (int j = 0; j < n_jobs; j++) {
         t.far &= jobs[j].packed && jobs[j].w->type == type0;
         need_q8 |= ei_type_uses_q8a(jobs[j].w->type);
-        need_half_sums |= jobs[j].w->type == EI_TYPE_Q6_K || jobs[j].w->type == EI_TYPE_Q3_K ||
-                          jobs[j].w->type == EI_TYPE_Q2_K || jobs[j].w->type == EI_TYPE_IQ4_XS;
+        need_half_sums |= ei_packed_reads_half_sums(jobs[j].w->type);
         acc += (jobs[j].w->ne1 + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
         t.chunk_end[j] = acc;
     }
