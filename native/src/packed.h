@@ -159,6 +159,13 @@ void ei_packed_q4_k_ref(const void *, int64_t, const void *, int64_t, float *, i
 void ei_packed_q5_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 void ei_packed_q6_k_ref(const void *, int64_t, const void *, int64_t, float *, int64_t);
 
+/* The types whose packed kernels read each activation row's half sums (ei_act_half_sums) on some
+ * instruction set, so that their act must be ei_quantize_act_rows rows made with half sums. */
+static inline int ei_packed_reads_half_sums(int type) {
+    return type == EI_TYPE_Q6_K || type == EI_TYPE_Q3_K || type == EI_TYPE_Q2_K || type == EI_TYPE_IQ4_XS ||
+           type == EI_TYPE_Q8_0 || type == EI_TYPE_IQ4_NL;
+}
+
 #if defined(__x86_64__)
 /* The kernels kernels.c puts in the tables: per type, 1 or 4 tokens a call (AVX2 also 8, the
  * K types also 8 and 16), AVX2 (maddubs + madd) or VNNI (vpdpbusd). */
@@ -209,13 +216,6 @@ EI_PACKED_DECL_K(q6_k, avx2)
 EI_PACKED_DECL_K(q4_k, vnni)
 EI_PACKED_DECL_K(q5_k, vnni)
 EI_PACKED_DECL_K(q6_k, vnni)
-/* The types whose packed kernels read each activation row's half sums (ei_act_half_sums) on some
- * instruction set, so that their act must be ei_quantize_act_rows rows made with half sums. */
-static inline int ei_packed_reads_half_sums(int type) {
-    return type == EI_TYPE_Q6_K || type == EI_TYPE_Q3_K || type == EI_TYPE_Q2_K || type == EI_TYPE_IQ4_XS ||
-           type == EI_TYPE_Q8_0 || type == EI_TYPE_IQ4_NL;
-}
-
 /* AVX-512, 16 tokens (and, for the K-quants, one) over two row groups (16 rows) in zmm
  * registers */
 void ei_packed_q4_0_x16r16_vnni(const void *, int64_t, const void *, int64_t, float *, int64_t);
