@@ -124,14 +124,14 @@ void ei_unpack_row(const ei_kernels *k, int type, const void *packed, int64_t n_
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
-/* The packed dot of one activation block (packed_dot.h); bits: the weights' width. */
-/* A block's integer sum plus s (the start of its chain) */
+/* The packed dot of one activation block (packed_dot.h) plus s, the start of its integer chain;
+ * bits: the weights' width. */
 #define DOT_AVX2(s, w, q, bits) _mm256_add_epi32(s, ei_dot_avx2(w, q, 8, EI_DOT_RUN(bits)))
 #define DOT_VNNI(s, w, q, bits) ei_dot_vnni_from(s, w, q, 8)
 #define DOT_AVX2_Q8(s, w, q, bits) _mm256_add_epi32(s, ei_dot_avx2_q8(w, q, 8))
 
-/* A type's values are stored plus an offset: its own (Q4_0's 8, Q5_0's 16: the nibbles), or with
- * VNNI, whose vpdpbusd takes unsigned weights, Q8_0's and IQ4_NL's 128. The latter is carried in
+/* A type's values are stored plus an offset: its own (Q4_0's 8, Q5_0's 16: unsigned quants), or
+ * with VNNI, whose vpdpbusd takes unsigned weights, Q8_0's and IQ4_NL's 128. The latter is carried in
  * the integer chain, started at -128 times the sum of the activation block's quants (from its half
  * sums hs, ei_act_half_sums: -32 times each half's sum), so that the chain ends at the signed sum,
  * exact, as AVX2's signed path does: both give the same bits, and no float step takes the offset
