@@ -460,23 +460,11 @@ PACKED_FN(iq4_nl_x1_avx2, T_AVX2, DOT_AVX2_Q8, 1, 2, 0, 0, 0.0f)
 PACKED_FN(iq4_nl_x4_avx2, T_AVX2, DOT_AVX2_Q8, 4, 2, 0, 0, 0.0f)
 PACKED_FN(iq4_nl_x1_vnni, T_VNNI, DOT_VNNI, 1, 2, 0, 0, 128.0f)
 PACKED_FN(iq4_nl_x4_vnni, T_VNNI, DOT_VNNI, 4, 2, 0, 0, 128.0f)
-/* IQ4_XS (packed.h): per super-block the 8 rows' d, then per sub-block d * sc and, per token,
- *   acc += (sum of values * a) * (d * sc * a.d)
- * The sum is exact on every instruction set: AVX2 takes the signed values on Q8_0's path; VNNI the
- * values + 128 with the chain started at offset_start (the 1B-shape IQ4_XS file's prefill 1.05x
- * against a float offset step; Zen 4). So both give the same bits, and each token's operations
- * are the same for every NT. */
-static inline __attribute__((always_inline)) T_VNNI __m256i iq4xs_dot_vnni(const __m256i *w, const int8_t *q,
-                                                                          const int32_t *hs) {
-    return DOT_VNNI(_mm256_set1_epi32(offset_start(hs, 128.0f)), w, q, 8);
-}
-static inline __attribute__((always_inline)) T_AVX2 __m256i iq4xs_dot_avx2(const __m256i *w, const int8_t *q,
-                                                                          const int32_t *hs) {
-    (void)hs;
-    return ei_dot_avx2_q8(w, q, 8);
-}
-
-#define PACKED_IQ4XS_FN(NAME, NT, TARGET, DOT)                                                           \
+/* IQ4_XS (packed.h): per super-block the 8 rows' d, then per sub-block d * sc and IQ4_NL's
+ * block step (PACKED_TOKEN: AVX2 Q8_0's signed sum, VNNI the values + 128 with the offset in the
+ * chain; the 1B-shape IQ4_XS file's prefill 1.05x against a float offset step, Zen 4). Each
+ * token's operations are the same for every NT and on both instruction sets. */
+#define PACKED_IQ4XS_FN(NAME, NT, TARGET, DOT, OFFSET)                                                   \
     TARGET void ei_packed_##NAME(const void *packed, int64_t nsb, const void *act, int64_t act_stride,    \
                                  float *y, int64_t ldy) {                                                 \
         const uint8_t *p = packed;                                                                        \
@@ -500,18 +488,18 @@ static inline __attribute__((always_inline)) T_AVX2 __m256i iq4xs_dot_avx2(const
                 for (int t = 0; t < NT; t++) {                                                            \
                     const uint8_t *row = (const uint8_t *)act + t * act_stride;                           \
                     const ei_q8a *a = (const ei_q8a *)row + 8 * b + s;                                    \
-                    const __m256i is = DOT(w, a->q, ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + s));    \
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dv, _mm256_set1_ps(a->d)), acc[t]); \
+                    const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + s);                 \
+                    PACKED_TOKEN(DOT, 2, 0, 0, OFFSET, a, hs, dv, dv, w, acc[t])                           \
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
         for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);                               \
     }
-PACKED_IQ4XS_FN(iq4_xs_x1_vnni, 1, T_VNNI, iq4xs_dot_vnni)
-PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4, T_VNNI, iq4xs_dot_vnni)
-PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16, T_VNNI, iq4xs_dot_vnni)
-PACKED_IQ4XS_FN(iq4_xs_x1_avx2, 1, T_AVX2, iq4xs_dot_avx2)
-PACKED_IQ4XS_FN(iq4_xs_x4_avx2, 4, T_AVX2, iq4xs_dot_avx2)
+PACKED_IQ4XS_FN(iq4_xs_x1_vnni, 1, T_VNNI, DOT_VNNI, 128.0f)
+PACKED_IQ4XS_FN(iq4_xs_x4_vnni, 4, T_VNNI, DOT_VNNI, 128.0f)
+PACKED_IQ4XS_FN(iq4_xs_x16_vnni, 16, T_VNNI, DOT_VNNI, 128.0f)
+PACKED_IQ4XS_FN(iq4_xs_x1_avx2, 1, T_AVX2, DOT_AVX2_Q8, 0.0f)
+PACKED_IQ4XS_FN(iq4_xs_x4_avx2, 4, T_AVX2, DOT_AVX2_Q8, 0.0f)
 
 /* Q3_K (packed.h) over 8 rows, NT tokens. Per activation block j (elements 32j.., half h = j / 4,
  * shift k = j % 4 of the low bits, hmask bit 4h + k) and token:
@@ -945,12 +933,10 @@ T_ZMM void ei_packed_iq4_xs_x16r16_vnni(const void *packed, int64_t nsb, const v
                 w[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, m4));
                 w[k + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
             }
-            for (int t = 0; t < NT; t++) {   /* iq4xs_dot_vnni's sum, per lane */
+            for (int t = 0; t < NT; t++) {
                 const uint8_t *row = (const uint8_t *)act + t * act_stride;
-                const ei_q8a *a = (const ei_q8a *)row + 8 * b + s;
                 const int32_t *hs = ei_act_half_sums(row, 8 * nsb) + 2 * (8 * b + s);
-                const __m512i is = zdot8(_mm512_set1_epi32(offset_start(hs, 128.0f)), w, a->q);
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[t]);
+                acc[t] = ztoken(w, (const ei_q8a *)row + 8 * b + s, hs, dv, dv, 0, 128.0f, acc[t]);
             }
         }
     }
